@@ -1,0 +1,129 @@
+//! Command line and environment: one place, validated before anything starts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "gds-csi", version, about = "CSI driver for GPUDirect Storage volumes")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the CSI gRPC services on a unix socket until SIGTERM.
+    Serve(ServeArgs),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Controller,
+    Node,
+    All,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// CSI endpoint, `unix:///path/to/csi.sock`.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    pub endpoint: String,
+    /// Which CSI services to serve.
+    #[arg(long, env = "GDS_CSI_MODE", value_enum, default_value_t = Mode::All)]
+    pub mode: Mode,
+    /// This node's id (the Kubernetes node name).
+    #[arg(long, env = "GDS_CSI_NODE_ID")]
+    pub node_id: String,
+    #[arg(long, env = "GDS_CSI_DRIVER_NAME", default_value = "gds.csi.gds-csi.io")]
+    pub driver_name: String,
+    /// Where the allocation state lives; must survive restarts (a hostPath).
+    #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
+    pub state_dir: PathBuf,
+    /// The host's sysfs, as seen by the plugin.
+    #[arg(long, env = "GDS_CSI_HOST_SYS", default_value = "/sys")]
+    pub host_sys: PathBuf,
+    /// The host's /dev, as seen by the plugin.
+    #[arg(long, env = "GDS_CSI_HOST_DEV", default_value = "/dev")]
+    pub host_dev: PathBuf,
+    /// The host's procfs (for /proc/driver/nvidia-fs), as seen by the plugin.
+    #[arg(long, env = "GDS_CSI_HOST_PROC", default_value = "/proc")]
+    pub host_proc: PathBuf,
+    /// Take every clean NVMe namespace (no partitions, holders, mounts or signatures) into the pool.
+    #[arg(long, env = "GDS_CSI_NVME_DISCOVER")]
+    pub nvme_discover: bool,
+    /// A block device for the pool, identified by this path: give a stable one (/dev/disk/by-id/...).
+    #[arg(long = "pool-device", env = "GDS_CSI_POOL_DEVICES", value_delimiter = ',')]
+    pub pool_devices: Vec<PathBuf>,
+    /// Staging and target paths must lie under one of these roots.
+    #[arg(
+        long = "allowed-path-root",
+        env = "GDS_CSI_ALLOWED_PATH_ROOTS",
+        value_delimiter = ',',
+        default_value = "/var/lib/kubelet"
+    )]
+    pub allowed_path_roots: Vec<PathBuf>,
+    /// Deadline for each mount and umount.
+    #[arg(long, env = "GDS_CSI_MOUNT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub mount_timeout: Duration,
+    /// Deadline for every other external command (mkfs, blkid, wipefs).
+    #[arg(long, env = "GDS_CSI_COMMAND_TIMEOUT", value_parser = humantime::parse_duration, default_value = "300s")]
+    pub command_timeout: Duration,
+    /// Permissions of the CSI socket (octal).
+    #[arg(long, env = "GDS_CSI_SOCKET_MODE", value_parser = parse_octal, default_value = "0660")]
+    pub socket_mode: u32,
+    #[arg(long, env = "GDS_CSI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode such as 0660"))
+}
+
+impl ServeArgs {
+    /// The socket path of a `unix://` endpoint.
+    pub fn socket_path(&self) -> Result<PathBuf, String> {
+        let path = self
+            .endpoint
+            .strip_prefix("unix://")
+            .ok_or_else(|| format!("--endpoint {:?} must start with unix://", self.endpoint))?;
+        if !path.starts_with('/') {
+            return Err(format!("--endpoint {:?} needs an absolute path", self.endpoint));
+        }
+        Ok(PathBuf::from(path))
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        self.socket_path()?;
+        crate::volume_id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
+        let name = &self.driver_name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 63
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !valid_name {
+            return Err(format!(
+                "--driver-name {name:?} must be a domain-like name of at most 63 characters"
+            ));
+        }
+        for root in &self.allowed_path_roots {
+            if !root.is_absolute() {
+                return Err(format!("--allowed-path-root {} must be absolute", root.display()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,22 @@
+//! gds-csi: a CSI driver whose volumes are readable with NVIDIA GPUDirect Storage.
+//!
+//! Layout: `service` holds the thin gRPC handlers, `request` turns CSI requests into
+//! validated domain types, `pool` owns the node's devices and the allocation state,
+//! `os` is the narrow port to the host (commands, mounts, signatures).
+
+pub mod block;
+pub mod config;
+pub mod error;
+pub mod locks;
+pub mod os;
+pub mod pool;
+pub mod request;
+pub mod server;
+pub mod service;
+pub mod volume_id;
+
+/// Code generated from the vendored `proto/csi.proto` (CSI spec v1.12.0).
+pub mod csi {
+    #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    tonic::include_proto!("csi.v1");
+}

@@ -1,0 +1,311 @@
+//! What the driver does to the host, behind one small trait.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::mountinfo::{self, MountEntry};
+use super::runner;
+use crate::error::{CommandError, Error, Result};
+
+/// Filesystems GDS can use on a block device (gds-facts.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub const SUPPORTED: &'static str = "ext4, xfs";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+
+    /// Options the driver always mounts with. GDS needs ext4's `data=ordered` to be
+    /// explicit: the implicit default is not accepted by NVIDIA's own checks.
+    pub fn required_mount_options(self) -> &'static [&'static str] {
+        match self {
+            FsType::Ext4 => &["data=ordered"],
+            FsType::Xfs => &[],
+        }
+    }
+}
+
+/// One on-disk signature (filesystem, partition table, RAID member, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Signature {
+    pub kind: String,
+    pub uuid: Option<String>,
+    pub offset: Option<String>,
+    pub seen_by: &'static str,
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(uuid) = &self.uuid {
+            write!(f, " uuid={uuid}")?;
+        }
+        if let Some(offset) = &self.offset {
+            write!(f, " at {offset}")?;
+        }
+        write!(f, " ({})", self.seen_by)
+    }
+}
+
+#[async_trait]
+pub trait Host: Send + Sync + 'static {
+    fn mount_table(&self) -> Result<Vec<MountEntry>>;
+    /// Every signature on the device. An error means "unknown", never "empty".
+    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>>;
+    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
+    async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    async fn mount(&self, device: &Path, target: &Path, fs: FsType, options: &[String])
+        -> Result<()>;
+    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()>;
+    async fn unmount(&self, target: &Path) -> Result<()>;
+}
+
+/// The real host: util-linux, e2fsprogs and xfsprogs, each call under a deadline.
+pub struct RealHost {
+    pub command_timeout: Duration,
+    pub mount_timeout: Duration,
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// `blkid -p -o export`: KEY=VALUE lines for every superblock and partition table.
+fn parse_blkid_export(text: &str) -> Vec<Signature> {
+    let mut kind = None;
+    let mut uuid = None;
+    let mut offset = None;
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("TYPE" | "PTTYPE", v)) if kind.is_none() => kind = Some(v.to_owned()),
+            Some(("UUID" | "PTUUID", v)) => uuid = Some(v.to_owned()),
+            Some(("SBMAGIC_OFFSET", v)) => offset = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    // blkid found something (exit 0) even when it printed no TYPE we recognise.
+    vec![Signature {
+        kind: kind.unwrap_or_else(|| "unknown".into()),
+        uuid,
+        offset,
+        seen_by: "blkid -p",
+    }]
+}
+
+#[derive(Deserialize)]
+struct WipefsReport {
+    #[serde(default)]
+    signatures: Vec<WipefsSignature>,
+}
+
+#[derive(Deserialize)]
+struct WipefsSignature {
+    #[serde(rename = "type")]
+    kind: String,
+    uuid: Option<String>,
+    offset: Option<String>,
+}
+
+fn parse_wipefs_json(text: &str) -> std::result::Result<Vec<Signature>, serde_json::Error> {
+    // wipefs prints nothing at all when the device carries no signature.
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let report: WipefsReport = serde_json::from_str(text)?;
+    Ok(report
+        .signatures
+        .into_iter()
+        .map(|s| Signature {
+            kind: s.kind,
+            uuid: s.uuid,
+            offset: s.offset,
+            seen_by: "wipefs -n",
+        })
+        .collect())
+}
+
+fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
+    Error::FailedPrecondition(format!(
+        "signature probe of {} failed ({why}); a device whose contents are unknown is never \
+         formatted: check that the device is readable and that blkid and wipefs are installed",
+        device.display()
+    ))
+}
+
+#[async_trait]
+impl Host for RealHost {
+    fn mount_table(&self) -> Result<Vec<MountEntry>> {
+        mountinfo::read()
+    }
+
+    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
+        let dev = device.as_os_str();
+        // Two independent low-level probes; either failing is a refusal.
+        let blkid = runner::run_raw(
+            "blkid",
+            &[os("-p"), os("-o"), os("export"), dev],
+            self.command_timeout,
+        )
+        .await
+        .map_err(|e| probe_failed(device, e))?;
+        let mut signatures = match blkid.status.code() {
+            Some(0) => parse_blkid_export(&String::from_utf8_lossy(&blkid.stdout)),
+            Some(2) => Vec::new(),
+            _ => {
+                return Err(probe_failed(
+                    device,
+                    format!(
+                        "blkid -p exited {}: {}",
+                        blkid.status,
+                        String::from_utf8_lossy(&blkid.stderr).trim()
+                    ),
+                ))
+            }
+        };
+        let wipefs = runner::run(
+            "wipefs",
+            &[os("--no-act"), os("--json"), dev],
+            self.command_timeout,
+        )
+        .await
+        .map_err(|e| probe_failed(device, e))?;
+        let seen = parse_wipefs_json(&String::from_utf8_lossy(&wipefs.stdout))
+            .map_err(|e| probe_failed(device, format!("unreadable wipefs output: {e}")))?;
+        signatures.extend(seen);
+        Ok(signatures)
+    }
+
+    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
+        let dev = device.as_os_str();
+        // No force flags: mkfs's own refusal to overwrite a signature stays as a last guard.
+        match fs {
+            FsType::Ext4 => {
+                runner::run(
+                    "mkfs.ext4",
+                    &[
+                        os("-q"),
+                        os("-U"),
+                        os(uuid),
+                        os("-m"),
+                        os("0"),
+                        os("-E"),
+                        os("nodiscard,lazy_itable_init=1,lazy_journal_init=1"),
+                        dev,
+                    ],
+                    self.command_timeout,
+                )
+                .await?
+            }
+            FsType::Xfs => {
+                let uuid_opt = format!("uuid={uuid}");
+                runner::run(
+                    "mkfs.xfs",
+                    &[os("-q"), os("-K"), os("-m"), os(&uuid_opt), dev],
+                    self.command_timeout,
+                )
+                .await?
+            }
+        };
+        Ok(())
+    }
+
+    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
+        runner::run(
+            "wipefs",
+            &[os("--all"), device.as_os_str()],
+            self.command_timeout,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn mount(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs: FsType,
+        options: &[String],
+    ) -> Result<()> {
+        let mut all: Vec<&str> = fs.required_mount_options().to_vec();
+        all.extend(options.iter().map(String::as_str));
+        let joined = all.join(",");
+        let mut args = vec![os("-t"), os(fs.as_str())];
+        if !joined.is_empty() {
+            args.extend([os("-o"), os(&joined)]);
+        }
+        args.extend([device.as_os_str(), target.as_os_str()]);
+        runner::run("mount", &args, self.mount_timeout).await?;
+        Ok(())
+    }
+
+    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+        // util-linux applies bind-incompatible flags such as `ro` with a remount itself.
+        let joined = options.join(",");
+        let mut args = vec![os("--bind")];
+        if !joined.is_empty() {
+            args.extend([os("-o"), os(&joined)]);
+        }
+        args.extend([source.as_os_str(), target.as_os_str()]);
+        runner::run("mount", &args, self.mount_timeout).await?;
+        Ok(())
+    }
+
+    async fn unmount(&self, target: &Path) -> Result<()> {
+        match runner::run("umount", &[target.as_os_str()], self.mount_timeout).await {
+            Ok(_) => Ok(()),
+            Err(CommandError::Failed { .. }) if !is_mount_point(self, target)? => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
+    Ok(mountinfo::at(&host.mount_table()?, path).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blkid_export_with_a_partition_table_is_a_signature() {
+        let sigs = parse_blkid_export("DEVNAME=/dev/loop4\nPTUUID=abcd\nPTTYPE=dos\n");
+        assert_eq!(sigs.len(), 1);
+        assert_eq!(sigs[0].kind, "dos");
+        assert_eq!(sigs[0].uuid.as_deref(), Some("abcd"));
+    }
+
+    #[test]
+    fn wipefs_json_lists_every_signature_and_empty_output_means_none() {
+        let text = r#"{"signatures": [
+            {"device":"loop0","offset":"0x438","type":"ext4","uuid":"u-1","label":null},
+            {"device":"loop0","offset":"0x1fe","type":"dos","uuid":null,"label":null}]}"#;
+        let sigs = parse_wipefs_json(text).unwrap();
+        assert_eq!(sigs.len(), 2);
+        assert_eq!(sigs[1].kind, "dos");
+        assert!(parse_wipefs_json("").unwrap().is_empty());
+        assert!(parse_wipefs_json("garbage").is_err());
+    }
+}

@@ -1,0 +1,208 @@
+//! Finding the node's pool devices: NVMe namespaces through sysfs, identified by
+//! their `wwid`, and devices listed by the operator, identified by the given path.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::os::MountEntry;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolDevice {
+    /// Short stable id derived from `key`; part of the volume id.
+    pub id: String,
+    /// `wwid:<wwid>` or `path:<path as given>`.
+    pub key: String,
+    /// Where the device node is now (an NVMe name can change across reboots).
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// A device that is not in the pool, and why.
+#[derive(Debug, Clone)]
+pub struct Excluded {
+    pub device: String,
+    pub reason: String,
+}
+
+pub fn device_id(prefix: &str, key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}-{hex}")
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
+}
+
+fn size_from_sysfs(sys: &Path, major: u32, minor: u32) -> Result<u64, String> {
+    let path = sys.join(format!("dev/block/{major}:{minor}/size"));
+    let sectors = read_trimmed(&path)
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| format!("cannot read {}", path.display()))?;
+    Ok(sectors * 512)
+}
+
+/// A device listed with `--pool-device`.
+pub fn listed_device(sys: &Path, path: &Path) -> Result<PoolDevice, String> {
+    let meta = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.file_type().is_block_device() {
+        return Err(format!("{} is not a block device", path.display()));
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32);
+    let size_bytes = size_from_sysfs(sys, major, minor)?;
+    if size_bytes == 0 {
+        return Err(format!("{} has size 0 (a detached loop device?)", path.display()));
+    }
+    let key = format!("path:{}", path.display());
+    Ok(PoolDevice {
+        id: device_id("dev", &key),
+        key,
+        path: path.to_owned(),
+        size_bytes,
+        major,
+        minor,
+    })
+}
+
+/// Every NVMe namespace under `<sys>/block`, minus those visibly in use.
+pub fn nvme_namespaces(
+    sys: &Path,
+    dev: &Path,
+    mounts: &[MountEntry],
+    allocated_keys: &HashSet<String>,
+) -> (Vec<PoolDevice>, Vec<Excluded>) {
+    let mut found = Vec::new();
+    let mut excluded = Vec::new();
+    let Ok(entries) = fs::read_dir(sys.join("block")) else {
+        return (found, excluded);
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("nvme") && n.contains('n'))
+        .collect();
+    names.sort();
+    for name in names {
+        let dir = sys.join("block").join(&name);
+        let mut exclude = |reason: String| {
+            excluded.push(Excluded {
+                device: name.clone(),
+                reason,
+            })
+        };
+        let Some(wwid) = read_trimmed(&dir.join("wwid")).filter(|w| !w.is_empty()) else {
+            exclude("no wwid in sysfs; namespaces are only identified by wwid".into());
+            continue;
+        };
+        let Some((major, minor)) = read_trimmed(&dir.join("dev")).and_then(|d| {
+            let (a, b) = d.split_once(':')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        }) else {
+            exclude("unreadable dev number".into());
+            continue;
+        };
+        let key = format!("wwid:{wwid}");
+        let ours = allocated_keys.contains(&key);
+        let has_partitions = !ours && fs::read_dir(&dir)
+            .map(|it| {
+                it.filter_map(|e| e.ok())
+                    .any(|e| e.path().join("partition").exists())
+            })
+            .unwrap_or(true);
+        if has_partitions {
+            exclude("has partitions".into());
+            continue;
+        }
+        let has_holders = !ours && fs::read_dir(dir.join("holders"))
+            .map(|mut it| it.next().is_some())
+            .unwrap_or(false);
+        if has_holders {
+            exclude("held by another device (device-mapper, md, ...)".into());
+            continue;
+        }
+        if !ours && mounts.iter().any(|m| m.is_device(major, minor)) {
+            exclude("mounted outside the driver".into());
+            continue;
+        }
+        let size_bytes = match size_from_sysfs(sys, major, minor) {
+            Ok(size) if size > 0 => size,
+            Ok(_) => {
+                exclude("size 0".into());
+                continue;
+            }
+            Err(e) => {
+                exclude(e);
+                continue;
+            }
+        };
+        found.push(PoolDevice {
+            id: device_id("nvme", &key),
+            key,
+            path: dev.join(&name),
+            size_bytes,
+            major,
+            minor,
+        });
+    }
+    (found, excluded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(sys: &Path, name: &str, wwid: &str, devno: &str, sectors: u64) {
+        let dir = sys.join("block").join(name);
+        fs::create_dir_all(dir.join("holders")).unwrap();
+        fs::write(dir.join("wwid"), format!("{wwid}\n")).unwrap();
+        fs::write(dir.join("dev"), format!("{devno}\n")).unwrap();
+        let by_dev = sys.join("dev/block").join(devno);
+        fs::create_dir_all(&by_dev).unwrap();
+        fs::write(by_dev.join("size"), format!("{sectors}\n")).unwrap();
+    }
+
+    #[test]
+    fn namespaces_are_identified_by_wwid_not_by_name() {
+        let sys = tempfile::tempdir().unwrap();
+        namespace(sys.path(), "nvme0n1", "nvme.1b36-aa-01", "259:0", 2048);
+        namespace(sys.path(), "nvme1n1", "nvme.1b36-bb-01", "259:1", 4096);
+        let (found, _) = nvme_namespaces(sys.path(), Path::new("/dev"), &[], &HashSet::new());
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].size_bytes, 2048 * 512);
+        assert_eq!(found[0].path, Path::new("/dev/nvme0n1"));
+
+        // After a "reboot" the names swap; the ids follow the wwids.
+        let swapped = tempfile::tempdir().unwrap();
+        namespace(swapped.path(), "nvme0n1", "nvme.1b36-bb-01", "259:0", 4096);
+        namespace(swapped.path(), "nvme1n1", "nvme.1b36-aa-01", "259:1", 2048);
+        let (again, _) = nvme_namespaces(swapped.path(), Path::new("/dev"), &[], &HashSet::new());
+        let aa_before = found.iter().find(|d| d.key.ends_with("aa-01")).unwrap();
+        let aa_after = again.iter().find(|d| d.key.ends_with("aa-01")).unwrap();
+        assert_eq!(aa_before.id, aa_after.id);
+        assert_ne!(aa_before.path, aa_after.path);
+    }
+
+    #[test]
+    fn namespaces_in_use_are_excluded_with_a_reason() {
+        let sys = tempfile::tempdir().unwrap();
+        namespace(sys.path(), "nvme0n1", "w-part", "259:0", 2048);
+        fs::create_dir_all(sys.path().join("block/nvme0n1/nvme0n1p1")).unwrap();
+        fs::write(sys.path().join("block/nvme0n1/nvme0n1p1/partition"), "1").unwrap();
+        namespace(sys.path(), "nvme1n1", "w-held", "259:1", 2048);
+        fs::create_dir_all(sys.path().join("block/nvme1n1/holders/dm-0")).unwrap();
+        namespace(sys.path(), "nvme2n1", "", "259:2", 2048);
+        let (found, excluded) = nvme_namespaces(sys.path(), Path::new("/dev"), &[], &HashSet::new());
+        assert!(found.is_empty());
+        let reasons: Vec<_> = excluded.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons[0].contains("partitions"));
+        assert!(reasons[1].contains("held"));
+        assert!(reasons[2].contains("wwid"));
+    }
+}

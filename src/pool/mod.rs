@@ -1,0 +1,354 @@
+//! The node's pool of whole block devices, and the allocation domain operations.
+
+pub mod inventory;
+pub mod state;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Mutex, RwLock};
+
+use tracing::{info, warn};
+
+pub use inventory::{Excluded, PoolDevice};
+pub use state::{State, StateStore, VolumeRecord};
+
+use crate::error::{Error, Result};
+use crate::os::{FsType, Host, MountEntry};
+use crate::volume_id::BlockVolumeId;
+
+pub struct PoolConfig {
+    pub node_id: String,
+    pub host_sys: PathBuf,
+    pub host_dev: PathBuf,
+    pub listed: Vec<PathBuf>,
+    pub nvme_discover: bool,
+    pub state_dir: PathBuf,
+}
+
+pub struct Pool {
+    config: PoolConfig,
+    devices: RwLock<BTreeMap<String, PoolDevice>>,
+    excluded: RwLock<Vec<Excluded>>,
+    /// Free devices seen carrying a signature that is not ours: never allocated.
+    foreign: Mutex<HashMap<String, String>>,
+    pub state: StateStore,
+}
+
+/// What CreateVolume asks of the pool, already validated.
+#[derive(Debug, Clone)]
+pub struct AllocationRequest {
+    pub name: String,
+    pub required_bytes: u64,
+    /// 0 means no limit.
+    pub limit_bytes: u64,
+    pub fs_type: FsType,
+    pub parameters: BTreeMap<String, String>,
+}
+
+impl AllocationRequest {
+    fn fits(&self, size: u64) -> bool {
+        size >= self.required_bytes && (self.limit_bytes == 0 || size <= self.limit_bytes)
+    }
+}
+
+impl Pool {
+    pub fn open(config: PoolConfig) -> Result<Self> {
+        let state = StateStore::open(&config.state_dir)?;
+        Ok(Pool {
+            config,
+            devices: RwLock::default(),
+            excluded: RwLock::default(),
+            foreign: Mutex::default(),
+            state,
+        })
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.config.node_id
+    }
+
+    /// Re-reads which devices exist. Cheap (sysfs and stat only); run at start and
+    /// whenever a volume's device is not where it was.
+    pub fn rescan(&self, mounts: &[MountEntry]) {
+        let mut devices = BTreeMap::new();
+        let mut excluded = Vec::new();
+        for path in &self.config.listed {
+            match inventory::listed_device(&self.config.host_sys, path) {
+                Ok(dev) => {
+                    devices.insert(dev.id.clone(), dev);
+                }
+                Err(reason) => excluded.push(Excluded {
+                    device: path.display().to_string(),
+                    reason,
+                }),
+            }
+        }
+        if self.config.nvme_discover {
+            // Namespaces the driver allocated are mounted by the driver: never exclude them.
+            let allocated: HashSet<String> = self
+                .state
+                .snapshot()
+                .volumes
+                .into_values()
+                .map(|v| v.device_key)
+                .collect();
+            let (found, skipped) = inventory::nvme_namespaces(
+                &self.config.host_sys,
+                &self.config.host_dev,
+                mounts,
+                &allocated,
+            );
+            for dev in found {
+                devices.insert(dev.id.clone(), dev);
+            }
+            excluded.extend(skipped);
+        }
+        for e in &excluded {
+            warn!(device = %e.device, reason = %e.reason, "device not in the pool");
+        }
+        *self.devices.write().unwrap_or_else(|e| e.into_inner()) = devices;
+        *self.excluded.write().unwrap_or_else(|e| e.into_inner()) = excluded;
+    }
+
+    pub fn devices(&self) -> Vec<PoolDevice> {
+        self.devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn excluded(&self) -> Vec<Excluded> {
+        self.excluded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn device(&self, id: &str) -> Option<PoolDevice> {
+        self.devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn foreign_reason(&self, id: &str) -> Option<String> {
+        self.foreign
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn set_foreign(&self, id: &str, reason: Option<String>) {
+        let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
+        match reason {
+            Some(r) => foreign.insert(id.to_owned(), r),
+            None => foreign.remove(id),
+        };
+    }
+
+    /// Free devices that can be handed out: not allocated, no foreign signature seen.
+    pub fn free_devices(&self) -> Vec<PoolDevice> {
+        let state = self.state.snapshot();
+        let mut free: Vec<_> = self
+            .devices()
+            .into_iter()
+            .filter(|d| state.by_device(&d.id).is_none() && self.foreign_reason(&d.id).is_none())
+            .collect();
+        free.sort_by_key(|d| (d.size_bytes, d.id.clone()));
+        free
+    }
+
+    /// Probes every free device once so capacity reports leave out foreign ones.
+    pub async fn classify_free(&self, host: &dyn Host) {
+        let state = self.state.snapshot();
+        for dev in self.devices() {
+            if state.by_device(&dev.id).is_some() {
+                continue;
+            }
+            let reason = match host.probe_signatures(&dev.path).await {
+                Ok(sigs) if sigs.is_empty() => None,
+                Ok(sigs) => Some(describe_signatures(&sigs)),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(r) = &reason {
+                warn!(device = %dev.path.display(), reason = %r, "pool device is not clean; it will not be allocated");
+            }
+            self.set_foreign(&dev.id, reason);
+        }
+    }
+
+    /// CreateVolume's domain operation: idempotent by name, smallest fitting clean device.
+    pub async fn allocate(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)> {
+        if let Some(found) = self.existing(req)? {
+            return Ok(found);
+        }
+        let fitting: Vec<_> = self
+            .free_devices()
+            .into_iter()
+            .filter(|d| req.fits(d.size_bytes))
+            .collect();
+        let mut refused = Vec::new();
+        for dev in fitting {
+            // Probe outside the state lock: a slow device must not stall other volumes.
+            match host.probe_signatures(&dev.path).await {
+                Ok(sigs) if sigs.is_empty() => {}
+                Ok(sigs) => {
+                    let why = describe_signatures(&sigs);
+                    warn!(device = %dev.path.display(), signatures = %why, "foreign signature; not allocating");
+                    refused.push(format!("{} carries {why}", dev.path.display()));
+                    self.set_foreign(&dev.id, Some(why));
+                    continue;
+                }
+                Err(e) => {
+                    refused.push(e.to_string());
+                    continue;
+                }
+            }
+            let claimed = self.state.update(|state| {
+                if let Some((id, rec)) = state.by_name(&req.name) {
+                    return Ok(Some((id.clone(), rec.clone())));
+                }
+                if state.by_device(&dev.id).is_some() {
+                    return Ok(None);
+                }
+                let uuid = uuid::Uuid::new_v4();
+                let id = BlockVolumeId {
+                    device_id: dev.id.clone(),
+                    allocation: uuid.simple().to_string()[..8].to_owned(),
+                    node_id: self.config.node_id.clone(),
+                };
+                let record = VolumeRecord {
+                    name: req.name.clone(),
+                    device_id: dev.id.clone(),
+                    device_key: dev.key.clone(),
+                    capacity_bytes: dev.size_bytes,
+                    fs_type: req.fs_type,
+                    parameters: req.parameters.clone(),
+                    fs_uuid: uuid.hyphenated().to_string(),
+                    formatted: false,
+                    deleting: false,
+                };
+                state.volumes.insert(id.to_string(), record.clone());
+                Ok(Some((id.to_string(), record)))
+            })?;
+            match claimed {
+                Some((id, record)) if record.name == req.name => {
+                    info!(volume_id = %id, device = %dev.path.display(), "allocated");
+                    return self.existing(req)?.ok_or_else(|| Error::NotFound(id));
+                }
+                _ => continue,
+            }
+        }
+        Err(self.nothing_fits(req, &refused))
+    }
+
+    fn existing(&self, req: &AllocationRequest) -> Result<Option<(BlockVolumeId, VolumeRecord)>> {
+        let state = self.state.snapshot();
+        let Some((id, rec)) = state.by_name(&req.name) else {
+            return Ok(None);
+        };
+        if !req.fits(rec.capacity_bytes) {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} exists with capacity {} bytes, outside the requested range; \
+                 use another name or the same capacity_range",
+                req.name, rec.capacity_bytes
+            )));
+        }
+        if rec.fs_type != req.fs_type || rec.parameters != req.parameters {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} exists with other parameters or fsType; use another name",
+                req.name
+            )));
+        }
+        let parsed = BlockVolumeId::parse(id).ok_or_else(|| Error::State {
+            path: self.config.state_dir.clone(),
+            reason: format!("holds an undecodable volume id {id:?}"),
+        })?;
+        Ok(Some((parsed, rec.clone())))
+    }
+
+    fn nothing_fits(&self, req: &AllocationRequest, refused: &[String]) -> Error {
+        let range = if req.limit_bytes == 0 {
+            format!("at least {} bytes", req.required_bytes)
+        } else {
+            format!("{}..={} bytes", req.required_bytes, req.limit_bytes)
+        };
+        let any_fits = self.devices().iter().any(|d| req.fits(d.size_bytes));
+        if !any_fits {
+            let sizes: Vec<String> = self
+                .devices()
+                .iter()
+                .map(|d| d.size_bytes.to_string())
+                .collect();
+            return Error::OutOfRange(format!(
+                "capacity_range: no device in node {}'s pool has {range} (volumes are whole \
+                 devices; device sizes: [{}])",
+                self.config.node_id,
+                sizes.join(", ")
+            ));
+        }
+        let mut msg = format!(
+            "no free clean device with {range} on node {}; free one by deleting a volume or add devices",
+            self.config.node_id
+        );
+        if !refused.is_empty() {
+            msg.push_str(&format!("; refused: {}", refused.join("; ")));
+        }
+        Error::ResourceExhausted(msg)
+    }
+
+    /// DeleteVolume's domain operation, resumable after a crash at any step.
+    pub async fn release(&self, host: &dyn Host, volume_id: &str, mounts: &[MountEntry]) -> Result<()> {
+        let Some(record) = self.state.snapshot().volumes.get(volume_id).cloned() else {
+            return Ok(());
+        };
+        let device = self.device(&record.device_id);
+        if let Some(dev) = &device {
+            if let Some(m) = mounts.iter().find(|m| m.is_device(dev.major, dev.minor)) {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {volume_id} is still mounted at {}; unpublish and unstage it first",
+                    m.mount_point.display()
+                )));
+            }
+        }
+        self.state.update(|s| {
+            if let Some(r) = s.volumes.get_mut(volume_id) {
+                r.deleting = true;
+            }
+            Ok(())
+        })?;
+        if let Some(dev) = &device {
+            // Wipe only what is provably ours; anything else is left exactly as it is.
+            let sigs = host.probe_signatures(&dev.path).await?;
+            let ours = !sigs.is_empty() && sigs.iter().all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
+            if ours {
+                host.wipe_signatures(&dev.path).await?;
+                self.set_foreign(&dev.id, None);
+            } else if !sigs.is_empty() {
+                warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
+                self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
+            }
+        }
+        self.state.update(|s| {
+            s.volumes.remove(volume_id);
+            Ok(())
+        })?;
+        info!(volume_id, "released");
+        Ok(())
+    }
+}
+
+pub fn describe_signatures(sigs: &[crate::os::Signature]) -> String {
+    sigs.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

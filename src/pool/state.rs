@@ -1,0 +1,163 @@
+//! Allocation state: a small JSON file under `--state-dir`, replaced atomically
+//! (write, fsync, rename, fsync the directory) so a crash leaves the old or the new
+//! version, never a torn one.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::os::FsType;
+
+const FILE_NAME: &str = "volumes.json";
+const VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    pub device_id: String,
+    /// The stable identity the device id was derived from (`wwid:...` or `path:...`).
+    pub device_key: String,
+    pub capacity_bytes: u64,
+    pub fs_type: FsType,
+    pub parameters: BTreeMap<String, String>,
+    /// Chosen at allocation and given to mkfs, so the driver can recognise its own
+    /// filesystem after a crash between mkfs and the state update.
+    pub fs_uuid: String,
+    /// mkfs completed; from now on the device is never formatted again.
+    pub formatted: bool,
+    /// DeleteVolume started; the device is being wiped and released.
+    #[serde(default)]
+    pub deleting: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    /// Keyed by volume id.
+    pub volumes: BTreeMap<String, VolumeRecord>,
+}
+
+impl State {
+    pub fn by_name(&self, name: &str) -> Option<(&String, &VolumeRecord)> {
+        self.volumes.iter().find(|(_, v)| v.name == name)
+    }
+
+    pub fn by_device(&self, device_id: &str) -> Option<(&String, &VolumeRecord)> {
+        self.volumes.iter().find(|(_, v)| v.device_id == device_id)
+    }
+}
+
+pub struct StateStore {
+    path: PathBuf,
+    state: Mutex<State>,
+}
+
+impl StateStore {
+    pub fn open(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
+        let path = dir.join(FILE_NAME);
+        let state = match fs::read(&path) {
+            Ok(bytes) => {
+                let state: State = serde_json::from_slice(&bytes).map_err(|e| Error::State {
+                    path: path.clone(),
+                    reason: format!("unreadable ({e}); restore it from a backup, never delete it"),
+                })?;
+                if state.version != VERSION {
+                    return Err(Error::State {
+                        path,
+                        reason: format!("version {} is not {VERSION}", state.version),
+                    });
+                }
+                state
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State {
+                version: VERSION,
+                volumes: BTreeMap::new(),
+            },
+            Err(e) => return Err(Error::io("reading", &path, e)),
+        };
+        Ok(StateStore {
+            path,
+            state: Mutex::new(state),
+        })
+    }
+
+    pub fn snapshot(&self) -> State {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies `change` to a copy, persists it, and only then makes it current:
+    /// memory never runs ahead of the disk.
+    pub fn update<R>(&self, change: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
+        let mut current = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = current.clone();
+        let out = change(&mut next)?;
+        self.persist(&next)?;
+        *current = next;
+        Ok(out)
+    }
+
+    fn persist(&self, state: &State) -> Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(state).expect("state serializes");
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            fs::rename(&tmp, &self.path)?;
+            fs::File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
+        };
+        write().map_err(|e| Error::io("writing", &self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str) -> VolumeRecord {
+        VolumeRecord {
+            name: name.into(),
+            device_id: "dev-1".into(),
+            device_key: "path:/dev/loop1".into(),
+            capacity_bytes: 1 << 20,
+            fs_type: FsType::Ext4,
+            parameters: BTreeMap::new(),
+            fs_uuid: "u".into(),
+            formatted: false,
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn updates_survive_reopen_and_failed_updates_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        store
+            .update(|s| {
+                s.volumes.insert("v1".into(), record("a"));
+                Ok(())
+            })
+            .unwrap();
+        let failed: Result<()> = store.update(|s| {
+            s.volumes.clear();
+            Err(Error::NotFound("x".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(store.snapshot().volumes.len(), 1);
+        let reopened = StateStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.snapshot().volumes["v1"], record("a"));
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_an_error_not_an_empty_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(FILE_NAME), b"{not json").unwrap();
+        assert!(StateStore::open(dir.path()).is_err());
+    }
+}

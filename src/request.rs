@@ -1,0 +1,348 @@
+//! CSI requests parsed into domain types whose fields are already valid. Anything
+//! wrong becomes `InvalidArgument` naming the field, before the host is touched.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use crate::csi;
+use crate::csi::volume_capability::access_mode::Mode as CsiMode;
+use crate::csi::volume_capability::AccessType;
+use crate::error::{Error, Result};
+use crate::os::FsType;
+use crate::volume_id::{self, BlockVolumeId};
+
+/// StorageClass parameters the driver understands.
+pub const PARAM_FS_TYPE: &str = "fsType";
+pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
+const KNOWN_PARAMETERS: &[&str] = &[PARAM_FS_TYPE, PARAM_GDS_POLICY];
+/// Parameters the Kubernetes sidecars add themselves (PVC name and namespace, ...).
+const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
+/// CSI names are at most 128 bytes (Kubernetes enforces it on PV names).
+const MAX_NAME_LEN: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Mount,
+    Block,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capability {
+    pub access: Access,
+    pub fs_type: Option<FsType>,
+    pub mount_flags: Vec<String>,
+    pub read_only_mode: bool,
+    /// SINGLE_NODE_SINGLE_WRITER: one published target at a time.
+    pub single_writer: bool,
+}
+
+fn access_mode_supported(mode: CsiMode) -> Result<bool> {
+    match mode {
+        CsiMode::Unknown => Err(Error::invalid(
+            "volume_capability.access_mode",
+            "required; a local block volume supports the SINGLE_NODE_* modes",
+        )),
+        CsiMode::SingleNodeWriter
+        | CsiMode::SingleNodeReaderOnly
+        | CsiMode::SingleNodeSingleWriter
+        | CsiMode::SingleNodeMultiWriter => Ok(true),
+        CsiMode::MultiNodeReaderOnly | CsiMode::MultiNodeSingleWriter | CsiMode::MultiNodeMultiWriter => {
+            Ok(false)
+        }
+    }
+}
+
+/// Mount flags become one `-o` list: a flag must be a single option, and may not
+/// weaken what GDS or the driver relies on.
+pub fn check_mount_flag(flag: &str) -> Result<()> {
+    const FIELD: &str = "volume_capability.mount.mount_flags";
+    if flag.is_empty() || flag.contains([',', '\n', '\0', ' ']) || flag.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            FIELD,
+            format!("{flag:?} must be one option without commas, spaces or control characters"),
+        ));
+    }
+    let name = flag.split('=').next().unwrap_or(flag);
+    match name {
+        "data" if flag != "data=ordered" => Err(Error::invalid(
+            FIELD,
+            format!("{flag:?}: GDS needs ext4 data=ordered (data=journal disables O_DIRECT); drop the flag"),
+        )),
+        "bind" | "rbind" | "remount" | "move" | "make-shared" | "make-private" | "loop" | "offset"
+        | "sizelimit" | "X-mount.mkdir" => Err(Error::invalid(
+            FIELD,
+            format!("{flag:?} is managed by the driver and cannot be passed"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A volume capability, checked. `Ok(None)` means well formed but unsupported.
+pub fn capability(cap: &csi::VolumeCapability, field: &'static str) -> Result<Option<Capability>> {
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .ok_or_else(|| Error::invalid(field, "access_mode is required"))?;
+    let mode = CsiMode::try_from(mode.mode)
+        .map_err(|_| Error::invalid(field, format!("unknown access mode {}", mode.mode)))?;
+    let supported = access_mode_supported(mode)?;
+    let read_only_mode = mode == CsiMode::SingleNodeReaderOnly;
+    let single_writer = mode == CsiMode::SingleNodeSingleWriter;
+    let parsed = match &cap.access_type {
+        None => return Err(Error::invalid(field, "access_type (mount or block) is required")),
+        Some(AccessType::Block(_)) => Capability {
+            access: Access::Block,
+            fs_type: None,
+            mount_flags: Vec::new(),
+            read_only_mode,
+            single_writer,
+        },
+        Some(AccessType::Mount(m)) => {
+            let fs_type = match m.fs_type.as_str() {
+                "" => None,
+                other => Some(FsType::parse(other).ok_or_else(|| {
+                    Error::invalid(
+                        "volume_capability.mount.fs_type",
+                        format!("{other:?} is not supported; use one of {}", FsType::SUPPORTED),
+                    )
+                })?),
+            };
+            for flag in &m.mount_flags {
+                check_mount_flag(flag)?;
+            }
+            Capability {
+                access: Access::Mount,
+                fs_type,
+                mount_flags: m.mount_flags.clone(),
+                read_only_mode,
+                single_writer,
+            }
+        }
+    };
+    Ok(supported.then_some(parsed))
+}
+
+/// Every capability must be supported (for CreateVolume); unsupported is InvalidArgument.
+pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
+    if caps.is_empty() {
+        return Err(Error::invalid("volume_capabilities", "at least one capability is required"));
+    }
+    caps.iter()
+        .map(|c| {
+            capability(c, "volume_capabilities")?.ok_or_else(|| {
+                Error::invalid(
+                    "volume_capabilities",
+                    "multi-node access modes are not supported by node-local block volumes; use SINGLE_NODE_*",
+                )
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeParameters {
+    pub fs_type: Option<FsType>,
+    /// The driver's own parameters (sidecar-added ones dropped), kept with the volume.
+    pub stored: BTreeMap<String, String>,
+}
+
+pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<VolumeParameters> {
+    let mut unknown: Vec<&str> = params
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with(SIDECAR_PREFIX) && !KNOWN_PARAMETERS.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        return Err(Error::invalid(
+            "parameters",
+            format!(
+                "unknown parameters {unknown:?}; supported: {}",
+                KNOWN_PARAMETERS.join(", ")
+            ),
+        ));
+    }
+    let mut stored = BTreeMap::new();
+    for (key, value) in params.iter().filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX)) {
+        if value.contains([',', '=', '\n', '\0']) {
+            return Err(Error::invalid(
+                "parameters",
+                format!("{key}: value {value:?} must not contain ',', '=', newlines or NUL"),
+            ));
+        }
+        stored.insert(key.clone(), value.clone());
+    }
+    let fs_type = match stored.get(PARAM_FS_TYPE) {
+        None => None,
+        Some(v) => Some(FsType::parse(v).ok_or_else(|| {
+            Error::invalid(
+                "parameters",
+                format!("fsType {v:?} is not supported; use one of {}", FsType::SUPPORTED),
+            )
+        })?),
+    };
+    if let Some(policy) = stored.get(PARAM_GDS_POLICY) {
+        if !matches!(policy.as_str(), "required" | "preferred" | "disabled") {
+            return Err(Error::invalid(
+                "parameters",
+                format!("gdsPolicy {policy:?} must be required, preferred or disabled"),
+            ));
+        }
+    }
+    Ok(VolumeParameters { fs_type, stored })
+}
+
+pub fn name(name: &str) -> Result<String> {
+    if name.is_empty() {
+        return Err(Error::invalid("name", "required (the CO's idempotency key)"));
+    }
+    if name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "name",
+            format!("must be at most {MAX_NAME_LEN} bytes without control characters"),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// Which volume a node request is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeRef {
+    Block(BlockVolumeId),
+    /// Well formed but not an id this driver ever issued.
+    Unknown(String),
+}
+
+impl VolumeRef {
+    pub fn raw(&self) -> String {
+        match self {
+            VolumeRef::Block(id) => id.to_string(),
+            VolumeRef::Unknown(raw) => raw.clone(),
+        }
+    }
+}
+
+pub fn volume_ref(id: &str) -> Result<VolumeRef> {
+    volume_id::check_well_formed("volume_id", id)?;
+    Ok(match BlockVolumeId::parse(id) {
+        Some(parsed) => VolumeRef::Block(parsed),
+        None => VolumeRef::Unknown(id.to_owned()),
+    })
+}
+
+/// A staging or target path: absolute, no `..`, under an allowed root, and not a
+/// symlink (which could point the mount anywhere on the host).
+pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
+    if raw.is_empty() {
+        return Err(Error::invalid(field, "required"));
+    }
+    if raw.contains('\0') || raw.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    let path = Path::new(raw);
+    if !path.is_absolute() {
+        return Err(Error::invalid(field, format!("{raw:?} must be an absolute path")));
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Error::invalid(field, format!("{raw:?} must not contain '..'")));
+    }
+    if !roots.iter().any(|root| path.starts_with(root)) {
+        let roots: Vec<_> = roots.iter().map(|r| r.display().to_string()).collect();
+        return Err(Error::invalid(
+            field,
+            format!("{raw:?} is outside the allowed roots [{}] (--allowed-path-root)", roots.join(", ")),
+        ));
+    }
+    // Every existing ancestor below the root must be a real directory, not a link.
+    let mut walked = PathBuf::new();
+    for component in path.components() {
+        walked.push(component);
+        if let Ok(meta) = std::fs::symlink_metadata(&walked) {
+            if meta.file_type().is_symlink() {
+                return Err(Error::invalid(
+                    field,
+                    format!("{} is a symlink; pass the real path", walked.display()),
+                ));
+            }
+        }
+    }
+    Ok(path.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+    use std::collections::HashMap;
+
+    fn mount_cap(mode: CsiMode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: fs.into(),
+                mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+                volume_mount_group: String::new(),
+            })),
+        }
+    }
+
+    #[test]
+    fn capability_table() {
+        use CsiMode::*;
+        let ok = capability(&mount_cap(SingleNodeWriter, "xfs", &["noatime"]), "c").unwrap();
+        assert_eq!(ok.unwrap().fs_type, Some(FsType::Xfs));
+        assert_eq!(capability(&mount_cap(MultiNodeMultiWriter, "", &[]), "c").unwrap(), None);
+        let block = csi::VolumeCapability {
+            access_mode: Some(AccessMode { mode: SingleNodeReaderOnly as i32 }),
+            access_type: Some(AccessType::Block(BlockVolume {})),
+        };
+        let parsed = capability(&block, "c").unwrap().unwrap();
+        assert_eq!(parsed.access, Access::Block);
+        assert!(parsed.read_only_mode);
+        let bad: &[csi::VolumeCapability] = &[
+            mount_cap(Unknown, "", &[]),
+            mount_cap(SingleNodeWriter, "btrfs", &[]),
+            mount_cap(SingleNodeWriter, "", &["ro,exec"]),
+            mount_cap(SingleNodeWriter, "", &["data=journal"]),
+            mount_cap(SingleNodeWriter, "", &["remount"]),
+            mount_cap(SingleNodeWriter, "", &["a\nb"]),
+            csi::VolumeCapability { access_mode: None, access_type: None },
+        ];
+        for cap in bad {
+            assert!(matches!(capability(cap, "c"), Err(Error::InvalidArgument { .. })), "{cap:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_parameters_are_listed_by_name_and_injection_refused() {
+        let mut p = HashMap::new();
+        p.insert("fsType".to_string(), "xfs".to_string());
+        p.insert("csi.storage.k8s.io/pvc/name".to_string(), "x".to_string());
+        let parsed = parameters(&p).unwrap();
+        assert_eq!(parsed.fs_type, Some(FsType::Xfs));
+        assert_eq!(parsed.stored.len(), 1);
+        p.insert("zeta".into(), "1".into());
+        p.insert("alpha".into(), "1".into());
+        let err = parameters(&p).unwrap_err().to_string();
+        assert!(err.contains(r#"["alpha", "zeta"]"#), "{err}");
+        let mut inj = HashMap::new();
+        inj.insert("gdsPolicy".to_string(), "required,exec".to_string());
+        assert!(parameters(&inj).is_err());
+    }
+
+    #[test]
+    fn paths_must_be_absolute_inside_roots_and_not_symlinks() {
+        let root = tempfile::tempdir().unwrap();
+        let roots = vec![root.path().to_owned()];
+        let inside = root.path().join("pods/x/mount");
+        host_path("target_path", inside.to_str().unwrap(), &roots).unwrap();
+        for bad in ["", "relative/path", "/etc/passwd", &format!("{}/../etc", root.path().display())] {
+            assert!(host_path("target_path", bad, &roots).is_err(), "{bad}");
+        }
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink("/etc", &link).unwrap();
+        let through = link.join("x");
+        let err = host_path("target_path", through.to_str().unwrap(), &roots).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+    }
+}

@@ -1,0 +1,81 @@
+//! The CSI services: thin handlers that parse the request, take the per-volume
+//! guard, call the domain operation and let `From<Error> for Status` map the error.
+
+pub mod controller;
+pub mod identity;
+pub mod node;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::locks::VolumeLocks;
+use crate::os::Host;
+use crate::pool::Pool;
+
+pub struct Driver {
+    pub name: String,
+    pub version: String,
+    pub node_id: String,
+    pub allowed_roots: Vec<PathBuf>,
+    pub pool: Pool,
+    pub host: Arc<dyn Host>,
+    pub locks: VolumeLocks,
+    ready: AtomicBool,
+}
+
+impl Driver {
+    pub fn new(name: String, node_id: String, allowed_roots: Vec<PathBuf>, pool: Pool, host: Arc<dyn Host>) -> Self {
+        Driver {
+            name,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            node_id,
+            allowed_roots,
+            pool,
+            host,
+            locks: VolumeLocks::default(),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Scans the pool and probes free devices; Probe answers ready only after this.
+    pub async fn initialise(&self) -> Result<()> {
+        let mounts = self.host.mount_table()?;
+        self.pool.rescan(&mounts);
+        self.pool.classify_free(self.host.as_ref()).await;
+        let devices = self.pool.devices();
+        info!(
+            devices = devices.len(),
+            free = self.pool.free_devices().len(),
+            excluded = self.pool.excluded().len(),
+            "pool ready"
+        );
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn check_ready(&self) -> Result<()> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(Error::NotReady("the device pool is still being scanned; retry shortly".into()))
+        }
+    }
+
+    /// Topology key under which volumes and nodes are matched.
+    pub fn node_topology_key(&self) -> String {
+        format!("{}/node", self.name)
+    }
+
+    pub fn node_segment(&self) -> HashMap<String, String> {
+        HashMap::from([(self.node_topology_key(), self.node_id.clone())])
+    }
+}

@@ -1,0 +1,250 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::Driver;
+use crate::block;
+use crate::csi::node_server::Node;
+use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
+use crate::csi::*;
+use crate::error::{Error, Result};
+use crate::os::mountinfo;
+use crate::request::{self, Capability, VolumeRef};
+
+pub struct NodeService {
+    pub driver: Arc<Driver>,
+}
+
+fn required_capability(cap: Option<&VolumeCapability>) -> Result<Capability> {
+    let cap = cap.ok_or_else(|| Error::invalid("volume_capability", "required"))?;
+    request::capability(cap, "volume_capability")?.ok_or_else(|| {
+        Error::invalid(
+            "volume_capability",
+            "multi-node access modes are not supported by node-local block volumes",
+        )
+    })
+}
+
+impl NodeService {
+    fn block_volume(&self, volume: &VolumeRef) -> Result<block::Located> {
+        match volume {
+            VolumeRef::Block(id) => block::locate(&self.driver, id),
+            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
+        }
+    }
+
+    async fn stage(&self, req: NodeStageVolumeRequest) -> Result<()> {
+        let volume = request::volume_ref(&req.volume_id)?;
+        let staging = request::host_path(
+            "staging_target_path",
+            &req.staging_target_path,
+            &self.driver.allowed_roots,
+        )?;
+        let cap = required_capability(req.volume_capability.as_ref())?;
+        self.driver.check_ready()?;
+        let _guard = self.driver.locks.try_lock(&volume.raw())?;
+        let located = self.block_volume(&volume)?;
+        block::stage(&self.driver, &located, &staging, &cap).await
+    }
+
+    async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<()> {
+        let volume = request::volume_ref(&req.volume_id)?;
+        let staging = request::host_path(
+            "staging_target_path",
+            &req.staging_target_path,
+            &self.driver.allowed_roots,
+        )?;
+        let _guard = self.driver.locks.try_lock(&volume.raw())?;
+        let mounts = self.driver.host.mount_table()?;
+        let Some(mounted) = mountinfo::at(&mounts, &staging) else {
+            return Ok(());
+        };
+        // Only ever unmount this volume's own filesystem.
+        let located = self.block_volume(&volume)?;
+        if !mounted.is_device(located.device.major, located.device.minor) {
+            return Err(Error::FailedPrecondition(format!(
+                "{} holds another filesystem ({}), not volume {}; not unmounting it",
+                staging.display(),
+                mounted.source.as_deref().unwrap_or("?"),
+                located.id
+            )));
+        }
+        block::unstage(&self.driver, &staging).await
+    }
+
+    async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
+        let volume = request::volume_ref(&req.volume_id)?;
+        let staging = request::host_path(
+            "staging_target_path",
+            &req.staging_target_path,
+            &self.driver.allowed_roots,
+        )?;
+        let target = request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
+        let cap = required_capability(req.volume_capability.as_ref())?;
+        self.driver.check_ready()?;
+        let _guard = self.driver.locks.try_lock(&volume.raw())?;
+        let located = self.block_volume(&volume)?;
+        let readonly = req.readonly || cap.read_only_mode;
+        block::publish(&self.driver, &located, &staging, &target, readonly, &cap).await
+    }
+
+    async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
+        let volume = request::volume_ref(&req.volume_id)?;
+        let target = request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
+        let _guard = self.driver.locks.try_lock(&volume.raw())?;
+        block::unpublish(&self.driver, &target).await
+    }
+
+    fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
+        let volume = request::volume_ref(&req.volume_id)?;
+        if req.volume_path.is_empty() {
+            return Err(Error::invalid("volume_path", "required"));
+        }
+        let located = self.block_volume(&volume)?;
+        let path = Path::new(&req.volume_path);
+        if !path.is_absolute() || !path.exists() {
+            return Err(Error::NotFound(format!(
+                "volume {} is not published or staged at {}",
+                located.id, req.volume_path
+            )));
+        }
+        let mounts = self.driver.host.mount_table()?;
+        let dev = &located.device;
+        let entry = mountinfo::at(&mounts, path).filter(|m| m.is_device(dev.major, dev.minor));
+        let Some(entry) = entry else {
+            return Ok(NodeGetVolumeStatsResponse {
+                usage: vec![],
+                volume_condition: Some(VolumeCondition {
+                    abnormal: true,
+                    message: format!("{} exists but the volume is no longer mounted there", req.volume_path),
+                }),
+            });
+        };
+        let condition = if entry.fs_read_only() {
+            VolumeCondition {
+                abnormal: true,
+                message: "the filesystem is read-only (remounted after errors?); check dmesg".into(),
+            }
+        } else {
+            VolumeCondition {
+                abnormal: false,
+                message: "mounted".into(),
+            }
+        };
+        let usage = if entry.fs_type == "devtmpfs" || !path.is_dir() {
+            vec![VolumeUsage {
+                total: dev.size_bytes as i64,
+                unit: volume_usage::Unit::Bytes as i32,
+                ..Default::default()
+            }]
+        } else {
+            let st = nix::sys::statvfs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
+            let frsize = st.fragment_size() as i64;
+            let total = st.blocks() as i64 * frsize;
+            let available = st.blocks_available() as i64 * frsize;
+            let used = (st.blocks() - st.blocks_free()) as i64 * frsize;
+            let inodes = st.files() as i64;
+            let inodes_free = st.files_available() as i64;
+            vec![
+                VolumeUsage {
+                    available,
+                    total,
+                    used,
+                    unit: volume_usage::Unit::Bytes as i32,
+                },
+                VolumeUsage {
+                    available: inodes_free,
+                    total: inodes,
+                    used: inodes - st.files_free() as i64,
+                    unit: volume_usage::Unit::Inodes as i32,
+                },
+            ]
+        };
+        Ok(NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: Some(condition),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        self.stage(request.into_inner()).await?;
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        self.unstage(request.into_inner()).await?;
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        self.publish(request.into_inner()).await?;
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        self.unpublish(request.into_inner()).await?;
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        Ok(Response::new(self.stats(request.into_inner())?))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented("volumes are whole devices and cannot be expanded"))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            RpcType::StageUnstageVolume,
+            RpcType::GetVolumeStats,
+            RpcType::VolumeCondition,
+            RpcType::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| NodeServiceCapability {
+            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+        })
+        .collect();
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.driver.node_id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: Some(Topology {
+                segments: self.driver.node_segment(),
+            }),
+        }))
+    }
+}
+
