@@ -38,6 +38,9 @@ pub enum Error {
     FailedPrecondition(String),
     #[error("an operation on {0} is already in progress; retry later")]
     Busy(String),
+    /// The call cannot go on as asked (a stale pagination token, say); start over.
+    #[error("{0}")]
+    Aborted(String),
     #[error("{0}")]
     ResourceExhausted(String),
     #[error("{0}")]
@@ -80,7 +83,7 @@ impl From<Error> for Status {
             Error::VolumeNotFound(_) | Error::NotFound(_) => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::Busy(_) => Code::Aborted,
+            Error::Busy(_) | Error::Aborted(_) => Code::Aborted,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::NotReady(_) => Code::Unavailable,

@@ -138,7 +138,7 @@ where
                 if code != "0" {
                     let message = header("grpc-message").unwrap_or_default();
                     let message = percent_decode(&message);
-                    warn!(%method, code = %tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
+                    warn!(%method, code = ?tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
                 } else if method == "Probe" {
                     debug!(%method, elapsed_ms, "call");
                 } else {
@@ -156,7 +156,7 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() + 0 && i + 2 <= bytes.len() - 1 {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
             if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(v);
                 i += 3;

@@ -174,7 +174,7 @@ impl ControllerService {
         let after = match req.starting_token.as_str() {
             "" => None,
             token => Some(token.strip_prefix(TOKEN_PREFIX).ok_or_else(|| {
-                Error::Busy(format!(
+                Error::Aborted(format!(
                     "starting_token {token:?} was not issued by this driver; list again from the start"
                 ))
             })?),

@@ -107,7 +107,9 @@ impl FromStr for Backend {
         match s.to_ascii_lowercase().as_str() {
             "nvme" => Ok(Backend::Nvme),
             "nfs-rdma" | "nfs_rdma" | "nfsrdma" | "nfs" => Ok(Backend::NfsRdma),
-            other => Err(format!("unknown backend {other:?} (expected nvme or nfs-rdma)")),
+            other => Err(format!(
+                "unknown backend {other:?} (expected nvme or nfs-rdma)"
+            )),
         }
     }
 }
@@ -274,7 +276,10 @@ mod tests {
     fn report_ready_and_text() {
         let mut r = Report::new(vec![Check::pass("a", "A", "ok")]);
         assert!(r.ready());
-        r.extend([Check::warn("b", "B", "hmm", "look"), Check::fail("c", "C", "bad", "fix it")]);
+        r.extend([
+            Check::warn("b", "B", "hmm", "look"),
+            Check::fail("c", "C", "bad", "fix it"),
+        ]);
         assert!(!r.ready());
         assert_eq!(r.failures().len(), 1);
         let t = r.to_text();

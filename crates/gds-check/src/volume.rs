@@ -1,0 +1,565 @@
+//! Volume-level checks: will I/O on this mounted volume get true GDS?
+
+use crate::node::{load_cufile, read_modules, CufileState};
+use crate::parse::{parse_udev_db, unescape_mount_path};
+use crate::{Backend, Check, HostPaths};
+use procfs_core::process::{MountInfo, MountInfos};
+use procfs_core::FromRead;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Parses mountinfo with procfs-core; if one line is malformed, keeps the others rather than
+/// losing the whole table.
+fn read_mountinfo(paths: &HostPaths) -> Result<Vec<MountInfo>, String> {
+    let p = paths.proc("self/mountinfo");
+    let text = fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    match MountInfos::from_read(text.as_bytes()) {
+        Ok(m) => Ok(m.0),
+        Err(_) => Ok(text
+            .lines()
+            .filter_map(|l| MountInfo::from_line(l).ok())
+            .collect()),
+    }
+}
+
+fn normalize(p: &Path) -> PathBuf {
+    // Lexical only: the mount point may not exist in this mount namespace.
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The mount whose mount point is `target` (last one wins: it is on top), or else the one with
+/// the longest mount point that contains `target`.
+fn find_mount<'a>(mounts: &'a [MountInfo], target: &Path) -> Option<(&'a MountInfo, bool)> {
+    let target = normalize(target);
+    let mp = |m: &MountInfo| PathBuf::from(unescape_mount_path(&m.mount_point.to_string_lossy()));
+    if let Some(m) = mounts.iter().rev().find(|m| mp(m) == target) {
+        return Some((m, true));
+    }
+    mounts
+        .iter()
+        .rev()
+        .filter(|m| target.starts_with(mp(m)))
+        .max_by_key(|m| mp(m).components().count())
+        .map(|m| (m, false))
+}
+
+fn super_opt<'a>(m: &'a MountInfo, key: &str) -> Option<Option<&'a str>> {
+    m.super_options.get(key).map(|v| v.as_deref())
+}
+
+fn opts_string(m: &MountInfo) -> String {
+    let mut v: Vec<String> = m
+        .super_options
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{k}={v}"),
+            None => k.clone(),
+        })
+        .collect();
+    v.sort();
+    v.join(",")
+}
+
+fn parse_majmin(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+pub fn volume_checks(paths: &HostPaths, backend: Backend, mount_point: &Path) -> Vec<Check> {
+    let mut out = Vec::new();
+    let mounts = match read_mountinfo(paths) {
+        Ok(m) => m,
+        Err(e) => {
+            out.push(Check::fail(
+                "volume.mount",
+                "volume is mounted",
+                e,
+                "make the host's /proc visible to the plugin",
+            ));
+            return out;
+        }
+    };
+    let Some((m, exact)) = find_mount(&mounts, mount_point) else {
+        out.push(Check::fail(
+            "volume.mount",
+            "volume is mounted",
+            format!("no mountinfo entry covers {}", mount_point.display()),
+            "mount the volume before checking it",
+        ));
+        return out;
+    };
+    let mp_str = unescape_mount_path(&m.mount_point.to_string_lossy());
+    let source = m.mount_source.clone().unwrap_or_else(|| "none".into());
+    let mut ev = format!("{} {} on {} (dev {})", m.fs_type, source, mp_str, m.majmin);
+    if !exact {
+        ev += &format!("; {} lies inside this mount", mount_point.display());
+    }
+    out.push(Check::pass("volume.mount", "volume is mounted", ev));
+
+    out.push(filesystem_check(m, backend));
+
+    let majmin = parse_majmin(&m.majmin);
+    let sysdev = paths.sys(&format!("dev/block/{}", m.majmin));
+    // NFS and other virtual filesystems have anonymous major 0 and no block device.
+    let block = majmin.is_some_and(|(maj, _)| maj != 0) && sysdev.exists();
+
+    let cfg = load_cufile(paths);
+    let dev_name = block
+        .then(|| fs::canonicalize(&sysdev).ok())
+        .flatten()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    out.push(denylist_check(
+        &cfg,
+        m,
+        &mp_str,
+        mount_point,
+        dev_name.as_deref(),
+    ));
+
+    if backend == Backend::NfsRdma && !block {
+        let why = "NFS volume: no local block device";
+        out.push(Check::na(
+            "volume.block_stack",
+            "block device stack supported",
+            why,
+        ));
+        out.push(Check::na("volume.nvme_transport", "NVMe transport", why));
+        out.push(Check::na("volume.udev", "udev database entry", why));
+        return out;
+    }
+    if !block {
+        let why = format!(
+            "no block device for dev {} ({})",
+            m.majmin,
+            sysdev.display()
+        );
+        out.push(Check::fail(
+            "volume.block_stack",
+            "block device stack supported",
+            why,
+            "GDS on NVMe needs a filesystem on a block device",
+        ));
+        return out;
+    }
+    out.extend(block_checks(paths, backend, &sysdev));
+    out.push(udev_check(paths, &m.majmin));
+    out
+}
+
+fn filesystem_check(m: &MountInfo, backend: Backend) -> Check {
+    let id = "volume.filesystem";
+    let title = "filesystem supports true GDS";
+    let fs = m.fs_type.as_str();
+    let opts = opts_string(m);
+    let ev = format!("{fs} super options: {opts}");
+    let nfs = fs == "nfs" || fs == "nfs4";
+    match (backend, fs) {
+        (Backend::Nvme, "ext4") => match super_opt(m, "data") {
+            Some(Some("ordered")) => Check::pass(id, title, ev),
+            Some(Some("journal")) => Check::fail(
+                id,
+                title,
+                format!("{ev}: data=journal disables O_DIRECT"),
+                "mount with -o data=ordered",
+            ),
+            Some(Some(other)) => Check::fail(
+                id,
+                title,
+                format!("{ev}: data={other} is not supported by GDS"),
+                "mount with -o data=ordered",
+            ),
+            _ => Check::fail(
+                id,
+                title,
+                format!("{ev}: data=ordered is not set explicitly (GDS requires it)"),
+                "mount with -o data=ordered",
+            ),
+        },
+        (Backend::Nvme, "xfs") => Check::pass(id, title, ev),
+        (Backend::NfsRdma, _) if nfs => {
+            let proto = super_opt(m, "proto").flatten();
+            let rdma =
+                matches!(proto, Some("rdma") | Some("rdma6")) || super_opt(m, "rdma").is_some();
+            if rdma {
+                Check::pass(id, title, ev)
+            } else {
+                Check::fail(
+                    id,
+                    title,
+                    format!(
+                        "{ev}: NFS over {} is compat mode only",
+                        proto.unwrap_or("an unknown transport")
+                    ),
+                    "mount with -o rdma,port=20049 (server: `echo \"rdma 20049\" > \
+                     /proc/fs/nfsd/portlist`)",
+                )
+            }
+        }
+        (Backend::Nvme, _) if nfs => Check::fail(
+            id,
+            title,
+            format!("{ev}: an NFS mount on an NVMe volume"),
+            "format the NVMe volume with xfs or ext4 (data=ordered)",
+        ),
+        (Backend::NfsRdma, _) => Check::fail(
+            id,
+            title,
+            format!("{ev}: not NFS, but the volume's backend is NFS over RDMA"),
+            "mount the NFS export with -o rdma,port=20049",
+        ),
+        (Backend::Nvme, _) => Check::fail(
+            id,
+            title,
+            format!("{ev}: {fs} gets compat mode only"),
+            "use xfs, or ext4 mounted with -o data=ordered",
+        ),
+    }
+}
+
+fn denylist_check(
+    cfg: &CufileState,
+    m: &MountInfo,
+    mp: &str,
+    requested: &Path,
+    dev_name: Option<&str>,
+) -> Check {
+    let id = "volume.denylist";
+    let title = "volume not denylisted in cufile.json";
+    let c = match cfg {
+        CufileState::Ok(c) => c,
+        CufileState::Missing(e) => return Check::na(id, title, format!("no cufile.json: {e}")),
+        CufileState::Invalid(e) => {
+            return Check::warn(
+                id,
+                title,
+                format!("cannot evaluate: {e}"),
+                "fix cufile.json",
+            )
+        }
+    };
+    let same_path = |a: &str, b: &Path| normalize(Path::new(a)) == normalize(b);
+    let mut hits = Vec::new();
+    for d in &c.denylist.mounts {
+        if same_path(d, Path::new(mp)) || same_path(d, requested) {
+            hits.push(format!("denylist.mounts has {d}"));
+        }
+    }
+    for d in &c.denylist.devices {
+        let by_source = m
+            .mount_source
+            .as_deref()
+            .is_some_and(|s| same_path(d, Path::new(s)));
+        let by_name =
+            dev_name.is_some_and(|n| d.as_str() == n || same_path(d, &Path::new("/dev").join(n)));
+        if by_source || by_name {
+            hits.push(format!("denylist.devices has {d}"));
+        }
+    }
+    for d in &c.denylist.filesystems {
+        let fs = m.fs_type.as_str();
+        if d == fs || (d == "nfs" && fs.starts_with("nfs")) {
+            hits.push(format!("denylist.filesystems has {d}"));
+        }
+    }
+    if hits.is_empty() {
+        Check::pass(
+            id,
+            title,
+            format!(
+                "mount {mp}, device {}, filesystem {} not listed",
+                dev_name.or(m.mount_source.as_deref()).unwrap_or("none"),
+                m.fs_type
+            ),
+        )
+    } else {
+        Check::fail(
+            id,
+            title,
+            format!(
+                "{}: cuFile disables GDS for it (IO_DISABLED)",
+                hits.join("; ")
+            ),
+            "remove the entry from the denylist section of cufile.json",
+        )
+    }
+}
+
+#[derive(Debug)]
+enum Layer {
+    Partition(String),
+    Dm(String),
+    Md(String, String),
+    Nvme {
+        name: String,
+        transport: Option<String>,
+    },
+    Other(String),
+}
+
+fn name_of(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn is_nvme_namespace(name: &str) -> bool {
+    // nvme0n1, or nvme0c1n1 (a multipath path device)
+    let Some(rest) = name.strip_prefix("nvme") else {
+        return false;
+    };
+    let digits = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    digits.len() < rest.len() && digits.contains('n') && !digits.contains('p')
+}
+
+fn nvme_transport(paths: &HostPaths, dir: &Path, name: &str) -> Option<String> {
+    let rd = |p: PathBuf| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    if let Some(t) = rd(dir.join("device/transport")) {
+        return Some(t);
+    }
+    // Native multipath: `device` is the subsystem, whose controllers carry the transport.
+    if let Ok(rdir) = fs::read_dir(dir.join("device")) {
+        let mut ts: Vec<String> = rdir
+            .filter_map(|e| e.ok())
+            .filter_map(|e| rd(e.path().join("transport")))
+            .collect();
+        ts.sort();
+        ts.dedup();
+        if !ts.is_empty() {
+            return Some(ts.join("+"));
+        }
+    }
+    let ctrl: String = name
+        .trim_start_matches("nvme")
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    rd(paths.sys(&format!("class/nvme/nvme{ctrl}/transport")))
+}
+
+fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<Layer>) {
+    if depth > 8 {
+        return;
+    }
+    let dir = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let name = name_of(&dir);
+    if dir.join("partition").exists() {
+        out.push(Layer::Partition(name));
+        if let Some(parent) = dir.parent() {
+            walk(paths, parent, depth + 1, out);
+        }
+        return;
+    }
+    let slaves = |out: &mut Vec<Layer>| {
+        let mut s: Vec<PathBuf> = fs::read_dir(dir.join("slaves"))
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        s.sort();
+        for p in s {
+            walk(paths, &p, depth + 1, out);
+        }
+    };
+    if dir.join("dm").is_dir() || name.starts_with("dm-") {
+        let dm_name = fs::read_to_string(dir.join("dm/name")).unwrap_or_default();
+        out.push(Layer::Dm(format!("{name} ({})", dm_name.trim())));
+        slaves(out);
+    } else if dir.join("md").is_dir() {
+        let level = fs::read_to_string(dir.join("md/level")).unwrap_or_default();
+        out.push(Layer::Md(name, level.trim().to_string()));
+        slaves(out);
+    } else if is_nvme_namespace(&name) {
+        let transport = nvme_transport(paths, &dir, &name);
+        out.push(Layer::Nvme { name, transport });
+    } else {
+        out.push(Layer::Other(name));
+    }
+}
+
+fn describe(layers: &[Layer]) -> String {
+    layers
+        .iter()
+        .map(|l| match l {
+            Layer::Partition(n) => format!("{n} (partition)"),
+            Layer::Dm(n) => format!("{n} (device-mapper)"),
+            Layer::Md(n, lvl) => format!("{n} (md {lvl})"),
+            Layer::Nvme { name, transport } => format!(
+                "{name} (nvme, transport {})",
+                transport.as_deref().unwrap_or("unknown")
+            ),
+            Layer::Other(n) => n.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(" -> ")
+}
+
+fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check> {
+    let mut layers = Vec::new();
+    walk(paths, sysdev, 0, &mut layers);
+    let stack = describe(&layers);
+    let mut out = Vec::new();
+
+    let title = "block device stack supported";
+    let dm = layers.iter().any(|l| matches!(l, Layer::Dm(_)));
+    let bad_md = layers.iter().find_map(|l| match l {
+        Layer::Md(n, lvl) if lvl != "raid0" => Some(format!("{n} is {lvl}")),
+        _ => None,
+    });
+    out.push(if dm {
+        Check::fail(
+            "volume.block_stack",
+            title,
+            format!("{stack}: device-mapper (LVM, dm-crypt, multipath) is not supported by GDS"),
+            "put the filesystem directly on the NVMe namespace (or md RAID0 over namespaces)",
+        )
+    } else if let Some(md) = bad_md {
+        Check::fail(
+            "volume.block_stack",
+            title,
+            format!("{stack}: {md}; GDS supports md RAID0 only"),
+            "use md RAID0 or a single namespace",
+        )
+    } else {
+        Check::pass("volume.block_stack", title, stack.clone())
+    });
+
+    let title = "NVMe transport supports GDS";
+    let nvme: Vec<(&str, Option<&str>)> = layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Nvme { name, transport } => Some((name.as_str(), transport.as_deref())),
+            _ => None,
+        })
+        .collect();
+    let others: Vec<&str> = layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Other(n) => Some(n.as_str()),
+            _ => None,
+        })
+        .collect();
+    if nvme.is_empty() {
+        let kind = |n: &str| {
+            if n.starts_with("loop") {
+                "loop device"
+            } else if n.starts_with("sd") {
+                "SCSI/SATA disk"
+            } else if n.starts_with("vd") {
+                "virtio disk"
+            } else {
+                "non-NVMe device"
+            }
+        };
+        let what = others
+            .iter()
+            .map(|n| format!("{n} is not an NVMe namespace ({})", kind(n)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push(Check::warn(
+            "volume.nvme_transport",
+            title,
+            format!("{what}; cuFile uses compat mode for it"),
+            "back the volume with an NVMe namespace for true GDS",
+        ));
+    } else {
+        let modules = read_modules(paths).ok();
+        let mut problems = Vec::new();
+        let mut fail = false;
+        for (n, t) in &nvme {
+            match *t {
+                Some("pcie") => {}
+                Some("rdma") => {
+                    if let Some(m) = &modules {
+                        if !m.iter().any(|m| m.name == "nvme_rdma") {
+                            fail = true;
+                            problems.push(format!(
+                                "{n} is NVMe-oF/RDMA but nvme_rdma is not registered with nvidia_fs"
+                            ));
+                        }
+                    }
+                }
+                Some(other) => problems.push(format!("{n}: transport {other} has no GDS DMA path")),
+                None => problems.push(format!("{n}: transport unknown")),
+            }
+        }
+        if !others.is_empty() {
+            problems.push(format!("non-NVMe members: {}", others.join(" ")));
+        }
+        let ev = if problems.is_empty() {
+            stack
+        } else {
+            format!("{stack}: {}", problems.join("; "))
+        };
+        out.push(if fail {
+            Check::fail(
+                "volume.nvme_transport",
+                title,
+                ev,
+                "load nvme_rdma after nvidia_fs (GDS-enabled MOFED driver)",
+            )
+        } else if problems.is_empty() {
+            Check::pass("volume.nvme_transport", title, ev)
+        } else {
+            Check::warn(
+                "volume.nvme_transport",
+                title,
+                ev,
+                "use NVMe over PCIe or NVMe-oF over RDMA for true GDS",
+            )
+        });
+    }
+    let _ = backend;
+    out
+}
+
+fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
+    let id = "volume.udev";
+    let title = "udev database identifies the block device";
+    let p = paths.udev_data_dir.join(format!("b{majmin}"));
+    let remedy = "run udevd on the node (or `udevadm trigger --action=change` for the device) and \
+                  give workload pods /run/udev read-only (CDI device nvidia.com/gds=all does)";
+    match fs::read_to_string(&p) {
+        Err(e) => Check::fail(
+            id,
+            title,
+            format!(
+                "{}: {e}; without it cuFileHandleRegister fails with 5027 \
+                 HANDLE_NOT_REGISTERED, even in compat mode",
+                p.display()
+            ),
+            remedy,
+        ),
+        Ok(t) => {
+            let props = parse_udev_db(&t);
+            match props.get("ID_FS_USAGE").map(String::as_str) {
+                Some("filesystem") => Check::pass(
+                    id,
+                    title,
+                    format!(
+                        "{}: ID_FS_USAGE=filesystem ID_FS_TYPE={}",
+                        p.display(),
+                        props.get("ID_FS_TYPE").map_or("?", |s| s.as_str())
+                    ),
+                ),
+                other => Check::fail(
+                    id,
+                    title,
+                    format!(
+                        "{}: ID_FS_USAGE is {}; cuFileHandleRegister fails with 5027",
+                        p.display(),
+                        other.unwrap_or("missing")
+                    ),
+                    remedy,
+                ),
+            }
+        }
+    }
+}

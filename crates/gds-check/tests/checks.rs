@@ -1,0 +1,442 @@
+//! Node and volume checks against fixture trees shaped like the real files.
+
+use gds_check::{node_checks, volume_checks, Backend, Check, HostPaths, Report, Status};
+use std::fs;
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+struct Host {
+    _dir: TempDir,
+    root: PathBuf,
+    paths: HostPaths,
+}
+
+impl Host {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let paths = HostPaths::under(&root);
+        for d in ["proc/self", "sys/module", "dev", "run/udev/data", "etc"] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        Host {
+            _dir: dir,
+            root,
+            paths,
+        }
+    }
+    fn write(&self, rel: &str, text: &str) -> &Self {
+        let p = self.root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+        self
+    }
+    fn mkdir(&self, rel: &str) -> &Self {
+        fs::create_dir_all(self.root.join(rel)).unwrap();
+        self
+    }
+    /// Relative symlink, like sysfs.
+    fn link(&self, rel: &str, target: &str) -> &Self {
+        let p = self.root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, p).unwrap();
+        self
+    }
+    fn nvfs_loaded(&self, modules: &str) -> &Self {
+        self.write("sys/module/nvidia_fs/version", "2.20.5\n")
+            .write("proc/driver/nvidia-fs/version", "version: 2.20\n")
+            .write("proc/driver/nvidia-fs/modules", modules)
+            .write("dev/nvidia-fs0", "")
+            .write("dev/nvidia-fs1", "")
+    }
+    /// An NVMe namespace with one partition, as sysfs lays it out.
+    fn nvme_disk(&self, transport: &str) -> &Self {
+        let ctrl = "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0";
+        self.write(&format!("{ctrl}/transport"), &format!("{transport}\n"))
+            .write(&format!("{ctrl}/nvme0n1/dev"), "259:0\n")
+            .write(&format!("{ctrl}/nvme0n1/wwid"), "eui.0025385b71b0a1b2\n")
+            .link(&format!("{ctrl}/nvme0n1/device"), "..")
+            .write(&format!("{ctrl}/nvme0n1/nvme0n1p1/partition"), "1\n")
+            .write(&format!("{ctrl}/nvme0n1/nvme0n1p1/dev"), "259:1\n")
+            .link(
+                "sys/dev/block/259:1",
+                "../../devices/pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1/nvme0n1p1",
+            )
+    }
+    fn mountinfo(&self, lines: &[&str]) -> &Self {
+        let base = "21 1 0:20 / /proc rw,nosuid - proc proc rw\n\
+                    22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n";
+        self.write(
+            "proc/self/mountinfo",
+            &format!("{base}{}\n", lines.join("\n")),
+        )
+    }
+    fn udev(&self, majmin: &str, usage: bool) -> &Self {
+        let mut t = String::from("S:disk/by-id/nvme-eui.0025385b71b0a1b2-part1\n");
+        if usage {
+            t += "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=xfs\nE:ID_FS_UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427\n";
+        }
+        self.write(&format!("run/udev/data/b{majmin}"), &t)
+    }
+}
+
+fn get<'a>(checks: &'a [Check], id: &str) -> &'a Check {
+    checks
+        .iter()
+        .find(|c| c.id == id)
+        .unwrap_or_else(|| panic!("no check {id} in {checks:#?}"))
+}
+
+const CUFILE_OK: &str = r#"{
+    // comments are allowed, as in NVIDIA's sample
+    "logging": { "dir": "/var/log/gds", "level": "ERROR" },
+    "properties": {
+        "max_direct_io_size_kb": 16384,
+        "allow_compat_mode": false, /* no silent fallback */
+        "use_poll_mode": false
+    },
+    "fs": { "nfs": { "rdma_dev_addr_list": [] } },
+    "denylist": { "drivers": [], "devices": [], "mounts": [], "filesystems": [] }
+}"#;
+
+#[test]
+fn nvidia_fs_absent_fails_nvme_and_nfs() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0-100-generic\n")
+        .write("proc/cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
+    assert_eq!(get(&c, "nvidia_fs.devices").status, Status::Fail);
+    assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
+    let p = get(&c, "nvme.p2pdma");
+    assert_eq!(p.status, Status::Fail);
+    assert!(p.evidence.contains("kernel >= 6.2"), "{}", p.evidence);
+    assert_eq!(get(&c, "iommu").status, Status::Pass);
+    let r = Report::new(c);
+    assert!(!r.ready());
+    assert!(r.to_text().contains("remedy:"));
+
+    let c = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
+    assert_eq!(get(&c, "rdma.devices").status, Status::Fail);
+    assert!(c.iter().all(|c| c.id != "nvme.p2pdma"));
+}
+
+#[test]
+fn nvme_registered_passes() {
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\nnvme_rdma: 1\n")
+        .write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .write(
+            "proc/kallsyms",
+            "ffffffffc0a01000 t nvme_v1_register_nvfs_dma_ops\t[nvme]\n",
+        )
+        .mkdir("sys/class/iommu/dmar0")
+        .write("proc/cmdline", "ro iommu=pt\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let r = Report::new(c.clone());
+    assert!(r.ready(), "{}", r.to_text());
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Pass);
+    assert!(get(&c, "nvidia_fs.module").evidence.contains("2.20.5"));
+    assert!(get(&c, "nvidia_fs.devices")
+        .evidence
+        .contains("nvidia-fs0 nvidia-fs1"));
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Pass);
+    assert!(s.evidence.contains("nvme_v1_register_nvfs_dma_ops"));
+    assert_eq!(get(&c, "nvme.p2pdma").status, Status::NotApplicable);
+    assert_eq!(get(&c, "cufile.allow_compat").status, Status::Pass);
+    assert_eq!(get(&c, "iommu").status, Status::Pass);
+}
+
+#[test]
+fn only_wekafsio_registered_is_not_ready_for_nvme() {
+    let h = Host::new();
+    h.nvfs_loaded("wekafsio: 1\n")
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .mkdir("sys/class/iommu/dmar0")
+        .write("proc/cmdline", "ro\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Fail);
+    assert!(s.evidence.contains("wekafsio"), "{}", s.evidence);
+    assert!(s.evidence.contains("compat"), "{}", s.evidence);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Pass);
+    // No cufile.json: a warning, defaults allow compat mode.
+    assert_eq!(get(&c, "cufile.config").status, Status::Warn);
+    assert_eq!(get(&c, "iommu").status, Status::Warn);
+    // And for NFS the same node lacks rpcrdma.
+    let c = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
+}
+
+#[test]
+fn p2pdma_mode_counts_without_nvidia_fs() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
+    )
+    .write("proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
+    .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    assert_eq!(get(&c, "nvme.p2pdma").status, Status::Pass);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::NotApplicable);
+    assert!(Report::new(c).ready());
+    // NFS still needs nvidia_fs.
+    let c = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
+}
+
+#[test]
+fn cufile_force_compat_and_denylisted_driver_fail() {
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n").write(
+        "etc/cufile.json",
+        r#"{ "properties": { "force_compat_mode": true },
+             "denylist": { "drivers": ["nvme"] } }"#,
+    );
+    let c = node_checks(&h.paths, Backend::Nvme);
+    assert_eq!(get(&c, "cufile.force_compat").status, Status::Fail);
+    assert_eq!(get(&c, "cufile.allow_compat").status, Status::Warn);
+    assert_eq!(get(&c, "cufile.denylist_drivers").status, Status::Fail);
+    h.write("etc/cufile.json", "{ \"properties\": { ");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    assert_eq!(get(&c, "cufile.config").status, Status::Fail);
+}
+
+#[test]
+fn stats_fixture_parses() {
+    let h = Host::new();
+    h.write(
+        "proc/driver/nvidia-fs/stats",
+        "GDS Version: 1.10.0.4 \nNVFS statistics(ver: 4.0)\nNVFS Driver(version: 2.20.5)\n\
+         Mellanox PeerDirect Supported: False\nActive Process: 0\n\
+         Reads\t\t\t\t: n=5 ok=5 err=0 readMiB=1280 io_state_err=0\n\
+         Writes\t\t\t\t: n=0 ok=0 err=0 writeMiB=0 io_state_err=0\n\
+         GPU 0000:18:00.0  uuid:7f6e9a3c-1111-2222-3333-444455556666 : Registered_MiB=256 Cache_MiB=0\n",
+    );
+    let t = fs::read_to_string(h.paths.proc("driver/nvidia-fs/stats")).unwrap();
+    let s = gds_check::parse::parse_stats(&t).unwrap();
+    assert_eq!(s.reads.mib, Some(1280));
+    assert_eq!(s.peerdirect_supported, Some(false));
+    assert_eq!(s.gpus[0].fields["Registered_MiB"], "256");
+}
+
+const EXT4_ORDERED: &str =
+    "100 29 259:1 / /mnt/vol rw,relatime shared:50 - ext4 /dev/nvme0n1p1 rw,data=ordered";
+const EXT4_IMPLICIT: &str =
+    "100 29 259:1 / /mnt/vol rw,relatime shared:50 - ext4 /dev/nvme0n1p1 rw";
+const XFS: &str =
+    "100 29 259:1 / /mnt/vol rw,relatime - xfs /dev/nvme0n1p1 rw,attr2,inode64,logbufs=8,noquota";
+
+fn nvme_volume(mountline: &str, udev: bool) -> Host {
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n")
+        .write("etc/cufile.json", CUFILE_OK)
+        .nvme_disk("pcie")
+        .mountinfo(&[mountline])
+        .udev("259:1", udev);
+    h
+}
+
+#[test]
+fn ext4_needs_explicit_data_ordered() {
+    let h = nvme_volume(EXT4_IMPLICIT, true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let f = get(&c, "volume.filesystem");
+    assert_eq!(f.status, Status::Fail);
+    assert_eq!(f.remedy.as_deref(), Some("mount with -o data=ordered"));
+
+    let h = nvme_volume(EXT4_ORDERED, true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let r = Report::new(c.clone());
+    assert!(r.ready(), "{}", r.to_text());
+    assert_eq!(get(&c, "volume.filesystem").status, Status::Pass);
+    let s = get(&c, "volume.block_stack");
+    assert!(
+        s.evidence.contains("nvme0n1p1 (partition) -> nvme0n1"),
+        "{}",
+        s.evidence
+    );
+    let t = get(&c, "volume.nvme_transport");
+    assert_eq!(t.status, Status::Pass);
+    assert!(t.evidence.contains("transport pcie"), "{}", t.evidence);
+    assert_eq!(get(&c, "volume.udev").status, Status::Pass);
+}
+
+#[test]
+fn xfs_passes_and_path_inside_mount_is_found() {
+    let h = nvme_volume(XFS, true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol/data/x"));
+    assert!(Report::new(c.clone()).ready());
+    assert!(get(&c, "volume.mount").evidence.contains("inside"));
+}
+
+#[test]
+fn tmpfs_fails() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .mountinfo(&["200 29 0:55 / /mnt/vol rw,relatime - tmpfs tmpfs rw,size=1024k"]);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let f = get(&c, "volume.filesystem");
+    assert_eq!(f.status, Status::Fail);
+    assert!(f.evidence.contains("compat"));
+    assert_eq!(get(&c, "volume.block_stack").status, Status::Fail);
+}
+
+#[test]
+fn not_mounted_fails() {
+    let h = Host::new();
+    h.mountinfo(&[]);
+    // "/" is not in this fixture's mountinfo either, so nothing covers the path.
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/none"));
+    assert_eq!(get(&c, "volume.mount").status, Status::Fail);
+    // A garbage mountinfo does not panic.
+    h.write("proc/self/mountinfo", "garbage\n\u{0}\n1 2\n");
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/none"));
+    assert_eq!(get(&c, "volume.mount").status, Status::Fail);
+}
+
+#[test]
+fn udev_db_absent_or_without_usage_fails() {
+    let h = nvme_volume(XFS, false);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let u = get(&c, "volume.udev");
+    assert_eq!(u.status, Status::Fail);
+    assert!(
+        u.evidence.contains("ID_FS_USAGE is missing"),
+        "{}",
+        u.evidence
+    );
+    fs::remove_file(h.root.join("run/udev/data/b259:1")).unwrap();
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let u = get(&c, "volume.udev");
+    assert_eq!(u.status, Status::Fail);
+    assert!(u.evidence.contains("5027"));
+    assert!(u.remedy.as_deref().unwrap().contains("/run/udev"));
+}
+
+#[test]
+fn denylist_names_the_mount() {
+    let h = nvme_volume(XFS, true);
+    h.write(
+        "etc/cufile.json",
+        r#"{
+        "properties": { "allow_compat_mode": false },
+        "denylist": {
+            // specify list of mount points to prevent (e.g. [ "/mnt/test" ])
+            "mounts": [ "/mnt/vol/" ],
+            "devices": [ ],
+            "filesystems": [ ]
+        }
+    }"#,
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let d = get(&c, "volume.denylist");
+    assert_eq!(d.status, Status::Fail);
+    assert!(d.evidence.contains("IO_DISABLED"));
+    h.write(
+        "etc/cufile.json",
+        r#"{ "denylist": { "devices": ["/dev/nvme0n1p1"], "filesystems": ["xfs"] } }"#,
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let d = get(&c, "volume.denylist");
+    assert!(
+        d.evidence.contains("devices") && d.evidence.contains("filesystems"),
+        "{}",
+        d.evidence
+    );
+}
+
+#[test]
+fn device_mapper_and_md() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .nvme_disk("pcie")
+        .write("sys/devices/virtual/block/dm-0/dm/name", "vg-lv\n")
+        .link(
+            "sys/devices/virtual/block/dm-0/slaves/nvme0n1p1",
+            "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1/nvme0n1p1",
+        )
+        .link("sys/dev/block/253:0", "../../devices/virtual/block/dm-0")
+        .write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+        .link(
+            "sys/devices/virtual/block/md0/slaves/nvme0n1",
+            "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1",
+        )
+        .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+        .write("sys/devices/virtual/block/md1/md/level", "raid1\n")
+        .link("sys/dev/block/9:1", "../../devices/virtual/block/md1")
+        .mountinfo(&[
+            "300 29 253:0 / /mnt/lvm rw - xfs /dev/mapper/vg-lv rw",
+            "301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw",
+            "302 29 9:1 / /mnt/md1 rw - xfs /dev/md1 rw",
+        ])
+        .udev("9:0", true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/lvm"));
+    let s = get(&c, "volume.block_stack");
+    assert_eq!(s.status, Status::Fail);
+    assert!(
+        s.evidence.contains("dm-0 (vg-lv) (device-mapper)"),
+        "{}",
+        s.evidence
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
+    assert_eq!(get(&c, "volume.block_stack").status, Status::Pass);
+    assert_eq!(get(&c, "volume.nvme_transport").status, Status::Pass);
+    assert!(
+        Report::new(c.clone()).ready(),
+        "{}",
+        Report::new(c).to_text()
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md1"));
+    assert_eq!(get(&c, "volume.block_stack").status, Status::Fail);
+}
+
+#[test]
+fn loop_device_is_a_warning_with_evidence() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write(
+            "sys/devices/virtual/block/loop0/loop/backing_file",
+            "/var/img\n",
+        )
+        .link("sys/dev/block/7:0", "../../devices/virtual/block/loop0")
+        .mountinfo(&["400 29 7:0 / /mnt/loop rw - ext4 /dev/loop0 rw,data=ordered"])
+        .udev("7:0", true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/loop"));
+    let t = get(&c, "volume.nvme_transport");
+    assert_eq!(t.status, Status::Warn);
+    assert!(
+        t.evidence
+            .contains("loop0 is not an NVMe namespace (loop device)"),
+        "{}",
+        t.evidence
+    );
+}
+
+#[test]
+fn nfs_needs_rdma() {
+    let h = Host::new();
+    h.nvfs_loaded("rpcrdma: 1\n")
+        .write("etc/cufile.json", CUFILE_OK)
+        .mkdir("sys/class/infiniband/rxe0")
+        .mountinfo(&[
+            "500 29 0:60 / /mnt/nfs rw,relatime - nfs4 10.0.0.1:/export rw,vers=4.1,rsize=262144,wsize=262144,hard,proto=rdma,port=20049,timeo=600,retrans=2,sec=sys,clientaddr=10.0.0.2",
+            "501 29 0:61 / /mnt/tcp rw,relatime - nfs4 10.0.0.1:/export rw,vers=4.1,proto=tcp,port=0",
+        ]);
+    let n = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&n, "nvidia_fs.storage_driver").status, Status::Pass);
+    assert_eq!(get(&n, "rdma.devices").status, Status::Pass);
+    let c = volume_checks(&h.paths, Backend::NfsRdma, Path::new("/mnt/nfs"));
+    let r = Report::new(c.clone());
+    assert!(r.ready(), "{}", r.to_text());
+    assert_eq!(get(&c, "volume.udev").status, Status::NotApplicable);
+    let c = volume_checks(&h.paths, Backend::NfsRdma, Path::new("/mnt/tcp"));
+    let f = get(&c, "volume.filesystem");
+    assert_eq!(f.status, Status::Fail);
+    assert!(f.remedy.as_deref().unwrap().contains("rdma"));
+}

@@ -1,0 +1,79 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "gds-csi.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name: the release name (plus the chart name when
+     the release is not already called after it). */}}
+{{- define "gds-csi.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gds-csi.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gds-csi.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gds-csi
+{{- end -}}
+
+{{- define "gds-csi.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gds-csi.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gds-csi.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gds-csi.sidecarImage" -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+
+{{- define "gds-csi.nodeServiceAccount" -}}
+{{- printf "%s-node" (include "gds-csi.fullname" .) -}}
+{{- end -}}
+
+{{- define "gds-csi.controllerServiceAccount" -}}
+{{- printf "%s-nfs-controller" (include "gds-csi.fullname" .) -}}
+{{- end -}}
+
+{{/* node.hostNetwork: null means "only when NFS is enabled". */}}
+{{- define "gds-csi.nodeHostNetwork" -}}
+{{- if kindIs "invalid" .Values.node.hostNetwork -}}
+{{- .Values.nfs.enabled -}}
+{{- else -}}
+{{- .Values.node.hostNetwork -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail early on values the driver would reject at runtime. */}}
+{{- define "gds-csi.validate" -}}
+{{- if not (has .Values.logFormat (list "text" "json")) -}}
+{{- fail (printf "logFormat must be text or json, got %q" .Values.logFormat) -}}
+{{- end -}}
+{{- if not (has .Values.storageClasses.nvme.fsType (list "ext4" "xfs")) -}}
+{{- fail (printf "storageClasses.nvme.fsType must be ext4 or xfs, got %q" .Values.storageClasses.nvme.fsType) -}}
+{{- end -}}
+{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nfs" .Values.storageClasses.nfs -}}
+{{- if not (has $sc.gdsPolicy (list "required" "preferred" "disabled")) -}}
+{{- fail (printf "storageClasses.%s.gdsPolicy must be required, preferred or disabled, got %q" $name $sc.gdsPolicy) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (has .Values.nfs.onDelete (list "delete" "retain" "archive")) -}}
+{{- fail (printf "nfs.onDelete must be delete, retain or archive, got %q" .Values.nfs.onDelete) -}}
+{{- end -}}
+{{- if .Values.nfs.enabled -}}
+{{- if not .Values.nfs.server -}}
+{{- fail "nfs.server is required when nfs.enabled is true" -}}
+{{- end -}}
+{{- if not .Values.nfs.share -}}
+{{- fail "nfs.share is required when nfs.enabled is true" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,75 @@
+# Shared helpers for the test and demo scripts: tool installs and loop-device pools.
+# Sourced, not run. Everything made here is recorded so cleanup can undo it.
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE_BIN="$REPO_ROOT/.cache/bin"
+CSI_SANITY_VERSION=v5.6.0
+export PATH="$CACHE_BIN:$PATH"
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "$0 needs root (loop devices, mkfs, mount)" >&2
+    exit 1
+  fi
+}
+
+# Debian packages the driver and its tests call.
+install_host_tools() {
+  local missing=()
+  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
+  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+  command -v losetup >/dev/null || missing+=(util-linux)
+  command -v sfdisk >/dev/null || missing+=(fdisk)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+install_csi_sanity() {
+  if [ ! -x "$CACHE_BIN/csi-sanity" ]; then
+    echo "installing csi-sanity $CSI_SANITY_VERSION"
+    GOBIN="$CACHE_BIN" go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION"
+  fi
+}
+
+build_driver() {
+  (cd "$REPO_ROOT" && cargo build --release --quiet --bin gds-csi)
+  GDS_CSI="$REPO_ROOT/target/release/gds-csi"
+}
+
+LOOPS=()
+# make_loop FILE BYTES: a loop device over a sparse file of exactly BYTES.
+make_loop() {
+  truncate -s "$2" "$1"
+  local dev
+  dev=$(losetup --find --show "$1")
+  LOOPS+=("$dev")
+  echo "$dev"
+}
+
+# Unmount everything under DIR (deepest first), then detach our loop devices.
+cleanup_dir_and_loops() {
+  local dir=$1
+  if [ -n "$dir" ] && [ -d "$dir" ]; then
+    awk -v d="$dir" '$5 ~ "^"d {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
+  fi
+  for dev in "${LOOPS[@]}"; do
+    losetup -d "$dev" 2>/dev/null || true
+  done
+  LOOPS=()
+  if [ -n "$dir" ]; then rm -rf "$dir"; fi
+}
+
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+wait_for_socket() {
+  for _ in $(seq 1 100); do
+    [ -S "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "driver socket $1 did not appear" >&2
+  return 1
+}
