@@ -38,14 +38,11 @@ build_driver() {
   GDS_CSI="$REPO_ROOT/target/release/gds-csi"
 }
 
-LOOPS=()
-# make_loop FILE BYTES: a loop device over a sparse file of exactly BYTES.
+# make_loop FILE BYTES: a loop device over a sparse file of exactly BYTES. Runs in
+# command substitutions, so cleanup finds the devices by their backing files.
 make_loop() {
   truncate -s "$2" "$1"
-  local dev
-  dev=$(losetup --find --show "$1")
-  LOOPS+=("$dev")
-  echo "$dev"
+  losetup --find --show "$1"
 }
 
 # Unmount everything under DIR (deepest first), then detach our loop devices.
@@ -56,11 +53,11 @@ cleanup_dir_and_loops() {
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
   fi
-  for dev in "${LOOPS[@]}"; do
-    losetup -d "$dev" 2>/dev/null || true
-  done
-  LOOPS=()
-  if [ -n "$dir" ]; then rm -rf "$dir"; fi
+  if [ -n "$dir" ]; then
+    losetup --list --noheadings -O NAME,BACK-FILE | awk -v d="$dir/" 'index($2, d) == 1 {print $1}' |
+      while read -r dev; do losetup -d "$dev" 2>/dev/null || true; done
+    rm -rf "$dir"
+  fi
 }
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }

@@ -5,6 +5,7 @@
 //! `os` is the narrow port to the host (commands, mounts, signatures).
 
 pub mod block;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod locks;

@@ -299,8 +299,17 @@ impl Pool {
             "no free clean device with {range} on node {}; free one by deleting a volume or add devices",
             self.config.node_id
         );
+        let mut refused = refused.to_vec();
+        for dev in self.devices() {
+            if let Some(why) = self.foreign_reason(&dev.id) {
+                let line = format!("{} carries {why}", dev.path.display());
+                if !refused.contains(&line) {
+                    refused.push(line);
+                }
+            }
+        }
         if !refused.is_empty() {
-            msg.push_str(&format!("; refused: {}", refused.join("; ")));
+            msg.push_str(&format!("; not allocatable: {}", refused.join("; ")));
         }
         Error::ResourceExhausted(msg)
     }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite (what .ci/run calls). Needs root: the node tests use real loop
+# devices, mkfs and mounts. Installs what it needs (Debian packages, csi-sanity, helm,
+# the nvidia-cufile wheel) from the package registries on first use.
+set -uo pipefail
+. "$(dirname "$0")/lib.sh"
+need_root
+cd "$REPO_ROOT"
+install_host_tools
+
+suites_passed=0
+suites_failed=0
+failed_names=()
+suite() {
+  local name=$1; shift
+  echo
+  echo "=== $name"
+  local start=$SECONDS
+  if "$@"; then
+    suites_passed=$((suites_passed + 1)); echo "=== $name: ok ($((SECONDS - start)) s)"
+  else
+    suites_failed=$((suites_failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)"
+  fi
+}
+
+suite "cargo fmt --check" cargo fmt --all -- --check
+suite "cargo clippy -D warnings" cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Unit tests, in-process tests and the root tests on real loop devices.
+suite "cargo test" cargo test --workspace --quiet
+suite "csi-sanity on loop devices" bash tests/sanity.sh
+suite "helm chart" bash tests/helm.sh
+suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh
+
+echo
+if [ ${#failed_names[@]} -gt 0 ]; then echo "failed suites: ${failed_names[*]}"; fi
+echo "suites: $suites_passed passed, $suites_failed failed"
+[ "$suites_failed" -eq 0 ]
