@@ -14,7 +14,11 @@ use gds_csi::csi::*;
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn step(what: &str, started: Instant) {
-    println!("  {:<44} {:>8.1} ms", what, started.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "  {:<44} {:>8.1} ms",
+        what,
+        started.elapsed().as_secs_f64() * 1e3
+    );
 }
 
 #[tokio::main]
@@ -23,19 +27,31 @@ async fn main() -> Result<()> {
     let socket = PathBuf::from(args.next().ok_or("usage: demo SOCKET WORK_DIR")?);
     let work = PathBuf::from(args.next().ok_or("usage: demo SOCKET WORK_DIR")?);
     let mut c = Clients::connect(&socket).await?;
-    let info = c.identity.get_plugin_info(GetPluginInfoRequest {}).await?.into_inner();
+    let info = c
+        .identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await?
+        .into_inner();
     println!("driver {} {}", info.name, info.vendor_version);
 
     let cap = VolumeCapability {
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
     };
     let t = Instant::now();
     let vol = c
         .controller
         .create_volume(CreateVolumeRequest {
             name: "demo-volume".into(),
-            capacity_range: Some(CapacityRange { required_bytes: 100 << 20, limit_bytes: 0 }),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 100 << 20,
+                limit_bytes: 0,
+            }),
             volume_capabilities: vec![cap.clone()],
             ..Default::default()
         })
@@ -43,7 +59,10 @@ async fn main() -> Result<()> {
         .into_inner()
         .volume
         .ok_or("no volume in the response")?;
-    step(&format!("CreateVolume ({} MiB)", vol.capacity_bytes >> 20), t);
+    step(
+        &format!("CreateVolume ({} MiB)", vol.capacity_bytes >> 20),
+        t,
+    );
     println!("  volume id: {}", vol.volume_id);
     let staging = work.join("kubelet/staging/demo");
     let target = work.join("kubelet/pods/demo-pod/volumes/demo");
@@ -62,7 +81,10 @@ async fn main() -> Result<()> {
         .await?;
     step("NodeStageVolume (mkfs.ext4 + mount)", t);
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    if let Some(line) = mountinfo.lines().find(|l| l.contains(&staging.display().to_string())) {
+    if let Some(line) = mountinfo
+        .lines()
+        .find(|l| l.contains(&staging.display().to_string()))
+    {
         let fs = line.split(" - ").nth(1).unwrap_or("");
         println!("  staged: {fs}");
     }
@@ -83,7 +105,11 @@ async fn main() -> Result<()> {
     let text = format!("written through {} by the gds-csi demo\n", target.display());
     std::fs::write(&file, &text)?;
     let back = std::fs::read_to_string(&file)?;
-    println!("  wrote and read back {} bytes: {}", back.len(), if back == text { "MATCH" } else { "MISMATCH" });
+    println!(
+        "  wrote and read back {} bytes: {}",
+        back.len(),
+        if back == text { "MATCH" } else { "MISMATCH" }
+    );
     let stats = c
         .node
         .node_get_volume_stats(NodeGetVolumeStatsRequest {
@@ -94,18 +120,33 @@ async fn main() -> Result<()> {
         .await?
         .into_inner();
     if let Some(bytes) = stats.usage.first() {
-        println!("  usage: {} of {} KiB used, condition abnormal={}", bytes.used >> 10, bytes.total >> 10,
-            stats.volume_condition.map(|c| c.abnormal).unwrap_or(false));
+        println!(
+            "  usage: {} of {} KiB used, condition abnormal={}",
+            bytes.used >> 10,
+            bytes.total >> 10,
+            stats.volume_condition.map(|c| c.abnormal).unwrap_or(false)
+        );
     }
 
     let t = Instant::now();
     c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest { volume_id: id.clone(), target_path: target.display().to_string() })
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
         .await?;
     c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: staging.display().to_string() })
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
         .await?;
-    c.controller.delete_volume(DeleteVolumeRequest { volume_id: id, ..Default::default() }).await?;
+    c.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await?;
     step("unpublish + unstage + DeleteVolume", t);
     if back != text {
         return Err("data read back differs from data written".into());

@@ -19,13 +19,20 @@ pub enum FormatDecision {
     Format,
     /// The volume's own filesystem (recognised by the uuid given to mkfs).
     /// `adopt`: mkfs finished but the state update did not (crash in between).
-    UseExisting { adopt: bool },
+    UseExisting {
+        adopt: bool,
+    },
     Refuse(String),
 }
 
 /// The data-safety table. Formatting needs all of: the device is this volume's,
 /// mkfs never completed for it, and a successful probe found no signature at all.
-pub fn decide_format(record: &VolumeRecord, fs: FsType, device: &Path, sigs: &[Signature]) -> FormatDecision {
+pub fn decide_format(
+    record: &VolumeRecord,
+    fs: FsType,
+    device: &Path,
+    sigs: &[Signature],
+) -> FormatDecision {
     if sigs.is_empty() {
         return if record.formatted {
             FormatDecision::Refuse(format!(
@@ -176,7 +183,10 @@ fn mark_formatted(driver: &Driver, id: &BlockVolumeId, fs: FsType) -> Result<()>
 async fn verify_staged(driver: &Driver, staging: &Path, fs: FsType) -> Result<()> {
     let mounts = driver.host.mount_table()?;
     let entry = mountinfo::at(&mounts, staging).ok_or_else(|| {
-        Error::FailedPrecondition(format!("{} is not mounted after mount succeeded", staging.display()))
+        Error::FailedPrecondition(format!(
+            "{} is not mounted after mount succeeded",
+            staging.display()
+        ))
     })?;
     let ok = match fs {
         FsType::Ext4 => entry.super_options.get("data") == Some(&Some("ordered".to_owned())),
@@ -250,7 +260,8 @@ pub async fn publish(
     }
     match cap.access {
         Access::Mount => {
-            let staged = mountinfo::at(&mounts, staging).filter(|m| m.is_device(dev.major, dev.minor));
+            let staged =
+                mountinfo::at(&mounts, staging).filter(|m| m.is_device(dev.major, dev.minor));
             if staged.is_none() {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {} is not staged at {}; call NodeStageVolume first",
@@ -327,8 +338,14 @@ mod tests {
     fn format_decision_table() {
         let dev = Path::new("/dev/loop1");
         let ext4 = FsType::Ext4;
-        assert_eq!(decide_format(&record(false), ext4, dev, &[]), FormatDecision::Format);
-        assert!(matches!(decide_format(&record(true), ext4, dev, &[]), FormatDecision::Refuse(_)));
+        assert_eq!(
+            decide_format(&record(false), ext4, dev, &[]),
+            FormatDecision::Format
+        );
+        assert!(matches!(
+            decide_format(&record(true), ext4, dev, &[]),
+            FormatDecision::Refuse(_)
+        ));
         let ours = [sig("ext4", Some("uuid-1")), sig("ext4", Some("uuid-1"))];
         assert_eq!(
             decide_format(&record(true), ext4, dev, &ours),

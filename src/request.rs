@@ -46,9 +46,9 @@ fn access_mode_supported(mode: CsiMode) -> Result<bool> {
         | CsiMode::SingleNodeReaderOnly
         | CsiMode::SingleNodeSingleWriter
         | CsiMode::SingleNodeMultiWriter => Ok(true),
-        CsiMode::MultiNodeReaderOnly | CsiMode::MultiNodeSingleWriter | CsiMode::MultiNodeMultiWriter => {
-            Ok(false)
-        }
+        CsiMode::MultiNodeReaderOnly
+        | CsiMode::MultiNodeSingleWriter
+        | CsiMode::MultiNodeMultiWriter => Ok(false),
     }
 }
 
@@ -56,7 +56,10 @@ fn access_mode_supported(mode: CsiMode) -> Result<bool> {
 /// weaken what GDS or the driver relies on.
 pub fn check_mount_flag(flag: &str) -> Result<()> {
     const FIELD: &str = "volume_capability.mount.mount_flags";
-    if flag.is_empty() || flag.contains([',', '\n', '\0', ' ']) || flag.chars().any(char::is_control) {
+    if flag.is_empty()
+        || flag.contains([',', '\n', '\0', ' '])
+        || flag.chars().any(char::is_control)
+    {
         return Err(Error::invalid(
             FIELD,
             format!("{flag:?} must be one option without commas, spaces or control characters"),
@@ -89,7 +92,12 @@ pub fn capability(cap: &csi::VolumeCapability, field: &'static str) -> Result<Op
     let read_only_mode = mode == CsiMode::SingleNodeReaderOnly;
     let single_writer = mode == CsiMode::SingleNodeSingleWriter;
     let parsed = match &cap.access_type {
-        None => return Err(Error::invalid(field, "access_type (mount or block) is required")),
+        None => {
+            return Err(Error::invalid(
+                field,
+                "access_type (mount or block) is required",
+            ))
+        }
         Some(AccessType::Block(_)) => Capability {
             access: Access::Block,
             fs_type: None,
@@ -103,7 +111,10 @@ pub fn capability(cap: &csi::VolumeCapability, field: &'static str) -> Result<Op
                 other => Some(FsType::parse(other).ok_or_else(|| {
                     Error::invalid(
                         "volume_capability.mount.fs_type",
-                        format!("{other:?} is not supported; use one of {}", FsType::SUPPORTED),
+                        format!(
+                            "{other:?} is not supported; use one of {}",
+                            FsType::SUPPORTED
+                        ),
                     )
                 })?),
             };
@@ -125,7 +136,10 @@ pub fn capability(cap: &csi::VolumeCapability, field: &'static str) -> Result<Op
 /// Every capability must be supported (for CreateVolume); unsupported is InvalidArgument.
 pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
     if caps.is_empty() {
-        return Err(Error::invalid("volume_capabilities", "at least one capability is required"));
+        return Err(Error::invalid(
+            "volume_capabilities",
+            "at least one capability is required",
+        ));
     }
     caps.iter()
         .map(|c| {
@@ -163,7 +177,10 @@ pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<
         ));
     }
     let mut stored = BTreeMap::new();
-    for (key, value) in params.iter().filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX)) {
+    for (key, value) in params
+        .iter()
+        .filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX))
+    {
         if value.contains([',', '=', '\n', '\0']) {
             return Err(Error::invalid(
                 "parameters",
@@ -177,7 +194,10 @@ pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<
         Some(v) => Some(FsType::parse(v).ok_or_else(|| {
             Error::invalid(
                 "parameters",
-                format!("fsType {v:?} is not supported; use one of {}", FsType::SUPPORTED),
+                format!(
+                    "fsType {v:?} is not supported; use one of {}",
+                    FsType::SUPPORTED
+                ),
             )
         })?),
     };
@@ -194,7 +214,10 @@ pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<
 
 pub fn name(name: &str) -> Result<String> {
     if name.is_empty() {
-        return Err(Error::invalid("name", "required (the CO's idempotency key)"));
+        return Err(Error::invalid(
+            "name",
+            "required (the CO's idempotency key)",
+        ));
     }
     if name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
         return Err(Error::invalid(
@@ -241,16 +264,25 @@ pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<Pa
     }
     let path = Path::new(raw);
     if !path.is_absolute() {
-        return Err(Error::invalid(field, format!("{raw:?} must be an absolute path")));
+        return Err(Error::invalid(
+            field,
+            format!("{raw:?} must be an absolute path"),
+        ));
     }
     if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(Error::invalid(field, format!("{raw:?} must not contain '..'")));
+        return Err(Error::invalid(
+            field,
+            format!("{raw:?} must not contain '..'"),
+        ));
     }
     if !roots.iter().any(|root| path.starts_with(root)) {
         let roots: Vec<_> = roots.iter().map(|r| r.display().to_string()).collect();
         return Err(Error::invalid(
             field,
-            format!("{raw:?} is outside the allowed roots [{}] (--allowed-path-root)", roots.join(", ")),
+            format!(
+                "{raw:?} is outside the allowed roots [{}] (--allowed-path-root)",
+                roots.join(", ")
+            ),
         ));
     }
     // Every existing ancestor below the root must be a real directory, not a link.
@@ -291,9 +323,14 @@ mod tests {
         use CsiMode::*;
         let ok = capability(&mount_cap(SingleNodeWriter, "xfs", &["noatime"]), "c").unwrap();
         assert_eq!(ok.unwrap().fs_type, Some(FsType::Xfs));
-        assert_eq!(capability(&mount_cap(MultiNodeMultiWriter, "", &[]), "c").unwrap(), None);
+        assert_eq!(
+            capability(&mount_cap(MultiNodeMultiWriter, "", &[]), "c").unwrap(),
+            None
+        );
         let block = csi::VolumeCapability {
-            access_mode: Some(AccessMode { mode: SingleNodeReaderOnly as i32 }),
+            access_mode: Some(AccessMode {
+                mode: SingleNodeReaderOnly as i32,
+            }),
             access_type: Some(AccessType::Block(BlockVolume {})),
         };
         let parsed = capability(&block, "c").unwrap().unwrap();
@@ -306,10 +343,16 @@ mod tests {
             mount_cap(SingleNodeWriter, "", &["data=journal"]),
             mount_cap(SingleNodeWriter, "", &["remount"]),
             mount_cap(SingleNodeWriter, "", &["a\nb"]),
-            csi::VolumeCapability { access_mode: None, access_type: None },
+            csi::VolumeCapability {
+                access_mode: None,
+                access_type: None,
+            },
         ];
         for cap in bad {
-            assert!(matches!(capability(cap, "c"), Err(Error::InvalidArgument { .. })), "{cap:?}");
+            assert!(
+                matches!(capability(cap, "c"), Err(Error::InvalidArgument { .. })),
+                "{cap:?}"
+            );
         }
     }
 
@@ -336,7 +379,12 @@ mod tests {
         let roots = vec![root.path().to_owned()];
         let inside = root.path().join("pods/x/mount");
         host_path("target_path", inside.to_str().unwrap(), &roots).unwrap();
-        for bad in ["", "relative/path", "/etc/passwd", &format!("{}/../etc", root.path().display())] {
+        for bad in [
+            "",
+            "relative/path",
+            "/etc/passwd",
+            &format!("{}/../etc", root.path().display()),
+        ] {
             assert!(host_path("target_path", bad, &roots).is_err(), "{bad}");
         }
         let link = root.path().join("link");

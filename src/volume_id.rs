@@ -31,12 +31,18 @@ impl fmt::Display for BlockVolumeId {
 /// Refuses ids no CO would send: they name no volume and are not safe to log or use.
 pub fn check_well_formed(field: &'static str, id: &str) -> Result<()> {
     if id.is_empty() {
-        return Err(Error::invalid(field, "required; pass the volume_id returned by CreateVolume"));
+        return Err(Error::invalid(
+            field,
+            "required; pass the volume_id returned by CreateVolume",
+        ));
     }
     if id.len() > MAX_VOLUME_ID_LEN {
         return Err(Error::invalid(
             field,
-            format!("{} bytes is longer than the {MAX_VOLUME_ID_LEN}-byte limit", id.len()),
+            format!(
+                "{} bytes is longer than the {MAX_VOLUME_ID_LEN}-byte limit",
+                id.len()
+            ),
         ));
     }
     if id.contains("..") || id.contains('/') || id.chars().any(char::is_control) {
@@ -103,7 +109,13 @@ mod tests {
 
     #[test]
     fn foreign_ids_parse_to_none_and_hostile_ids_are_invalid() {
-        for id in ["some-vol-id", "blk:x", "blk:a:b:", "blk:a b:c:d", "nfs:a:b:c"] {
+        for id in [
+            "some-vol-id",
+            "blk:x",
+            "blk:a:b:",
+            "blk:a b:c:d",
+            "nfs:a:b:c",
+        ] {
             assert_eq!(BlockVolumeId::parse(id), None, "{id}");
         }
         for id in ["", "blk:../x:a:n", "a/b", "a\0b", &"x".repeat(4096)] {

@@ -25,7 +25,11 @@ struct Rig {
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().expect(cmd);
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
@@ -39,14 +43,25 @@ impl Rig {
             eprintln!("skipped: needs root for loop devices and mounts");
             return None;
         }
-        let dir = tempfile::Builder::new().prefix("gds-root-").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("gds-root-")
+            .tempdir_in("/tmp")
+            .unwrap();
         let mut loops = Vec::new();
         for i in 0..devices {
             let img = dir.path().join(format!("dev{i}.img"));
             fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-            loops.push(PathBuf::from(run("losetup", &["--find", "--show", img.to_str().unwrap()])));
+            loops.push(PathBuf::from(run(
+                "losetup",
+                &["--find", "--show", img.to_str().unwrap()],
+            )));
         }
-        Some(Rig { dir, loops, child: None, starts: 0 })
+        Some(Rig {
+            dir,
+            loops,
+            child: None,
+            starts: 0,
+        })
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -161,7 +176,10 @@ fn publish_req(id: &str, staging: &Path, target: &Path) -> NodePublishVolumeRequ
 
 fn digest_file(path: &Path) -> Vec<u8> {
     let mut bytes = Vec::new();
-    fs::File::open(path).unwrap().read_to_end(&mut bytes).unwrap();
+    fs::File::open(path)
+        .unwrap()
+        .read_to_end(&mut bytes)
+        .unwrap();
     Sha256::digest(&bytes).to_vec()
 }
 
@@ -178,17 +196,35 @@ fn mountinfo_line(path: &Path) -> Option<String> {
 async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let vol = c.controller.create_volume(create_req("data")).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .controller
+        .create_volume(create_req("data"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(vol.capacity_bytes as u64, SIZE);
     let id = vol.volume_id;
     let (staging, target) = (rig.path("staging/v"), rig.path("pods/p1/mount"));
     fs::create_dir_all(&staging).unwrap();
-    c.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    c.node
+        .node_stage_volume(stage_req(&id, &staging))
+        .await
+        .unwrap();
     let line = mountinfo_line(&staging).expect("staged");
-    assert!(line.contains(" - ext4 ") && line.contains("data=ordered"), "{line}");
-    c.node.node_publish_volume(publish_req(&id, &staging, &target)).await.unwrap();
+    assert!(
+        line.contains(" - ext4 ") && line.contains("data=ordered"),
+        "{line}"
+    );
+    c.node
+        .node_publish_volume(publish_req(&id, &staging, &target))
+        .await
+        .unwrap();
 
-    let payload: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let payload: Vec<u8> = (0..(1 << 20))
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     fs::write(target.join("weights.bin"), &payload).unwrap();
     let want = Sha256::digest(&payload).to_vec();
 
@@ -209,17 +245,33 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         .await
         .unwrap();
     assert!(mountinfo_line(&staging).is_none());
-    c.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
-    c.node.node_publish_volume(publish_req(&id, &staging, &target)).await.unwrap();
+    c.node
+        .node_stage_volume(stage_req(&id, &staging))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish_req(&id, &staging, &target))
+        .await
+        .unwrap();
     assert_eq!(digest_file(&target.join("weights.bin")), want);
 
     // SIGKILL the plugin while the volume is published, then restart it.
     rig.kill9();
     let mut c = rig.start().await;
-    assert_eq!(digest_file(&target.join("weights.bin")), want, "mounts outlive the plugin");
+    assert_eq!(
+        digest_file(&target.join("weights.bin")),
+        want,
+        "mounts outlive the plugin"
+    );
     for _ in 0..3 {
-        c.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
-        c.node.node_publish_volume(publish_req(&id, &staging, &target)).await.unwrap();
+        c.node
+            .node_stage_volume(stage_req(&id, &staging))
+            .await
+            .unwrap();
+        c.node
+            .node_publish_volume(publish_req(&id, &staging, &target))
+            .await
+            .unwrap();
     }
     let stats = c
         .node
@@ -238,7 +290,10 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
     // A staged volume cannot be deleted.
     let err = c
         .controller
-        .delete_volume(DeleteVolumeRequest { volume_id: id.clone(), secrets: HashMap::new() })
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -258,13 +313,24 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         .await
         .unwrap();
     c.controller
-        .delete_volume(DeleteVolumeRequest { volume_id: id.clone(), secrets: HashMap::new() })
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
         .await
         .unwrap();
     // The device went back to the pool, wiped of the volume's filesystem.
-    let probe = Command::new("blkid").args(["-p", rig.loops[0].to_str().unwrap()]).status().unwrap();
+    let probe = Command::new("blkid")
+        .args(["-p", rig.loops[0].to_str().unwrap()])
+        .status()
+        .unwrap();
     assert_eq!(probe.code(), Some(2), "no signature left after delete");
-    let cap = c.controller.get_capacity(GetCapacityRequest::default()).await.unwrap().into_inner();
+    let cap = c
+        .controller
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(cap.available_capacity as u64, SIZE);
 }
 
@@ -280,7 +346,12 @@ fn write_partition_table(dev: &Path) {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"label: dos\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: dos\n")
+        .unwrap();
     assert!(child.wait().unwrap().success());
 }
 
@@ -291,53 +362,142 @@ async fn foreign_signatures_are_never_allocated_formatted_or_changed() {
     write_partition_table(&rig.loops[0]);
     let before0 = device_digest(&rig.loops[0]);
     let mut c = rig.start().await;
-    let cap = c.controller.get_capacity(GetCapacityRequest::default()).await.unwrap().into_inner();
-    assert_eq!(cap.available_capacity as u64, SIZE, "only the clean device counts");
+    let cap = c
+        .controller
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        cap.available_capacity as u64, SIZE,
+        "only the clean device counts"
+    );
 
     // The clean device is allocated; then someone writes a partition table onto it.
-    let vol = c.controller.create_volume(create_req("first")).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .controller
+        .create_volume(create_req("first"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     write_partition_table(&rig.loops[1]);
     let before1 = device_digest(&rig.loops[1]);
     let staging = rig.path("staging/first");
     fs::create_dir_all(&staging).unwrap();
-    let err = c.node.node_stage_volume(stage_req(&vol.volume_id, &staging)).await.unwrap_err();
+    let err = c
+        .node
+        .node_stage_volume(stage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains(rig.loops[1].to_str().unwrap()) && err.message().contains("dos"), "{}", err.message());
+    assert!(
+        err.message().contains(rig.loops[1].to_str().unwrap()) && err.message().contains("dos"),
+        "{}",
+        err.message()
+    );
 
     // No device left that is clean: CreateVolume says so, naming the refused one.
-    let err = c.controller.create_volume(create_req("second")).await.unwrap_err();
+    let err = c
+        .controller
+        .create_volume(create_req("second"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("dos"), "{}", err.message());
 
     assert_eq!(rig.mkfs_count(), 0);
     assert!(mountinfo_line(&staging).is_none());
-    assert_eq!(device_digest(&rig.loops[0]), before0, "foreign device untouched");
-    assert_eq!(device_digest(&rig.loops[1]), before1, "allocated-then-foreign device untouched");
+    assert_eq!(
+        device_digest(&rig.loops[0]),
+        before0,
+        "foreign device untouched"
+    );
+    assert_eq!(
+        device_digest(&rig.loops[1]),
+        before1,
+        "allocated-then-foreign device untouched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_are_refused_and_change_nothing() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let vol = c.controller.create_volume(create_req("h")).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .controller
+        .create_volume(create_req("h"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = rig.path("staging/h");
     let long_id = "x".repeat(4096);
     let cases: Vec<(&str, NodeStageVolumeRequest, Code)> = vec![
-        ("id with ..", stage_req("blk:../../etc:a:node-a", &staging), Code::InvalidArgument),
-        ("id with NUL", stage_req("blk:a\0b:a:node-a", &staging), Code::InvalidArgument),
-        ("4 KiB id", stage_req(&long_id, &staging), Code::InvalidArgument),
-        ("unknown id", stage_req("blk:dev-0000000000000000:0:node-a", &staging), Code::NotFound),
-        ("other node", stage_req("blk:dev-0000000000000000:0:node-b", &staging), Code::NotFound),
-        ("path outside roots", stage_req(&vol.volume_id, Path::new("/etc/gds")), Code::InvalidArgument),
-        ("relative path", NodeStageVolumeRequest { staging_target_path: "staging/h".into(), ..stage_req(&vol.volume_id, &staging) }, Code::InvalidArgument),
-        ("no capability", NodeStageVolumeRequest { volume_capability: None, ..stage_req(&vol.volume_id, &staging) }, Code::InvalidArgument),
-        ("injected mount flag", NodeStageVolumeRequest {
-            volume_capability: Some(VolumeCapability {
-                access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-                access_type: Some(AccessType::Mount(MountVolume { mount_flags: vec!["ro,exec".into()], ..Default::default() })),
-            }),
-            ..stage_req(&vol.volume_id, &staging)
-        }, Code::InvalidArgument),
+        (
+            "id with ..",
+            stage_req("blk:../../etc:a:node-a", &staging),
+            Code::InvalidArgument,
+        ),
+        (
+            "id with NUL",
+            stage_req("blk:a\0b:a:node-a", &staging),
+            Code::InvalidArgument,
+        ),
+        (
+            "4 KiB id",
+            stage_req(&long_id, &staging),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown id",
+            stage_req("blk:dev-0000000000000000:0:node-a", &staging),
+            Code::NotFound,
+        ),
+        (
+            "other node",
+            stage_req("blk:dev-0000000000000000:0:node-b", &staging),
+            Code::NotFound,
+        ),
+        (
+            "path outside roots",
+            stage_req(&vol.volume_id, Path::new("/etc/gds")),
+            Code::InvalidArgument,
+        ),
+        (
+            "relative path",
+            NodeStageVolumeRequest {
+                staging_target_path: "staging/h".into(),
+                ..stage_req(&vol.volume_id, &staging)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "no capability",
+            NodeStageVolumeRequest {
+                volume_capability: None,
+                ..stage_req(&vol.volume_id, &staging)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "injected mount flag",
+            NodeStageVolumeRequest {
+                volume_capability: Some(VolumeCapability {
+                    access_mode: Some(AccessMode {
+                        mode: Mode::SingleNodeWriter as i32,
+                    }),
+                    access_type: Some(AccessType::Mount(MountVolume {
+                        mount_flags: vec!["ro,exec".into()],
+                        ..Default::default()
+                    })),
+                }),
+                ..stage_req(&vol.volume_id, &staging)
+            },
+            Code::InvalidArgument,
+        ),
     ];
     let tried = cases.len();
     for (what, req, want) in cases {
@@ -349,7 +509,10 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     params.insert("mountOptions".to_string(), "exec".to_string());
     let err = c
         .controller
-        .create_volume(CreateVolumeRequest { parameters: params, ..create_req("p") })
+        .create_volume(CreateVolumeRequest {
+            parameters: params,
+            ..create_req("p")
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);

@@ -55,10 +55,16 @@ pub fn listed_device(sys: &Path, path: &Path) -> Result<PoolDevice, String> {
         return Err(format!("{} is not a block device", path.display()));
     }
     let rdev = meta.rdev();
-    let (major, minor) = (nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32);
+    let (major, minor) = (
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    );
     let size_bytes = size_from_sysfs(sys, major, minor)?;
     if size_bytes == 0 {
-        return Err(format!("{} has size 0 (a detached loop device?)", path.display()));
+        return Err(format!(
+            "{} has size 0 (a detached loop device?)",
+            path.display()
+        ));
     }
     let key = format!("path:{}", path.display());
     Ok(PoolDevice {
@@ -109,19 +115,21 @@ pub fn nvme_namespaces(
         };
         let key = format!("wwid:{wwid}");
         let ours = allocated_keys.contains(&key);
-        let has_partitions = !ours && fs::read_dir(&dir)
-            .map(|it| {
-                it.filter_map(|e| e.ok())
-                    .any(|e| e.path().join("partition").exists())
-            })
-            .unwrap_or(true);
+        let has_partitions = !ours
+            && fs::read_dir(&dir)
+                .map(|it| {
+                    it.filter_map(|e| e.ok())
+                        .any(|e| e.path().join("partition").exists())
+                })
+                .unwrap_or(true);
         if has_partitions {
             exclude("has partitions".into());
             continue;
         }
-        let has_holders = !ours && fs::read_dir(dir.join("holders"))
-            .map(|mut it| it.next().is_some())
-            .unwrap_or(false);
+        let has_holders = !ours
+            && fs::read_dir(dir.join("holders"))
+                .map(|mut it| it.next().is_some())
+                .unwrap_or(false);
         if has_holders {
             exclude("held by another device (device-mapper, md, ...)".into());
             continue;
@@ -197,7 +205,8 @@ mod tests {
         namespace(sys.path(), "nvme1n1", "w-held", "259:1", 2048);
         fs::create_dir_all(sys.path().join("block/nvme1n1/holders/dm-0")).unwrap();
         namespace(sys.path(), "nvme2n1", "", "259:2", 2048);
-        let (found, excluded) = nvme_namespaces(sys.path(), Path::new("/dev"), &[], &HashSet::new());
+        let (found, excluded) =
+            nvme_namespaces(sys.path(), Path::new("/dev"), &[], &HashSet::new());
         assert!(found.is_empty());
         let reasons: Vec<_> = excluded.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(reasons.len(), 3, "{reasons:?}");

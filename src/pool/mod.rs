@@ -315,7 +315,12 @@ impl Pool {
     }
 
     /// DeleteVolume's domain operation, resumable after a crash at any step.
-    pub async fn release(&self, host: &dyn Host, volume_id: &str, mounts: &[MountEntry]) -> Result<()> {
+    pub async fn release(
+        &self,
+        host: &dyn Host,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
         let Some(record) = self.state.snapshot().volumes.get(volume_id).cloned() else {
             return Ok(());
         };
@@ -337,7 +342,10 @@ impl Pool {
         if let Some(dev) = &device {
             // Wipe only what is provably ours; anything else is left exactly as it is.
             let sigs = host.probe_signatures(&dev.path).await?;
-            let ours = !sigs.is_empty() && sigs.iter().all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
+            let ours = !sigs.is_empty()
+                && sigs
+                    .iter()
+                    .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
             if ours {
                 host.wipe_signatures(&dev.path).await?;
                 self.set_foreign(&dev.id, None);

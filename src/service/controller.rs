@@ -68,7 +68,10 @@ impl ControllerService {
         }
         let range = req.capacity_range.unwrap_or_default();
         if range.required_bytes < 0 || range.limit_bytes < 0 {
-            return Err(Error::invalid("capacity_range", "bytes must not be negative"));
+            return Err(Error::invalid(
+                "capacity_range",
+                "bytes must not be negative",
+            ));
         }
         if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
             return Err(Error::invalid(
@@ -133,10 +136,16 @@ impl ControllerService {
             .ok_or_else(|| Error::VolumeNotFound(volume_id.to_owned()))
     }
 
-    fn validate(&self, req: ValidateVolumeCapabilitiesRequest) -> Result<ValidateVolumeCapabilitiesResponse> {
+    fn validate(
+        &self,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> Result<ValidateVolumeCapabilitiesResponse> {
         volume_id::check_well_formed("volume_id", &req.volume_id)?;
         if req.volume_capabilities.is_empty() {
-            return Err(Error::invalid("volume_capabilities", "at least one capability is required"));
+            return Err(Error::invalid(
+                "volume_capabilities",
+                "at least one capability is required",
+            ));
         }
         let rec = self.record(&req.volume_id)?;
         for cap in &req.volume_capabilities {
@@ -144,7 +153,9 @@ impl ControllerService {
             let Some(parsed) = parsed else {
                 return Ok(ValidateVolumeCapabilitiesResponse {
                     confirmed: None,
-                    message: "multi-node access modes are not supported by node-local block volumes".into(),
+                    message:
+                        "multi-node access modes are not supported by node-local block volumes"
+                            .into(),
                 });
             };
             if let Some(fs) = parsed.fs_type {
@@ -189,12 +200,18 @@ impl ControllerService {
         let mut next_token = String::new();
         if req.max_entries > 0 && entries.len() > req.max_entries as usize {
             entries.truncate(req.max_entries as usize);
-            next_token = format!("{TOKEN_PREFIX}{}", entries.last().map(|(id, _)| id.as_str()).unwrap_or(""));
+            next_token = format!(
+                "{TOKEN_PREFIX}{}",
+                entries.last().map(|(id, _)| id.as_str()).unwrap_or("")
+            );
         }
         Ok(ListVolumesResponse {
             entries: entries
                 .into_iter()
-                .map(|(_, volume)| list_volumes_response::Entry { volume: Some(volume), status: None })
+                .map(|(_, volume)| list_volumes_response::Entry {
+                    volume: Some(volume),
+                    status: None,
+                })
                 .collect(),
             next_token,
         })
@@ -202,7 +219,10 @@ impl ControllerService {
 
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
-        let elsewhere = req.accessible_topology.as_ref().is_some_and(|t| !self.serves(t));
+        let elsewhere = req
+            .accessible_topology
+            .as_ref()
+            .is_some_and(|t| !self.serves(t));
         let unsupported = req
             .volume_capabilities
             .iter()
@@ -220,7 +240,9 @@ impl ControllerService {
 }
 
 fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
-    Err(Status::unimplemented(format!("{what} is not supported by gds-csi")))
+    Err(Status::unimplemented(format!(
+        "{what} is not supported by gds-csi"
+    )))
 }
 
 #[tonic::async_trait]
@@ -230,7 +252,9 @@ impl Controller for ControllerService {
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
         let volume = self.create(request.into_inner()).await?;
-        Ok(Response::new(CreateVolumeResponse { volume: Some(volume) }))
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(volume),
+        }))
     }
 
     async fn delete_volume(
@@ -291,7 +315,9 @@ impl Controller for ControllerService {
             r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
         })
         .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
     async fn create_snapshot(

@@ -43,7 +43,9 @@ impl Identity for IdentityService {
                 r#type: Some(Type::Service(Service { r#type: t as i32 })),
             })
             .collect();
-        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities }))
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
