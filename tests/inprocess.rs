@@ -403,7 +403,7 @@ async fn racing_stages_of_one_volume_mount_once_and_foreign_devices_never_see_mk
     let other = h
         .devices
         .iter()
-        .find(|d| h.host.state.lock().unwrap().signatures.get(*d).is_none())
+        .find(|d| !h.host.state.lock().unwrap().signatures.contains_key(*d))
         .unwrap()
         .clone();
     h.host.state.lock().unwrap().signatures.insert(

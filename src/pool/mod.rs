@@ -242,7 +242,7 @@ impl Pool {
             match claimed {
                 Some((id, record)) if record.name == req.name => {
                     info!(volume_id = %id, device = %dev.path.display(), "allocated");
-                    return self.existing(req)?.ok_or_else(|| Error::NotFound(id));
+                    return self.existing(req)?.ok_or(Error::NotFound(id));
                 }
                 _ => continue,
             }

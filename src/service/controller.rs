@@ -239,6 +239,8 @@ impl ControllerService {
     }
 }
 
+// The Err type is fixed by the generated trait.
+#[allow(clippy::result_large_err)]
 fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
     Err(Status::unimplemented(format!(
         "{what} is not supported by gds-csi"
