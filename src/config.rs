@@ -16,6 +16,74 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CSI gRPC services on a unix socket until SIGTERM.
     Serve(ServeArgs),
+    /// Check whether this node (and, with --path, a mounted volume) can do GPUDirect Storage.
+    Doctor(DoctorArgs),
+    /// The cuFile probe child (runs libcufile in its own process); used by `serve` and `doctor`.
+    #[command(hide = true)]
+    CufileProbe {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Where GDS's files are and how the cuFile probe runs; shared by `serve` and `doctor`.
+#[derive(Args, Debug, Clone)]
+pub struct GdsArgs {
+    /// cufile.json as seen by the plugin (default: $CUFILE_ENV_PATH_JSON, else /etc/cufile.json).
+    #[arg(long, env = "GDS_CSI_CUFILE_JSON", default_value_os_t = gds_check::default_cufile_json())]
+    pub cufile_json: PathBuf,
+    /// The host's udev database (`b<major>:<minor>` files).
+    #[arg(long, env = "GDS_CSI_UDEV_DATA_DIR", default_value = "/run/udev/data")]
+    pub udev_data_dir: PathBuf,
+    /// libcufile to load in the probe (default: libcufile.so.0 from the loader's search path).
+    #[arg(long, env = "GDS_CSI_CUFILE_LIBRARY")]
+    pub cufile_library: Option<PathBuf>,
+    /// Deadline of one cuFile probe (its child process group is killed after it).
+    #[arg(long, env = "GDS_CSI_PROBE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub probe_timeout: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// The storage path to check for.
+    #[arg(long, value_parser = parse_backend, default_value = "nvme")]
+    pub backend: gds_check::Backend,
+    /// A mounted volume (a directory on it) to check, and to probe with --probe.
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Also run the cuFile probe (loads libcufile in a child process, under --probe-timeout).
+    #[arg(long)]
+    pub probe: bool,
+    /// The host's procfs.
+    #[arg(long, env = "GDS_CSI_HOST_PROC", default_value = "/proc")]
+    pub host_proc: PathBuf,
+    /// The host's sysfs.
+    #[arg(long, env = "GDS_CSI_HOST_SYS", default_value = "/sys")]
+    pub host_sys: PathBuf,
+    /// The host's /dev.
+    #[arg(long, env = "GDS_CSI_HOST_DEV", default_value = "/dev")]
+    pub host_dev: PathBuf,
+    #[command(flatten)]
+    pub gds: GdsArgs,
+}
+
+fn parse_backend(s: &str) -> Result<gds_check::Backend, String> {
+    s.parse()
+}
+
+impl GdsArgs {
+    pub fn host_paths(&self, proc_root: &std::path::Path, sys_root: &std::path::Path, dev_root: &std::path::Path) -> gds_check::HostPaths {
+        gds_check::HostPaths {
+            proc_root: proc_root.to_owned(),
+            sys_root: sys_root.to_owned(),
+            dev_root: dev_root.to_owned(),
+            udev_data_dir: self.udev_data_dir.clone(),
+            cufile_json: self.cufile_json.clone(),
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +149,11 @@ pub struct ServeArgs {
     pub socket_mode: u32,
     #[arg(long, env = "GDS_CSI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub gds: GdsArgs,
+    /// How long the GDS gate reuses a volume's cuFile probe result.
+    #[arg(long, env = "GDS_CSI_GDS_CACHE_TTL", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub gds_cache_ttl: Duration,
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {

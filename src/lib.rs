@@ -7,7 +7,9 @@
 pub mod block;
 pub mod client;
 pub mod config;
+pub mod doctor;
 pub mod error;
+pub mod gds_gate;
 pub mod locks;
 pub mod os;
 pub mod pool;

@@ -7,6 +7,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
 
 use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
+use gds_csi::gds_gate::{GateConfig, GdsGate};
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::server;
@@ -23,6 +24,18 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// The GDS gate; its cuFile probe runs as a child of this same binary.
+fn gds_gate(args: &ServeArgs) -> GdsGate {
+    GdsGate::new(GateConfig {
+        paths: args.gds.host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
+        probe_exe: std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
+        probe_prefix: gds_csi::doctor::probe_prefix(),
+        cufile_library: args.gds.cufile_library.clone(),
+        probe_timeout: args.gds.probe_timeout,
+        cache_ttl: args.gds_cache_ttl,
+    })
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
@@ -47,7 +60,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         args.allowed_path_roots.clone(),
         pool,
         host,
-    ));
+    )
+    .with_gds_gate(gds_gate(&args)));
     let listener = server::bind(&socket, args.socket_mode)
         .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;
     info!(endpoint = %args.endpoint, mode = ?args.mode, node_id = %args.node_id, version = env!("CARGO_PKG_VERSION"), "serving");
@@ -84,6 +98,8 @@ async fn main() -> ExitCode {
             init_logging(args.log_format);
             serve(args).await
         }
+        Command::Doctor(args) => return ExitCode::from(gds_csi::doctor::main(&args) as u8),
+        Command::CufileProbe { args } => std::process::exit(gds_csi::doctor::probe_child(&args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

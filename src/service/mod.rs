@@ -25,6 +25,8 @@ pub struct Driver {
     pub pool: Pool,
     pub host: Arc<dyn Host>,
     pub locks: VolumeLocks,
+    /// The GPUDirect Storage gate of NodePublishVolume; None: no GDS checks at all.
+    pub gds_gate: Option<Arc<crate::gds_gate::GdsGate>>,
     ready: AtomicBool,
 }
 
@@ -38,8 +40,14 @@ impl Driver {
             pool,
             host,
             locks: VolumeLocks::default(),
+            gds_gate: None,
             ready: AtomicBool::new(false),
         }
+    }
+
+    pub fn with_gds_gate(mut self, gate: crate::gds_gate::GdsGate) -> Self {
+        self.gds_gate = Some(Arc::new(gate));
+        self
     }
 
     /// Scans the pool and probes free devices; Probe answers ready only after this.

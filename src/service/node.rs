@@ -85,6 +85,7 @@ impl NodeService {
         self.driver.check_ready()?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
         let located = self.block_volume(&volume)?;
+        crate::gds_gate::gate_publish(&self.driver, &located, &staging, &cap).await?;
         let readonly = req.readonly || cap.read_only_mode;
         block::publish(&self.driver, &located, &staging, &target, readonly, &cap).await
     }
@@ -161,6 +162,7 @@ impl NodeService {
                 },
             ]
         };
+        let condition = crate::gds_gate::volume_condition(&self.driver, &located.id.to_string(), condition);
         Ok(NodeGetVolumeStatsResponse {
             usage,
             volume_condition: Some(condition),
@@ -242,7 +244,7 @@ impl Node for NodeService {
             node_id: self.driver.node_id.clone(),
             max_volumes_per_node: 0,
             accessible_topology: Some(Topology {
-                segments: self.driver.node_segment(),
+                segments: crate::gds_gate::node_topology(&self.driver),
             }),
         }))
     }
