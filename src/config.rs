@@ -138,6 +138,9 @@ pub struct ServeArgs {
         default_value = "/var/lib/kubelet"
     )]
     pub allowed_path_roots: Vec<PathBuf>,
+    /// Serve Prometheus/OpenMetrics text on GET /metrics at HOST:PORT; off when empty.
+    #[arg(long, env = "GDS_CSI_METRICS_ADDRESS", default_value = "")]
+    pub metrics_address: String,
     /// Deadline for each mount and umount.
     #[arg(long, env = "GDS_CSI_MOUNT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub mount_timeout: Duration,

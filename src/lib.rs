@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod error;
 pub mod gds_gate;
 pub mod locks;
+pub mod metrics;
 pub mod os;
 pub mod pool;
 pub mod request;

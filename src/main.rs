@@ -73,6 +73,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             error!(error = %e, "pool initialisation failed; Probe stays not ready");
         }
     });
+    gds_csi::metrics::start(
+        &args.metrics_address,
+        Some(Arc::clone(&driver)),
+        args.host_proc.clone(),
+    )
+    .await?;
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;

@@ -29,7 +29,10 @@ pub fn bind(socket: &Path, mode: u32) -> std::io::Result<UnixListener> {
         if !meta.file_type().is_socket() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket; refusing to remove it", socket.display()),
+                format!(
+                    "{} exists and is not a socket; refusing to remove it",
+                    socket.display()
+                ),
             ));
         }
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
@@ -135,6 +138,11 @@ where
                         .map(|s| s.to_owned())
                 };
                 let code = header("grpc-status").unwrap_or_else(|| "0".into());
+                crate::metrics::record_call(
+                    &method,
+                    &crate::metrics::code_name(&code),
+                    start.elapsed(),
+                );
                 if code != "0" {
                     let message = header("grpc-message").unwrap_or_default();
                     let message = percent_decode(&message);

@@ -76,8 +76,13 @@ pub trait Host: Send + Sync + 'static {
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>>;
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
-    async fn mount(&self, device: &Path, target: &Path, fs: FsType, options: &[String])
-        -> Result<()>;
+    async fn mount(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs: FsType,
+        options: &[String],
+    ) -> Result<()>;
     async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()>;
     async fn unmount(&self, target: &Path) -> Result<()>;
 }
@@ -161,6 +166,7 @@ impl Host for RealHost {
     }
 
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
+        let _timer = crate::metrics::host_timer("probe_signatures");
         let dev = device.as_os_str();
         // Two independent low-level probes; either failing is a refusal.
         let blkid = runner::run_raw(
@@ -198,6 +204,11 @@ impl Host for RealHost {
     }
 
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
+        let _timer = crate::metrics::host_timer(if fs == FsType::Ext4 {
+            "mkfs.ext4"
+        } else {
+            "mkfs.xfs"
+        });
         let dev = device.as_os_str();
         // No force flags: mkfs's own refusal to overwrite a signature stays as a last guard.
         match fs {
@@ -232,6 +243,7 @@ impl Host for RealHost {
     }
 
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
+        let _timer = crate::metrics::host_timer("wipe_signatures");
         runner::run(
             "wipefs",
             &[os("--all"), device.as_os_str()],
@@ -248,6 +260,7 @@ impl Host for RealHost {
         fs: FsType,
         options: &[String],
     ) -> Result<()> {
+        let _timer = crate::metrics::host_timer("mount");
         let mut all: Vec<&str> = fs.required_mount_options().to_vec();
         all.extend(options.iter().map(String::as_str));
         let joined = all.join(",");
@@ -261,6 +274,7 @@ impl Host for RealHost {
     }
 
     async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+        let _timer = crate::metrics::host_timer("bind_mount");
         // util-linux applies bind-incompatible flags such as `ro` with a remount itself.
         let joined = options.join(",");
         let mut args = vec![os("--bind")];
@@ -273,6 +287,7 @@ impl Host for RealHost {
     }
 
     async fn unmount(&self, target: &Path) -> Result<()> {
+        let _timer = crate::metrics::host_timer("unmount");
         match runner::run("umount", &[target.as_os_str()], self.mount_timeout).await {
             Ok(_) => Ok(()),
             Err(CommandError::Failed { .. }) if !is_mount_point(self, target)? => Ok(()),

@@ -1,0 +1,201 @@
+//! The metrics endpoint: an in-process driver (empty pool, no root needed) served on a
+//! unix socket, its metrics on 127.0.0.1:0; CSI calls go through the socket and the
+//! exposition is fetched over HTTP and checked line by line.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gds_csi::client::Clients;
+use gds_csi::config::Mode;
+use gds_csi::csi::*;
+use gds_csi::os::RealHost;
+use gds_csi::pool::{Pool, PoolConfig};
+use gds_csi::service::Driver;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `name` or `name{k="v",...}` followed by one value; label values may hold escaped quotes.
+fn is_sample(line: &str) -> bool {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let name_ok = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+    if !name_ok {
+        return false;
+    }
+    let mut rest = &line[name_end..];
+    if let Some(labels) = rest.strip_prefix('{') {
+        let mut chars = labels.char_indices();
+        let mut end = None;
+        let mut in_value = false;
+        let mut escaped = false;
+        for (i, c) in chars.by_ref() {
+            match (in_value, escaped, c) {
+                (true, true, _) => escaped = false,
+                (true, false, '\\') => escaped = true,
+                (true, false, '"') => in_value = false,
+                (false, _, '"') => in_value = true,
+                (false, _, '}') => {
+                    end = Some(i);
+                    break;
+                }
+                (false, _, c)
+                    if !(c.is_ascii_alphanumeric() || c == '_' || c == '=' || c == ',') =>
+                {
+                    return false
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { return false };
+        rest = &labels[end + 1..];
+    }
+    let Some(value) = rest.strip_prefix(' ') else {
+        return false;
+    };
+    matches!(value, "+Inf" | "-Inf" | "NaN") || value.parse::<f64>().is_ok()
+}
+
+/// Every line is a `# HELP`/`# TYPE`/`# UNIT` comment or a sample, and the text ends with `# EOF`.
+fn check_exposition(text: &str) {
+    assert!(
+        text.ends_with("# EOF\n"),
+        "exposition does not end with # EOF:\n{text}"
+    );
+    for line in text.lines() {
+        let ok = line == "# EOF"
+            || line.starts_with("# HELP ")
+            || line.starts_with("# TYPE ")
+            || line.starts_with("# UNIT ")
+            || is_sample(line);
+        assert!(ok, "not a valid exposition line: {line:?}\n{text}");
+    }
+    assert_eq!(text.matches("# EOF").count(), 1);
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of the sample line that starts with `prefix ` (0 when absent).
+fn sample(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix).and_then(|v| v.strip_prefix(' ')))
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
+    let pool = Pool::open(PoolConfig {
+        node_id: "node-a".into(),
+        host_sys: "/sys".into(),
+        host_dev: "/dev".into(),
+        listed: vec![],
+        nvme_discover: false,
+        state_dir: dir.join("state"),
+    })
+    .unwrap();
+    let host = Arc::new(RealHost {
+        command_timeout: std::time::Duration::from_secs(10),
+        mount_timeout: std::time::Duration::from_secs(10),
+    });
+    let driver = Arc::new(Driver::new(
+        "gds.csi.gds-csi.io".into(),
+        "node-a".into(),
+        vec![dir.to_owned()],
+        pool,
+        host,
+    ));
+    driver.initialise().await.unwrap();
+    let socket = dir.join("csi.sock");
+    let listener = gds_csi::server::bind(&socket, 0o600).unwrap();
+    tokio::spawn(gds_csi::server::serve(
+        listener,
+        Arc::clone(&driver),
+        Mode::All,
+        std::future::pending(),
+    ));
+    let addr = gds_csi::metrics::start("127.0.0.1:0", Some(driver), dir.join("proc"))
+        .await
+        .unwrap()
+        .expect("metrics are on");
+    (Clients::connect(&socket).await.unwrap(), addr)
+}
+
+#[tokio::test]
+async fn exposition_is_valid_and_csi_calls_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, addr) = start_driver(dir.path()).await;
+
+    let (head, before) = http_get(addr, "/metrics").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    check_exposition(&before);
+    let probes = "gds_csi_grpc_requests_total{method=\"Probe\",grpc_code=\"OK\"}";
+    let invalid =
+        "gds_csi_grpc_requests_total{method=\"NodeStageVolume\",grpc_code=\"InvalidArgument\"}";
+
+    for _ in 0..3 {
+        assert_eq!(
+            c.identity
+                .probe(ProbeRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .ready,
+            Some(true)
+        );
+    }
+    let err = c
+        .node
+        .node_stage_volume(NodeStageVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    let (_, after) = http_get(addr, "/metrics").await;
+    check_exposition(&after);
+    assert_eq!(
+        sample(&after, probes) - sample(&before, probes),
+        3.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, invalid) - sample(&before, invalid),
+        1.0,
+        "{after}"
+    );
+    let count = "gds_csi_grpc_request_duration_seconds_count{method=\"Probe\"}";
+    assert!(sample(&after, count) >= 3.0, "{after}");
+    // The pool collector: an empty pool, scanned.
+    assert_eq!(sample(&after, "gds_csi_pool_devices{state=\"total\"}"), 0.0);
+    assert!(after.contains("# TYPE gds_csi_pool_bytes gauge"), "{after}");
+    assert_eq!(sample(&after, "gds_csi_ready"), 1.0);
+    assert_eq!(sample(&after, "gds_csi_nvfs_stats_up"), 0.0);
+
+    let (head, _) = http_get(addr, "/").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+}
+
+#[test]
+fn the_line_checker_rejects_malformed_lines() {
+    assert!(is_sample("a_total{method=\"Probe\",grpc_code=\"OK\"} 3"));
+    assert!(is_sample("a_bucket{le=\"+Inf\"} 1"));
+    assert!(is_sample("x{v=\"q\\\"}\"} 1.5e-3"));
+    assert!(!is_sample("a_total{method=\"Probe\" 3"));
+    assert!(!is_sample("a total"));
+    assert!(!is_sample("9a 1"));
+    assert!(!is_sample("a 1 2"));
+}
