@@ -7,6 +7,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_protos(&["proto/csi.proto"], &[std::path::Path::new("proto"), include.as_path()])?;
+        .compile_protos(
+            &["proto/csi.proto"],
+            &[std::path::Path::new("proto"), include.as_path()],
+        )?;
     Ok(())
 }

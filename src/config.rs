@@ -6,7 +6,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "gds-csi", version, about = "CSI driver for GPUDirect Storage volumes")]
+#[command(
+    name = "gds-csi",
+    version,
+    about = "CSI driver for GPUDirect Storage volumes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -75,7 +79,12 @@ fn parse_backend(s: &str) -> Result<gds_check::Backend, String> {
 }
 
 impl GdsArgs {
-    pub fn host_paths(&self, proc_root: &std::path::Path, sys_root: &std::path::Path, dev_root: &std::path::Path) -> gds_check::HostPaths {
+    pub fn host_paths(
+        &self,
+        proc_root: &std::path::Path,
+        sys_root: &std::path::Path,
+        dev_root: &std::path::Path,
+    ) -> gds_check::HostPaths {
         gds_check::HostPaths {
             proc_root: proc_root.to_owned(),
             sys_root: sys_root.to_owned(),
@@ -110,7 +119,11 @@ pub struct ServeArgs {
     /// This node's id (the Kubernetes node name).
     #[arg(long, env = "GDS_CSI_NODE_ID")]
     pub node_id: String,
-    #[arg(long, env = "GDS_CSI_DRIVER_NAME", default_value = "gds.csi.gds-csi.io")]
+    #[arg(
+        long,
+        env = "GDS_CSI_DRIVER_NAME",
+        default_value = "gds.csi.gds-csi.io"
+    )]
     pub driver_name: String,
     /// Where the allocation state lives; must survive restarts (a hostPath).
     #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
@@ -128,7 +141,11 @@ pub struct ServeArgs {
     #[arg(long, env = "GDS_CSI_NVME_DISCOVER")]
     pub nvme_discover: bool,
     /// A block device for the pool, identified by this path: give a stable one (/dev/disk/by-id/...).
-    #[arg(long = "pool-device", env = "GDS_CSI_POOL_DEVICES", value_delimiter = ',')]
+    #[arg(
+        long = "pool-device",
+        env = "GDS_CSI_POOL_DEVICES",
+        value_delimiter = ','
+    )]
     pub pool_devices: Vec<PathBuf>,
     /// Staging and target paths must lie under one of these roots.
     #[arg(
@@ -174,7 +191,10 @@ impl ServeArgs {
             .strip_prefix("unix://")
             .ok_or_else(|| format!("--endpoint {:?} must start with unix://", self.endpoint))?;
         if !path.starts_with('/') {
-            return Err(format!("--endpoint {:?} needs an absolute path", self.endpoint));
+            return Err(format!(
+                "--endpoint {:?} needs an absolute path",
+                self.endpoint
+            ));
         }
         Ok(PathBuf::from(path))
     }
@@ -197,7 +217,10 @@ impl ServeArgs {
         }
         for root in &self.allowed_path_roots {
             if !root.is_absolute() {
-                return Err(format!("--allowed-path-root {} must be absolute", root.display()));
+                return Err(format!(
+                    "--allowed-path-root {} must be absolute",
+                    root.display()
+                ));
             }
         }
         Ok(())

@@ -29,7 +29,9 @@ fn init_logging(format: LogFormat) {
 /// The GDS gate; its cuFile probe runs as a child of this same binary.
 fn gds_gate(args: &ServeArgs) -> GdsGate {
     GdsGate::new(GateConfig {
-        paths: args.gds.host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
+        paths: args
+            .gds
+            .host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
         probe_exe: std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
         probe_prefix: gds_csi::doctor::probe_prefix(),
         cufile_library: args.gds.cufile_library.clone(),
@@ -54,14 +56,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         state_dir: args.state_dir.clone(),
     })
     .map_err(|e| e.to_string())?;
-    let driver = Arc::new(Driver::new(
-        args.driver_name.clone(),
-        args.node_id.clone(),
-        args.allowed_path_roots.clone(),
-        pool,
-        host,
-    )
-    .with_gds_gate(gds_gate(&args)));
+    let driver = Arc::new(
+        Driver::new(
+            args.driver_name.clone(),
+            args.node_id.clone(),
+            args.allowed_path_roots.clone(),
+            pool,
+            host,
+        )
+        .with_gds_gate(gds_gate(&args)),
+    );
     let listener = server::bind(&socket, args.socket_mode)
         .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;
     info!(endpoint = %args.endpoint, mode = ?args.mode, node_id = %args.node_id, version = env!("CARGO_PKG_VERSION"), "serving");

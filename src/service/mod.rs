@@ -31,7 +31,13 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub fn new(name: String, node_id: String, allowed_roots: Vec<PathBuf>, pool: Pool, host: Arc<dyn Host>) -> Self {
+    pub fn new(
+        name: String,
+        node_id: String,
+        allowed_roots: Vec<PathBuf>,
+        pool: Pool,
+        host: Arc<dyn Host>,
+    ) -> Self {
         Driver {
             name,
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -74,7 +80,9 @@ impl Driver {
         if self.is_ready() {
             Ok(())
         } else {
-            Err(Error::NotReady("the device pool is still being scanned; retry shortly".into()))
+            Err(Error::NotReady(
+                "the device pool is still being scanned; retry shortly".into(),
+            ))
         }
     }
 

@@ -80,7 +80,8 @@ impl NodeService {
             &req.staging_target_path,
             &self.driver.allowed_roots,
         )?;
-        let target = request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
+        let target =
+            request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
         let cap = required_capability(req.volume_capability.as_ref())?;
         self.driver.check_ready()?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
@@ -92,7 +93,8 @@ impl NodeService {
 
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
         let volume = request::volume_ref(&req.volume_id)?;
-        let target = request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
+        let target =
+            request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
         block::unpublish(&self.driver, &target).await
     }
@@ -118,14 +120,18 @@ impl NodeService {
                 usage: vec![],
                 volume_condition: Some(VolumeCondition {
                     abnormal: true,
-                    message: format!("{} exists but the volume is no longer mounted there", req.volume_path),
+                    message: format!(
+                        "{} exists but the volume is no longer mounted there",
+                        req.volume_path
+                    ),
                 }),
             });
         };
         let condition = if entry.fs_read_only() {
             VolumeCondition {
                 abnormal: true,
-                message: "the filesystem is read-only (remounted after errors?); check dmesg".into(),
+                message: "the filesystem is read-only (remounted after errors?); check dmesg"
+                    .into(),
             }
         } else {
             VolumeCondition {
@@ -140,7 +146,8 @@ impl NodeService {
                 ..Default::default()
             }]
         } else {
-            let st = nix::sys::statvfs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
+            let st = nix::sys::statvfs::statvfs(path)
+                .map_err(|e| Error::io("statvfs", path, e.into()))?;
             let frsize = st.fragment_size() as i64;
             let total = st.blocks() as i64 * frsize;
             let available = st.blocks_available() as i64 * frsize;
@@ -162,7 +169,8 @@ impl NodeService {
                 },
             ]
         };
-        let condition = crate::gds_gate::volume_condition(&self.driver, &located.id.to_string(), condition);
+        let condition =
+            crate::gds_gate::volume_condition(&self.driver, &located.id.to_string(), condition);
         Ok(NodeGetVolumeStatsResponse {
             usage,
             volume_condition: Some(condition),
@@ -215,7 +223,9 @@ impl Node for NodeService {
         &self,
         _: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("volumes are whole devices and cannot be expanded"))
+        Err(Status::unimplemented(
+            "volumes are whole devices and cannot be expanded",
+        ))
     }
 
     async fn node_get_capabilities(
@@ -249,4 +259,3 @@ impl Node for NodeService {
         }))
     }
 }
-
