@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::faults::{self, KillPoint};
 use crate::os::{mountinfo, FsType, MountEntry, Signature};
 use crate::pool::{describe_signatures, PoolDevice, VolumeRecord};
 use crate::request::{Access, Capability};
@@ -155,6 +156,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         FormatDecision::Format => {
             info!(volume_id = %vol.id, device = %dev.path.display(), fs = fs.as_str(), "formatting fresh device");
             driver.host.mkfs(&dev.path, fs, &vol.record.fs_uuid).await?;
+            faults::reached(KillPoint::AfterMkfs);
             mark_formatted(driver, &vol.id, fs)?;
         }
         FormatDecision::UseExisting { adopt: true } => mark_formatted(driver, &vol.id, fs)?,
@@ -164,6 +166,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         .host
         .mount(&dev.path, staging, fs, &cap.mount_flags)
         .await?;
+    faults::reached(KillPoint::AfterStageMount);
     verify_staged(driver, staging, fs).await
 }
 
@@ -270,7 +273,9 @@ pub async fn publish(
                 )));
             }
             ensure_dir(target)?;
-            driver.host.bind_mount(staging, target, &options).await
+            driver.host.bind_mount(staging, target, &options).await?;
+            faults::reached(KillPoint::AfterBindMount);
+            Ok(())
         }
         Access::Block => {
             if let Some(parent) = target.parent() {

@@ -174,6 +174,9 @@ pub struct ServeArgs {
     /// How long the GDS gate reuses a volume's cuFile probe result.
     #[arg(long, env = "GDS_CSI_GDS_CACHE_TTL", value_parser = humantime::parse_duration, default_value = "60s")]
     pub gds_cache_ttl: Duration,
+    /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/faults.rs). Never deploy it.
+    #[arg(long, env = crate::faults::ENV, hide = true, value_parser = crate::faults::KillPoint::parse)]
+    pub fault_kill_at: Option<crate::faults::KillPoint>,
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {

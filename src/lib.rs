@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod doctor;
 pub mod error;
+pub mod faults;
 pub mod gds_gate;
 pub mod locks;
 pub mod metrics;

@@ -42,6 +42,7 @@ fn gds_gate(args: &ServeArgs) -> GdsGate {
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
+    gds_csi::faults::arm(args.fault_kill_at);
     let socket = args.socket_path()?;
     let host = Arc::new(RealHost {
         command_timeout: args.command_timeout,

@@ -13,6 +13,7 @@ pub use inventory::{Excluded, PoolDevice};
 pub use state::{State, StateStore, VolumeRecord};
 
 use crate::error::{Error, Result};
+use crate::faults::{self, KillPoint};
 use crate::os::{FsType, Host, MountEntry};
 use crate::volume_id::BlockVolumeId;
 
@@ -241,6 +242,7 @@ impl Pool {
             })?;
             match claimed {
                 Some((id, record)) if record.name == req.name => {
+                    faults::reached(KillPoint::AfterAllocate);
                     info!(volume_id = %id, device = %dev.path.display(), "allocated");
                     return self.existing(req)?.ok_or(Error::NotFound(id));
                 }
@@ -339,6 +341,7 @@ impl Pool {
             }
             Ok(())
         })?;
+        faults::reached(KillPoint::DeleteBeforeWipe);
         if let Some(dev) = &device {
             // Wipe only what is provably ours; anything else is left exactly as it is.
             let sigs = host.probe_signatures(&dev.path).await?;
@@ -348,6 +351,7 @@ impl Pool {
                     .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
             if ours {
                 host.wipe_signatures(&dev.path).await?;
+                faults::reached(KillPoint::DeleteAfterWipe);
                 self.set_foreign(&dev.id, None);
             } else if !sigs.is_empty() {
                 warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");

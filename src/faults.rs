@@ -1,0 +1,107 @@
+//! Test-only fault injection: kill the plugin with SIGKILL at a named step, so the
+//! crash-recovery tests (`tests/faults.rs`) can prove every step is safe to die in.
+//!
+//! Armed only by `GDS_CSI_FAULT_KILL_AT=<point>` (or the hidden `--fault-kill-at`),
+//! read once at start-up into [`crate::config::ServeArgs`] and handed to [`arm`].
+//! NEVER set it in a deployment: the plugin kills itself the first time it reaches
+//! the point. Unarmed, [`reached`] costs one atomic load and an `Option` check.
+
+use std::sync::OnceLock;
+
+/// Environment variable that arms a kill point (test-only).
+pub const ENV: &str = "GDS_CSI_FAULT_KILL_AT";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillPoint {
+    /// CreateVolume: the allocation is in the state file, the reply not yet sent.
+    AfterAllocate,
+    /// NodeStageVolume: mkfs finished, the "formatted" state update not yet written.
+    AfterMkfs,
+    /// NodeStageVolume: the staging mount exists, not yet verified.
+    AfterStageMount,
+    /// NodePublishVolume: the bind mount exists, the reply not yet sent.
+    AfterBindMount,
+    /// DeleteVolume: `deleting = true` is written, the device not yet wiped.
+    DeleteBeforeWipe,
+    /// DeleteVolume: the device is wiped, the record not yet removed.
+    DeleteAfterWipe,
+}
+
+impl KillPoint {
+    pub const ALL: [KillPoint; 6] = [
+        KillPoint::AfterAllocate,
+        KillPoint::AfterMkfs,
+        KillPoint::AfterStageMount,
+        KillPoint::AfterBindMount,
+        KillPoint::DeleteBeforeWipe,
+        KillPoint::DeleteAfterWipe,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillPoint::AfterAllocate => "after-allocate",
+            KillPoint::AfterMkfs => "after-mkfs",
+            KillPoint::AfterStageMount => "after-stage-mount",
+            KillPoint::AfterBindMount => "after-bind-mount",
+            KillPoint::DeleteBeforeWipe => "delete-before-wipe",
+            KillPoint::DeleteAfterWipe => "delete-after-wipe",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|p| p.as_str()).collect();
+                format!("unknown kill point {s:?}; one of {}", names.join(", "))
+            })
+    }
+}
+
+static ARMED: OnceLock<KillPoint> = OnceLock::new();
+
+/// Arms `point` for the life of the process; called once from `main` with the config value.
+pub fn arm(point: Option<KillPoint>) {
+    if let Some(p) = point {
+        if ARMED.set(p).is_ok() {
+            tracing::warn!(
+                kill_point = p.as_str(),
+                "TEST-ONLY fault injection armed ({ENV}); the plugin will SIGKILL itself there"
+            );
+        }
+    }
+}
+
+/// Marks a step. When it is the armed kill point, the process dies here with SIGKILL:
+/// no destructors, no flush, no reply, exactly like the OOM killer or a node crash.
+#[inline]
+pub fn reached(point: KillPoint) {
+    if let Some(&armed) = ARMED.get() {
+        if armed == point {
+            die(point);
+        }
+    }
+}
+
+#[cold]
+fn die(point: KillPoint) -> ! {
+    // stderr is unbuffered: the line is in the log before the signal lands.
+    eprintln!("gds-csi fault injection: killed at {}", point.as_str());
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+    std::process::abort()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_refused() {
+        for p in KillPoint::ALL {
+            assert_eq!(KillPoint::parse(p.as_str()), Ok(p));
+        }
+        let err = KillPoint::parse("after-lunch").unwrap_err();
+        assert!(err.contains("after-mkfs"), "{err}");
+    }
+}

@@ -1,0 +1,216 @@
+//! The real `gds-csi` binary on real loop devices, for the root tests of
+//! `tests/faults.rs` and `tests/security.rs` (same shape as the Rig in `block_root.rs`):
+//! start, SIGKILL, restart with other environment, count mkfs runs from the logs.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use gds_csi::client::Clients;
+use gds_csi::csi::ProbeRequest;
+use sha2::{Digest, Sha256};
+
+pub const SIZE: u64 = 64 << 20;
+
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub loops: Vec<PathBuf>,
+    pub child: Option<Child>,
+    pub starts: usize,
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+impl Rig {
+    /// `None` (and a skip notice) without root.
+    pub fn new(devices: usize) -> Option<Rig> {
+        if !is_root() {
+            eprintln!("skipped: needs root for loop devices and mounts");
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gds-root-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let mut loops = Vec::new();
+        for i in 0..devices {
+            let img = dir.path().join(format!("dev{i}.img"));
+            fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
+            loops.push(PathBuf::from(run(
+                "losetup",
+                &["--find", "--show", img.to_str().unwrap()],
+            )));
+        }
+        Some(Rig {
+            dir,
+            loops,
+            child: None,
+            starts: 0,
+        })
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.path("csi.sock")
+    }
+
+    pub fn log_path(&self, start: usize) -> PathBuf {
+        self.path(&format!("driver{start}.log"))
+    }
+
+    pub async fn start(&mut self) -> Clients {
+        self.start_with(&[], &[]).await
+    }
+
+    /// Starts the driver with extra environment and arguments; waits until Probe is ready.
+    pub async fn start_with(&mut self, env: &[(&str, &str)], args: &[&str]) -> Clients {
+        self.starts += 1;
+        let log = fs::File::create(self.log_path(self.starts)).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gds-csi"));
+        cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg("--state-dir")
+            .arg(self.path("state"))
+            .arg("--allowed-path-root")
+            .arg(self.dir.path())
+            .args(args)
+            .env_remove(gds_csi::faults::ENV)
+            .envs(env.iter().copied());
+        for dev in &self.loops {
+            cmd.arg("--pool-device").arg(dev);
+        }
+        self.child = Some(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
+        for _ in 0..150 {
+            if let Ok(mut c) = Clients::connect(&self.socket()).await {
+                if let Ok(r) = c.identity.probe(ProbeRequest {}).await {
+                    if r.into_inner().ready == Some(true) {
+                        return c;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "driver did not become ready: {}",
+            fs::read_to_string(self.log_path(self.starts)).unwrap_or_default()
+        );
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for the driver to exit on its own (a fault kill point) and reaps it.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every log of every run so far, concatenated.
+    pub fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|i| fs::read_to_string(self.log_path(i)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// How many times any run of the driver formatted a device.
+    pub fn mkfs_count(&self) -> usize {
+        self.logs().matches("formatting fresh device").count()
+    }
+
+    /// The state file as JSON (`{"version":..,"volumes":{id: record}}`).
+    pub fn state(&self) -> serde_json::Value {
+        let text = fs::read_to_string(self.path("state/volumes.json")).unwrap_or_default();
+        if text.is_empty() {
+            return serde_json::json!({"volumes": {}});
+        }
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.kill9();
+        let prefix = self.dir.path().to_string_lossy().to_string();
+        let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        mounts.sort();
+        for m in mounts.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+        for dev in &self.loops {
+            let _ = Command::new("losetup").arg("-d").arg(dev).status();
+        }
+    }
+}
+
+pub fn killed_by_sigkill(status: &ExitStatus) -> bool {
+    status.signal() == Some(9)
+}
+
+pub fn digest_file(path: &Path) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .unwrap()
+        .read_to_end(&mut bytes)
+        .unwrap();
+    Sha256::digest(&bytes).to_vec()
+}
+
+/// How many mounts sit exactly at `path` (stacked mounts count each).
+pub fn mounts_at(path: &Path) -> usize {
+    let p = path.to_string_lossy().to_string();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        .count()
+}
+
+/// `blkid -p` exit code: 0 a signature, 2 nothing found.
+pub fn blkid_code(dev: &Path) -> Option<i32> {
+    Command::new("blkid")
+        .args(["-p", dev.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .code()
+}
