@@ -2,7 +2,8 @@
 # Sourced, not run. Everything made here is recorded so cleanup can undo it.
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE_BIN="$REPO_ROOT/.cache/bin"
+# Outside the checkout, so a fresh clone on the same machine (CI) reuses built tools.
+CACHE_BIN="${GDS_CSI_CACHE_BIN:-$HOME/.cache/gds-csi/bin}"
 CSI_SANITY_VERSION=v5.6.0
 export PATH="$CACHE_BIN:$PATH"
 
