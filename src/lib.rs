@@ -13,6 +13,7 @@ pub mod faults;
 pub mod gds_gate;
 pub mod locks;
 pub mod metrics;
+pub mod nfs;
 pub mod os;
 pub mod pool;
 pub mod request;

@@ -65,7 +65,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             pool,
             host,
         )
-        .with_gds_gate(gds_gate(&args)),
+        .with_gds_gate(gds_gate(&args))
+        .with_nfs(
+            gds_csi::nfs::NfsBackend::open(&args.state_dir, args.mount_timeout)
+                .map_err(|e| e.to_string())?,
+        ),
     );
     let listener = server::bind(&socket, args.socket_mode)
         .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;

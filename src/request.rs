@@ -14,7 +14,17 @@ use crate::volume_id::{self, BlockVolumeId};
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
 pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
-const KNOWN_PARAMETERS: &[&str] = &[PARAM_FS_TYPE, PARAM_GDS_POLICY];
+// NFS volumes (a volume whose parameters carry `server` is an NFS volume).
+use crate::nfs::volume::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
+const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];
+const KNOWN_PARAMETERS: &[&str] = &[
+    PARAM_FS_TYPE,
+    PARAM_GDS_POLICY,
+    PARAM_SERVER,
+    PARAM_SHARE,
+    PARAM_SUB_DIR,
+    PARAM_ON_DELETE,
+];
 /// Parameters the Kubernetes sidecars add themselves (PVC name and namespace, ...).
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
 /// CSI names are at most 128 bytes (Kubernetes enforces it on PV names).
@@ -189,6 +199,17 @@ pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<
         }
         stored.insert(key.clone(), value.clone());
     }
+    if !stored.contains_key(PARAM_SERVER) {
+        if let Some(k) = NFS_ONLY_PARAMETERS
+            .iter()
+            .find(|k| stored.contains_key(**k))
+        {
+            return Err(Error::invalid(
+                "parameters",
+                format!("{k} applies to NFS volumes only; add server (and share) or drop it"),
+            ));
+        }
+    }
     let fs_type = match stored.get(PARAM_FS_TYPE) {
         None => None,
         Some(v) => Some(FsType::parse(v).ok_or_else(|| {
@@ -232,6 +253,7 @@ pub fn name(name: &str) -> Result<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeRef {
     Block(BlockVolumeId),
+    Nfs(crate::nfs::NfsVolumeId),
     /// Well formed but not an id this driver ever issued.
     Unknown(String),
 }
@@ -240,6 +262,7 @@ impl VolumeRef {
     pub fn raw(&self) -> String {
         match self {
             VolumeRef::Block(id) => id.to_string(),
+            VolumeRef::Nfs(id) => id.to_string(),
             VolumeRef::Unknown(raw) => raw.clone(),
         }
     }
@@ -247,8 +270,11 @@ impl VolumeRef {
 
 pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     volume_id::check_well_formed("volume_id", id)?;
-    Ok(match BlockVolumeId::parse(id) {
-        Some(parsed) => VolumeRef::Block(parsed),
+    if let Some(parsed) = BlockVolumeId::parse(id) {
+        return Ok(VolumeRef::Block(parsed));
+    }
+    Ok(match crate::nfs::NfsVolumeId::parse(id) {
+        Some(parsed) => VolumeRef::Nfs(parsed),
         None => VolumeRef::Unknown(id.to_owned()),
     })
 }

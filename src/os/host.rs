@@ -85,6 +85,14 @@ pub trait Host: Send + Sync + 'static {
     ) -> Result<()>;
     async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()>;
     async fn unmount(&self, target: &Path) -> Result<()>;
+    /// `mount -t nfs -o <options> <source> <target>` under the mount deadline. `source`
+    /// is `server:/path`, already checked. Hosts that cannot mount NFS keep the default.
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let _ = (options, target);
+        Err(Error::FailedPrecondition(format!(
+            "this host cannot mount NFS ({source})"
+        )))
+    }
 }
 
 /// The real host: util-linux, e2fsprogs and xfsprogs, each call under a deadline.
@@ -282,6 +290,18 @@ impl Host for RealHost {
             args.extend([os("-o"), os(&joined)]);
         }
         args.extend([source.as_os_str(), target.as_os_str()]);
+        runner::run("mount", &args, self.mount_timeout).await?;
+        Ok(())
+    }
+
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let _timer = crate::metrics::host_timer("mount_nfs");
+        let joined = options.join(",");
+        let mut args = vec![os("-t"), os("nfs")];
+        if !joined.is_empty() {
+            args.extend([os("-o"), os(&joined)]);
+        }
+        args.extend([os(source), target.as_os_str()]);
         runner::run("mount", &args, self.mount_timeout).await?;
         Ok(())
     }

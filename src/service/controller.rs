@@ -8,6 +8,7 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result};
+use crate::nfs;
 use crate::os::FsType;
 use crate::pool::{AllocationRequest, VolumeRecord};
 use crate::request::{self, PARAM_FS_TYPE};
@@ -18,6 +19,18 @@ pub struct ControllerService {
 }
 
 const TOKEN_PREFIX: &str = "after:";
+
+fn confirmed(req: ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse {
+    ValidateVolumeCapabilitiesResponse {
+        confirmed: Some(validate_volume_capabilities_response::Confirmed {
+            volume_context: req.volume_context,
+            volume_capabilities: req.volume_capabilities,
+            parameters: req.parameters,
+            mutable_parameters: Default::default(),
+        }),
+        message: String::new(),
+    }
+}
 
 fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
@@ -49,21 +62,11 @@ impl ControllerService {
     async fn create(&self, req: CreateVolumeRequest) -> Result<Volume> {
         self.driver.check_ready()?;
         let name = request::name(&req.name)?;
-        let caps = request::capabilities(&req.volume_capabilities)?;
         let params = request::parameters(&req.parameters)?;
         if req.volume_content_source.is_some() {
             return Err(Error::invalid(
                 "volume_content_source",
                 "snapshots and clones are not supported; create an empty volume",
-            ));
-        }
-        let mut fs_types: Vec<FsType> = caps.iter().filter_map(|c| c.fs_type).collect();
-        fs_types.extend(params.fs_type);
-        fs_types.dedup();
-        if fs_types.len() > 1 {
-            return Err(Error::invalid(
-                "volume_capabilities",
-                "the capabilities and the fsType parameter ask for different filesystems",
             ));
         }
         let range = req.capacity_range.unwrap_or_default();
@@ -77,6 +80,29 @@ impl ControllerService {
             return Err(Error::invalid(
                 "capacity_range",
                 "required_bytes is larger than limit_bytes",
+            ));
+        }
+        if nfs::is_nfs(&req.parameters) {
+            // A directory on a shared server: no pool, no topology, capacity not enforced.
+            return nfs::create(
+                &self.driver,
+                name,
+                &req.volume_capabilities,
+                params.stored,
+                &req.parameters,
+                range.required_bytes as u64,
+                range.limit_bytes as u64,
+            )
+            .await;
+        }
+        let caps = request::capabilities(&req.volume_capabilities)?;
+        let mut fs_types: Vec<FsType> = caps.iter().filter_map(|c| c.fs_type).collect();
+        fs_types.extend(params.fs_type);
+        fs_types.dedup();
+        if fs_types.len() > 1 {
+            return Err(Error::invalid(
+                "volume_capabilities",
+                "the capabilities and the fsType parameter ask for different filesystems",
             ));
         }
         if let Some(topo) = &req.accessibility_requirements {
@@ -105,6 +131,9 @@ impl ControllerService {
 
     async fn delete(&self, req: DeleteVolumeRequest) -> Result<()> {
         volume_id::check_well_formed("volume_id", &req.volume_id)?;
+        if let Some(id) = nfs::NfsVolumeId::parse(&req.volume_id) {
+            return nfs::delete(&self.driver, &id).await;
+        }
         let Some(id) = BlockVolumeId::parse(&req.volume_id) else {
             // Never issued by this driver, so it does not exist: deleting it succeeds.
             return Ok(());
@@ -136,7 +165,7 @@ impl ControllerService {
             .ok_or_else(|| Error::VolumeNotFound(volume_id.to_owned()))
     }
 
-    fn validate(
+    async fn validate(
         &self,
         req: ValidateVolumeCapabilitiesRequest,
     ) -> Result<ValidateVolumeCapabilitiesResponse> {
@@ -146,6 +175,17 @@ impl ControllerService {
                 "volume_capabilities",
                 "at least one capability is required",
             ));
+        }
+        if let Some(id) = nfs::NfsVolumeId::parse(&req.volume_id) {
+            if let Some(message) =
+                nfs::validate(&self.driver, &id, &req.volume_capabilities).await?
+            {
+                return Ok(ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message,
+                });
+            }
+            return Ok(confirmed(req));
         }
         let rec = self.record(&req.volume_id)?;
         for cap in &req.volume_capabilities {
@@ -167,15 +207,7 @@ impl ControllerService {
                 }
             }
         }
-        Ok(ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(validate_volume_capabilities_response::Confirmed {
-                volume_context: req.volume_context,
-                volume_capabilities: req.volume_capabilities,
-                parameters: req.parameters,
-                mutable_parameters: Default::default(),
-            }),
-            message: String::new(),
-        })
+        Ok(confirmed(req))
     }
 
     fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
@@ -194,9 +226,11 @@ impl ControllerService {
         let mut entries: Vec<_> = state
             .volumes
             .iter()
-            .filter(|(id, _)| after.is_none_or(|a| id.as_str() > a))
             .map(|(id, rec)| (id.clone(), self.volume(id, rec)))
+            .chain(nfs::list(&self.driver))
+            .filter(|(id, _)| after.is_none_or(|a| id.as_str() > a))
             .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
         let mut next_token = String::new();
         if req.max_entries > 0 && entries.len() > req.max_entries as usize {
             entries.truncate(req.max_entries as usize);
@@ -219,6 +253,10 @@ impl ControllerService {
 
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
+        if nfs::is_nfs(&req.parameters) {
+            // The server's free space is not tracked: capacity is not enforced for NFS.
+            return Ok(GetCapacityResponse::default());
+        }
         let elsewhere = req
             .accessible_topology
             .as_ref()
@@ -285,7 +323,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
-        Ok(Response::new(self.validate(request.into_inner())?))
+        Ok(Response::new(self.validate(request.into_inner()).await?))
     }
 
     async fn list_volumes(

@@ -27,6 +27,8 @@ pub struct Driver {
     pub locks: VolumeLocks,
     /// The GPUDirect Storage gate of NodePublishVolume; None: no GDS checks at all.
     pub gds_gate: Option<Arc<crate::gds_gate::GdsGate>>,
+    /// The NFS backend; None: NFS volumes are refused with FailedPrecondition.
+    pub nfs: Option<Arc<crate::nfs::NfsBackend>>,
     ready: AtomicBool,
 }
 
@@ -47,12 +49,18 @@ impl Driver {
             host,
             locks: VolumeLocks::default(),
             gds_gate: None,
+            nfs: None,
             ready: AtomicBool::new(false),
         }
     }
 
     pub fn with_gds_gate(mut self, gate: crate::gds_gate::GdsGate) -> Self {
         self.gds_gate = Some(Arc::new(gate));
+        self
+    }
+
+    pub fn with_nfs(mut self, nfs: crate::nfs::NfsBackend) -> Self {
+        self.nfs = Some(Arc::new(nfs));
         self
     }
 

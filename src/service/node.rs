@@ -9,6 +9,7 @@ use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result};
+use crate::nfs;
 use crate::os::mountinfo;
 use crate::request::{self, Capability, VolumeRef};
 
@@ -31,6 +32,7 @@ impl NodeService {
         match volume {
             VolumeRef::Block(id) => block::locate(&self.driver, id),
             VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Nfs(id) => Err(Error::VolumeNotFound(id.to_string())),
         }
     }
 
@@ -41,6 +43,14 @@ impl NodeService {
             &req.staging_target_path,
             &self.driver.allowed_roots,
         )?;
+        if let VolumeRef::Nfs(id) = &volume {
+            let cap = req
+                .volume_capability
+                .as_ref()
+                .ok_or_else(|| Error::invalid("volume_capability", "required"))?;
+            let _guard = self.driver.locks.try_lock(&volume.raw())?;
+            return nfs::stage(&self.driver, id, &staging, cap).await;
+        }
         let cap = required_capability(req.volume_capability.as_ref())?;
         self.driver.check_ready()?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
@@ -56,6 +66,9 @@ impl NodeService {
             &self.driver.allowed_roots,
         )?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
+        if let VolumeRef::Nfs(id) = &volume {
+            return nfs::unstage(&self.driver, id, &staging).await;
+        }
         let mounts = self.driver.host.mount_table()?;
         let Some(mounted) = mountinfo::at(&mounts, &staging) else {
             return Ok(());
@@ -82,6 +95,23 @@ impl NodeService {
         )?;
         let target =
             request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
+        if let VolumeRef::Nfs(id) = &volume {
+            let cap = req
+                .volume_capability
+                .as_ref()
+                .ok_or_else(|| Error::invalid("volume_capability", "required"))?;
+            let _guard = self.driver.locks.try_lock(&volume.raw())?;
+            return nfs::publish(
+                &self.driver,
+                id,
+                &staging,
+                &target,
+                req.readonly,
+                cap,
+                &req.volume_context,
+            )
+            .await;
+        }
         let cap = required_capability(req.volume_capability.as_ref())?;
         self.driver.check_ready()?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
@@ -216,7 +246,15 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Ok(Response::new(self.stats(request.into_inner())?))
+        let req = request.into_inner();
+        if let Ok(VolumeRef::Nfs(id)) = request::volume_ref(&req.volume_id) {
+            if req.volume_path.is_empty() {
+                return Err(Error::invalid("volume_path", "required").into());
+            }
+            let stats = nfs::stats(&self.driver, &id, Path::new(&req.volume_path)).await?;
+            return Ok(Response::new(stats));
+        }
+        Ok(Response::new(self.stats(req)?))
     }
 
     async fn node_expand_volume(

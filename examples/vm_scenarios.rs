@@ -1,0 +1,560 @@
+//! Scenarios of the real-kernel VM rig (tests/vm/run.sh), driven through the driver's
+//! socket inside the VM: NVMe namespaces by wwid, ext4 with data=ordered, data across
+//! unstage/restage with mkfs run once, a foreign filesystem never allocated, NFS over
+//! RDMA really negotiated, a dead NFS server timing out while an NVMe volume stages, and
+//! a SIGKILLed driver restarted with every published volume still working.
+//! Prints one line per scenario (`PASS name: detail` / `FAIL name: error`), exits 1 on
+//! any failure.
+//!
+//! Usage: vm_scenarios SOCKET WORK_DIR
+//! Env: GUEST_HELPER (tests/vm/guest.sh), DRIVER_LOG, NFS_SERVER, NFS_EXPORT_DIR.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gds_csi::client::Clients;
+use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::*;
+use tonic::Code;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const MIB: i64 = 1 << 20;
+
+fn cap(mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+struct Rig {
+    socket: PathBuf,
+    work: PathBuf,
+    c: Clients,
+    helper: String,
+    driver_log: PathBuf,
+    nfs_server: String,
+    export_dir: PathBuf,
+}
+
+struct Vol {
+    id: String,
+    ctx: HashMap<String, String>,
+    cap: VolumeCapability,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+/// One mountinfo line's interesting fields: fs type, source, super options.
+fn mountinfo(path: &Path) -> Option<(String, String, String)> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = path.display().to_string();
+    text.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if left.split(' ').nth(4)? != want {
+            return None;
+        }
+        let mut r = right.split(' ');
+        Some((
+            r.next()?.to_owned(),
+            r.next()?.to_owned(),
+            r.next()?.to_owned(),
+        ))
+    })
+}
+
+fn sh(cmd: &str) -> Result<String> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{cmd}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn ensure(cond: bool, what: impl Into<String>) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.into().into())
+    }
+}
+
+impl Rig {
+    async fn create(
+        &mut self,
+        name: &str,
+        params: &[(&str, &str)],
+        required: i64,
+        limit: i64,
+        cap: VolumeCapability,
+    ) -> std::result::Result<Vol, tonic::Status> {
+        let v = self
+            .c
+            .controller
+            .create_volume(CreateVolumeRequest {
+                name: name.into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: required,
+                    limit_bytes: limit,
+                }),
+                volume_capabilities: vec![cap.clone()],
+                parameters: params
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .volume
+            .ok_or_else(|| tonic::Status::internal("no volume"))?;
+        Ok(Vol {
+            id: v.volume_id,
+            ctx: v.volume_context,
+            cap,
+            staging: self.work.join(format!("kubelet/staging/{name}")),
+            target: self.work.join(format!("kubelet/pods/{name}/mount")),
+        })
+    }
+
+    async fn stage(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
+        std::fs::create_dir_all(&v.staging).ok();
+        self.c
+            .node
+            .node_stage_volume(NodeStageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: v.staging.display().to_string(),
+                volume_capability: Some(v.cap.clone()),
+                volume_context: v.ctx.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn publish(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
+        self.c
+            .node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: v.staging.display().to_string(),
+                target_path: v.target.display().to_string(),
+                volume_capability: Some(v.cap.clone()),
+                volume_context: v.ctx.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn unpublish(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
+        self.c
+            .node
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: v.id.clone(),
+                target_path: v.target.display().to_string(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn unstage(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
+        self.c
+            .node
+            .node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: v.staging.display().to_string(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn delete(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
+        self.c
+            .controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: v.id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn teardown(&mut self, v: &Vol) -> Result<()> {
+        // Twice each: every call must be idempotent.
+        for _ in 0..2 {
+            self.unpublish(v).await?;
+        }
+        for _ in 0..2 {
+            self.unstage(v).await?;
+        }
+        for _ in 0..2 {
+            self.delete(v).await?;
+        }
+        Ok(())
+    }
+
+    fn helper(&self, what: &str) -> Result<()> {
+        let status = std::process::Command::new("bash")
+            .arg(&self.helper)
+            .arg(what)
+            .status()?;
+        ensure(status.success(), format!("guest helper {what} failed"))
+    }
+
+    fn mkfs_count(&self, volume_id: &str) -> usize {
+        std::fs::read_to_string(&self.driver_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("formatting fresh device") && l.contains(volume_id))
+            .count()
+    }
+}
+
+/// `/dev/nvmeXnY` of the namespace whose device id the volume id carries.
+fn namespace_of(volume_id: &str) -> Result<(String, String)> {
+    let dev_id = volume_id.split(':').nth(1).ok_or("not a block volume id")?;
+    for entry in std::fs::read_dir("/sys/block")? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("nvme") {
+            continue;
+        }
+        let wwid = std::fs::read_to_string(format!("/sys/block/{name}/wwid"))?;
+        let wwid = wwid.trim();
+        if gds_csi::pool::inventory::device_id("nvme", &format!("wwid:{wwid}")) == dev_id {
+            return Ok((format!("/dev/{name}"), wwid.to_owned()));
+        }
+    }
+    Err(format!("no namespace's wwid hashes to {dev_id}").into())
+}
+
+fn s_wwid(a: &Vol) -> Result<String> {
+    let (dev, wwid) = namespace_of(&a.id)?;
+    let size = sh(&format!("blockdev --getsize64 {dev}"))?;
+    Ok(format!("{} -> {dev} (wwid {wwid}, {size} bytes)", a.id))
+}
+
+async fn s_data_ordered(r: &mut Rig, a: &Vol) -> Result<String> {
+    r.stage(a).await?;
+    r.stage(a).await?; // idempotent
+    let (fs, src, opts) = mountinfo(&a.staging).ok_or("staging path not mounted")?;
+    let (dev, _) = namespace_of(&a.id)?;
+    ensure(fs == "ext4", format!("fs {fs}"))?;
+    ensure(src == dev, format!("source {src}, expected {dev}"))?;
+    ensure(
+        opts.split(',').any(|o| o == "data=ordered"),
+        format!("super options {opts}"),
+    )?;
+    Ok(format!("{fs} {src} {opts}"))
+}
+
+async fn s_restage(r: &mut Rig, a: &Vol) -> Result<String> {
+    let (dev, _) = namespace_of(&a.id)?;
+    r.publish(a).await?;
+    let uuid_before = sh(&format!("blkid -p -o value -s UUID {dev}"))?;
+    let payload: String = (0..4096)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let file = a.target.join("data.bin");
+    std::fs::write(&file, &payload)?;
+    sh(&format!("sync -f {}", file.display()))?;
+    r.unpublish(a).await?;
+    r.unstage(a).await?;
+    ensure(
+        mountinfo(&a.staging).is_none(),
+        "still mounted after unstage",
+    )?;
+    r.stage(a).await?;
+    r.publish(a).await?;
+    let back = std::fs::read_to_string(&file)?;
+    ensure(back == payload, "data differs after restage")?;
+    let uuid_after = sh(&format!("blkid -p -o value -s UUID {dev}"))?;
+    ensure(uuid_before == uuid_after, "filesystem uuid changed")?;
+    let mkfs = r.mkfs_count(&a.id);
+    ensure(mkfs == 1, format!("mkfs ran {mkfs} times"))?;
+    Ok(format!(
+        "4096 bytes intact, fs uuid {uuid_after} unchanged, mkfs ran {mkfs} time"
+    ))
+}
+
+async fn s_foreign(r: &mut Rig) -> Result<String> {
+    let dev = sh("blkid -U 0f0f0f0f-1111-2222-3333-444444444444")?;
+    let before = sh(&format!(
+        "blkid -p -o export {dev} | grep -E '^(UUID|LABEL|TYPE)='"
+    ))?;
+    let err = match r
+        .create(
+            "vm-foreign",
+            &[],
+            80 * MIB,
+            80 * MIB,
+            cap(Mode::SingleNodeWriter),
+        )
+        .await
+    {
+        Ok(v) => return Err(format!("allocated {} on a foreign namespace", v.id).into()),
+        Err(e) => e,
+    };
+    ensure(
+        err.code() == Code::ResourceExhausted && err.message().contains(&dev),
+        format!("{:?}: {}", err.code(), err.message()),
+    )?;
+    let after = sh(&format!(
+        "blkid -p -o export {dev} | grep -E '^(UUID|LABEL|TYPE)='"
+    ))?;
+    ensure(before == after, "the foreign signature changed")?;
+    Ok(format!(
+        "{dev} ({}) refused: {:?}; signature unchanged",
+        before.replace('\n', " "),
+        err.code()
+    ))
+}
+
+async fn s_nfs(r: &mut Rig, n: &Vol) -> Result<String> {
+    ensure(n.id.starts_with("nfs:"), format!("id {}", n.id))?;
+    r.stage(n).await?;
+    r.stage(n).await?;
+    let (fs, src, opts) = mountinfo(&n.staging).ok_or("staging path not mounted")?;
+    for want in ["proto=rdma", "port=20049", "vers=4.1"] {
+        ensure(
+            opts.split(',').any(|o| o == want),
+            format!("{want} missing in {opts}"),
+        )?;
+    }
+    r.publish(n).await?;
+    let file = n.target.join("hello.txt");
+    std::fs::write(&file, "over rdma\n")?;
+    let dir = n.ctx.get("dir").ok_or("no dir in the volume context")?;
+    let server_side = r.export_dir.join(dir).join("hello.txt");
+    let seen = std::fs::read_to_string(&server_side)?;
+    ensure(seen == "over rdma\n", "the server does not see the file")?;
+    let opts: Vec<&str> = opts
+        .split(',')
+        .filter(|o| o.starts_with("proto=") || o.starts_with("port=") || o.starts_with("vers="))
+        .collect();
+    Ok(format!(
+        "{fs} {src} {}; file visible on the server at {}",
+        opts.join(","),
+        server_side.display()
+    ))
+}
+
+async fn s_restart(r: &mut Rig, vols: &[&Vol]) -> Result<String> {
+    r.helper("restart-driver")?;
+    r.c = Clients::connect(&r.socket).await?;
+    let mut checked = 0;
+    for v in vols {
+        // The published mounts outlived the driver.
+        ensure(
+            mountinfo(&v.target).is_some(),
+            format!("{} unpublished", v.id),
+        )?;
+        let files: Vec<_> = std::fs::read_dir(&v.target)?.collect();
+        ensure(!files.is_empty(), format!("{} target empty", v.id))?;
+        for _ in 0..3 {
+            r.stage(v).await?;
+            r.publish(v).await?;
+        }
+        checked += 1;
+    }
+    let a = r
+        .create("vm-a", &[], 90 * MIB, 0, cap(Mode::SingleNodeWriter))
+        .await?;
+    ensure(
+        a.id == vols[0].id,
+        "CreateVolume after restart gave another id",
+    )?;
+    let list =
+        r.c.controller
+            .list_volumes(ListVolumesRequest::default())
+            .await?
+            .into_inner();
+    let ids: Vec<String> = list
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone()))
+        .collect();
+    for v in vols {
+        ensure(ids.contains(&v.id), format!("{} not listed", v.id))?;
+    }
+    let mkfs = r.mkfs_count(&vols[0].id);
+    ensure(mkfs == 1, format!("mkfs ran {mkfs} times"))?;
+    Ok(format!(
+        "SIGKILL + restart: {checked} published volumes still mounted and readable, stage/publish \
+         repeated 3x OK, CreateVolume same id, ListVolumes lists them, mkfs still once"
+    ))
+}
+
+async fn s_dead_server(r: &mut Rig, n2: &Vol, b: &Vol) -> Result<String> {
+    r.helper("nfs-stop")?;
+    let mut rn = r.c.clone();
+    let req = NodeStageVolumeRequest {
+        volume_id: n2.id.clone(),
+        staging_target_path: n2.staging.display().to_string(),
+        volume_capability: Some(n2.cap.clone()),
+        volume_context: n2.ctx.clone(),
+        ..Default::default()
+    };
+    std::fs::create_dir_all(&n2.staging)?;
+    let t0 = Instant::now();
+    let nfs = tokio::spawn(async move {
+        let res = rn.node.node_stage_volume(req).await;
+        (res, t0.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tb = Instant::now();
+    r.stage(b).await?;
+    let nvme_done = t0.elapsed();
+    let nvme_took = tb.elapsed();
+    let (res, nfs_took) = nfs.await?;
+    r.helper("nfs-start")?;
+    let err = match res {
+        Ok(_) => return Err("NodeStageVolume against a stopped server succeeded".into()),
+        Err(e) => e,
+    };
+    ensure(
+        err.code() == Code::DeadlineExceeded,
+        format!("{:?}: {}", err.code(), err.message()),
+    )?;
+    ensure(
+        nfs_took < Duration::from_secs(16),
+        format!("took {nfs_took:?}"),
+    )?;
+    ensure(
+        nvme_done < nfs_took,
+        format!("NVMe stage finished at {nvme_done:?}, after the NFS call ({nfs_took:?})"),
+    )?;
+    ensure(mountinfo(&n2.staging).is_none(), "a mount was left behind")?;
+    Ok(format!(
+        "NFS stage: {:?} after {:.1} s (--mount-timeout 10s); NVMe stage meanwhile OK in {:.1} s",
+        err.code(),
+        nfs_took.as_secs_f64(),
+        nvme_took.as_secs_f64()
+    ))
+}
+
+fn report(name: &str, res: Result<String>, failed: &mut usize) {
+    match res {
+        Ok(detail) => println!("PASS {name}: {detail}"),
+        Err(e) => {
+            *failed += 1;
+            println!("FAIL {name}: {e}");
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let socket = PathBuf::from(args.next().ok_or("usage: vm_scenarios SOCKET WORK_DIR")?);
+    let work = PathBuf::from(args.next().ok_or("usage: vm_scenarios SOCKET WORK_DIR")?);
+    let env = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
+    let c = Clients::connect(&socket).await?;
+    let mut r = Rig {
+        socket,
+        work,
+        c,
+        helper: env("GUEST_HELPER")?,
+        driver_log: env("DRIVER_LOG")?.into(),
+        nfs_server: env("NFS_SERVER")?,
+        export_dir: env("NFS_EXPORT_DIR")?.into(),
+    };
+    let started = Instant::now();
+    let mut failed = 0;
+    let server = r.nfs_server.clone();
+    let nfs_params = [("server", server.as_str()), ("share", "/")];
+
+    let a = r
+        .create("vm-a", &[], 90 * MIB, 0, cap(Mode::SingleNodeWriter))
+        .await?;
+    let res = s_wwid(&a);
+    report("nvme namespace found by wwid", res, &mut failed);
+    let res = s_data_ordered(&mut r, &a).await;
+    report(
+        "ext4 staged with data=ordered (mountinfo)",
+        res,
+        &mut failed,
+    );
+    let res = s_restage(&mut r, &a).await;
+    report(
+        "write, unstage, restage: data intact, mkfs once",
+        res,
+        &mut failed,
+    );
+    let res = s_foreign(&mut r).await;
+    report("foreign filesystem never allocated", res, &mut failed);
+
+    let n = r
+        .create("vm-nfs", &nfs_params, 0, 0, cap(Mode::MultiNodeMultiWriter))
+        .await?;
+    let res = s_nfs(&mut r, &n).await;
+    report(
+        "NFS volume mounted proto=rdma,port=20049,vers=4.1",
+        res,
+        &mut failed,
+    );
+
+    let res = s_restart(&mut r, &[&a, &n]).await;
+    report("driver SIGKILLed and restarted", res, &mut failed);
+
+    // Dead server: the first NFS volume is taken down first (its mount would hang).
+    let res = r.teardown(&n).await;
+    report(
+        "NFS volume torn down (each call twice)",
+        res.map(|_| n.id.clone()),
+        &mut failed,
+    );
+    let n2 = r
+        .create("vm-nfs-2", &nfs_params, 0, 0, cap(Mode::SingleNodeWriter))
+        .await?;
+    let b = r
+        .create("vm-b", &[], 64 * MIB, 64 * MIB, cap(Mode::SingleNodeWriter))
+        .await?;
+    let res = s_dead_server(&mut r, &n2, &b).await;
+    report(
+        "NFS server stopped: stage fails in its deadline, NVMe stages meanwhile",
+        res,
+        &mut failed,
+    );
+
+    let mut cleanup = Ok(());
+    for v in [&a, &b, &n2] {
+        if let Err(e) = r.teardown(v).await {
+            cleanup = Err(format!("{}: {e}", v.id));
+            break;
+        }
+    }
+    let left =
+        r.c.controller
+            .list_volumes(ListVolumesRequest::default())
+            .await?
+            .into_inner()
+            .entries
+            .len();
+    report(
+        "teardown of everything, each call twice",
+        cleanup
+            .map_err(Into::into)
+            .and_then(|_| ensure(left == 0, format!("{left} volumes still listed")))
+            .map(|_| "ListVolumes empty".to_owned()),
+        &mut failed,
+    );
+    println!(
+        "scenarios: {} failed, {:.1} s",
+        failed,
+        started.elapsed().as_secs_f64()
+    );
+    if failed > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

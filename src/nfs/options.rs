@@ -1,0 +1,368 @@
+//! NFS mount options: the transport defaults (`rdma,port=20049,vers=4.1`) merged with
+//! the capability's mount flags. Contradicting flags (`rdma` with `proto=tcp`, `ro` with
+//! `rw`, `ac` with `noac`, ...) and flags that would break the driver's guarantees
+//! (`bg`, `sloppy`, `user`, `remount`, ...) are `InvalidArgument`.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+
+const FIELD: &str = "volume_capability.mount.mount_flags";
+
+/// The NFS port of RDMA transports (RFC 5666 / 8267).
+pub const RDMA_PORT: u16 = 20049;
+
+/// What the controller records in the volume id, so that any instance (the node
+/// plugin, a restarted central controller) mounts the export the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Transport {
+    /// `rdma`, `tcp`, ... (mount.nfs's `proto=`).
+    pub proto: String,
+    /// `None`: the transport's default port.
+    pub port: Option<u16>,
+    /// `None`: let mount.nfs negotiate.
+    pub vers: Option<String>,
+}
+
+impl Default for Transport {
+    /// `rdma,port=20049,vers=4.1`: NFS v4.1 over RDMA, what GDS reads through.
+    fn default() -> Self {
+        Transport {
+            proto: "rdma".into(),
+            port: Some(RDMA_PORT),
+            vers: Some("4.1".into()),
+        }
+    }
+}
+
+impl Transport {
+    pub fn is_rdma(&self) -> bool {
+        self.proto.starts_with("rdma")
+    }
+
+    /// The port the kernel must report when RDMA was asked for.
+    pub fn effective_port(&self) -> Option<u16> {
+        self.port.or(self.is_rdma().then_some(RDMA_PORT))
+    }
+
+    pub fn options(&self) -> Vec<String> {
+        let mut out = vec![if self.proto == "rdma" {
+            "rdma".to_owned()
+        } else {
+            format!("proto={}", self.proto)
+        }];
+        if let Some(port) = self.port {
+            out.push(format!("port={port}"));
+        }
+        if let Some(vers) = &self.vers {
+            out.push(format!("vers={vers}"));
+        }
+        out
+    }
+
+    pub fn check(&self) -> Result<()> {
+        if !PROTOS.contains(&self.proto.as_str()) {
+            return Err(Error::invalid(
+                FIELD,
+                format!(
+                    "proto {:?} must be one of {}",
+                    self.proto,
+                    PROTOS.join(", ")
+                ),
+            ));
+        }
+        if let Some(v) = &self.vers {
+            if !VERSIONS.contains(&v.as_str()) {
+                return Err(Error::invalid(
+                    FIELD,
+                    format!("vers {v:?} must be one of {}", VERSIONS.join(", ")),
+                ));
+            }
+        }
+        if self.port == Some(0) {
+            return Err(Error::invalid(FIELD, "port must be 1-65535"));
+        }
+        Ok(())
+    }
+}
+
+const PROTOS: &[&str] = &["rdma", "rdma6", "tcp", "tcp6", "udp", "udp6"];
+const VERSIONS: &[&str] = &["3", "4", "4.0", "4.1", "4.2"];
+
+/// Options that the driver manages itself or that defeat its checks:
+/// `bg` makes mount.nfs return success while it retries in the background (no deadline,
+/// nothing to verify), `sloppy` ignores unknown options, `user`/`users`/`owner`/`group`
+/// let unprivileged users unmount, the rest are mount(8) operations.
+const REFUSED: &[&str] = &[
+    "bg",
+    "sloppy",
+    "user",
+    "users",
+    "owner",
+    "group",
+    "bind",
+    "rbind",
+    "remount",
+    "move",
+    "make-shared",
+    "make-private",
+    "make-slave",
+    "loop",
+    "X-mount.mkdir",
+    "x-mount.mkdir",
+    "defaults",
+    "nfsvers=2",
+    "vers=2",
+];
+
+/// Pairs that contradict each other, by their canonical group.
+fn group_of(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "ro" | "rw" => "ro/rw",
+        "hard" | "soft" | "softerr" => "hard/soft",
+        "sync" | "async" => "sync/async",
+        "fg" => "fg",
+        "intr" | "nointr" => "intr",
+        "ac" | "noac" => "ac",
+        "cto" | "nocto" => "cto",
+        "lock" | "nolock" => "lock",
+        "acl" | "noacl" => "acl",
+        "sharecache" | "nosharecache" => "sharecache",
+        "resvport" | "noresvport" => "resvport",
+        "rdirplus" | "nordirplus" => "rdirplus",
+        "fsc" | "nofsc" => "fsc",
+        "suid" | "nosuid" => "suid",
+        "dev" | "nodev" => "dev",
+        "exec" | "noexec" => "exec",
+        "atime" | "noatime" => "atime",
+        "diratime" | "nodiratime" => "diratime",
+        "relatime" | "norelatime" => "relatime",
+        _ => return None,
+    })
+}
+
+/// The options to mount with, in a stable order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    pub transport: Transport,
+    /// Every other flag, checked, in the order given.
+    pub others: Vec<String>,
+}
+
+impl MountOptions {
+    pub fn to_vec(&self) -> Vec<String> {
+        let mut out = self.transport.options();
+        out.extend(self.others.iter().cloned());
+        out
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.others.iter().any(|o| o == "ro")
+    }
+}
+
+/// One flag's syntax: a single option, no list, no control characters.
+fn check_syntax(flag: &str) -> Result<()> {
+    if flag.is_empty()
+        || flag.len() > 256
+        || flag.contains([',', '\n', '\0', ' ', '"', '\''])
+        || flag.chars().any(char::is_control)
+    {
+        return Err(Error::invalid(
+            FIELD,
+            format!(
+                "{flag:?} must be one option without commas, spaces, quotes or control characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Merges `flags` (StorageClass `mountOptions`, as the capability's mount flags) over
+/// `base` (the defaults, or what the volume id recorded). A flag overrides the base value
+/// of the same option; two flags that disagree are an error. Choosing a transport other
+/// than the base's drops the base's port (each transport has its own default).
+pub fn merge(base: &Transport, flags: &[String]) -> Result<MountOptions> {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut set = |key: &str, value: String, flag: &str| -> Result<bool> {
+        match seen.get(key) {
+            Some(prev) if *prev != value => Err(Error::invalid(
+                FIELD,
+                format!("{flag:?} contradicts an earlier flag ({key}={prev}); pass one of them"),
+            )),
+            Some(_) => Ok(false),
+            None => {
+                seen.insert(key.to_owned(), value);
+                Ok(true)
+            }
+        }
+    };
+    let mut others = Vec::new();
+    for flag in flags {
+        check_syntax(flag)?;
+        if REFUSED.contains(&flag.as_str())
+            || REFUSED.contains(&flag.split('=').next().unwrap_or(flag))
+        {
+            return Err(Error::invalid(
+                FIELD,
+                format!("{flag:?} is managed by the driver or unsafe for NFS volumes and cannot be passed"),
+            ));
+        }
+        let (name, value) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag.as_str(), None),
+        };
+        match (name, value) {
+            ("rdma" | "tcp" | "udp", None) => {
+                set("proto", name.to_owned(), flag)?;
+            }
+            ("proto", Some(v)) => {
+                set("proto", v.to_owned(), flag)?;
+            }
+            ("port", Some(v)) => {
+                let port: u16 = v.parse().map_err(|_| {
+                    Error::invalid(FIELD, format!("{flag:?}: port must be a number 1-65535"))
+                })?;
+                set("port", port.to_string(), flag)?;
+            }
+            ("vers" | "nfsvers", Some(v)) => {
+                set("vers", v.to_owned(), flag)?;
+            }
+            ("data", _) => {
+                return Err(Error::invalid(
+                    FIELD,
+                    format!("{flag:?} is a block filesystem option; NFS volumes do not take it"),
+                ))
+            }
+            (_, None) => {
+                if let Some(group) = group_of(name) {
+                    if set(group, name.to_owned(), flag)? {
+                        others.push(flag.clone());
+                    }
+                } else if !others.contains(flag) {
+                    others.push(flag.clone());
+                }
+            }
+            (_, Some(v)) => {
+                // Valued options (timeo=, nconnect=, sec=, ...): one value each.
+                if set(name, v.to_owned(), flag)? {
+                    others.push(flag.clone());
+                }
+            }
+        }
+    }
+    let proto = seen.get("proto").cloned();
+    let transport = Transport {
+        port: match (seen.get("port"), &proto) {
+            (Some(p), _) => Some(p.parse().expect("checked above")),
+            (None, Some(p)) if *p != base.proto => None,
+            (None, _) => base.port,
+        },
+        proto: proto.unwrap_or_else(|| base.proto.clone()),
+        vers: seen.get("vers").cloned().or_else(|| base.vers.clone()),
+    };
+    transport.check()?;
+    Ok(MountOptions { transport, others })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_are_rdma_on_20049_v41() {
+        let m = merge(&Transport::default(), &[]).unwrap();
+        assert_eq!(m.to_vec(), flags(&["rdma", "port=20049", "vers=4.1"]));
+        assert!(m.transport.is_rdma());
+    }
+
+    #[test]
+    fn the_helm_mount_options_merge_to_the_same() {
+        let m = merge(
+            &Transport::default(),
+            &flags(&["rdma", "port=20049", "vers=4.1"]),
+        )
+        .unwrap();
+        assert_eq!(m.to_vec(), flags(&["rdma", "port=20049", "vers=4.1"]));
+    }
+
+    #[test]
+    fn flags_override_defaults_and_other_options_are_kept() {
+        let m = merge(
+            &Transport::default(),
+            &flags(&["vers=4.2", "nconnect=4", "hard", "noatime", "hard"]),
+        )
+        .unwrap();
+        assert_eq!(
+            m.to_vec(),
+            flags(&[
+                "rdma",
+                "port=20049",
+                "vers=4.2",
+                "nconnect=4",
+                "hard",
+                "noatime"
+            ])
+        );
+        // Another transport drops the RDMA port; an explicit one is kept.
+        let tcp = merge(&Transport::default(), &flags(&["proto=tcp"])).unwrap();
+        assert_eq!(tcp.to_vec(), flags(&["proto=tcp", "vers=4.1"]));
+        assert!(!tcp.transport.is_rdma());
+        let port = merge(&Transport::default(), &flags(&["tcp", "port=2049"])).unwrap();
+        assert_eq!(port.transport.port, Some(2049));
+        let nfsvers = merge(&Transport::default(), &flags(&["nfsvers=3"])).unwrap();
+        assert_eq!(nfsvers.transport.vers.as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn contradictions_are_refused() {
+        for bad in [
+            &["rdma", "proto=tcp"][..],
+            &["vers=4.1", "nfsvers=4.2"],
+            &["ro", "rw"],
+            &["hard", "soft"],
+            &["ac", "noac"],
+            &["port=1", "port=2"],
+            &["timeo=600", "timeo=10"],
+        ] {
+            let err = merge(&Transport::default(), &flags(bad)).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidArgument { .. })
+                    && err.to_string().contains("contradicts"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn unsafe_and_smuggled_options_are_refused() {
+        for bad in [
+            "bg",
+            "sloppy",
+            "user",
+            "remount",
+            "bind",
+            "vers=2",
+            "rdma,port=1",
+            "a b",
+            "x\ny",
+            "x\0y",
+            "",
+            "data=journal",
+            "proto=carrier-pigeon",
+            "vers=5",
+            "port=99999",
+            "port=0",
+        ] {
+            let err = merge(&Transport::default(), &flags(&[bad])).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidArgument { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+}

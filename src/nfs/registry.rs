@@ -1,0 +1,129 @@
+//! The NFS volumes this controller created: `<state-dir>/nfs-volumes.json`, replaced
+//! atomically like the block state file. It serves ListVolumes and the "same name,
+//! different request" check of CreateVolume only: the volume id alone is enough to
+//! mount, find and delete a volume, so losing this file (a scratch state dir) loses
+//! no volume.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+const FILE_NAME: &str = "nfs-volumes.json";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NfsRecord {
+    pub name: String,
+    /// What CreateVolume asked for (`required_bytes`); not enforced on the server.
+    pub capacity_bytes: u64,
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct File {
+    volumes: BTreeMap<String, NfsRecord>,
+}
+
+pub struct Registry {
+    path: PathBuf,
+    volumes: Mutex<BTreeMap<String, NfsRecord>>,
+}
+
+impl Registry {
+    pub fn open(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
+        let path = dir.join(FILE_NAME);
+        let volumes = match fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice::<File>(&bytes)
+                    .map_err(|e| Error::State {
+                        path: path.clone(),
+                        reason: format!("unreadable ({e})"),
+                    })?
+                    .volumes
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(Error::io("reading", &path, e)),
+        };
+        Ok(Registry {
+            path,
+            volumes: Mutex::new(volumes),
+        })
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, NfsRecord> {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn get(&self, id: &str) -> Option<NfsRecord> {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<(String, NfsRecord)> {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(_, r)| r.name == name)
+            .map(|(id, r)| (id.clone(), r.clone()))
+    }
+
+    /// Applies `change` to a copy, persists it, then makes it current.
+    pub fn update(&self, change: impl FnOnce(&mut BTreeMap<String, NfsRecord>)) -> Result<()> {
+        let mut current = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = current.clone();
+        change(&mut next);
+        if next == *current {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(&File {
+            volumes: next.clone(),
+        })
+        .expect("serializes");
+        let tmp = self.path.with_extension("json.tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &self.path)?;
+            fs::File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
+        };
+        write().map_err(|e| Error::io("writing", &self.path, e))?;
+        *current = next;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Registry::open(dir.path()).unwrap();
+        let rec = NfsRecord {
+            name: "v".into(),
+            capacity_bytes: 5,
+            parameters: BTreeMap::new(),
+        };
+        r.update(|m| {
+            m.insert("nfs:x".into(), rec.clone());
+        })
+        .unwrap();
+        let again = Registry::open(dir.path()).unwrap();
+        assert_eq!(again.by_name("v"), Some(("nfs:x".into(), rec)));
+    }
+}

@@ -1,0 +1,562 @@
+//! NFS StorageClass parameters and NFS volume ids.
+//!
+//! An NFS volume id carries everything needed to find the volume again without any
+//! other state (the central controller's state dir is scratch):
+//! `nfs:<onDelete>-<proto>-<port>-<vers>:<share>:<dir>:<server>`, with every `/` of the
+//! share and of the directory written as `~` (ids must not contain `/`), e.g.
+//! `nfs:d-rdma-20049-4.1:~export~gds:pvc-0b6f...:nfs01.ib.example`. The server comes last
+//! because a bracketed IPv6 address contains `:`. Ids longer than 128 bytes are refused
+//! at CreateVolume (shorten the share, the server name or the `subDir` pattern).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use sha2::Digest;
+
+use super::options::Transport;
+use crate::error::{Error, Result};
+use crate::volume_id::MAX_VOLUME_ID_LEN;
+
+pub const PARAM_SERVER: &str = "server";
+pub const PARAM_SHARE: &str = "share";
+pub const PARAM_SUB_DIR: &str = "subDir";
+pub const PARAM_ON_DELETE: &str = "onDelete";
+pub const PREFIX: &str = "nfs";
+
+/// The default directory of a volume: its CSI name (the PV name in Kubernetes).
+pub const DEFAULT_SUB_DIR: &str = "${pv.metadata.name}";
+const VAR_PV_NAME: &str = "${pv.metadata.name}";
+const VAR_PVC_NAME: &str = "${pvc.metadata.name}";
+const VAR_PVC_NAMESPACE: &str = "${pvc.metadata.namespace}";
+/// Added by external-provisioner --extra-create-metadata.
+const SIDECAR_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+const SIDECAR_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnDelete {
+    Delete,
+    Retain,
+    Archive,
+}
+
+impl OnDelete {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "delete" => OnDelete::Delete,
+            "retain" => OnDelete::Retain,
+            "archive" => OnDelete::Archive,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDelete::Delete => "delete",
+            OnDelete::Retain => "retain",
+            OnDelete::Archive => "archive",
+        }
+    }
+
+    fn code(self) -> char {
+        match self {
+            OnDelete::Delete => 'd',
+            OnDelete::Retain => 'r',
+            OnDelete::Archive => 'a',
+        }
+    }
+
+    fn from_code(c: &str) -> Option<Self> {
+        Some(match c {
+            "d" => OnDelete::Delete,
+            "r" => OnDelete::Retain,
+            "a" => OnDelete::Archive,
+            _ => return None,
+        })
+    }
+}
+
+/// The NFS parameters of a StorageClass, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsParams {
+    pub server: String,
+    pub share: String,
+    pub sub_dir: String,
+    pub on_delete: OnDelete,
+}
+
+/// A volume is an NFS volume when its parameters name a server.
+pub fn is_nfs(params: &HashMap<String, String>) -> bool {
+    params.contains_key(PARAM_SERVER)
+}
+
+fn invalid(reason: String) -> Error {
+    Error::invalid("parameters", reason)
+}
+
+/// A host name, an IPv4 address or a bracketed IPv6 address: never anything mount(8)
+/// could read as an option or a second field.
+pub fn check_server(server: &str) -> std::result::Result<(), String> {
+    let ok = if let Some(inner) = server.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+        !inner.is_empty()
+            && inner.len() <= 45
+            && inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            && inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !server.is_empty()
+            && server.len() <= 253
+            && server.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && server
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && !server.contains("..")
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "server {server:?} must be a host name, an IPv4 address or a bracketed IPv6 address"
+        ))
+    }
+}
+
+fn path_component_ok(c: &str) -> bool {
+    !c.is_empty()
+        && c.len() <= 255
+        && c != "."
+        && !c.contains("..")
+        && c.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'+' | b'@'))
+}
+
+/// An absolute export path of plain components (no `..`, `~`, `:` or spaces); trailing
+/// slashes dropped.
+pub fn check_share(share: &str) -> std::result::Result<String, String> {
+    let err = || {
+        format!(
+            "share {share:?} must be an absolute export path of components made of letters, \
+             digits, '-', '.', '_', '+' or '@' (no '..')"
+        )
+    };
+    let rest = share.strip_prefix('/').ok_or_else(err)?;
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() {
+        return Ok("/".into());
+    }
+    if share.len() > 200 || !rest.split('/').all(path_component_ok) {
+        return Err(err());
+    }
+    Ok(format!("/{rest}"))
+}
+
+/// A relative directory of plain components below the share.
+pub fn check_dir(dir: &str) -> std::result::Result<(), String> {
+    if !dir.is_empty() && !dir.starts_with('/') && dir.split('/').all(path_component_ok) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the volume directory {dir:?} must be a relative path of components made of \
+             letters, digits, '-', '.', '_', '+' or '@' (no '..', no empty components)"
+        ))
+    }
+}
+
+impl NfsParams {
+    /// From the driver's own parameters (already free of `,` `=` newlines and NULs).
+    pub fn parse(stored: &BTreeMap<String, String>) -> Result<Self> {
+        let server = stored
+            .get(PARAM_SERVER)
+            .ok_or_else(|| invalid("server is required for NFS volumes".into()))?;
+        check_server(server).map_err(invalid)?;
+        let share = stored
+            .get(PARAM_SHARE)
+            .ok_or_else(|| invalid("share (the exported path) is required with server".into()))?;
+        let share = check_share(share).map_err(invalid)?;
+        let sub_dir = stored
+            .get(PARAM_SUB_DIR)
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_SUB_DIR.into());
+        check_pattern(&sub_dir)?;
+        let on_delete = match stored.get(PARAM_ON_DELETE) {
+            None => OnDelete::Delete,
+            Some(v) => OnDelete::parse(v).ok_or_else(|| {
+                invalid(format!("onDelete {v:?} must be delete, retain or archive"))
+            })?,
+        };
+        if let Some(fs) = stored.get(crate::request::PARAM_FS_TYPE) {
+            return Err(invalid(format!(
+                "fsType {fs:?} does not apply to NFS volumes; drop it"
+            )));
+        }
+        Ok(NfsParams {
+            server: server.clone(),
+            share,
+            sub_dir,
+            on_delete,
+        })
+    }
+}
+
+/// A pattern must name each volume uniquely: `${pv.metadata.name}`, or the claim's
+/// namespace and name together.
+fn check_pattern(pattern: &str) -> Result<()> {
+    let mut rest = pattern;
+    while let Some(start) = rest.find("${") {
+        let end = rest[start..]
+            .find('}')
+            .ok_or_else(|| invalid(format!("subDir {pattern:?}: unterminated ${{...}}")))?;
+        let var = &rest[start..start + end + 1];
+        if ![VAR_PV_NAME, VAR_PVC_NAME, VAR_PVC_NAMESPACE].contains(&var) {
+            return Err(invalid(format!(
+                "subDir {pattern:?}: unknown variable {var}; use {VAR_PV_NAME}, {VAR_PVC_NAMESPACE} or {VAR_PVC_NAME}"
+            )));
+        }
+        rest = &rest[start + end + 1..];
+    }
+    let unique = pattern.contains(VAR_PV_NAME)
+        || (pattern.contains(VAR_PVC_NAME) && pattern.contains(VAR_PVC_NAMESPACE));
+    if !unique {
+        return Err(invalid(format!(
+            "subDir {pattern:?} must contain {VAR_PV_NAME}, or {VAR_PVC_NAMESPACE} and {VAR_PVC_NAME}, \
+             so that two volumes never share a directory"
+        )));
+    }
+    Ok(())
+}
+
+/// The volume's directory below the share: the pattern with its variables filled in.
+pub fn expand(pattern: &str, name: &str, raw: &HashMap<String, String>) -> Result<String> {
+    let lookup = |key: &str, var: &str| {
+        raw.get(key).cloned().ok_or_else(|| {
+            invalid(format!(
+                "subDir uses {var} but the request has no {key} parameter; run \
+                 external-provisioner with --extra-create-metadata"
+            ))
+        })
+    };
+    // A value is one path component: a name with '/' cannot nest directories.
+    if name.contains('/') {
+        return Err(Error::invalid(
+            "name",
+            format!("{name:?} names the volume's directory and must not contain '/'"),
+        ));
+    }
+    let lookup = |key: &str, var: &str| {
+        let v = lookup(key, var)?;
+        if v.contains('/') {
+            return Err(invalid(format!("{key} {v:?} must not contain '/'")));
+        }
+        Ok(v)
+    };
+    let mut dir = pattern.replace(VAR_PV_NAME, name);
+    if dir.contains(VAR_PVC_NAME) {
+        dir = dir.replace(VAR_PVC_NAME, &lookup(SIDECAR_PVC_NAME, VAR_PVC_NAME)?);
+    }
+    if dir.contains(VAR_PVC_NAMESPACE) {
+        dir = dir.replace(
+            VAR_PVC_NAMESPACE,
+            &lookup(SIDECAR_PVC_NAMESPACE, VAR_PVC_NAMESPACE)?,
+        );
+    }
+    let dir = dir.trim_matches('/').to_owned();
+    check_dir(&dir).map_err(invalid)?;
+    Ok(dir)
+}
+
+/// Everything needed to mount, find and remove an NFS volume.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NfsVolumeId {
+    pub server: String,
+    /// Absolute, normalised (`/` or `/a/b`).
+    pub share: String,
+    /// Relative to the share, `a` or `a/b`.
+    pub dir: String,
+    pub on_delete: OnDelete,
+    pub transport: Transport,
+}
+
+impl fmt::Display for NfsVolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.transport;
+        write!(
+            f,
+            "{PREFIX}:{}-{}-{}-{}:{}:{}:{}",
+            self.on_delete.code(),
+            t.proto,
+            t.port.map(|p| p.to_string()).unwrap_or_default(),
+            t.vers.as_deref().unwrap_or(""),
+            self.share.replace('/', "~"),
+            self.dir.replace('/', "~"),
+            self.server
+        )
+    }
+}
+
+impl NfsVolumeId {
+    /// `None` when the id is not an NFS id of this driver.
+    pub fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.splitn(5, ':');
+        if parts.next()? != PREFIX {
+            return None;
+        }
+        let flags = parts.next()?;
+        let share = parts.next()?.replace('~', "/");
+        let dir = parts.next()?.replace('~', "/");
+        let server = parts.next()?;
+        let mut f = flags.splitn(4, '-');
+        let on_delete = OnDelete::from_code(f.next()?)?;
+        let proto = f.next()?.to_owned();
+        let port = match f.next()? {
+            "" => None,
+            p => Some(p.parse().ok()?),
+        };
+        let vers = match f.next()? {
+            "" => None,
+            v => Some(v.to_owned()),
+        };
+        let transport = Transport { proto, port, vers };
+        transport.check().ok()?;
+        check_server(server).ok()?;
+        if check_share(&share).ok()? != share {
+            return None;
+        }
+        check_dir(&dir).ok()?;
+        Some(NfsVolumeId {
+            server: server.to_owned(),
+            share,
+            dir,
+            on_delete,
+            transport,
+        })
+    }
+
+    /// Builds the id and checks its length.
+    pub fn new(params: &NfsParams, dir: String, transport: Transport) -> Result<Self> {
+        let id = NfsVolumeId {
+            server: params.server.clone(),
+            share: params.share.clone(),
+            dir,
+            on_delete: params.on_delete,
+            transport,
+        };
+        let len = id.to_string().len();
+        if len > MAX_VOLUME_ID_LEN {
+            return Err(invalid(format!(
+                "the NFS volume id would be {len} bytes, over the {MAX_VOLUME_ID_LEN}-byte limit \
+                 (it carries server, share and directory); use a shorter server name, share or \
+                 subDir pattern"
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Like `new`, but a directory whose id would be too long (a 128-byte volume name,
+    /// say) gets its last component cut and suffixed with a hash of the full directory,
+    /// deterministically, so a repeated CreateVolume finds the same directory.
+    pub fn fitted(params: &NfsParams, dir: String, transport: Transport) -> Result<Self> {
+        let full = NfsVolumeId {
+            server: params.server.clone(),
+            share: params.share.clone(),
+            dir: dir.clone(),
+            on_delete: params.on_delete,
+            transport: transport.clone(),
+        };
+        let over = full.to_string().len().saturating_sub(MAX_VOLUME_ID_LEN);
+        if over == 0 {
+            return Ok(full);
+        }
+        let digest = sha2::Sha256::digest(dir.as_bytes());
+        let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let (parent, last) = match dir.rsplit_once('/') {
+            Some((p, l)) => (Some(p), l),
+            None => (None, dir.as_str()),
+        };
+        let keep = last.len().saturating_sub(over + hash.len() + 1);
+        if keep == 0 {
+            return Self::new(params, dir, transport);
+        }
+        let short = format!("{}-{hash}", &last[..keep]);
+        let dir = match parent {
+            Some(p) => format!("{p}/{short}"),
+            None => short,
+        };
+        Self::new(params, dir, transport)
+    }
+
+    /// `server:/share`, what the controller mounts to manage directories.
+    pub fn export_source(&self) -> String {
+        format!("{}:{}", self.server, self.share)
+    }
+
+    /// `server:/share/dir`, what a node stages.
+    pub fn source(&self) -> String {
+        if self.share == "/" {
+            format!("{}:/{}", self.server, self.dir)
+        } else {
+            format!("{}:{}/{}", self.server, self.share, self.dir)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        let p = NfsParams::parse(&stored(&[
+            ("server", "192.0.2.1"),
+            ("share", "/export/gds/"),
+        ]))
+        .unwrap();
+        assert_eq!(p.share, "/export/gds");
+        assert_eq!(p.sub_dir, DEFAULT_SUB_DIR);
+        assert_eq!(p.on_delete, OnDelete::Delete);
+        let p = NfsParams::parse(&stored(&[
+            ("server", "[fd00::1]"),
+            ("share", "/"),
+            ("onDelete", "archive"),
+            ("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}"),
+        ]))
+        .unwrap();
+        assert_eq!(p.on_delete, OnDelete::Archive);
+        for bad in [
+            &[("server", "-oexec"), ("share", "/x")][..],
+            &[("server", "a b"), ("share", "/x")],
+            &[("server", "[zz::1]"), ("share", "/x")],
+            &[("server", "h"), ("share", "relative")],
+            &[("server", "h"), ("share", "/a/../etc")],
+            &[("server", "h"), ("share", "/a/~b")],
+            &[("server", "h"), ("share", "/a:b")],
+            &[("server", "h")],
+            &[("server", "h"), ("share", "/x"), ("onDelete", "shred")],
+            &[("server", "h"), ("share", "/x"), ("subDir", "static")],
+            &[
+                ("server", "h"),
+                ("share", "/x"),
+                ("subDir", "${pvc.metadata.name}"),
+            ],
+            &[
+                ("server", "h"),
+                ("share", "/x"),
+                ("subDir", "${env.HOME}/${pv.metadata.name}"),
+            ],
+            &[("server", "h"), ("share", "/x"), ("fsType", "ext4")],
+        ] {
+            assert!(
+                matches!(
+                    NfsParams::parse(&stored(bad)),
+                    Err(Error::InvalidArgument { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn patterns_expand_to_safe_relative_paths() {
+        let mut raw = HashMap::new();
+        raw.insert(SIDECAR_PVC_NAME.to_string(), "data".to_string());
+        raw.insert(SIDECAR_PVC_NAMESPACE.to_string(), "team-a".to_string());
+        assert_eq!(expand(DEFAULT_SUB_DIR, "pvc-1", &raw).unwrap(), "pvc-1");
+        assert_eq!(
+            expand(
+                "${pvc.metadata.namespace}/${pvc.metadata.name}",
+                "pvc-1",
+                &raw
+            )
+            .unwrap(),
+            "team-a/data"
+        );
+        for name in ["..", "a/../b", "a/b", "a b", "x\ny", ".", "a~b"] {
+            assert!(expand(DEFAULT_SUB_DIR, name, &raw).is_err(), "{name:?}");
+        }
+        assert!(expand(
+            "${pvc.metadata.namespace}/${pvc.metadata.name}",
+            "p",
+            &HashMap::new()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn ids_round_trip_stay_short_and_carry_no_slash() {
+        let params = NfsParams {
+            server: "nfs01.ib.example".into(),
+            share: "/export/gds".into(),
+            sub_dir: DEFAULT_SUB_DIR.into(),
+            on_delete: OnDelete::Archive,
+        };
+        let dir = "pvc-0b6f3c1e-8e5a-4f3b-9d7e-2c9a1b3d4e5f".to_string();
+        let id = NfsVolumeId::new(&params, dir, Transport::default()).unwrap();
+        let text = id.to_string();
+        assert_eq!(
+            text,
+            "nfs:a-rdma-20049-4.1:~export~gds:pvc-0b6f3c1e-8e5a-4f3b-9d7e-2c9a1b3d4e5f:nfs01.ib.example"
+        );
+        assert!(text.len() <= MAX_VOLUME_ID_LEN && !text.contains('/') && !text.contains(".."));
+        crate::volume_id::check_well_formed("volume_id", &text).unwrap();
+        assert_eq!(NfsVolumeId::parse(&text), Some(id.clone()));
+        assert_eq!(
+            id.source(),
+            "nfs01.ib.example:/export/gds/pvc-0b6f3c1e-8e5a-4f3b-9d7e-2c9a1b3d4e5f"
+        );
+        assert_eq!(id.export_source(), "nfs01.ib.example:/export/gds");
+
+        let v6 = NfsVolumeId {
+            server: "[fd00::1]".into(),
+            share: "/".into(),
+            dir: "ns/claim".into(),
+            on_delete: OnDelete::Delete,
+            transport: Transport {
+                proto: "tcp".into(),
+                port: None,
+                vers: None,
+            },
+        };
+        assert_eq!(v6.to_string(), "nfs:d-tcp--:~:ns~claim:[fd00::1]");
+        assert_eq!(NfsVolumeId::parse(&v6.to_string()), Some(v6.clone()));
+        assert_eq!(v6.source(), "[fd00::1]:/ns/claim");
+
+        let name = "n".repeat(128);
+        let fitted = NfsVolumeId::fitted(&params, name.clone(), Transport::default()).unwrap();
+        assert_eq!(fitted.to_string().len(), MAX_VOLUME_ID_LEN);
+        assert!(fitted.dir.starts_with("nnn") && fitted.dir.len() < name.len());
+        assert_eq!(
+            NfsVolumeId::fitted(&params, name, Transport::default()).unwrap(),
+            fitted
+        );
+        let long = NfsParams {
+            server: "x".repeat(100),
+            ..params
+        };
+        assert!(matches!(
+            NfsVolumeId::new(&long, "pvc-1".into(), Transport::default()),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn foreign_or_tampered_ids_do_not_parse() {
+        for id in [
+            "blk:dev-1:a:n",
+            "nfs:x-rdma-20049-4.1:~:d:h",
+            "nfs:d-pigeon-1-4.1:~:d:h",
+            "nfs:d-rdma-20049-4.1:~:..:h",
+            "nfs:d-rdma-20049-4.1:~a~~b:d:h",
+            "nfs:d-rdma-20049-4.1:~:d:-oexec",
+            "nfs:d-rdma-20049-4.1:~:d",
+            "nfs:d-rdma-20049-4.1:~::h",
+        ] {
+            assert_eq!(NfsVolumeId::parse(id), None, "{id}");
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! In-process gRPC tests of the NFS backend: the real services on a unix socket, over
+//! a `Host` double whose `mount_nfs` records an nfs4 mount (with the super options the
+//! "kernel" negotiated) and whose export is a local directory. No root, no NFS client.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use gds_csi::client::Clients;
+use gds_csi::config::Mode;
+use gds_csi::csi::volume_capability::{
+    access_mode::Mode as AccessModeKind, AccessMode, AccessType, BlockVolume, MountVolume,
+};
+use gds_csi::csi::*;
+use gds_csi::error::Result;
+use gds_csi::nfs::NfsBackend;
+use gds_csi::os::{FsType, Host, MountEntry, Signature};
+use gds_csi::pool::{Pool, PoolConfig};
+use gds_csi::server;
+use gds_csi::service::Driver;
+use tokio::sync::Semaphore;
+use tonic::Code;
+
+#[derive(Default)]
+struct FakeState {
+    mounts: Vec<MountEntry>,
+    nfs_calls: Vec<(String, PathBuf, Vec<String>)>,
+    next_minor: u32,
+}
+
+struct FakeHost {
+    state: Mutex<FakeState>,
+    /// What the "kernel" reports as proto (None: what was asked).
+    negotiate_proto: Mutex<Option<String>>,
+    /// mount_nfs of these sources waits for a permit: a hung server on demand.
+    hang: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
+    list.iter()
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
+            None => (o.clone(), None),
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Host for FakeHost {
+    fn mount_table(&self) -> Result<Vec<MountEntry>> {
+        Ok(self.state.lock().unwrap().mounts.clone())
+    }
+    async fn probe_signatures(&self, _: &Path) -> Result<Vec<Signature>> {
+        Ok(vec![])
+    }
+    async fn mkfs(&self, _: &Path, _: FsType, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn wipe_signatures(&self, _: &Path) -> Result<()> {
+        Ok(())
+    }
+    async fn mount(&self, _: &Path, _: &Path, _: FsType, _: &[String]) -> Result<()> {
+        Ok(())
+    }
+    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+        let mut s = self.state.lock().unwrap();
+        let mut m = s
+            .mounts
+            .iter()
+            .rev()
+            .find(|m| m.mount_point == source)
+            .cloned()
+            .expect("bind of a mounted path");
+        m.mount_point = target.to_owned();
+        m.mount_options = opts_map(&[if options.iter().any(|o| o == "ro") {
+            "ro".to_owned()
+        } else {
+            "rw".to_owned()
+        }]);
+        s.mounts.push(m);
+        Ok(())
+    }
+    async fn unmount(&self, target: &Path) -> Result<()> {
+        let mut s = self.state.lock().unwrap();
+        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
+            s.mounts.remove(i);
+        }
+        Ok(())
+    }
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let gate = self.hang.lock().unwrap().get(source).cloned();
+        if let Some(gate) = gate {
+            let _permit = gate.acquire().await.unwrap();
+        }
+        let mut s = self.state.lock().unwrap();
+        s.nfs_calls
+            .push((source.to_owned(), target.to_owned(), options.to_vec()));
+        let mut sup = opts_map(options);
+        if sup.remove("rdma").is_some() {
+            sup.insert("proto".into(), Some("rdma".into()));
+        }
+        if let Some(p) = self.negotiate_proto.lock().unwrap().clone() {
+            sup.insert("proto".into(), Some(p));
+            sup.insert("port".into(), Some("2049".into()));
+        }
+        s.next_minor += 1;
+        let minor = s.next_minor;
+        s.mounts.push(MountEntry {
+            major: 0,
+            minor: 100 + minor,
+            root: "/".into(),
+            mount_point: target.to_owned(),
+            mount_options: opts_map(&["rw".into()]),
+            fs_type: "nfs4".into(),
+            source: Some(source.to_owned()),
+            super_options: sup,
+        });
+        Ok(())
+    }
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    host: Arc<FakeHost>,
+    c: Clients,
+}
+
+async fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let host = Arc::new(FakeHost {
+        state: Mutex::default(),
+        negotiate_proto: Mutex::default(),
+        hang: Mutex::default(),
+    });
+    let pool = Pool::open(PoolConfig {
+        node_id: "node-a".into(),
+        host_sys: dir.path().join("sys"),
+        host_dev: dir.path().join("dev"),
+        listed: vec![],
+        nvme_discover: false,
+        state_dir: state.clone(),
+    })
+    .unwrap();
+    let driver = Arc::new(
+        Driver::new(
+            "gds.csi.test".into(),
+            "node-a".into(),
+            vec![dir.path().join("kubelet")],
+            pool,
+            host.clone(),
+        )
+        .with_nfs(NfsBackend::open(&state, std::time::Duration::from_secs(5)).unwrap()),
+    );
+    driver.initialise().await.unwrap();
+    let socket = dir.path().join("csi.sock");
+    let listener = server::bind(&socket, 0o600).unwrap();
+    tokio::spawn(server::serve(
+        listener,
+        driver,
+        Mode::All,
+        std::future::pending(),
+    ));
+    let c = Clients::connect(&socket).await.unwrap();
+    Harness { dir, host, c }
+}
+
+fn cap(mode: AccessModeKind, flags: &[&str]) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn params(extra: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut p: HashMap<String, String> = [("server", "192.0.2.1"), ("share", "/export")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (k, v) in extra {
+        p.insert(k.to_string(), v.to_string());
+    }
+    p
+}
+
+impl Harness {
+    async fn create(
+        &self,
+        name: &str,
+        params: HashMap<String, String>,
+        cap: VolumeCapability,
+        required: i64,
+    ) -> std::result::Result<Volume, tonic::Status> {
+        let mut c = self.c.controller.clone();
+        c.create_volume(CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: required,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap],
+            parameters: params,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().volume.unwrap())
+    }
+
+    /// The local directory standing in for the export (the fake mounts nothing).
+    fn export(&self) -> PathBuf {
+        let dir = self.dir.path().join("state/nfs-exports");
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .next()
+            .expect("an export was mounted")
+            .unwrap()
+            .path()
+    }
+
+    fn paths(&self, name: &str) -> (String, String) {
+        let k = self.dir.path().join("kubelet");
+        (
+            k.join(format!("staging/{name}")).display().to_string(),
+            k.join(format!("pods/{name}/mount")).display().to_string(),
+        )
+    }
+
+    async fn stage(
+        &self,
+        name: &str,
+        v: &Volume,
+        cap: VolumeCapability,
+    ) -> std::result::Result<(), tonic::Status> {
+        let (staging, _) = self.paths(name);
+        let mut n = self.c.node.clone();
+        n.node_stage_volume(NodeStageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging,
+            volume_capability: Some(cap),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn delete(&self, id: &str) -> std::result::Result<(), tonic::Status> {
+        let mut c = self.c.controller.clone();
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+    }
+}
+
+#[tokio::test]
+async fn create_is_idempotent_multi_node_and_topology_free() {
+    let h = harness().await;
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-1", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    assert_eq!(v.volume_id, "nfs:d-rdma-20049-4.1:~export:vol-1:192.0.2.1");
+    assert!(v.accessible_topology.is_empty());
+    assert_eq!(v.capacity_bytes, 1 << 30);
+    let dir = h.export().join("vol-1");
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o777
+    );
+    // The controller mounted server:/share with the transport defaults.
+    let calls = h.host.state.lock().unwrap().nfs_calls.clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].0, "192.0.2.1:/export");
+    assert_eq!(calls[0].2, vec!["rdma", "port=20049", "vers=4.1"]);
+
+    let again = h
+        .create("vol-1", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    assert_eq!(again.volume_id, v.volume_id);
+    assert_eq!(
+        h.host.state.lock().unwrap().nfs_calls.len(),
+        1,
+        "export mounted once"
+    );
+    let bigger = h.create("vol-1", params(&[]), multi.clone(), 2 << 30).await;
+    assert_eq!(bigger.unwrap_err().code(), Code::AlreadyExists);
+    let other = h
+        .create("vol-1", params(&[("onDelete", "retain")]), multi, 1 << 30)
+        .await;
+    assert_eq!(other.unwrap_err().code(), Code::AlreadyExists);
+
+    let mut c = h.c.controller.clone();
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.entries.len(), 1);
+    let confirmed = c
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v.volume_id.clone(),
+            volume_capabilities: vec![cap(AccessModeKind::MultiNodeReaderOnly, &[])],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(confirmed.confirmed.is_some());
+    let block = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: AccessModeKind::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    };
+    let refused = c
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v.volume_id.clone(),
+            volume_capabilities: vec![block],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(refused.confirmed.is_none());
+}
+
+#[tokio::test]
+async fn hostile_parameters_and_options_are_invalid_and_touch_nothing() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    let cases: Vec<(HashMap<String, String>, VolumeCapability, &str)> = vec![
+        (
+            params(&[("server", "192.0.2.1,proto=tcp")]),
+            w.clone(),
+            "n1",
+        ),
+        (params(&[("share", "/export\nx")]), w.clone(), "n2"),
+        (params(&[("share", "/export/../etc")]), w.clone(), "n3"),
+        (params(&[("onDelete", "shred")]), w.clone(), "n4"),
+        (params(&[("subDir", "fixed")]), w.clone(), "n5"),
+        (
+            params(&[]),
+            cap(AccessModeKind::SingleNodeWriter, &["rdma", "proto=tcp"]),
+            "n6",
+        ),
+        (
+            params(&[]),
+            cap(AccessModeKind::SingleNodeWriter, &["bg"]),
+            "n7",
+        ),
+        (
+            params(&[]),
+            cap(AccessModeKind::SingleNodeWriter, &["rdma,port=1"]),
+            "n8",
+        ),
+        (params(&[]), w.clone(), ".."),
+        (params(&[]), w.clone(), "a/b"),
+    ];
+    for (p, c, name) in cases {
+        let err = h.create(name, p.clone(), c, 0).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{name} {p:?}: {err:?}");
+    }
+    assert!(h.host.state.lock().unwrap().nfs_calls.is_empty());
+    // share without server is refused for block volumes too.
+    let mut only_share = HashMap::new();
+    only_share.insert("share".to_string(), "/x".to_string());
+    let err = h.create("n9", only_share, w, 0).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_symlink_planted_in_the_export_is_never_followed() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    h.create("first", params(&[]), w.clone(), 0).await.unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), h.export().join("planted")).unwrap();
+    let err = h
+        .create("planted", params(&[]), w.clone(), 0)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    // Below a planted parent as well.
+    let mut p = params(&[("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}")]);
+    p.insert("csi.storage.k8s.io/pvc/namespace".into(), "planted".into());
+    p.insert("csi.storage.k8s.io/pvc/name".into(), "claim".into());
+    let err = h.create("pv-2", p, w, 0).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn stage_publish_unstage_with_merged_options() {
+    let h = harness().await;
+    let w = cap(
+        AccessModeKind::MultiNodeMultiWriter,
+        &["rdma", "port=20049", "vers=4.1", "nconnect=4"],
+    );
+    let v = h.create("vol-s", params(&[]), w.clone(), 0).await.unwrap();
+    h.stage("vol-s", &v, w.clone()).await.unwrap();
+    h.stage("vol-s", &v, w.clone()).await.unwrap();
+    let calls = h.host.state.lock().unwrap().nfs_calls.clone();
+    assert_eq!(calls.len(), 2, "export + one stage");
+    assert_eq!(calls[1].0, "192.0.2.1:/export/vol-s");
+    assert_eq!(
+        calls[1].2,
+        vec!["rdma", "port=20049", "vers=4.1", "nconnect=4"]
+    );
+    let (staging, target) = h.paths("vol-s");
+    let mut n = h.c.node.clone();
+    let publish = NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.clone(),
+        target_path: target.clone(),
+        volume_capability: Some(w.clone()),
+        readonly: true,
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    };
+    n.node_publish_volume(publish.clone()).await.unwrap();
+    n.node_publish_volume(publish).await.unwrap();
+    let stats = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: target.clone(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    for _ in 0..2 {
+        n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.clone(),
+        })
+        .await
+        .unwrap();
+        n.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging.clone(),
+        })
+        .await
+        .unwrap();
+    }
+    assert!(!Path::new(&target).exists());
+    let mounts = h.host.state.lock().unwrap().mounts.len();
+    assert_eq!(mounts, 1, "only the controller's export mount is left");
+}
+
+#[tokio::test]
+async fn a_mount_without_rdma_is_taken_down_and_refused() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    let v = h.create("vol-t", params(&[]), w.clone(), 0).await.unwrap();
+    *h.host.negotiate_proto.lock().unwrap() = Some("tcp".into());
+    let err = h.stage("vol-t", &v, w).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("proto=tcp"), "{}", err.message());
+    let (staging, _) = h.paths("vol-t");
+    assert!(!h
+        .host
+        .state
+        .lock()
+        .unwrap()
+        .mounts
+        .iter()
+        .any(|m| m.mount_point == Path::new(&staging)));
+}
+
+#[tokio::test]
+async fn a_hung_mount_blocks_only_its_own_volume() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    let hung = h.create("vol-h", params(&[]), w.clone(), 0).await.unwrap();
+    let fine = h.create("vol-f", params(&[]), w.clone(), 0).await.unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    h.host
+        .hang
+        .lock()
+        .unwrap()
+        .insert("192.0.2.1:/export/vol-h".into(), gate.clone());
+    let h = Arc::new(h);
+    let (h2, v2, w2) = (h.clone(), hung.clone(), w.clone());
+    let pending = tokio::spawn(async move { h2.stage("vol-h", &v2, w2).await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    h.stage("vol-f", &fine, w.clone()).await.unwrap();
+    let busy = h.stage("vol-h", &hung, w.clone()).await.unwrap_err();
+    assert_eq!(busy.code(), Code::Aborted);
+    gate.add_permits(1);
+    pending.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn delete_honours_on_delete_and_is_idempotent() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    let mut ids = Vec::new();
+    for (name, mode) in [("del", "delete"), ("ret", "retain"), ("arc", "archive")] {
+        let v = h
+            .create(name, params(&[("onDelete", mode)]), w.clone(), 0)
+            .await
+            .unwrap();
+        std::fs::write(h.export().join(name).join("f"), b"x").unwrap();
+        ids.push(v.volume_id);
+    }
+    for id in &ids {
+        h.delete(id).await.unwrap();
+        h.delete(id).await.unwrap();
+    }
+    let export = h.export();
+    assert!(!export.join("del").exists());
+    assert!(export.join("ret/f").exists());
+    assert!(!export.join("arc").exists());
+    let archived: Vec<String> = std::fs::read_dir(&export)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("archived-arc-"))
+        .collect();
+    assert_eq!(archived.len(), 1, "{archived:?}");
+    assert!(export.join(&archived[0]).join("f").exists());
+    let mut c = h.c.controller.clone();
+    let list = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.entries.is_empty());
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs inside the VM booted by tests/vm/run.sh (virtme-ng: the host's root is shared
+# read-only, this repository included). Sets up NVMe, an NFS server over soft-RoCE
+# RDMA, starts the driver, then runs csi-sanity on both backends and the scenarios.
+#
+#   guest.sh run OUT_DIR          the whole rig (what run.sh calls)
+#   guest.sh nfs-stop | nfs-start | restart-driver | kill-driver   helpers for the scenarios
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+W=/run/gds                       # the driver's world: state, kubelet dirs, socket
+EXP=/run/exp                     # the NFS export (tmpfs)
+SERVER=192.0.2.1
+DRIVER="$REPO/target/release/gds-csi"
+SCENARIOS="$REPO/target/release/examples/vm_scenarios"
+export PATH="$REPO/.cache/bin:/usr/sbin:/sbin:$PATH"
+
+log() { echo "[guest $(date +%T)] $*"; }
+
+start_driver() {
+  local before; before=$(grep -c "pool ready" "$W/driver.log" 2>/dev/null)
+  "$DRIVER" serve --endpoint "unix://$W/csi.sock" --mode all --node-id vm-node \
+    --state-dir "$W/state" --allowed-path-root "$W" --nvme-discover \
+    --mount-timeout 10s --command-timeout 60s --log-format text >>"$W/driver.log" 2>&1 &
+  echo $! >"$W/driver.pid"
+  for _ in $(seq 1 200); do
+    [ "$(grep -c "pool ready" "$W/driver.log")" -gt "${before:-0}" ] && [ -S "$W/csi.sock" ] && return 0
+    sleep 0.1
+  done
+  log "driver did not come up"; tail -20 "$W/driver.log"; return 1
+}
+
+kill_driver() {
+  local pid; pid=$(cat "$W/driver.pid")
+  kill -9 "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+}
+
+nfs_start() {
+  rpc.nfsd 8
+  echo "rdma 20049" >/proc/fs/nfsd/portlist 2>/dev/null || true
+}
+
+nfs_stop() { rpc.nfsd 0; }
+
+case "${1:-}" in
+  nfs-stop) nfs_stop; exit ;;
+  nfs-start) nfs_start; exit ;;
+  kill-driver) kill_driver; exit ;;
+  restart-driver) kill_driver; start_driver; exit ;;
+  run) OUT=$2 ;;
+  *) echo "usage: $0 run OUT_DIR | nfs-stop | nfs-start | kill-driver | restart-driver" >&2; exit 2 ;;
+esac
+
+fail=0
+mkdir -p "$W" "$EXP"
+mount -t tmpfs tmpfs "$W"
+mkdir -p "$W/state"
+
+log "NVMe"
+modprobe nvme
+for _ in $(seq 1 100); do [ "$(ls /sys/block | grep -c '^nvme')" -ge 8 ] && break; sleep 0.1; done
+for b in /sys/block/nvme*; do
+  n=$(basename "$b")
+  echo "  $n $(( $(cat "$b/size") * 512 / 1048576 )) MiB wwid=$(cat "$b/wwid") transport=$(cat "$b/device/transport" 2>/dev/null)"
+done
+
+log "NFS v4.1 over soft-RoCE"
+modprobe rdma_rxe
+ip link set lo up
+ip link add veth0 type veth peer name veth1
+ip addr add 192.0.2.1/24 dev veth0; ip addr add 192.0.2.2/24 dev veth1
+ip link set veth0 up; ip link set veth1 up
+rdma link add rxe0 type rxe netdev veth0
+modprobe nfsd; modprobe rpcrdma
+mount -t nfsd nfsd /proc/fs/nfsd
+mount -t tmpfs tmpfs /var/lib/nfs
+mkdir -p /var/lib/nfs/v4recovery; touch /var/lib/nfs/etab /var/lib/nfs/rmtab /var/lib/nfs/xtab
+mount -t tmpfs tmpfs "$EXP"
+# Short lease and grace times: the scenarios stop and restart the server.
+echo 10 >/proc/fs/nfsd/nfsv4leasetime; echo 10 >/proc/fs/nfsd/nfsv4gracetime
+rpcbind -w
+exportfs -o rw,sync,no_subtree_check,insecure,no_root_squash,fsid=0 "*:$EXP"
+rpc.mountd
+nfs_start
+echo "  portlist: $(tr '\n' ' ' </proc/fs/nfsd/portlist)"
+rdma link show | sed 's/^/  /'
+
+log "driver"
+start_driver || exit 1
+grep -E "device not in the pool|not clean|pool ready" "$W/driver.log" | sed 's/^/  /'
+
+sanity() {
+  local name=$1; shift
+  local out="$OUT/sanity-$name.out"
+  local start=$SECONDS
+  csi-sanity --csi.endpoint "$W/csi.sock" --csi.mountdir "$W/target" --csi.stagingdir "$W/staging" \
+    -ginkgo.no-color -ginkgo.v "$@" >"$out" 2>&1
+  local rc=$?
+  echo "csi-sanity $name: $(grep -E 'Ran [0-9]+ of [0-9]+ Specs' "$out" | tail -1) $(grep -E '^(SUCCESS|FAIL)!' "$out" | tail -1) ($((SECONDS - start)) s)"
+  if [ $rc -ne 0 ]; then
+    grep -E "^\s*\[FAIL\]" "$out" | sort -u | head -20
+    fail=1
+  fi
+}
+
+log "csi-sanity: NVMe backend (--nvme-discover, 64 MiB namespaces)"
+sanity nvme --csi.testvolumesize $((64 << 20))
+log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
+printf 'server: %s\nshare: /\n' "$SERVER" >"$W/nfs-params.yaml"
+sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
+
+if [ -x "$SCENARIOS" ]; then
+  log "scenarios"
+  GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_LOG="$W/driver.log" NFS_SERVER=$SERVER NFS_EXPORT_DIR=$EXP \
+    "$SCENARIOS" "$W/csi.sock" "$W" 2>&1 | tee "$OUT/scenarios.out"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+else
+  echo "scenarios: $SCENARIOS not built"; fail=1
+fi
+
+cp "$W/driver.log" "$OUT/driver.log" 2>/dev/null
+kill_driver
+log "guest done: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
+exit $fail
