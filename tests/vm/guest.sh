@@ -20,7 +20,7 @@ start_driver() {
   local before; before=$(grep -c "pool ready" "$W/driver.log" 2>/dev/null)
   "$DRIVER" serve --endpoint "unix://$W/csi.sock" --mode all --node-id vm-node \
     --state-dir "$W/state" --allowed-path-root "$W" --nvme-discover \
-    --mount-timeout 10s --command-timeout 60s --log-format text >>"$W/driver.log" 2>&1 &
+    --mount-timeout 20s --command-timeout 60s --log-format text >>"$W/driver.log" 2>&1 &
   echo $! >"$W/driver.pid"
   for _ in $(seq 1 200); do
     [ "$(grep -c "pool ready" "$W/driver.log")" -gt "${before:-0}" ] && [ -S "$W/csi.sock" ] && return 0
@@ -84,6 +84,11 @@ rpc.mountd
 nfs_start
 echo "  portlist: $(tr '\n' ' ' </proc/fs/nfsd/portlist)"
 rdma link show | sed 's/^/  /'
+# One mount by hand first: loads the client's RDMA transport (slow under emulation)
+# and shows the negotiated options.
+mkdir -p /run/warm && mount -t nfs -o rdma,port=20049,vers=4.1 "$SERVER:/" /run/warm &&
+  echo "  warm-up mount: $(awk '$5 == "/run/warm" {print $(NF)}' /proc/self/mountinfo | tr ',' '\n' | grep -E '^(vers|proto|port)=' | tr '\n' ',')" &&
+  umount /run/warm
 
 log "driver"
 start_driver || exit 1
