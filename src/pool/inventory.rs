@@ -77,6 +77,19 @@ pub fn listed_device(sys: &Path, path: &Path) -> Result<PoolDevice, String> {
     })
 }
 
+/// `nvme<ctrl>n<ns>`: a namespace block device. The hidden per-path devices of native
+/// multipath (`nvme<subsys>c<ctrl>n<ns>`) are not usable on their own and are skipped.
+fn is_namespace_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("nvme") else {
+        return false;
+    };
+    let Some((ctrl, ns)) = rest.split_once('n') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(ctrl) && digits(ns)
+}
+
 /// Every NVMe namespace under `<sys>/block`, minus those visibly in use.
 pub fn nvme_namespaces(
     sys: &Path,
@@ -91,7 +104,7 @@ pub fn nvme_namespaces(
     };
     let mut names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("nvme") && n.contains('n'))
+        .filter(|n| is_namespace_name(n))
         .collect();
     names.sort();
     for name in names {
@@ -194,6 +207,16 @@ mod tests {
         let aa_after = again.iter().find(|d| d.key.ends_with("aa-01")).unwrap();
         assert_eq!(aa_before.id, aa_after.id);
         assert_ne!(aa_before.path, aa_after.path);
+    }
+
+    #[test]
+    fn only_namespace_names_are_namespaces() {
+        for name in ["nvme0n1", "nvme12n3"] {
+            assert!(is_namespace_name(name), "{name}");
+        }
+        for name in ["nvme0c0n1", "nvme0", "nvme0n1p1", "nvmen1", "loop0"] {
+            assert!(!is_namespace_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use crate::parse::{self, CufileConfig, NvfsModule};
 use crate::{Backend, Check, HostPaths, Status};
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
+use std::sync::{Mutex, OnceLock};
 use std::io::BufReader;
 use std::path::Path;
 
@@ -55,9 +57,31 @@ pub(crate) fn read_modules(paths: &HostPaths) -> Result<Vec<NvfsModule>, String>
     parse::parse_modules(&t).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn kallsyms(paths: &HostPaths, wanted: &[&str]) -> Option<std::collections::BTreeSet<String>> {
-    let f = fs::File::open(paths.proc("kallsyms")).ok()?;
-    parse::kallsyms_find(BufReader::new(f), wanted).ok()
+type SymbolCache = HashMap<(std::path::PathBuf, Vec<String>), (String, BTreeSet<String>)>;
+
+/// Which of `wanted` the kernel exports. Scanning kallsyms (tens of MiB) on every publish
+/// would dominate the gate's latency; the answer only changes when a module is loaded or
+/// unloaded, so it is kept until `/proc/modules` (a few KiB) reads differently.
+fn kallsyms(paths: &HostPaths, wanted: &[&str]) -> Option<BTreeSet<String>> {
+    static CACHE: OnceLock<Mutex<SymbolCache>> = OnceLock::new();
+    let modules = fs::read_to_string(paths.proc("modules")).unwrap_or_default();
+    let key = (
+        paths.proc("kallsyms"),
+        wanted.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+    );
+    let cache = CACHE.get_or_init(Mutex::default);
+    if let Some((seen, found)) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if *seen == modules {
+            return Some(found.clone());
+        }
+    }
+    let f = fs::File::open(&key.0).ok()?;
+    let found = parse::kallsyms_find(BufReader::new(f), wanted).ok()?;
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, (modules, found.clone()));
+    Some(found)
 }
 
 struct P2p {
@@ -466,5 +490,30 @@ fn iommu_check(paths: &HostPaths) -> Check {
             "boot with iommu=pt (or disable the IOMMU): GDS P2P DMA through a translating \
              IOMMU fails or is slow",
         )
+    }
+}
+
+#[cfg(test)]
+mod kallsyms_cache_tests {
+    use super::*;
+
+    #[test]
+    fn kallsyms_is_rescanned_only_when_the_module_list_changes() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = HostPaths {
+            proc_root: root.path().to_owned(),
+            ..HostPaths::default()
+        };
+        let sym = "ffffffffc0a01000 T nvme_v1_register_nvfs_dma_ops\t[nvme]\n";
+        fs::write(root.path().join("kallsyms"), sym).unwrap();
+        fs::write(root.path().join("modules"), "nvme 1 0 - Live\n").unwrap();
+        let wanted = ["nvme_v1_register_nvfs_dma_ops"];
+        assert_eq!(kallsyms(&paths, &wanted).unwrap().len(), 1);
+        // Same modules: the cached answer stands even though the file changed.
+        fs::write(root.path().join("kallsyms"), "").unwrap();
+        assert_eq!(kallsyms(&paths, &wanted).unwrap().len(), 1);
+        // A module went away: scanned again.
+        fs::write(root.path().join("modules"), "").unwrap();
+        assert!(kallsyms(&paths, &wanted).unwrap().is_empty());
     }
 }
