@@ -4,9 +4,9 @@ use crate::parse::{self, CufileConfig, NvfsModule};
 use crate::{Backend, Check, HostPaths, Status};
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
-use std::sync::{Mutex, OnceLock};
 use std::io::BufReader;
 use std::path::Path;
+use std::sync::{Mutex, OnceLock};
 
 /// What reading cufile.json gave. Shared with the volume checks.
 #[derive(Debug, Clone)]
