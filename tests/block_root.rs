@@ -3,142 +3,16 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
 use sha2::{Digest, Sha256};
 use tonic::Code;
 
-const SIZE: u64 = 64 << 20;
-
-struct Rig {
-    dir: tempfile::TempDir,
-    loops: Vec<PathBuf>,
-    child: Option<Child>,
-    starts: usize,
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().expect(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
-impl Rig {
-    fn new(devices: usize) -> Option<Rig> {
-        if !is_root() {
-            eprintln!("skipped: needs root for loop devices and mounts");
-            return None;
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("gds-root-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let mut loops = Vec::new();
-        for i in 0..devices {
-            let img = dir.path().join(format!("dev{i}.img"));
-            fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-            loops.push(PathBuf::from(run(
-                "losetup",
-                &["--find", "--show", img.to_str().unwrap()],
-            )));
-        }
-        Some(Rig {
-            dir,
-            loops,
-            child: None,
-            starts: 0,
-        })
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.path("csi.sock")
-    }
-
-    async fn start(&mut self) -> Clients {
-        self.starts += 1;
-        let log = fs::File::create(self.path(&format!("driver{}.log", self.starts))).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gds-csi"));
-        cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", self.socket().display()))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--allowed-path-root")
-            .arg(self.dir.path());
-        for dev in &self.loops {
-            cmd.arg("--pool-device").arg(dev);
-        }
-        self.child = Some(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
-        for _ in 0..100 {
-            if let Ok(mut c) = Clients::connect(&self.socket()).await {
-                if let Ok(r) = c.identity.probe(ProbeRequest {}).await {
-                    if r.into_inner().ready == Some(true) {
-                        return c;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("driver did not become ready");
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    /// How many times any run of the driver formatted a device.
-    fn mkfs_count(&self) -> usize {
-        (1..=self.starts)
-            .map(|i| {
-                fs::read_to_string(self.path(&format!("driver{i}.log")))
-                    .unwrap_or_default()
-                    .matches("formatting fresh device")
-                    .count()
-            })
-            .sum()
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.kill9();
-        let prefix = self.dir.path().to_string_lossy().to_string();
-        let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
-        mounts.sort();
-        for m in mounts.iter().rev() {
-            let _ = Command::new("umount").arg("-l").arg(m).status();
-        }
-        for dev in &self.loops {
-            let _ = Command::new("losetup").arg("-d").arg(dev).status();
-        }
-    }
-}
+mod common;
+use common::{digest_file, Rig, SIZE};
 
 fn mount_cap(mode: Mode) -> VolumeCapability {
     VolumeCapability {
@@ -172,15 +46,6 @@ fn publish_req(id: &str, staging: &Path, target: &Path) -> NodePublishVolumeRequ
         volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
         ..Default::default()
     }
-}
-
-fn digest_file(path: &Path) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    fs::File::open(path)
-        .unwrap()
-        .read_to_end(&mut bytes)
-        .unwrap();
-    Sha256::digest(&bytes).to_vec()
 }
 
 fn mountinfo_line(path: &Path) -> Option<String> {
