@@ -12,7 +12,8 @@ EXP=/run/exp                     # the NFS export (tmpfs)
 SERVER=192.0.2.1
 DRIVER="$REPO/target/release/gds-csi"
 SCENARIOS="$REPO/target/release/examples/vm_scenarios"
-export PATH="$REPO/.cache/bin:/usr/sbin:/sbin:$PATH"
+# Tools the host built (csi-sanity): run.sh passes where lib.sh keeps them.
+export PATH="${3:-$REPO/.cache/bin}:/usr/sbin:/sbin:$PATH"
 
 log() { echo "[guest $(date +%T)] $*"; }
 
