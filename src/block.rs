@@ -231,22 +231,10 @@ pub async fn publish(
 ) -> Result<()> {
     let dev = &vol.device;
     let mounts = driver.host.mount_table()?;
-    if let Some(m) = mountinfo::at(&mounts, target) {
-        if m.is_device(dev.major, dev.minor) {
-            if m.read_only() == readonly {
-                return Ok(());
-            }
-            return Err(Error::AlreadyExists(format!(
-                "{} is already published with readonly={}; unpublish it before changing readonly",
-                target.display(),
-                m.read_only()
-            )));
-        }
-        return Err(Error::AlreadyExists(format!(
-            "target path {} already has another mount ({})",
-            target.display(),
-            m.fs_type
-        )));
+    if already_published(&mounts, target, readonly, |m| {
+        m.is_device(dev.major, dev.minor)
+    })? {
+        return Ok(());
     }
     if cap.single_writer {
         if let Some(other) = published_targets(&mounts, dev, staging).next() {
@@ -287,6 +275,35 @@ pub async fn publish(
             driver.host.bind_mount(&dev.path, target, &options).await
         }
     }
+}
+
+/// Publish idempotency from the mount table, for every backend: `true` when `target`
+/// already carries this volume (`is_ours`) with the same read-only flag, `false` when
+/// nothing is mounted there, `AlreadyExists` when something else or another flag is.
+pub fn already_published(
+    mounts: &[MountEntry],
+    target: &Path,
+    readonly: bool,
+    is_ours: impl Fn(&MountEntry) -> bool,
+) -> Result<bool> {
+    let Some(m) = mountinfo::at(mounts, target) else {
+        return Ok(false);
+    };
+    if !is_ours(m) {
+        return Err(Error::AlreadyExists(format!(
+            "target path {} already has another mount ({})",
+            target.display(),
+            m.fs_type
+        )));
+    }
+    if m.read_only() != readonly {
+        return Err(Error::AlreadyExists(format!(
+            "{} is already published with readonly={}; unpublish it before changing readonly",
+            target.display(),
+            m.read_only()
+        )));
+    }
+    Ok(true)
 }
 
 fn published_targets<'a>(

@@ -510,23 +510,9 @@ pub async fn publish(
     let staged = mountinfo::at(&mounts, staging)
         .filter(|m| is_nfs_from(m, &source))
         .cloned();
-    if let Some(m) = mountinfo::at(&mounts, target) {
-        // A bind mount of this volume shows the volume's own source.
-        if is_nfs_from(m, &source) {
-            if m.read_only() == readonly {
-                return Ok(());
-            }
-            return Err(Error::AlreadyExists(format!(
-                "{} is already published with readonly={}; unpublish it before changing readonly",
-                target.display(),
-                m.read_only()
-            )));
-        }
-        return Err(Error::AlreadyExists(format!(
-            "target path {} already has another mount ({})",
-            target.display(),
-            m.fs_type
-        )));
+    // A bind mount of this volume shows the volume's own source.
+    if crate::block::already_published(&mounts, target, readonly, |m| is_nfs_from(m, &source))? {
+        return Ok(());
     }
     let Some(staged) = staged else {
         return Err(Error::FailedPrecondition(format!(
