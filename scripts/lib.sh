@@ -21,6 +21,8 @@ install_host_tools() {
   command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
   command -v losetup >/dev/null || missing+=(util-linux)
   command -v sfdisk >/dev/null || missing+=(fdisk)
+  command -v bc >/dev/null || missing+=(bc)
+  command -v openssl >/dev/null || missing+=(openssl)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
