@@ -14,13 +14,7 @@ STORM=${2:-64}
 build_driver
 (cd "$REPO_ROOT" && cargo build --release --quiet --example bench)
 
-WORK=$(mktemp -d /tmp/gds-bench.XXXXXX)
-DRIVER_PID=
-cleanup() {
-  if [ -n "$DRIVER_PID" ]; then kill "$DRIVER_PID" 2>/dev/null || true; wait "$DRIVER_PID" 2>/dev/null || true; fi
-  cleanup_dir_and_loops "$WORK"
-}
-trap cleanup EXIT
+start_workdir bench
 
 pool=()
 pool+=(--pool-device "$(make_loop "$WORK/life.img" 64M)")

@@ -8,13 +8,7 @@ install_host_tools
 build_driver
 (cd "$REPO_ROOT" && cargo build --release --quiet --example demo)
 
-WORK=$(mktemp -d /tmp/gds-demo.XXXXXX)
-DRIVER_PID=
-cleanup() {
-  if [ -n "$DRIVER_PID" ]; then kill "$DRIVER_PID" 2>/dev/null || true; wait "$DRIVER_PID" 2>/dev/null || true; fi
-  cleanup_dir_and_loops "$WORK"
-}
-trap cleanup EXIT
+start_workdir demo
 
 pool=()
 for size in 64M 128M 256M; do

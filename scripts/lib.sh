@@ -63,6 +63,22 @@ cleanup_dir_and_loops() {
   fi
 }
 
+# start_workdir NAME: a fresh $WORK, torn down on any exit together with the driver whose
+# pid the caller puts in $DRIVER_PID.
+start_workdir() {
+  WORK=$(mktemp -d "/tmp/gds-$1.XXXXXX")
+  DRIVER_PID=
+  trap stop_driver_and_clean EXIT
+}
+
+stop_driver_and_clean() {
+  if [ -n "${DRIVER_PID:-}" ]; then
+    kill "$DRIVER_PID" 2>/dev/null || true
+    wait "$DRIVER_PID" 2>/dev/null || true
+  fi
+  cleanup_dir_and_loops "$WORK"
+}
+
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 wait_for_socket() {

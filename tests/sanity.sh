@@ -10,13 +10,7 @@ build_driver
 
 VOLUME_SIZE=$((64 * 1024 * 1024))
 POOL_SIZE=8
-WORK=$(mktemp -d /tmp/gds-sanity.XXXXXX)
-DRIVER_PID=
-cleanup() {
-  if [ -n "$DRIVER_PID" ]; then kill "$DRIVER_PID" 2>/dev/null || true; wait "$DRIVER_PID" 2>/dev/null || true; fi
-  cleanup_dir_and_loops "$WORK"
-}
-trap cleanup EXIT
+start_workdir sanity
 
 args=()
 for i in $(seq 1 "$POOL_SIZE"); do
