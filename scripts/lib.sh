@@ -29,6 +29,23 @@ install_host_tools() {
   fi
 }
 
+# The container runtime the kubelet e2e test runs pods with, and what it builds its
+# local images from (a static pause binary, Debian's static busybox).
+install_container_runtime() {
+  local missing=()
+  command -v containerd >/dev/null || missing+=(containerd)
+  command -v runc >/dev/null || missing+=(runc)
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  command -v iptables >/dev/null || missing+=(iptables)
+  command -v busybox >/dev/null || missing+=(busybox-static)
+  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || missing+=(libc6-dev)
+  command -v gcc >/dev/null || missing+=(gcc)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
 install_csi_sanity() {
   if [ ! -x "$CACHE_BIN/csi-sanity" ]; then
     echo "installing csi-sanity $CSI_SANITY_VERSION"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite (what .ci/run calls). Needs root: the node tests use real loop
 # devices, mkfs and mounts. Installs what it needs (Debian packages, csi-sanity, helm,
-# the nvidia-cufile wheel) from the package registries on first use.
+# the nvidia-cufile wheel, containerd and runc) from the package registries on first use.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
@@ -31,6 +31,7 @@ suite "kill points (real binary, loop devices)" cargo test --quiet --test faults
 suite "hostile input, socket mode, secrets in logs" cargo test --quiet --test security -- --nocapture
 suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
+suite "end to end with a real kubelet, containerd and runc" bash tests/e2e/kubelet.sh
 suite "helm chart" bash tests/helm.sh
 # A QEMU VM (software emulation) with real NVMe namespaces and NFS v4.1 over soft-RoCE RDMA:
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.

@@ -19,6 +19,16 @@ if ! stamp_ok kube-apiserver "$K8S_VERSION"; then
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do stamp "$b" "$K8S_VERSION"; done
 fi
+# The kubelet and the registration helper are built in the same module, so they share
+# the release pin and most of the build cache with the control plane.
+REGISTRAR_STAMP="$K8S_VERSION-$(sha256sum "$HERE/tools/k8s/registrar/main.go" | cut -c1-12)"
+if ! stamp_ok kubelet "$K8S_VERSION" || ! stamp_ok gds-csi-registrar "$REGISTRAR_STAMP"; then
+  echo "building kubelet $K8S_VERSION and the registration helper"
+  (cd "$HERE/tools/k8s" && go build -o "$BIN/" k8s.io/kubernetes/cmd/kubelet &&
+    go build -o "$BIN/gds-csi-registrar" ./registrar)
+  stamp kubelet "$K8S_VERSION"
+  stamp gds-csi-registrar "$REGISTRAR_STAMP"
+fi
 if ! stamp_ok etcd "$ETCD_VERSION"; then
   echo "building etcd $ETCD_VERSION"
   (cd "$HERE/tools/etcd" && go build -o "$BIN/etcd" go.etcd.io/etcd/server/v3)

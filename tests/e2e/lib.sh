@@ -1,0 +1,139 @@
+# Shared by the e2e scripts: tools, a real control plane, the rendered chart, checks.
+# Sourced, not run. Every process started here goes into PIDS, which e2e_stop_all ends.
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$E2E_DIR/../../scripts/lib.sh"
+KUBECTL="$CACHE_BIN/kubectl"
+DRIVER=gds.csi.gds-csi.io
+NS=gds-csi
+API=https://127.0.0.1:64430
+PIDS=()
+passed=0
+failed=0
+
+check() { # check NAME COMMAND...
+  if "${@:2}"; then passed=$((passed + 1)); echo "ok   - $1"; else failed=$((failed + 1)); echo "FAIL - $1"; fi
+}
+
+wait_for() { # wait_for SECONDS COMMAND...
+  local deadline=$((SECONDS + $1)); shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 1
+  done
+}
+
+# e2e_tools TOOL...: builds (or finds cached) the pinned Kubernetes parts and the driver.
+e2e_tools() {
+  local build_start=$SECONDS
+  bash "$E2E_DIR/build-tools.sh"
+  build_driver
+  local t
+  for t in "$@"; do
+    [ -x "$CACHE_BIN/$t" ] || { echo "missing $t" >&2; return 1; }
+  done
+  echo "tools ready in $((SECONDS - build_start)) s"
+}
+
+e2e_stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+# write_kubeconfig FILE TOKEN
+write_kubeconfig() {
+  cat > "$1" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: e2e, cluster: {server: $API, insecure-skip-tls-verify: true}}]
+users: [{name: user, user: {token: $2}}]
+contexts: [{name: e2e, context: {cluster: e2e, user: user}}]
+current-context: e2e
+KC
+}
+
+random_token() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+
+# start_control_plane CONTROLLERS [TOKEN_LINE...]: etcd, kube-apiserver (Node and RBAC
+# authorization), kube-controller-manager running CONTROLLERS, kube-scheduler. Exports
+# KUBECONFIG as the admin. TOKEN_LINEs ("token,user,uid,groups") add API users.
+start_control_plane() {
+  local controllers=$1; shift
+  local admin_token
+  admin_token=$(random_token)
+  mkdir -p "$WORK/pki"
+  openssl genrsa -out "$WORK/pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$WORK/pki/sa.key" -pubout -out "$WORK/pki/sa.pub" 2>/dev/null
+  { echo "$admin_token,admin,admin,system:masters"; printf '%s\n' "$@"; } > "$WORK/pki/tokens.csv"
+
+  "$CACHE_BIN/etcd" --data-dir "$WORK/etcd" --listen-client-urls http://127.0.0.1:23790 \
+    --advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 \
+    --initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster default=http://127.0.0.1:23800 \
+    >"$WORK/etcd.log" 2>&1 &
+  PIDS+=($!)
+  "$CACHE_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790 --bind-address 127.0.0.1 \
+    --advertise-address 127.0.0.1 --secure-port 64430 --cert-dir "$WORK/pki" \
+    --token-auth-file "$WORK/pki/tokens.csv" --authorization-mode Node,RBAC \
+    --service-account-key-file "$WORK/pki/sa.pub" --service-account-signing-key-file "$WORK/pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 192.0.2.0/24 \
+    --kubelet-preferred-address-types InternalIP \
+    --enable-priority-and-fairness=false >"$WORK/apiserver.log" 2>&1 &
+  PIDS+=($!)
+  write_kubeconfig "$WORK/admin.kubeconfig" "$admin_token"
+  export KUBECONFIG="$WORK/admin.kubeconfig"
+  wait_for 90 "$KUBECTL" get --raw /readyz || { tail -30 "$WORK/apiserver.log"; return 1; }
+  "$CACHE_BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG" --controllers "$controllers" \
+    --service-account-private-key-file "$WORK/pki/sa.key" --leader-elect=false \
+    --bind-address 127.0.0.1 --secure-port 0 >"$WORK/controller-manager.log" 2>&1 &
+  PIDS+=($!)
+  "$CACHE_BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false \
+    --bind-address 127.0.0.1 --secure-port 0 >"$WORK/scheduler.log" 2>&1 &
+  PIDS+=($!)
+}
+
+# apply_chart: the namespace and the rendered chart's CSIDriver, RBAC and StorageClasses,
+# plus a kubeconfig ($WORK/sa.kubeconfig) holding the node ServiceAccount's token, so the
+# sidecars run with exactly the chart's RBAC.
+apply_chart() {
+  "$KUBECTL" create namespace "$NS" >/dev/null
+  python3 - "$E2E_DIR/../../deploy/manifests/gds-csi.yaml" > "$WORK/chart.yaml" <<'PY'
+import sys, yaml
+keep = {"CSIDriver", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StorageClass"}
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") in keep]
+print(yaml.safe_dump_all(docs))
+PY
+  "$KUBECTL" apply -f "$WORK/chart.yaml" >/dev/null
+  write_kubeconfig "$WORK/sa.kubeconfig" "$("$KUBECTL" -n "$NS" create token gds-csi-node --duration 2h)"
+}
+
+# start_provisioner NODE SOCKET LOG: external-provisioner in distributed mode, as the
+# chart's DaemonSet runs it next to each node plugin.
+start_provisioner() {
+  NODE_NAME=$1 NAMESPACE=$NS "$CACHE_BIN/csi-provisioner" --csi-address "$2" \
+    --kubeconfig "$WORK/sa.kubeconfig" --node-deployment=true --node-deployment-immediate-binding=false \
+    --feature-gates=Topology=true --strict-topology --immediate-topology=false --enable-capacity=true \
+    --capacity-ownerref-level=-1 --capacity-poll-interval=5s --leader-election=false \
+    --extra-create-metadata --default-fstype=ext4 --v=3 >>"$3" 2>&1 &
+  PIDS+=($!)
+}
+
+pvc_phase() { "$KUBECTL" get pvc "$1" -o jsonpath='{.status.phase}'; }
+is_bound() { [ "$(pvc_phase "$1")" = Bound ]; }
+
+# capacity_of NODE: MiB that node's CSIStorageCapacity objects report for class nvme-gds.
+capacity_of() {
+  "$KUBECTL" -n "$NS" get csistoragecapacities -o json | python3 -c '
+import json, sys
+units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+def quantity(s):
+    for suffix, mult in units.items():
+        if s.endswith(suffix):
+            return int(float(s[:-2]) * mult)
+    return int(s or 0)
+node, key = sys.argv[1], sys.argv[2]
+items = json.load(sys.stdin)["items"]
+print(sum(quantity(i.get("capacity", "0")) for i in items
+          if i["nodeTopology"]["matchLabels"].get(key) == node
+          and i["storageClassName"] == "nvme-gds") >> 20)' "$1" "$DRIVER/node"
+}
+has_capacity() { [ "$(capacity_of "$1")" = "$2" ]; }
