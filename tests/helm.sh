@@ -198,6 +198,12 @@ for e in ("NAMESPACE", "POD_NAME"):
 reg = container(pod, "node-driver-registrar")
 check(f"--kubelet-registration-path=/var/lib/kubelet/plugins/{driver}/csi.sock" in reg["args"],
       "registrar registration path")
+# Its liveness probe looks for <dir of --kubelet-registration-path>/registration, which the
+# registrar writes inside its container: that directory must be a writable volume there.
+reg_mounts = {m["mountPath"]: m for m in reg.get("volumeMounts", [])}
+check(reg_mounts.get(f"/var/lib/kubelet/plugins/{driver}", {}).get("name") == "socket-dir"
+      and not reg_mounts[f"/var/lib/kubelet/plugins/{driver}"].get("readOnly"),
+      "registrar must mount socket-dir at the registration path's directory (probe file)")
 container(pod, "liveness-probe")
 for c in pod.get("containers", []):
     if c["name"] != "gds-csi":
