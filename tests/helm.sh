@@ -76,8 +76,8 @@ else
 fi
 render --set storageClasses.nvme.fsType=xfs --set node.nvmeDiscover=true \
   --set 'node.poolDevices={/dev/nvme1n1,/dev/nvme2n1}' --set cufile.mount=false \
-  --set node.readOnlyRootFilesystem=false >"$tmp/variant.yaml" 2>"$tmp/err" \
-  && pass "helm template (xfs, discovery, pool devices, no cufile)" \
+  --set node.readOnlyRootFilesystem=false --set kubeletDir=/var/lib/k0s/kubelet >"$tmp/variant.yaml" 2>"$tmp/err" \
+  && pass "helm template (xfs, discovery, pool devices, no cufile, k0s kubelet dir)" \
   || fail "helm template (xfs, discovery, pool devices, no cufile)" "$(cat "$tmp/err")"
 
 # Values the driver would reject must fail at render time.
@@ -165,6 +165,7 @@ check(pod.get("hostNetwork") is False, "node hostNetwork must be off without NFS
 drv = container(pod, "gds-csi")
 for a in ("serve", "--mode=all", "--endpoint=unix:///csi/csi.sock", "--node-id=$(NODE_ID)",
           f"--driver-name={driver}", "--state-dir=/var/lib/gds-csi", "--host-sys=/host/sys",
+          "--allowed-path-root=/var/lib/kubelet",
           "--host-dev=/host/dev", "--host-proc=/host/proc", "--cufile-json=/etc/cufile.json",
           "--metrics-address=0.0.0.0:9809", "--socket-mode=0660", "--mount-timeout=60s",
           "--command-timeout=300s"):
@@ -272,8 +273,12 @@ check(nds.get("spec", {}).get("template", {}).get("spec", {}).get("hostNetwork")
 # Variant
 vds = one(v, "DaemonSet")
 vdrv = container(vds["spec"]["template"]["spec"], "gds-csi")
-for a in ("--nvme-discover", "--pool-device=/dev/nvme1n1", "--pool-device=/dev/nvme2n1"):
+for a in ("--nvme-discover", "--pool-device=/dev/nvme1n1", "--pool-device=/dev/nvme2n1",
+          "--allowed-path-root=/var/lib/k0s/kubelet"):
     check(a in vdrv["args"], f"variant: driver arg {a} missing")
+vmounts = {m["mountPath"]: m for m in vdrv["volumeMounts"]}
+check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidirectional",
+      "variant: the kubelet dir is mounted at its host path")
 check(not any(a.startswith("--cufile-json") for a in vdrv["args"]), "variant: no --cufile-json without the mount")
 check("/etc/cufile.json" not in {m["mountPath"] for m in vdrv["volumeMounts"]}, "variant: no cufile mount")
 vsc = {s["metadata"]["name"]: s for s in v if s["kind"] == "StorageClass"}
