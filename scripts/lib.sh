@@ -5,6 +5,8 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Outside the checkout, so a fresh clone on the same machine (CI) reuses built tools.
 CACHE_BIN="${GDS_CSI_CACHE_BIN:-$HOME/.cache/gds-csi/bin}"
 CSI_SANITY_VERSION=v5.6.0
+HELM_VERSION=v3.19.0
+HELM="$CACHE_BIN/helm"
 export PATH="$CACHE_BIN:$PATH"
 
 need_root() {
@@ -50,6 +52,15 @@ install_csi_sanity() {
   if [ ! -x "$CACHE_BIN/csi-sanity" ]; then
     echo "installing csi-sanity $CSI_SANITY_VERSION"
     GOBIN="$CACHE_BIN" go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION"
+  fi
+}
+
+helm_module_version() { go version -m "$HELM" 2>/dev/null | awk '$1 == "mod" && $2 == "helm.sh/helm/v3" { print $3 }'; }
+
+install_helm() {
+  if [ "$(helm_module_version)" != "$HELM_VERSION" ]; then
+    echo "installing helm $HELM_VERSION"
+    GOBIN="$CACHE_BIN" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   fi
 }
 

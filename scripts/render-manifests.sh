@@ -5,16 +5,14 @@
 #   kubectl apply -f deploy/manifests/gds-csi.yaml
 #
 # Usage: scripts/render-manifests.sh [OUTPUT_DIR]   (default deploy/manifests)
-# Env:   HELM=/path/to/helm (default: .cache/bin/helm, installed on demand
-#        from the Go module proxy at HELM_VERSION).
+# helm: the pinned one from scripts/lib.sh, installed on demand from the Go module proxy.
 #
 # Deterministic: fixed release name, namespace and Kubernetes version, no
 # timestamps; tests/helm.sh diffs a fresh render against the committed one.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-HELM_VERSION=${HELM_VERSION:-v3.19.0}
-HELM=${HELM:-$ROOT/.cache/bin/helm}
+. "$ROOT/scripts/lib.sh"
 OUT_DIR=${1:-$ROOT/deploy/manifests}
 CHART=$ROOT/deploy/helm/gds-csi
 RELEASE=gds-csi
@@ -23,11 +21,7 @@ NAMESPACE=gds-csi
 # built-in version (it would claim v1.20) and must not decide the output.
 KUBE_VERSION=1.33.0
 
-if [[ ! -x $HELM ]]; then
-  echo "installing helm $HELM_VERSION into $(dirname "$HELM")" >&2
-  mkdir -p "$(dirname "$HELM")"
-  GOBIN=$(dirname "$HELM") go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-fi
+install_helm >&2
 
 mkdir -p "$OUT_DIR"
 tmp=$(mktemp)

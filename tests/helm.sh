@@ -3,7 +3,7 @@
 # in deploy/manifests/. No cluster needed.
 #
 # Installs helm at a pinned version from the Go module proxy into
-# .cache/bin (skipped when the cached binary already is that version), then:
+# ~/.cache/gds-csi/bin (skipped when the cached binary already is that version), then:
 # helm lint --strict, helm template with defaults and with NFS enabled,
 # structural checks on the output, and a diff of deploy/manifests/ against a
 # fresh render (run scripts/render-manifests.sh after changing the chart).
@@ -12,9 +12,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-HELM_VERSION=v3.19.0
-BIN_DIR=$ROOT/.cache/bin
-HELM=$BIN_DIR/helm
+. "$ROOT/scripts/lib.sh"
 CHART=deploy/helm/gds-csi
 KUBE_VERSION=1.33.0
 DRIVER=gds.csi.gds-csi.io
@@ -27,16 +25,9 @@ fail() { failed=$((failed + 1)); echo "FAIL - $1"; [[ $# -gt 1 ]] && printf '%s\
 finish() { echo "$passed passed, $failed failed"; [[ $failed -eq 0 ]]; exit $?; }
 
 # --- helm, pinned --------------------------------------------------------
-helm_module_version() { go version -m "$HELM" 2>/dev/null | awk '$1 == "mod" && $2 == "helm.sh/helm/v3" { print $3 }'; }
-if [[ -x $HELM && "$(helm_module_version)" == "$HELM_VERSION" ]]; then
-  echo "# using cached helm $HELM_VERSION ($HELM)"
-else
-  echo "# installing helm $HELM_VERSION from the Go module proxy into $BIN_DIR"
-  mkdir -p "$BIN_DIR"
-  if ! GOBIN=$BIN_DIR go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; then
-    fail "install helm $HELM_VERSION"
-    finish
-  fi
+if ! install_helm; then
+  fail "install helm $HELM_VERSION"
+  finish
 fi
 if [[ "$(helm_module_version)" == "$HELM_VERSION" ]]; then
   pass "helm $HELM_VERSION available"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes parts the e2e test runs, at pinned versions, from the Go
-# module proxy, into .cache/bin. Skips what is already built at the pinned version, and
+# module proxy, into ~/.cache/gds-csi/bin. Skips what is already built at the pinned version, and
 # Go's build cache makes a rebuild after a version bump incremental.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -10,24 +10,33 @@ K8S_VERSION=v1.34.3        # tools/k8s/go.mod pins the same release
 ETCD_VERSION=v3.6.8        # tools/etcd/go.mod
 PROVISIONER_VERSION=v5.3.0 # tools/provisioner/go.mod
 
+# What Kubernetes' own build stamps in: without it the binaries say v0.0.0, and helm
+# refuses a chart's kubeVersion range against such an API server.
+K8S_LDFLAGS=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitTreeState=clean"
+  K8S_LDFLAGS+=" -X $pkg.gitMajor=$(echo "${K8S_VERSION#v}" | cut -d. -f1) -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
+done
+K8S_STAMP="$K8S_VERSION-versioned"
+
 stamp_ok() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.version" 2>/dev/null)" = "$2" ]; }
 stamp() { echo "$2" > "$BIN/.$1.version"; }
 
-if ! stamp_ok kube-apiserver "$K8S_VERSION"; then
+if ! stamp_ok kube-apiserver "$K8S_STAMP"; then
   echo "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $K8S_VERSION"
-  (cd "$HERE/tools/k8s" && go build -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver \
+  (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do stamp "$b" "$K8S_VERSION"; done
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do stamp "$b" "$K8S_STAMP"; done
 fi
-# The kubelet and the registration helper are built in the same module, so they share
-# the release pin and most of the build cache with the control plane.
-REGISTRAR_STAMP="$K8S_VERSION-$(sha256sum "$HERE/tools/k8s/registrar/main.go" | cut -c1-12)"
-if ! stamp_ok kubelet "$K8S_VERSION" || ! stamp_ok gds-csi-registrar "$REGISTRAR_STAMP"; then
-  echo "building kubelet $K8S_VERSION and the registration helper"
-  (cd "$HERE/tools/k8s" && go build -o "$BIN/" k8s.io/kubernetes/cmd/kubelet &&
-    go build -o "$BIN/gds-csi-registrar" ./registrar)
-  stamp kubelet "$K8S_VERSION"
-  stamp gds-csi-registrar "$REGISTRAR_STAMP"
+# The node side (kubelet, kube-proxy) and the stand-ins for node-driver-registrar and
+# livenessprobe, which the module proxy does not serve, are built in the same module:
+# they share the release pin and most of the build cache with the control plane.
+NODE_STAMP="$K8S_STAMP-$(cat "$HERE"/tools/k8s/{registrar,livenessprobe}/main.go | sha256sum | cut -c1-12)"
+if ! stamp_ok kubelet "$NODE_STAMP" || ! stamp_ok kube-proxy "$NODE_STAMP"; then
+  echo "building kubelet and kube-proxy $K8S_VERSION, and the registrar and livenessprobe helpers"
+  (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy &&
+    go build -o "$BIN/gds-csi-registrar" ./registrar && go build -o "$BIN/gds-csi-livenessprobe" ./livenessprobe)
+  for b in kubelet kube-proxy; do stamp "$b" "$NODE_STAMP"; done
 fi
 if ! stamp_ok etcd "$ETCD_VERSION"; then
   echo "building etcd $ETCD_VERSION"

@@ -1,34 +1,54 @@
 #!/usr/bin/env bash
-# End to end, stage two: a real kubelet with containerd and runc (Debian's packages) on
-# this machine, registered with the real control plane, so pods really run and the
-# kubelet itself drives NodeStageVolume/NodePublishVolume through the plugin watcher.
-# No image registry is reachable: the pause and workload images are built here (a static
-# pause binary, Debian's static busybox) and imported into containerd.
+# End to end, stage two: a real kubelet with containerd and runc (Debian's packages) and
+# kube-proxy on this machine, registered with the real control plane, so pods really run
+# and the kubelet itself drives NodeStage/NodePublish through its plugin watcher.
+# No image registry is reachable, so every image is built here and imported into
+# containerd: a static pause binary, Debian's static busybox, and (chart mode) the
+# driver's image as the Dockerfile's runtime stage makes it (Debian bookworm with
+# e2fsprogs, xfsprogs, nfs-common, util-linux) plus images of the sidecars.
+#
+# usage: kubelet.sh [chart|processes]
+#   chart (default)  `helm install` of deploy/helm/gds-csi: the node DaemonSet runs the
+#                    driver, the external-provisioner, the registrar and the liveness
+#                    probe as pods, with the chart's privileges, mounts and probes.
+#   processes        the same parts as host processes, for debugging the driver alone.
 #
 # Scenario: a class with gdsPolicy=required is refused on this GPU-less node with an
 # event that names the failed GDS checks; with gdsPolicy=preferred a pod writes a file,
-# is deleted (unpublish + unstage), and a second pod on the same node reads it back
-# from the same filesystem; deleting the claim returns the device to the pool.
+# survives a SIGKILL of the driver, is deleted (unpublish + unstage), and a second pod on
+# the same node reads the file back; deleting the claim returns the device to the pool.
 set -euo pipefail
+DEPLOY=${1:-chart}
+case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2; exit 2 ;; esac
+# The kubelet refuses a loopback node IP; the node, the API server (which pods reach
+# through kube-proxy's rules for the `kubernetes` Service) and kubectl logs use this
+# address of its own, on lo, removed again at the end.
+NODE_IP=10.244.78.1
+API_IP=$NODE_IP
 . "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 need_root
 install_host_tools
 install_container_runtime
 e2e_tools etcd kube-apiserver kube-controller-manager kube-scheduler kubectl csi-provisioner \
-  kubelet gds-csi-registrar
+  kubelet kube-proxy gds-csi-registrar gds-csi-livenessprobe
+if [ "$DEPLOY" = chart ]; then
+  install_helm
+  RUNTIME_BASE=$(bash "$E2E_DIR/images/runtime-base.sh")
+fi
 WORK=$(mktemp -d /tmp/gds-kubelet.XXXXXX)
 NODE=kubelet-node
 KUBELET_DIR="$WORK/kubelet"
 CONTAINERD_SOCK="$WORK/containerd/containerd.sock"
 CNI_BRIDGE=gdse2e0
-# The kubelet refuses a loopback node IP, and the API server reaches it (logs) there:
-# an address of its own, on lo, removed again at the end.
-NODE_IP=10.244.78.1
-PAUSE_IMAGE=localhost/gds-csi-e2e/pause:1
-APP_IMAGE=localhost/gds-csi-e2e/busybox:1
+POD_CIDR=10.244.77.0/24
+IMAGES=localhost/gds-csi-e2e
+PAUSE_IMAGE=$IMAGES/pause:1
+APP_IMAGE=$IMAGES/busybox:1
 CTR=(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io)
 KUBELET_PID=
 CONTAINERD_PID=
+KUBE_PROXY_PID=
+MADE_RUN_UDEV=
 
 cleanup() {
   set +e
@@ -40,6 +60,7 @@ cleanup() {
   # container it left, containerd, and last mounts and loop devices.
   if [ -n "$KUBELET_PID" ]; then
     "$KUBECTL" delete pods --all --grace-period=1 --timeout=60s >/dev/null 2>&1
+    [ "$DEPLOY" != chart ] || "$HELM" uninstall gds-csi -n "$NS" --cascade foreground --wait --timeout 60s >/dev/null 2>&1
     kill "$KUBELET_PID"; wait "$KUBELET_PID"
   fi
   if [ -n "$CONTAINERD_PID" ]; then
@@ -49,6 +70,11 @@ cleanup() {
     sleep 1
     kill "$CONTAINERD_PID"; wait "$CONTAINERD_PID"
   fi
+  if [ -n "$KUBE_PROXY_PID" ]; then
+    kill "$KUBE_PROXY_PID"; wait "$KUBE_PROXY_PID"
+    "$CACHE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+  fi
+  remove_kubelet_iptables_chains
   e2e_stop_all
   local netns
   for netns in $(ls /run/netns 2>/dev/null); do
@@ -56,29 +82,63 @@ cleanup() {
   done
   ip link del "$CNI_BRIDGE" 2>/dev/null
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null
+  [ -z "$MADE_RUN_UDEV" ] || rmdir /run/udev
   cleanup_dir_and_loops "$WORK"
   # The kubelet's QoS cgroups; rmdir only removes them once empty.
   find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} + 2>/dev/null
 }
 trap cleanup EXIT
+# The chains the kubelet adds to the host's iptables (kube-proxy --cleanup removes its own).
+remove_kubelet_iptables_chains() {
+  local cmd table chain
+  for cmd in iptables ip6tables; do
+    "$cmd" -t filter -D INPUT -j KUBE-FIREWALL 2>/dev/null
+    "$cmd" -t filter -D OUTPUT -j KUBE-FIREWALL 2>/dev/null
+    for table in filter nat mangle; do
+      for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+        "$cmd" -t "$table" -F "$chain" 2>/dev/null && "$cmd" -t "$table" -X "$chain" 2>/dev/null
+      done
+    done
+  done
+}
 dump_logs() {
   "$KUBECTL" get pods -A -o wide 2>/dev/null
   "$KUBECTL" get events -A 2>/dev/null | tail -20
   local f
-  for f in kubelet.log containerd.log driver.log registrar.log provisioner.log; do
-    echo "--- $f"; tail -25 "$WORK/$f" 2>/dev/null
+  for f in kubelet.log containerd.log kube-proxy.log driver.log registrar.log provisioner.log; do
+    [ -e "$WORK/$f" ] && { echo "--- $f"; tail -25 "$WORK/$f"; }
+  done
+  for f in "$WORK"/pod-logs/"${NS}"_*/*/*.log; do
+    [ -e "$f" ] && { echo "--- $f"; tail -15 "$f"; }
   done
 }
 start=$SECONDS
 ls /run/netns > "$WORK/netns-before" 2>/dev/null || true
 
 # --- images, built here -----------------------------------------------------------------
+build_image() { python3 "$E2E_DIR/images/build-image.py" "$@"; }
 mkdir -p "$WORK/images/pause" "$WORK/images/busybox/bin"
 gcc -static -O2 -o "$WORK/images/pause/pause" "$E2E_DIR/images/pause.c"
 cp "$(command -v busybox)" "$WORK/images/busybox/bin/busybox"
 for applet in sh cat echo grep sync sleep; do ln -s busybox "$WORK/images/busybox/bin/$applet"; done
-python3 "$E2E_DIR/images/build-image.py" "$PAUSE_IMAGE" "$WORK/images/pause" "$WORK/images/pause.tar" /pause
-python3 "$E2E_DIR/images/build-image.py" "$APP_IMAGE" "$WORK/images/busybox" "$WORK/images/busybox.tar" /bin/sh
+build_image "$PAUSE_IMAGE" "$WORK/images/pause.tar" --layer "$WORK/images/pause" /pause
+build_image "$APP_IMAGE" "$WORK/images/busybox.tar" --layer "$WORK/images/busybox" /bin/sh
+if [ "$DEPLOY" = chart ]; then
+  # The driver as the Dockerfile's runtime stage holds it, and each sidecar binary at the
+  # path its upstream image uses (the chart's registrar probe runs /csi-node-driver-registrar).
+  mkdir -p "$WORK/images/driver/usr/local/bin" "$WORK/images/provisioner" "$WORK/images/registrar" \
+    "$WORK/images/livenessprobe"
+  cp "$GDS_CSI" "$WORK/images/driver/usr/local/bin/gds-csi"
+  cp "$CACHE_BIN/csi-provisioner" "$WORK/images/provisioner/csi-provisioner"
+  cp "$CACHE_BIN/gds-csi-registrar" "$WORK/images/registrar/csi-node-driver-registrar"
+  cp "$CACHE_BIN/gds-csi-livenessprobe" "$WORK/images/livenessprobe/livenessprobe"
+  build_image "$IMAGES/gds-csi:e2e" "$WORK/images/gds-csi.tar" --layer "$RUNTIME_BASE" \
+    --layer "$WORK/images/driver" --entrypoint /usr/local/bin/gds-csi serve
+  for part in provisioner:csi-provisioner registrar:csi-node-driver-registrar livenessprobe:livenessprobe; do
+    build_image "$IMAGES/${part%%:*}:e2e" "$WORK/images/${part%%:*}.tar" --layer "$RUNTIME_BASE" \
+      --layer "$WORK/images/${part%%:*}" --entrypoint "/${part##*:}"
+  done
+fi
 
 # --- containerd with its own root, state, socket and CNI config -------------------------
 mkdir -p "$WORK/containerd" "$WORK/cni"
@@ -97,57 +157,45 @@ state = "$WORK/containerd/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$WORK/cni"
 TOML
-# Pods get an address on a private bridge; nothing here needs to route to them.
+# Pods get addresses on a bridge whose gateway is the host, so the kubelet reaches their
+# probes and they reach the API server through the Service address.
 cat > "$WORK/cni/10-e2e.conflist" <<JSON
 {"cniVersion": "0.4.0", "name": "gds-e2e", "plugins": [
-  {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": false, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]], "dataDir": "$WORK/cni/ipam"}},
+  {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$WORK/cni/ipam"}},
   {"type": "loopback"}]}
 JSON
 containerd --config "$WORK/containerd/config.toml" >"$WORK/containerd.log" 2>&1 &
 CONTAINERD_PID=$!
 wait_for 30 "${CTR[@]}" version || { tail -20 "$WORK/containerd.log"; exit 1; }
-"${CTR[@]}" images import "$WORK/images/pause.tar" >/dev/null
-"${CTR[@]}" images import "$WORK/images/busybox.tar" >/dev/null
-echo "containerd up with local images in $((SECONDS - start)) s"
+for image in "$WORK"/images/*.tar; do "${CTR[@]}" images import "$image" >/dev/null; done
+echo "containerd up with $(ls "$WORK"/images/*.tar | wc -l) local images in $((SECONDS - start)) s"
 
-# --- control plane, with the kubelet's node identity -----------------------------------
+# --- control plane, with the kubelet's and kube-proxy's identities ------------------------
+ip addr replace "$NODE_IP/32" dev lo
 NODE_TOKEN=$(random_token)
-start_control_plane '*' "$NODE_TOKEN,system:node:$NODE,$NODE,system:nodes"
-apply_chart
-# The chart's class with gdsPolicy=preferred: this machine has no GPU, so a required
-# class can never publish here; preferred publishes in compat mode and says so.
-"$KUBECTL" get storageclass nvme-gds -o json | python3 -c '
-import json, sys
-sc = json.load(sys.stdin)
-sc["metadata"] = {"name": "nvme-gds-preferred"}
-sc["parameters"]["gdsPolicy"] = "preferred"
-print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
+PROXY_TOKEN=$(random_token)
+start_control_plane '*' "$NODE_TOKEN,system:node:$NODE,$NODE,system:nodes" \
+  "$PROXY_TOKEN,system:kube-proxy,kube-proxy,"
 echo "control plane up in $((SECONDS - start)) s"
 
-# --- the node plugin, its registrar and provisioner, as the chart's DaemonSet runs them ---
-MiB=$((1024 * 1024))
-mkdir -p "$KUBELET_DIR/plugins/$DRIVER" "$KUBELET_DIR/plugins_registry"
-SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
-POOL_ARGS=(--pool-device "$(make_loop "$WORK/dev1.img" $((64 * MiB)))"
-  --pool-device "$(make_loop "$WORK/dev2.img" $((64 * MiB)))")
-start_plugin() { # appends to driver.log, so a restarted plugin's calls count too
-  "$GDS_CSI" serve --mode all --endpoint "unix://$SOCKET" --node-id "$NODE" --driver-name "$DRIVER" \
-    --state-dir "$WORK/driver-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
-    "${POOL_ARGS[@]}" 2>>"$WORK/driver.log" &
-  PLUGIN_PID=$!
-  PIDS+=($PLUGIN_PID)
-  wait_for_socket "$SOCKET"
-}
-start_plugin
-"$CACHE_BIN/gds-csi-registrar" --csi-address "$SOCKET" --kubelet-registration-path "$SOCKET" \
-  --plugin-registration-path "$KUBELET_DIR/plugins_registry" >"$WORK/registrar.log" 2>&1 &
-PIDS+=($!)
-start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
-PROVISIONER_PID=$!
+# --- kube-proxy: the `kubernetes` Service's ClusterIP leads to the API server -----------
+write_kubeconfig "$WORK/kube-proxy.kubeconfig" "$PROXY_TOKEN"
+# --conntrack-max-per-core=0: leave the host's conntrack table size alone.
+"$CACHE_BIN/kube-proxy" --kubeconfig "$WORK/kube-proxy.kubeconfig" --hostname-override "$NODE" \
+  --proxy-mode iptables --cluster-cidr "$POD_CIDR" --conntrack-max-per-core 0 \
+  --bind-address "$NODE_IP" --healthz-bind-address 127.0.0.1:64452 --metrics-bind-address 127.0.0.1:64453 \
+  >"$WORK/kube-proxy.log" 2>&1 &
+KUBE_PROXY_PID=$!
+service_rules() { [[ "$(iptables -t nat -S KUBE-SERVICES)" == *"-d $SERVICE_IP/32"* ]]; }
+check "kube-proxy programs the kubernetes Service ($SERVICE_IP) into iptables" wait_for 60 service_rules
 
 # --- the kubelet -------------------------------------------------------------------------
-ip addr replace "$NODE_IP/32" dev lo
+# On a systemd host every mount is shared; here none is. The driver's Bidirectional mount
+# of the kubelet dir needs it shared, as it would be on a real node.
+mkdir -p "$KUBELET_DIR"
+mount --bind "$KUBELET_DIR" "$KUBELET_DIR"
+mount --make-rshared "$KUBELET_DIR"
 write_kubeconfig "$WORK/kubelet.kubeconfig" "$NODE_TOKEN"
 cat > "$WORK/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -163,7 +211,7 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: 64451
 podLogsDir: $WORK/pod-logs
-# Loopback only and test-only: the API server reads pod logs without client certificates.
+# Test-only, on a private address: the API server reads pod logs without client certificates.
 authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 # The test's disk may be fuller than the default eviction thresholds allow.
@@ -175,18 +223,90 @@ YAML
   --root-dir "$KUBELET_DIR" --hostname-override "$NODE" --node-ip "$NODE_IP" \
   --node-labels nvidia.com/gpu.present=true --v=2 >"$WORK/kubelet.log" 2>&1 &
 KUBELET_PID=$!
-
 node_ready() { "$KUBECTL" wait "node/$NODE" --for=condition=Ready --timeout=5s; }
 check "the kubelet registered $NODE and it is Ready" wait_for 120 node_ready
+
+# --- the driver: the chart's DaemonSet, or the same parts as host processes ----------------
+MiB=$((1024 * 1024))
+DEVICES=("$(make_loop "$WORK/dev1.img" $((64 * MiB)))" "$(make_loop "$WORK/dev2.img" $((64 * MiB)))")
+SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
+if [ "$DEPLOY" = chart ]; then
+  # The chart mounts the host's udev database read-only; this machine runs no udev.
+  [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
+  helm_set=(--set image.repository=$IMAGES/gds-csi --set image.tag=e2e --set image.pullPolicy=Never
+    --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
+    --set "node.poolDevices={${DEVICES[0]},${DEVICES[1]}}" --set sidecars.provisioner.capacityPollInterval=5s)
+  for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe; do
+    helm_set+=(--set "sidecars.${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"
+      --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
+  done
+  check "helm install of the chart" "$HELM" install gds-csi "$E2E_DIR/../../deploy/helm/gds-csi" \
+    --namespace "$NS" --create-namespace "${helm_set[@]}"
+  check "the node DaemonSet rolls out (every container ready, probes passing)" \
+    "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
+  [ "$failed" -eq 0 ] || exit 1
+  plugin_pod() { "$KUBECTL" -n "$NS" get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}'; }
+  driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
+  plugin_back() {
+    [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
+      -o jsonpath='{.status.containerStatuses[?(@.name=="gds-csi")].restartCount}')" -ge 1 ] &&
+      "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 5s
+  }
+  # SIGKILL the driver container's main process, as the host sees it; the kubelet
+  # restarts it, and the provisioner container, which exits when it loses the socket.
+  restart_plugin() {
+    pkill -KILL -f '^/usr/local/bin/gds-csi serve' && wait_for 120 plugin_back
+  }
+else
+  apply_chart
+  mkdir -p "$KUBELET_DIR/plugins/$DRIVER" "$KUBELET_DIR/plugins_registry"
+  start_plugin() { # appends to driver.log, so a restarted plugin's calls count too
+    "$GDS_CSI" serve --mode all --endpoint "unix://$SOCKET" --node-id "$NODE" --driver-name "$DRIVER" \
+      --state-dir "$WORK/driver-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
+      --pool-device "${DEVICES[0]}" --pool-device "${DEVICES[1]}" 2>>"$WORK/driver.log" &
+    PLUGIN_PID=$!
+    PIDS+=($PLUGIN_PID)
+    wait_for_socket "$SOCKET"
+  }
+  start_plugin
+  "$CACHE_BIN/gds-csi-registrar" --csi-address "$SOCKET" --kubelet-registration-path "$SOCKET" \
+    --plugin-registration-path "$KUBELET_DIR/plugins_registry" >"$WORK/registrar.log" 2>&1 &
+  PIDS+=($!)
+  start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
+  PROVISIONER_PID=$!
+  driver_log() { cat "$WORK/driver.log"; }
+  restart_plugin() {
+    kill -KILL "$PLUGIN_PID"
+    wait "$PLUGIN_PID" 2>/dev/null || true
+    start_plugin
+    # The provisioner exits when it loses the plugin's socket; in the DaemonSet the kubelet
+    # restarts that container, here the test does.
+    kill "$PROVISIONER_PID" 2>/dev/null || true
+    wait "$PROVISIONER_PID" 2>/dev/null || true
+    start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
+    PROVISIONER_PID=$!
+  }
+fi
+# The chart's class with gdsPolicy=preferred: this machine has no GPU, so a required
+# class can never publish here; preferred publishes in compat mode and says so.
+"$KUBECTL" get storageclass nvme-gds -o json | python3 -c '
+import json, sys
+sc = json.load(sys.stdin)
+sc["metadata"] = {"name": "nvme-gds-preferred"}
+sc["parameters"]["gdsPolicy"] = "preferred"
+print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
+
 csinode_driver() {
-  "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}" | grep -q "$DRIVER/node"
+  [[ "$("$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}")" == *"$DRIVER/node"* ]]
 }
 check "the kubelet's plugin watcher registered the driver (CSINode with topology keys)" wait_for 60 csinode_driver
+check "the registrar's liveness-probe file exists (<kubeletDir>/plugins/<driver>/registration)" \
+  [ -f "$KUBELET_DIR/plugins/$DRIVER/registration" ]
 node_label() { "$KUBECTL" get node "$NODE" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$1}"; }
 check "the kubelet labelled the node from NodeGetInfo ($DRIVER/node=$NODE)" [ "$(node_label node)" = "$NODE" ]
 check "the node's GDS label says no GDS here ($DRIVER/gds-nvme=false)" [ "$(node_label gds-nvme)" = false ]
 check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
-echo "kubelet node ready in $((SECONDS - start)) s"
+echo "node and driver ready in $((SECONDS - start)) s"
 
 # pod NAME CLAIM SCRIPT: a run-once busybox pod on $NODE with CLAIM at /data. It runs as
 # an unprivileged user and writes through fsGroup, which the kubelet applies because the
@@ -229,14 +349,25 @@ events_of() { "$KUBECTL" get events -n default --field-selector "involvedObject.
 # called METHOD...: each METHOD succeeded at least once (the driver logs JSON, as in the chart).
 called() {
   local m
-  for m in "$@"; do grep '"message":"call"' "$WORK/driver.log" | grep -q "\"method\":\"$m\"" || return 1; done
+  # One grep over a captured log: grep -q in a pipeline would end it early, and under
+  # pipefail the writer's SIGPIPE would read as "not found".
+  local log m
+  log=$(driver_log)
+  for m in "$@"; do grep -q "\"message\":\"call\",\"method\":\"$m\"" <<<"$log" || return 1; done
 }
-mounted_under() { grep -c " ${1//\//\\/}" /proc/self/mountinfo || true; }
+# Mount points, as the host sees them, of this driver's volumes: staged (the kubelet's
+# globalmount) and published (a pod's kubernetes.io~csi volume directory).
+staged_mounts() {
+  awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1' /proc/self/mountinfo | wc -l
+}
+published_mounts() {
+  awk -v d="$KUBELET_DIR/pods/" 'index($5, d) == 1 && $5 ~ /\/volumes\/kubernetes.io~csi\//' /proc/self/mountinfo | wc -l
+}
 
 # --- gdsPolicy=required on a node without GDS: refused, with the reason -----------------
 pvc gated nvme-gds
 pod gated gated 'true'
-refused() { events_of gated | tr '\n' ' ' | grep -q "FailedMount.*FailedPrecondition.*nvidia_fs.module"; }
+refused() { [[ "$(events_of gated)" =~ FailedMount.*FailedPrecondition.*nvidia_fs\.module ]]; }
 check "gdsPolicy=required: the kubelet reports FailedMount naming the failed GDS check" wait_for 120 refused
 events_of gated | grep FailedMount | head -1 | cut -c1-400 | sed 's/^/     /'
 check "the refused pod never started" [ "$(pod_phase gated)" = Pending ]
@@ -255,30 +386,25 @@ if ! logs_are writer "$TOKEN"; then "$KUBECTL" describe pod writer | tail -20; "
 pv=$("$KUBECTL" get pvc data -o jsonpath='{.spec.volumeName}')
 handle=$("$KUBECTL" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 check "the kubelet called NodeStageVolume and NodePublishVolume" called NodeStageVolume NodePublishVolume
-check "the volume is mounted at the kubelet's staging path" [ "$(mounted_under "$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/")" -ge 1 ]
-check "and bind-mounted into the writer pod's volume directory" [ "$(mounted_under "$KUBELET_DIR/pods/")" -ge 1 ]
+check "the volume is mounted at the kubelet's staging path" [ "$(staged_mounts)" -ge 1 ]
+check "and bind-mounted into the writer pod's volume directory" [ "$(published_mounts)" -ge 1 ]
 
 # A DaemonSet rollout or a crash: the plugin dies while the volume is in use. The pod
 # keeps its mount, and the new process must still unpublish and unstage it.
-kill -KILL "$PLUGIN_PID"
-wait "$PLUGIN_PID" 2>/dev/null || true
-start_plugin
-# The provisioner exits when it loses the plugin's socket; in the DaemonSet the kubelet
-# restarts that container, here the test does.
-kill "$PROVISIONER_PID" 2>/dev/null || true
-wait "$PROVISIONER_PID" 2>/dev/null || true
-start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
-PROVISIONER_PID=$!
+if [ "$DEPLOY" = chart ]; then
+  restarts() { "$KUBECTL" -n "$NS" get pods -o jsonpath='{range .items[*].status.containerStatuses[*]}{.restartCount}{"\n"}{end}' | paste -sd+ | bc; }
+  check "no node plugin container restarted so far (liveness probes pass)" [ "$(restarts)" -eq 0 ]
+fi
+check "the driver comes back after a SIGKILL while the volume is in use" restart_plugin
 still_running() {
   [ "$("$KUBECTL" get pod writer -o jsonpath='{.status.phase}/{.status.containerStatuses[0].restartCount}')" = Running/0 ] &&
-    [ "$(mounted_under "$KUBELET_DIR/pods/")" -ge 1 ]
+    [ "$(published_mounts)" -ge 1 ]
 }
 check "the writer keeps running, mounts intact, across a SIGKILL and restart of the plugin" still_running
 
 "$KUBECTL" delete pod writer --wait=false >/dev/null
 unstaged() {
-  [ "$(mounted_under "$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/")" -eq 0 ] &&
-    [ "$(mounted_under "$KUBELET_DIR/pods/")" -eq 0 ]
+  [ "$(staged_mounts)" -eq 0 ] && [ "$(published_mounts)" -eq 0 ]
 }
 check "deleting the writer pod unpublishes and unstages (no mounts left)" wait_for 60 unstaged
 check "the kubelet called NodeUnpublishVolume and NodeUnstageVolume" called NodeUnpublishVolume NodeUnstageVolume
@@ -287,7 +413,7 @@ pod reader data "cat /data/token && grep -qx $TOKEN /data/token"
 check "a new pod on the same node reads the file back" wait_for 120 pod_succeeded reader
 check "kubectl logs shows the reader read the writer's token" logs_are reader "$TOKEN"
 check "mkfs ran once for the two pods (restage kept the filesystem)" \
-  [ "$(grep "formatting fresh device" "$WORK/driver.log" | grep -c "$handle")" -eq 1 ]
+  [ "$(driver_log | grep "formatting fresh device" | grep -c "$handle")" -eq 1 ]
 
 # --- delete: the device returns to the pool ---------------------------------------------
 "$KUBECTL" delete pod reader >/dev/null

@@ -5,7 +5,12 @@ E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KUBECTL="$CACHE_BIN/kubectl"
 DRIVER=gds.csi.gds-csi.io
 NS=gds-csi
-API=https://127.0.0.1:64430
+# Where the API server listens; tests/e2e/kubelet.sh moves it to its node's address.
+API_IP=${API_IP:-127.0.0.1}
+API=https://$API_IP:64430
+# The Service range; the `kubernetes` Service, which in-cluster clients dial, gets its first address.
+SERVICE_CIDR=10.96.0.0/24
+SERVICE_IP=10.96.0.1
 PIDS=()
 passed=0
 failed=0
@@ -45,7 +50,7 @@ write_kubeconfig() {
   cat > "$1" <<KC
 apiVersion: v1
 kind: Config
-clusters: [{name: e2e, cluster: {server: $API, insecure-skip-tls-verify: true}}]
+clusters: [{name: e2e, cluster: {server: $API, certificate-authority: $WORK/pki/ca.crt}}]
 users: [{name: user, user: {token: $2}}]
 contexts: [{name: e2e, context: {cluster: e2e, user: user}}]
 current-context: e2e
@@ -54,16 +59,33 @@ KC
 
 random_token() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
+# The cluster's CA and the API server's certificate for every name a client may use:
+# the loopback or node address, and the `kubernetes` Service's ClusterIP, which is what
+# pods' in-cluster clients dial. The controller manager publishes the CA to every
+# namespace (kube-root-ca.crt), so pods verify the server as in a real cluster.
+make_pki() {
+  local pki=$WORK/pki
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 1 \
+    -subj /CN=gds-csi-e2e-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" \
+    -subj /CN=kube-apiserver 2>/dev/null
+  printf '%s\n' "subjectAltName=IP:$API_IP,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+    "extendedKeyUsage=serverAuth" > "$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 1 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+}
+
 # start_control_plane CONTROLLERS [TOKEN_LINE...]: etcd, kube-apiserver (Node and RBAC
-# authorization), kube-controller-manager running CONTROLLERS, kube-scheduler. Exports
-# KUBECONFIG as the admin. TOKEN_LINEs ("token,user,uid,groups") add API users.
+# authorization) on $API_IP, kube-controller-manager running CONTROLLERS, kube-scheduler.
+# Exports KUBECONFIG as the admin. TOKEN_LINEs ("token,user,uid,groups") add API users.
 start_control_plane() {
   local controllers=$1; shift
   local admin_token
   admin_token=$(random_token)
-  mkdir -p "$WORK/pki"
-  openssl genrsa -out "$WORK/pki/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$WORK/pki/sa.key" -pubout -out "$WORK/pki/sa.pub" 2>/dev/null
+  make_pki
   { echo "$admin_token,admin,admin,system:masters"; printf '%s\n' "$@"; } > "$WORK/pki/tokens.csv"
 
   "$CACHE_BIN/etcd" --data-dir "$WORK/etcd" --listen-client-urls http://127.0.0.1:23790 \
@@ -71,20 +93,21 @@ start_control_plane() {
     --initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster default=http://127.0.0.1:23800 \
     >"$WORK/etcd.log" 2>&1 &
   PIDS+=($!)
-  "$CACHE_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790 --bind-address 127.0.0.1 \
-    --advertise-address 127.0.0.1 --secure-port 64430 --cert-dir "$WORK/pki" \
+  "$CACHE_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:23790 --bind-address "$API_IP" \
+    --advertise-address "$API_IP" --secure-port 64430 \
+    --tls-cert-file "$WORK/pki/apiserver.crt" --tls-private-key-file "$WORK/pki/apiserver.key" \
     --token-auth-file "$WORK/pki/tokens.csv" --authorization-mode Node,RBAC \
     --service-account-key-file "$WORK/pki/sa.pub" --service-account-signing-key-file "$WORK/pki/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 192.0.2.0/24 \
-    --kubelet-preferred-address-types InternalIP \
+    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range "$SERVICE_CIDR" \
+    --kubelet-preferred-address-types InternalIP --allow-privileged=true \
     --enable-priority-and-fairness=false >"$WORK/apiserver.log" 2>&1 &
   PIDS+=($!)
   write_kubeconfig "$WORK/admin.kubeconfig" "$admin_token"
   export KUBECONFIG="$WORK/admin.kubeconfig"
   wait_for 90 "$KUBECTL" get --raw /readyz || { tail -30 "$WORK/apiserver.log"; return 1; }
   "$CACHE_BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG" --controllers "$controllers" \
-    --service-account-private-key-file "$WORK/pki/sa.key" --leader-elect=false \
-    --bind-address 127.0.0.1 --secure-port 0 >"$WORK/controller-manager.log" 2>&1 &
+    --service-account-private-key-file "$WORK/pki/sa.key" --root-ca-file "$WORK/pki/ca.crt" \
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port 0 >"$WORK/controller-manager.log" 2>&1 &
   PIDS+=($!)
   "$CACHE_BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false \
     --bind-address 127.0.0.1 --secure-port 0 >"$WORK/scheduler.log" 2>&1 &

@@ -1,7 +1,9 @@
 // Command registrar registers a CSI driver with the kubelet's plugin watcher, the job
 // node-driver-registrar does in a cluster. The Go module proxy reachable here does not
-// serve node-driver-registrar, so the e2e test uses this: the same protocol, through the
-// kubelet's own pluginregistration API at the pinned Kubernetes release, and the same flags.
+// serve node-driver-registrar, so the e2e tests use this: the same protocol, through the
+// kubelet's own pluginregistration API at the pinned Kubernetes release, the same flags,
+// and the same liveness probe (--mode=kubelet-registration-probe checks for the file it
+// writes next to --kubelet-registration-path when the kubelet fetches its info).
 package main
 
 import (
@@ -25,9 +27,17 @@ type registrationServer struct {
 	registerapi.UnimplementedRegistrationServer
 	driverName string
 	endpoint   string
+	probeFile  string
 }
 
 func (s *registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	if err := os.MkdirAll(filepath.Dir(s.probeFile), 0o755); err != nil {
+		log.Printf("creating the registration probe file: %v", err)
+	} else if f, err := os.Create(s.probeFile); err != nil {
+		log.Printf("creating the registration probe file: %v", err)
+	} else {
+		f.Close()
+	}
 	return &registerapi.PluginInfo{
 		Type:              registerapi.CSIPlugin,
 		Name:              s.driverName,
@@ -49,9 +59,25 @@ func main() {
 	csiAddress := flag.String("csi-address", "", "the driver's CSI socket, as this process reaches it")
 	kubeletPath := flag.String("kubelet-registration-path", "", "the driver's CSI socket, as the kubelet reaches it")
 	registryDir := flag.String("plugin-registration-path", "/registration", "the kubelet's plugins_registry directory")
+	mode := flag.String("mode", "registration", `"registration", or "kubelet-registration-probe" to exit 0 once registered`)
+	flag.Int("v", 0, "log verbosity (accepted for node-driver-registrar compatibility)")
 	flag.Parse()
-	if *csiAddress == "" || *kubeletPath == "" {
-		log.Fatal("--csi-address and --kubelet-registration-path are required")
+	if *kubeletPath == "" {
+		log.Fatal("--kubelet-registration-path is required")
+	}
+	probeFile := filepath.Join(filepath.Dir(*kubeletPath), "registration")
+	switch *mode {
+	case "kubelet-registration-probe":
+		if info, err := os.Stat(probeFile); err != nil || !info.Mode().IsRegular() {
+			log.Fatalf("kubelet plugin registration has not succeeded yet: no file %s", probeFile)
+		}
+		return
+	case "registration":
+	default:
+		log.Fatalf("unknown --mode %q", *mode)
+	}
+	if *csiAddress == "" {
+		log.Fatal("--csi-address is required")
 	}
 
 	conn, err := grpc.NewClient("unix://"+*csiAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -75,7 +101,7 @@ func main() {
 		log.Fatalf("listening on %s: %v", socket, err)
 	}
 	server := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(server, &registrationServer{driverName: info.Name, endpoint: *kubeletPath})
+	registerapi.RegisterRegistrationServer(server, &registrationServer{driverName: info.Name, endpoint: *kubeletPath, probeFile: probeFile})
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
