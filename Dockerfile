@@ -19,6 +19,8 @@ FROM debian:bookworm-slim
 #   nfs-common  mount.nfs for NFS over RDMA (vers=4.1, rdma, port=20049)
 #   util-linux  mount, umount, blkid, wipefs, lsblk, findmnt
 #   ca-certificates  TLS roots for anything the driver fetches over HTTPS
+# tests/e2e/images/runtime-base.sh builds this same stage without a container engine
+# (debootstrap) for the kubelet e2e test; keep its package list in step.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       e2fsprogs xfsprogs nfs-common util-linux ca-certificates \

@@ -31,7 +31,7 @@ suite "kill points (real binary, loop devices)" cargo test --quiet --test faults
 suite "hostile input, socket mode, secrets in logs" cargo test --quiet --test security -- --nocapture
 suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
-suite "end to end with a real kubelet, containerd and runc" bash tests/e2e/kubelet.sh
+suite "end to end: helm install on a real kubelet node (containerd, runc, kube-proxy)" bash tests/e2e/kubelet.sh
 suite "helm chart" bash tests/helm.sh
 # A QEMU VM (software emulation) with real NVMe namespaces and NFS v4.1 over soft-RoCE RDMA:
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.
