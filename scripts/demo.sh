@@ -17,6 +17,7 @@ done
 echo "pool: ${pool[*]}"
 "$GDS_CSI" serve --endpoint "unix://$WORK/csi.sock" --mode all --node-id demo-node \
   --state-dir "$WORK/state" --allowed-path-root "$WORK/kubelet" "${pool[@]}" 2>"$WORK/driver.log" &
+# shellcheck disable=SC2034 # stop_driver_and_clean (scripts/lib.sh) stops it
 DRIVER_PID=$!
 wait_for_socket "$WORK/csi.sock"
 if ! "$REPO_ROOT/target/release/examples/demo" "$WORK/csi.sock" "$WORK"; then

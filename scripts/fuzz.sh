@@ -7,7 +7,7 @@
 # by git) with the command that reproduces them. Exit status 1 when any target crashed.
 #   FUZZ_SECONDS=60 FUZZ_TARGETS="mountinfo request" bash scripts/fuzz.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 # Outside the checkout, so a fresh clone on the same machine (CI) reuses the long first build.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gds-csi/fuzz-target}"

@@ -64,7 +64,7 @@ nproc; grep MemTotal /proc/meminfo
 if ! ldconfig -p | grep -q 'libcufile.so.0'; then
   lib=$(ls /usr/local/cuda*/targets/*/lib/libcufile.so.0 /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1)
   [ -z "$lib" ] && lib=$(find / -xdev -name 'libcufile.so.0' 2>/dev/null | head -1)
-  [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -n "$lib" ] && { LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; export LD_LIBRARY_PATH; }
   echo "libcufile: ${lib:-none found}"
 else
   echo "libcufile: $(ldconfig -p | grep 'libcufile.so.0' | head -1 | awk '{print $NF}')"
@@ -77,6 +77,7 @@ if [ -z "${BIN_DIR:-}" ]; then
   if [ "$DIR" = "-" ]; then
     (cd "$REPO_ROOT" && cargo build --release --quiet --bin gds-csi && cargo test --release --quiet --test gds_gate --no-run) || exit 1
     cp "$REPO_ROOT/target/release/gds-csi" "$BIN_DIR/"
+    # shellcheck disable=SC2010 # the newest test binary; cargo's names are plain
     cp "$(ls -t "$REPO_ROOT"/target/release/deps/gds_gate-* | grep -v '\.d$' | head -1)" "$BIN_DIR/gds_gate"
   fi
 fi

@@ -26,6 +26,7 @@ ls /proc/driver/nvidia/gpus 2>&1
 if [ -z "${BIN_DIR:-}" ]; then
   cargo build --release --bin gds-csi && cargo test --release --test gds_gate --no-run
   BIN_DIR=$(mktemp -d); cp target/release/gds-csi "$BIN_DIR/"
+  # shellcheck disable=SC2010 # the newest test binary; cargo's names are plain
   cp "$(ls -t target/release/deps/gds_gate-* | grep -v '\.d$' | head -1)" "$BIN_DIR/gds_gate"
 fi
 GDS_CSI=$BIN_DIR/gds-csi
@@ -33,7 +34,7 @@ FLOW=$BIN_DIR/gds_gate
 # The probe loads libcufile.so.0 from the loader path; find one if ldconfig does not know it.
 if ! ldconfig -p | grep -q 'libcufile.so.0'; then
   lib=$(find / -xdev -name 'libcufile.so.0' 2>/dev/null | head -1)
-  [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -n "$lib" ] && { LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; export LD_LIBRARY_PATH; }
   echo "libcufile: ${lib:-none found}"
 fi
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the test and demo scripts: tool installs and loop-device pools.
 # Sourced, not run. Everything made here is recorded so cleanup can undo it.
 
@@ -25,6 +26,7 @@ install_host_tools() {
   command -v sfdisk >/dev/null || missing+=(fdisk)
   command -v bc >/dev/null || missing+=(bc)
   command -v openssl >/dev/null || missing+=(openssl)
+  command -v shellcheck >/dev/null || missing+=(shellcheck)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -66,6 +68,7 @@ install_helm() {
 
 build_driver() {
   (cd "$REPO_ROOT" && cargo build --release --quiet --bin gds-csi)
+  # shellcheck disable=SC2034 # read by the scripts that source this file
   GDS_CSI="$REPO_ROOT/target/release/gds-csi"
 }
 

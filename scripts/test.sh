@@ -5,7 +5,7 @@
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
-cd "$REPO_ROOT"
+cd "$REPO_ROOT" || exit 1
 install_host_tools
 
 suites_passed=0
@@ -25,6 +25,8 @@ suite() {
 
 suite "cargo fmt --check" cargo fmt --all -- --check
 suite "cargo clippy -D warnings" cargo clippy --workspace --all-targets --quiet -- -D warnings
+# shellcheck disable=SC2046 # one argument per tracked script
+suite "shellcheck on every script" shellcheck -x -S warning $(git ls-files '*.sh')
 # Unit tests, in-process tests and the root tests on real loop devices.
 suite "cargo test" cargo test --workspace --quiet -- --skip every_kill_point_converges --skip bad_inputs_are_rejected --skip socket_is_created --skip secrets_never_reach
 suite "kill points (real binary, loop devices)" cargo test --quiet --test faults -- --nocapture

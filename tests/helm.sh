@@ -11,7 +11,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib.sh"
 CHART=deploy/helm/gds-csi
 KUBE_VERSION=1.33.0

@@ -24,7 +24,8 @@ case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2;
 # through kube-proxy's rules for the `kubernetes` Service) and kubectl logs use this
 # address of its own, on lo, removed again at the end.
 NODE_IP=10.244.78.1
-API_IP=$NODE_IP
+export API_IP=$NODE_IP
+# shellcheck source=tests/e2e/lib.sh
 . "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 need_root
 install_host_tools
@@ -77,8 +78,9 @@ cleanup() {
   remove_kubelet_iptables_chains
   e2e_stop_all
   local netns
-  for netns in $(ls /run/netns 2>/dev/null); do
-    grep -qx "$netns" "$WORK/netns-before" 2>/dev/null || ip netns del "$netns"
+  for netns in /run/netns/*; do
+    [ -e "$netns" ] || continue
+    grep -qx "${netns##*/}" "$WORK/netns-before" 2>/dev/null || ip netns del "${netns##*/}"
   done
   ip link del "$CNI_BRIDGE" 2>/dev/null
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null
@@ -233,7 +235,7 @@ SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
 if [ "$DEPLOY" = chart ]; then
   # The chart mounts the host's udev database read-only; this machine runs no udev.
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
-  helm_set=(--set image.repository=$IMAGES/gds-csi --set image.tag=e2e --set image.pullPolicy=Never
+  helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
     --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
     --set "node.poolDevices={${DEVICES[0]},${DEVICES[1]}}" --set sidecars.provisioner.capacityPollInterval=5s)
   for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe; do
@@ -265,7 +267,7 @@ else
       --state-dir "$WORK/driver-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
       --pool-device "${DEVICES[0]}" --pool-device "${DEVICES[1]}" 2>>"$WORK/driver.log" &
     PLUGIN_PID=$!
-    PIDS+=($PLUGIN_PID)
+    PIDS+=("$PLUGIN_PID")
     wait_for_socket "$SOCKET"
   }
   start_plugin

@@ -1,6 +1,8 @@
+# shellcheck shell=bash
 # Shared by the e2e scripts: tools, a real control plane, the rendered chart, checks.
 # Sourced, not run. Every process started here goes into PIDS, which e2e_stop_all ends.
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/lib.sh
 . "$E2E_DIR/../../scripts/lib.sh"
 KUBECTL="$CACHE_BIN/kubectl"
 DRIVER=gds.csi.gds-csi.io

@@ -8,6 +8,7 @@
 # tracking and deletion are real. Stage two, tests/e2e/kubelet.sh, runs a real kubelet
 # with containerd and runc, so NodeStage/NodePublish are driven by Kubernetes too.
 set -euo pipefail
+# shellcheck source=tests/e2e/lib.sh
 . "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 need_root
 install_host_tools

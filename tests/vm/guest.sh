@@ -59,7 +59,8 @@ mkdir -p "$W/state"
 
 log "NVMe"
 modprobe nvme
-for _ in $(seq 1 100); do [ "$(ls /sys/block | grep -c '^nvme')" -ge 8 ] && break; sleep 0.1; done
+nvme_count() { local found=(/sys/block/nvme*); if [ -e "${found[0]}" ]; then echo "${#found[@]}"; else echo 0; fi; }
+for _ in $(seq 1 100); do [ "$(nvme_count)" -ge 8 ] && break; sleep 0.1; done
 for b in /sys/block/nvme*; do
   n=$(basename "$b")
   echo "  $n $(( $(cat "$b/size") * 512 / 1048576 )) MiB wwid=$(cat "$b/wwid") transport=$(cat "$b/device/transport" 2>/dev/null)"

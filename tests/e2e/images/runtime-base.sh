@@ -22,7 +22,7 @@ debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOTFS" "$MIRROR"
 rm -f "$ROOTFS.log"
 # What the Dockerfile's `rm -rf /var/lib/apt/lists/*` leaves out, plus the .deb cache;
 # /dev is the runtime's to fill.
-rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/dev/*
+rm -rf "${ROOTFS:?}"/var/lib/apt/lists/* "${ROOTFS:?}"/var/cache/apt/archives/*.deb "${ROOTFS:?}"/dev/*
 tar --numeric-owner -C "$ROOTFS" -cf "$OUT.partial" .
 mv "$OUT.partial" "$OUT"
 echo "$OUT"
