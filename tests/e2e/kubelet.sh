@@ -15,8 +15,9 @@
 #
 # Scenario: a class with gdsPolicy=required is refused on this GPU-less node with an
 # event that names the failed GDS checks; with gdsPolicy=preferred a pod writes a file,
-# survives a SIGKILL of the driver, is deleted (unpublish + unstage), and a second pod on
-# the same node reads the file back; deleting the claim returns the device to the pool.
+# survives a SIGKILL of the driver, is deleted (unpublish + unstage); (chart) the chart is
+# uninstalled and installed again with the claim bound; a second pod on the same node
+# reads the file back from the same filesystem; deleting the claim returns the device.
 set -euo pipefail
 DEPLOY=${1:-chart}
 case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2; exit 2 ;; esac
@@ -298,9 +299,8 @@ sc["metadata"] = {"name": "nvme-gds-preferred"}
 sc["parameters"]["gdsPolicy"] = "preferred"
 print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
 
-csinode_driver() {
-  [[ "$("$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}")" == *"$DRIVER/node"* ]]
-}
+csinode_keys() { "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
+csinode_driver() { [[ "$(csinode_keys)" == *"$DRIVER/node"* ]]; }
 check "the kubelet's plugin watcher registered the driver (CSINode with topology keys)" wait_for 60 csinode_driver
 check "the registrar's liveness-probe file exists (<kubeletDir>/plugins/<driver>/registration)" \
   [ -f "$KUBELET_DIR/plugins/$DRIVER/registration" ]
@@ -386,10 +386,15 @@ logs_are() { [ "$("$KUBECTL" logs "$1" 2>&1)" = "$2" ]; }
 check "writer pod (uid 1000, fsGroup 2000) runs on $NODE and wrote its token (kubectl logs)" wait_for 120 logs_are writer "$TOKEN"
 if ! logs_are writer "$TOKEN"; then "$KUBECTL" describe pod writer | tail -20; "$KUBECTL" logs writer; exit 1; fi
 pv=$("$KUBECTL" get pvc data -o jsonpath='{.spec.volumeName}')
-handle=$("$KUBECTL" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 check "the kubelet called NodeStageVolume and NodePublishVolume" called NodeStageVolume NodePublishVolume
 check "the volume is mounted at the kubelet's staging path" [ "$(staged_mounts)" -ge 1 ]
 check "and bind-mounted into the writer pod's volume directory" [ "$(published_mounts)" -ge 1 ]
+# The filesystem's identity, to tell a kept filesystem from a second mkfs later on.
+data_dev=$(awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1 {print $(NF - 1); exit}' /proc/self/mountinfo)
+superblock() { dumpe2fs -h "$data_dev" 2>/dev/null | grep -E '^Filesystem (UUID|created):'; }
+first_superblock=$(superblock)
+in_pool() { [ -n "$first_superblock" ] && [[ " ${DEVICES[*]} " == *" $data_dev "* ]]; }
+check "the staged filesystem is ext4 on one of the pool's devices ($data_dev)" in_pool
 
 # A DaemonSet rollout or a crash: the plugin dies while the volume is in use. The pod
 # keeps its mount, and the new process must still unpublish and unstage it.
@@ -411,11 +416,25 @@ unstaged() {
 check "deleting the writer pod unpublishes and unstages (no mounts left)" wait_for 60 unstaged
 check "the kubelet called NodeUnpublishVolume and NodeUnstageVolume" called NodeUnpublishVolume NodeUnstageVolume
 
+if [ "$DEPLOY" = chart ]; then
+  # Uninstall and reinstall while a claim is bound (a botched upgrade, a migration): the
+  # claim, its PV and the data on the device must survive; the node state is on the host.
+  check "helm uninstall with a claim still bound" "$HELM" uninstall gds-csi -n "$NS" --wait --timeout 120s
+  no_capacity_objects() { [ -z "$("$KUBECTL" -n "$NS" get csistoragecapacities -o name)" ]; }
+  check "the DaemonSet's CSIStorageCapacity objects are garbage-collected with it" wait_for 60 no_capacity_objects
+  driver_gone() { local keys; keys=$(csinode_keys) && [ -z "$keys" ]; }
+  check "the kubelet deregistered the driver (CSINode lists no driver)" wait_for 60 driver_gone
+  check "the claim is still Bound" is_bound data
+  check "helm install again" "$HELM" install gds-csi "$E2E_DIR/../../deploy/helm/gds-csi" --namespace "$NS" "${helm_set[@]}"
+  check "the node DaemonSet rolls out again" "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
+  check "the reinstalled driver registers again" wait_for 60 csinode_driver
+fi
+
 pod reader data "cat /data/token && grep -qx $TOKEN /data/token"
 check "a new pod on the same node reads the file back" wait_for 120 pod_succeeded reader
 check "kubectl logs shows the reader read the writer's token" logs_are reader "$TOKEN"
-check "mkfs ran once for the two pods (restage kept the filesystem)" \
-  [ "$(driver_log | grep "formatting fresh device" | grep -c "$handle")" -eq 1 ]
+check "the same filesystem, not a new mkfs (superblock UUID and creation time unchanged)" \
+  [ "$(superblock)" = "$first_superblock" ]
 
 # --- delete: the device returns to the pool ---------------------------------------------
 "$KUBECTL" delete pod reader >/dev/null
