@@ -333,17 +333,6 @@ spec:
   volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]
 YAML
 }
-pvc() { # NAME CLASS
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: $1, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: $2
-  resources: {requests: {storage: 32Mi}}
-YAML
-}
 pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
 pod_succeeded() { [ "$(pod_phase "$1")" = Succeeded ]; }
 pod_gone() { ! "$KUBECTL" get pod "$1" >/dev/null 2>&1; }
@@ -367,7 +356,7 @@ published_mounts() {
 }
 
 # --- gdsPolicy=required on a node without GDS: refused, with the reason -----------------
-pvc gated nvme-gds
+pvc gated nvme-gds 32Mi
 pod gated gated 'true'
 refused() { [[ "$(events_of gated)" =~ FailedMount.*FailedPrecondition.*nvidia_fs\.module ]]; }
 check "gdsPolicy=required: the kubelet reports FailedMount naming the failed GDS check" wait_for 120 refused
@@ -379,7 +368,7 @@ check "deleting the refused pod unstages its volume" wait_for 90 pod_gone gated
 
 # --- gdsPolicy=preferred: write, delete the pod, read back from a new pod ----------------
 TOKEN=$(random_token)
-pvc data nvme-gds-preferred
+pvc data nvme-gds-preferred 32Mi
 # The writer stays running after writing, so its mounts can be looked at.
 pod writer data "echo $TOKEN > /data/token && sync && cat /data/token && exec sleep 3600"
 logs_are() { [ "$("$KUBECTL" logs "$1" 2>&1)" = "$2" ]; }

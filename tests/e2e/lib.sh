@@ -142,6 +142,17 @@ start_provisioner() {
   PIDS+=($!)
 }
 
+pvc() { # NAME CLASS SIZE
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: $2
+  resources: {requests: {storage: $3}}
+YAML
+}
 pvc_phase() { "$KUBECTL" get pvc "$1" -o jsonpath='{.status.phase}'; }
 is_bound() { [ "$(pvc_phase "$1")" = Bound ]; }
 

@@ -70,15 +70,8 @@ check "CSIStorageCapacity shows node-b's pool (128 MiB)" wait_for 60 has_capacit
 
 # --- a PVC and a Pod: scheduled, provisioned on the chosen node, bound ------------------
 pvc_and_pod() { # NAME SIZE
+  pvc "$1" nvme-gds "$2"
   "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: $1, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: nvme-gds
-  resources: {requests: {storage: $2}}
----
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default}
