@@ -249,6 +249,13 @@ if [ "$DEPLOY" = chart ]; then
     "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
   [ "$failed" -eq 0 ] || exit 1
   plugin_pod() { "$KUBECTL" -n "$NS" get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}'; }
+  # What Prometheus (the chart's scrape annotations) and the kubelet's liveness probe reach.
+  pod_ip=$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" -o jsonpath='{.status.podIP}')
+  metrics=$(curl -fsS --max-time 10 "http://$pod_ip:9809/metrics" || true)
+  check "the driver's metrics answer on the pod's metrics port (pool of 2 devices)" \
+    grep -qx 'gds_csi_pool_devices{state="total"} 2' <<<"$metrics"
+  check "the livenessprobe sidecar's /healthz answers ok (CSI Probe)" \
+    [ "$(curl -fsS --max-time 10 "http://$pod_ip:9818/healthz")" = ok ]
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
