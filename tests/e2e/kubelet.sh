@@ -256,6 +256,12 @@ if [ "$DEPLOY" = chart ]; then
     grep -qx 'gds_csi_pool_devices{state="total"} 2' <<<"$metrics"
   check "the livenessprobe sidecar's /healthz answers ok (CSI Probe)" \
     [ "$(curl -fsS --max-time 10 "http://$pod_ip:9818/healthz")" = ok ]
+  # The node check deploy/README.md tells operators to run (kubectl exec: API server ->
+  # kubelet -> containerd's streaming server).
+  doctor=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor 2>&1 || true)
+  echo "$doctor" | head -3 | sed 's/^/     /'
+  check "gds-csi doctor runs in the driver container and finds this node not GDS-ready" \
+    grep -q "NOT GDS-ready" <<<"$doctor"
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
