@@ -3,6 +3,8 @@
 //! root needed. They cover what real devices make hard to stage: a hung mkfs, exact
 //! call records ("no mkfs ran"), and races.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use gds_csi::client::Clients;
-use gds_csi::config::Mode;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, MountVolume,
 };
@@ -18,7 +19,6 @@ use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
-use gds_csi::server;
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
 use tonic::Code;
@@ -209,16 +209,7 @@ async fn harness(namespaces: usize) -> Harness {
         pool,
         host.clone(),
     ));
-    driver.initialise().await.unwrap();
-    let socket = dir.path().join("csi.sock");
-    let listener = server::bind(&socket, 0o600).unwrap();
-    tokio::spawn(server::serve(
-        listener,
-        driver,
-        Mode::All,
-        std::future::pending(),
-    ));
-    let clients = Clients::connect(&socket).await.unwrap();
+    let clients = common::serve_in_process(driver, dir.path()).await;
     Harness {
         dir,
         host,

@@ -2,11 +2,12 @@
 //! unix socket, its metrics on 127.0.0.1:0; CSI calls go through the socket and the
 //! exposition is fetched over HTTP and checked line by line.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use gds_csi::client::Clients;
-use gds_csi::config::Mode;
 use gds_csi::csi::*;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
@@ -114,20 +115,12 @@ async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
         pool,
         host,
     ));
-    driver.initialise().await.unwrap();
-    let socket = dir.join("csi.sock");
-    let listener = gds_csi::server::bind(&socket, 0o600).unwrap();
-    tokio::spawn(gds_csi::server::serve(
-        listener,
-        Arc::clone(&driver),
-        Mode::All,
-        std::future::pending(),
-    ));
+    let clients = common::serve_in_process(Arc::clone(&driver), dir).await;
     let addr = gds_csi::metrics::start("127.0.0.1:0", Some(driver), dir.join("proc"))
         .await
         .unwrap()
         .expect("metrics are on");
-    (Clients::connect(&socket).await.unwrap(), addr)
+    (clients, addr)
 }
 
 #[tokio::test]

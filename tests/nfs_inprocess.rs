@@ -2,6 +2,8 @@
 //! a `Host` double whose `mount_nfs` records an nfs4 mount (with the super options the
 //! "kernel" negotiated) and whose export is a local directory. No root, no NFS client.
 
+mod common;
+
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -9,7 +11,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use gds_csi::client::Clients;
-use gds_csi::config::Mode;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, BlockVolume, MountVolume,
 };
@@ -18,7 +19,6 @@ use gds_csi::error::Result;
 use gds_csi::nfs::NfsBackend;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
-use gds_csi::server;
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
 use tonic::Code;
@@ -154,16 +154,7 @@ async fn harness() -> Harness {
         )
         .with_nfs(NfsBackend::open(&state, std::time::Duration::from_secs(5)).unwrap()),
     );
-    driver.initialise().await.unwrap();
-    let socket = dir.path().join("csi.sock");
-    let listener = server::bind(&socket, 0o600).unwrap();
-    tokio::spawn(server::serve(
-        listener,
-        driver,
-        Mode::All,
-        std::future::pending(),
-    ));
-    let c = Clients::connect(&socket).await.unwrap();
+    let c = common::serve_in_process(driver, dir.path()).await;
     Harness { dir, host, c }
 }
 

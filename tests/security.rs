@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use gds_csi::client::Clients;
-use gds_csi::config::Mode;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AM, AccessMode, AccessType, BlockVolume, MountVolume,
 };
@@ -25,7 +24,6 @@ use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
-use gds_csi::server;
 use gds_csi::service::Driver;
 use tonic::Code;
 
@@ -202,16 +200,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         pool,
         host.clone(),
     ));
-    driver.initialise().await.unwrap();
-    let socket = dir.path().join("csi.sock");
-    let listener = server::bind(&socket, 0o600).unwrap();
-    tokio::spawn(server::serve(
-        listener,
-        driver,
-        Mode::All,
-        std::future::pending(),
-    ));
-    let c = Clients::connect(&socket).await.unwrap();
+    let c = common::serve_in_process(driver, dir.path()).await;
     // One real volume, so path and capability cases are refused for the field under test.
     let vol = c
         .controller

@@ -1,6 +1,7 @@
 //! The real `gds-csi` binary on real loop devices, for the root tests of
 //! `tests/faults.rs` and `tests/security.rs` (same shape as the Rig in `block_root.rs`):
 //! start, SIGKILL, restart with other environment, count mkfs runs from the logs.
+//! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
 
 use std::fs;
@@ -10,11 +11,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use gds_csi::client::Clients;
+use gds_csi::config::Mode;
 use gds_csi::csi::ProbeRequest;
+use gds_csi::service::Driver;
 use sha2::{Digest, Sha256};
 
 pub const SIZE: u64 = 64 << 20;
+
+/// Initialises `driver` and serves it in this process on `<dir>/csi.sock` (all services,
+/// as `serve --mode all` does), returning connected clients.
+pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
+    driver.initialise().await.unwrap();
+    let socket = dir.join("csi.sock");
+    let listener = gds_csi::server::bind(&socket, 0o600).unwrap();
+    tokio::spawn(gds_csi::server::serve(
+        listener,
+        driver,
+        Mode::All,
+        std::future::pending(),
+    ));
+    Clients::connect(&socket).await.unwrap()
+}
 
 pub struct Rig {
     pub dir: tempfile::TempDir,
