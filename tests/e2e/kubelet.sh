@@ -53,8 +53,9 @@ KUBE_PROXY_PID=
 MADE_RUN_UDEV=
 
 cleanup() {
+  local status=$?
   set +e
-  [ $failed -eq 0 ] || dump_logs
+  [ "$status" -eq 0 ] && [ "$failed" -eq 0 ] || dump_logs
   # For debugging a failure: leave everything running and say where it is.
   if [ -n "${GDS_E2E_KEEP:-}" ]; then echo "kept $WORK (kubelet $KUBELET_PID, containerd $CONTAINERD_PID)"; return; fi
   # Pods first, while the kubelet can still stop their sandboxes (network namespaces
