@@ -8,7 +8,7 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{mountinfo, FsType, MountEntry, Signature};
+use crate::os::{blockdev, mountinfo, DeviceUse, FsType, MountEntry, Signature};
 use crate::pool::{describe_signatures, PoolDevice, VolumeRecord};
 use crate::request::{Access, Capability};
 use crate::service::Driver;
@@ -88,19 +88,17 @@ pub fn locate(driver: &Driver, id: &BlockVolumeId) -> Result<Located> {
         .get(&raw)
         .cloned()
         .ok_or_else(|| Error::VolumeNotFound(raw.clone()))?;
-    let device = match driver.pool.device(&record.device_id) {
-        Some(d) => d,
-        None => {
-            // Hot-plugged or renamed since the last scan: look again once.
-            driver.pool.rescan(&driver.host.mount_table()?);
-            driver.pool.device(&record.device_id).ok_or_else(|| {
-                Error::FailedPrecondition(format!(
-                    "the device of volume {raw} ({}) is not present on this node; reattach it",
-                    record.device_key
-                ))
-            })?
-        }
-    };
+    // Hot-plugged, renamed, re-attached or re-pointed since the last scan: look again.
+    let mounts = driver.host.mount_table()?;
+    let device = driver
+        .pool
+        .fresh_device(&record.device_id, &mounts)
+        .ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "the device of volume {raw} ({}) is not present on this node; reattach it",
+                record.device_key
+            ))
+        })?;
     Ok(Located {
         id: id.clone(),
         record,
@@ -130,14 +128,14 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
             m.source.as_deref().unwrap_or("?")
         )));
     }
-    if let Some(m) = mounts
-        .iter()
-        .find(|m| m.is_device(dev.major, dev.minor) && m.root == "/")
-    {
+    if let Some(u) = driver.pool.uses(dev, &mounts).first() {
+        let why = match u {
+            DeviceUse::Mounted(at) => format!("is already staged at {}", at.display()),
+            other => format!("is in use: {other}"),
+        };
         return Err(Error::FailedPrecondition(format!(
-            "volume {} is already staged at {}; unstage it there first",
-            vol.id,
-            m.mount_point.display()
+            "volume {} {why}; unpublish and unstage it there first",
+            vol.id
         )));
     }
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
@@ -149,11 +147,14 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
             fs.as_str()
         )));
     }
+    let raw_id = vol.id.to_string();
+    driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
     ensure_dir(staging)?;
     let sigs = driver.host.probe_signatures(&dev.path).await?;
     match decide_format(&vol.record, fs, &dev.path, &sigs) {
         FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
         FormatDecision::Format => {
+            driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
             info!(volume_id = %vol.id, device = %dev.path.display(), fs = fs.as_str(), "formatting fresh device");
             driver.host.mkfs(&dev.path, fs, &vol.record.fs_uuid).await?;
             faults::reached(KillPoint::AfterMkfs);
@@ -162,6 +163,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         FormatDecision::UseExisting { adopt: true } => mark_formatted(driver, &vol.id, fs)?,
         FormatDecision::UseExisting { adopt: false } => {}
     }
+    driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
     driver
         .host
         .mount(&dev.path, staging, fs, &cap.mount_flags)
@@ -232,7 +234,7 @@ pub async fn publish(
     let dev = &vol.device;
     let mounts = driver.host.mount_table()?;
     if already_published(&mounts, target, readonly, |m| {
-        m.is_device(dev.major, dev.minor)
+        blockdev::carries(m, dev.major, dev.minor)
     })? {
         return Ok(());
     }
@@ -272,6 +274,9 @@ pub async fn publish(
             if !target.exists() {
                 std::fs::File::create(target).map_err(|e| Error::io("creating", target, e))?;
             }
+            driver
+                .pool
+                .verify_identity(&vol.id.to_string(), dev, &vol.record)?;
             driver.host.bind_mount(&dev.path, target, &options).await
         }
     }
@@ -306,15 +311,17 @@ pub fn already_published(
     Ok(true)
 }
 
+/// Mounts of the device other than its staging mount: filesystem binds and, for raw
+/// block, binds of its node.
 fn published_targets<'a>(
     mounts: &'a [MountEntry],
     dev: &'a PoolDevice,
     staging: &'a Path,
 ) -> impl Iterator<Item = PathBuf> + 'a {
-    mounts
-        .iter()
-        .filter(move |m| m.is_device(dev.major, dev.minor) && m.mount_point != staging)
-        .map(|m| m.mount_point.clone())
+    blockdev::mounts(mounts, dev.major, dev.minor)
+        .into_iter()
+        .filter_map(|u| u.mount_point().map(Path::to_owned))
+        .filter(move |p| p != staging)
 }
 
 pub async fn unpublish(driver: &Driver, target: &Path) -> Result<()> {
@@ -344,6 +351,7 @@ mod tests {
             fs_uuid: "uuid-1".into(),
             formatted,
             deleting: false,
+            device_identity: None,
         }
     }
 

@@ -2,9 +2,11 @@
 //! block-device signatures, mkfs and mounts. `Host` is injected into the services so
 //! tests can substitute a recording double; `RealHost` is chosen in `main`.
 
+pub mod blockdev;
 pub mod host;
 pub mod mountinfo;
 pub mod runner;
 
+pub use blockdev::DeviceUse;
 pub use host::{FsType, Host, RealHost, Signature};
 pub use mountinfo::MountEntry;

@@ -1,14 +1,16 @@
 //! Finding the node's pool devices: NVMe namespaces through sysfs, identified by
-//! their `wwid`, and devices listed by the operator, identified by the given path.
+//! their `wwid`, and devices listed by the operator, keyed by the given path (the key
+//! volume ids were derived from since the first release, so it stays). What a device
+//! *is* is its number at scan time and its sysfs identity ([`Observed`]): two paths to
+//! one device are one pool device, and a path that names something else is noticed.
 
 use std::collections::HashSet;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::os::MountEntry;
+use crate::os::{blockdev, MountEntry};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolDevice {
@@ -21,6 +23,80 @@ pub struct PoolDevice {
     pub size_bytes: u64,
     pub major: u32,
     pub minor: u32,
+    /// What sysfs said the device is at scan time (`blockdev::sysfs_identity`).
+    pub identity: Option<String>,
+    pub source: Source,
+}
+
+/// How the device was found, and so how to look at it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `--pool-device`: the path names the device (stat it).
+    Listed,
+    /// NVMe discovery: the kernel name under `<sys>/block` names it.
+    Discovered { name: String },
+}
+
+/// What a pool device's path or name shows now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub major: u32,
+    pub minor: u32,
+    pub size_bytes: u64,
+    pub identity: Option<String>,
+}
+
+impl std::fmt::Display for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {}:{}, {} bytes, {}",
+            self.major,
+            self.minor,
+            self.size_bytes,
+            self.identity.as_deref().unwrap_or("no sysfs identity")
+        )
+    }
+}
+
+impl PoolDevice {
+    pub fn observed_at_scan(&self) -> Observed {
+        Observed {
+            major: self.major,
+            minor: self.minor,
+            size_bytes: self.size_bytes,
+            identity: self.identity.clone(),
+        }
+    }
+}
+
+/// Looks at the device again: sysfs and `stat` only, no I/O to the device.
+pub fn observe(sys: &Path, dev: &PoolDevice) -> Result<Observed, String> {
+    let (major, minor, dir) = match &dev.source {
+        Source::Listed => {
+            let (major, minor) = blockdev::devnum_of(&dev.path)?;
+            (major, minor, sys.join(format!("dev/block/{major}:{minor}")))
+        }
+        Source::Discovered { name } => {
+            let dir = sys.join("block").join(name);
+            let (major, minor) = read_devnum(&dir)
+                .ok_or_else(|| format!("{} is gone from sysfs", dev.path.display()))?;
+            (major, minor, dir)
+        }
+    };
+    Ok(Observed {
+        major,
+        minor,
+        size_bytes: blockdev::size_bytes(sys, major, minor)?,
+        identity: blockdev::sysfs_identity(&dir),
+    })
+}
+
+fn read_devnum(dir: &Path) -> Option<(u32, u32)> {
+    read_trimmed(&dir.join("dev")).and_then(|d| {
+        let (a, b) = d.split_once(':')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    })
 }
 
 /// A device that is not in the pool, and why.
@@ -41,24 +117,12 @@ fn read_trimmed(path: &Path) -> Option<String> {
 }
 
 fn size_from_sysfs(sys: &Path, major: u32, minor: u32) -> Result<u64, String> {
-    let path = sys.join(format!("dev/block/{major}:{minor}/size"));
-    let sectors = read_trimmed(&path)
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or_else(|| format!("cannot read {}", path.display()))?;
-    Ok(sectors * 512)
+    blockdev::size_bytes(sys, major, minor)
 }
 
 /// A device listed with `--pool-device`.
 pub fn listed_device(sys: &Path, path: &Path) -> Result<PoolDevice, String> {
-    let meta = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.file_type().is_block_device() {
-        return Err(format!("{} is not a block device", path.display()));
-    }
-    let rdev = meta.rdev();
-    let (major, minor) = (
-        nix::sys::stat::major(rdev) as u32,
-        nix::sys::stat::minor(rdev) as u32,
-    );
+    let (major, minor) = blockdev::devnum_of(path)?;
     let size_bytes = size_from_sysfs(sys, major, minor)?;
     if size_bytes == 0 {
         return Err(format!(
@@ -74,6 +138,8 @@ pub fn listed_device(sys: &Path, path: &Path) -> Result<PoolDevice, String> {
         size_bytes,
         major,
         minor,
+        identity: blockdev::sysfs_identity(&sys.join(format!("dev/block/{major}:{minor}"))),
+        source: Source::Listed,
     })
 }
 
@@ -119,10 +185,7 @@ pub fn nvme_namespaces(
             exclude("no wwid in sysfs; namespaces are only identified by wwid".into());
             continue;
         };
-        let Some((major, minor)) = read_trimmed(&dir.join("dev")).and_then(|d| {
-            let (a, b) = d.split_once(':')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        }) else {
+        let Some((major, minor)) = read_devnum(&dir) else {
             exclude("unreadable dev number".into());
             continue;
         };
@@ -147,8 +210,11 @@ pub fn nvme_namespaces(
             exclude("held by another device (device-mapper, md, ...)".into());
             continue;
         }
-        if !ours && mounts.iter().any(|m| m.is_device(major, minor)) {
-            exclude("mounted outside the driver".into());
+        if let Some(u) = blockdev::mounts(mounts, major, minor)
+            .first()
+            .filter(|_| !ours)
+        {
+            exclude(format!("in use outside the driver: {u}"));
             continue;
         }
         let size_bytes = match size_from_sysfs(sys, major, minor) {
@@ -169,6 +235,8 @@ pub fn nvme_namespaces(
             size_bytes,
             major,
             minor,
+            identity: blockdev::sysfs_identity(&dir),
+            source: Source::Discovered { name: name.clone() },
         });
     }
     (found, excluded)

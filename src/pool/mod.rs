@@ -9,12 +9,12 @@ use std::sync::{Mutex, RwLock};
 
 use tracing::{info, warn};
 
-pub use inventory::{Excluded, PoolDevice};
+pub use inventory::{Excluded, Observed, PoolDevice};
 pub use state::{State, StateStore, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{FsType, Host, MountEntry};
+use crate::os::{blockdev, FsType, Host, MountEntry};
 use crate::volume_id::BlockVolumeId;
 
 pub struct PoolConfig {
@@ -69,46 +69,106 @@ impl Pool {
     }
 
     /// Re-reads which devices exist. Cheap (sysfs and stat only); run at start and
-    /// whenever a volume's device is not where it was.
+    /// whenever a volume's device is not what or where it was.
     pub fn rescan(&self, mounts: &[MountEntry]) {
-        let mut devices = BTreeMap::new();
+        let mut candidates = Vec::new();
         let mut excluded = Vec::new();
         for path in &self.config.listed {
             match inventory::listed_device(&self.config.host_sys, path) {
-                Ok(dev) => {
-                    devices.insert(dev.id.clone(), dev);
-                }
+                Ok(dev) => candidates.push(dev),
                 Err(reason) => excluded.push(Excluded {
                     device: path.display().to_string(),
                     reason,
                 }),
             }
         }
+        let allocated: HashSet<String> = self
+            .state
+            .snapshot()
+            .volumes
+            .into_values()
+            .map(|v| v.device_key)
+            .collect();
         if self.config.nvme_discover {
             // Namespaces the driver allocated are mounted by the driver: never exclude them.
-            let allocated: HashSet<String> = self
-                .state
-                .snapshot()
-                .volumes
-                .into_values()
-                .map(|v| v.device_key)
-                .collect();
             let (found, skipped) = inventory::nvme_namespaces(
                 &self.config.host_sys,
                 &self.config.host_dev,
                 mounts,
                 &allocated,
             );
-            for dev in found {
-                devices.insert(dev.id.clone(), dev);
-            }
+            candidates.extend(found);
             excluded.extend(skipped);
         }
+        let (devices, duplicates) = one_per_device(candidates, &allocated);
+        excluded.extend(duplicates);
         for e in &excluded {
             warn!(device = %e.device, reason = %e.reason, "device not in the pool");
         }
         *self.devices.write().unwrap_or_else(|e| e.into_inner()) = devices;
         *self.excluded.write().unwrap_or_else(|e| e.into_inner()) = excluded;
+    }
+
+    /// The pool device `id` as it is now: rescanned first when its path or name no
+    /// longer shows what the last scan saw (re-attached, renamed, detached, re-pointed).
+    pub fn fresh_device(&self, id: &str, mounts: &[MountEntry]) -> Option<PoolDevice> {
+        let current = self.device(id);
+        let unchanged = current.as_ref().is_some_and(|d| {
+            inventory::observe(&self.config.host_sys, d).ok() == Some(d.observed_at_scan())
+        });
+        if unchanged {
+            return current;
+        }
+        self.rescan(mounts);
+        self.device(id)
+    }
+
+    /// Where the device is in use on this host (mounts, binds of its node, holders).
+    pub fn uses(&self, dev: &PoolDevice, mounts: &[MountEntry]) -> Vec<crate::os::DeviceUse> {
+        blockdev::uses(mounts, &self.config.host_sys, dev.major, dev.minor)
+    }
+
+    /// The device is still the one allocated to the volume: same size and sysfs identity
+    /// as recorded, at the number `dev` was found at. Call right before every destructive
+    /// step (mkfs, wipe, discard) and before mounting; sysfs and stat only, cheap.
+    pub fn verify_identity(
+        &self,
+        volume_id: &str,
+        dev: &PoolDevice,
+        record: &VolumeRecord,
+    ) -> Result<()> {
+        let recorded = format!(
+            "{} bytes, {}",
+            record.capacity_bytes,
+            record
+                .device_identity
+                .as_deref()
+                .unwrap_or("no sysfs identity recorded")
+        );
+        let now = match inventory::observe(&self.config.host_sys, dev) {
+            Ok(now) => now,
+            Err(why) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "the device of volume {volume_id} ({}) cannot be checked: {why}; \
+                     recorded at allocation: {recorded}; reattach it and retry",
+                    dev.path.display()
+                )))
+            }
+        };
+        let same = (now.major, now.minor) == (dev.major, dev.minor)
+            && now.size_bytes == record.capacity_bytes
+            && (record.device_identity.is_none() || record.device_identity == now.identity);
+        if same {
+            return Ok(());
+        }
+        warn!(volume_id, device = %dev.path.display(), %recorded, now = %now, "device is not the one allocated");
+        Err(Error::FailedPrecondition(format!(
+            "{} is not the device allocated to volume {volume_id}: recorded {recorded}, now {now}; \
+             it will not be formatted, wiped or mounted: point {} back at the allocated device \
+             (or reattach it) and retry",
+            dev.path.display(),
+            dev.path.display()
+        )))
     }
 
     pub fn devices(&self) -> Vec<PoolDevice> {
@@ -197,7 +257,34 @@ impl Pool {
             .filter(|d| req.fits(d.size_bytes))
             .collect();
         let mut refused = Vec::new();
+        let mut changed = false;
+        let mounts = host.mount_table()?;
         for dev in fitting {
+            // The scan may be old: the device must still be there, be what was scanned,
+            // and be in use nowhere.
+            let now = match inventory::observe(&self.config.host_sys, &dev) {
+                Ok(now) if now == dev.observed_at_scan() => now,
+                Ok(now) => {
+                    warn!(device = %dev.path.display(), was = %dev.observed_at_scan(), %now, "pool device changed since the scan; not allocating");
+                    refused.push(format!(
+                        "{} is no longer the device scanned (was {}, now {now})",
+                        dev.path.display(),
+                        dev.observed_at_scan()
+                    ));
+                    changed = true;
+                    continue;
+                }
+                Err(why) => {
+                    warn!(device = %dev.path.display(), %why, "pool device gone since the scan; not allocating");
+                    refused.push(format!("{} is gone ({why})", dev.path.display()));
+                    changed = true;
+                    continue;
+                }
+            };
+            if let Some(u) = self.uses(&dev, &mounts).first() {
+                refused.push(format!("{} is in use: {u}", dev.path.display()));
+                continue;
+            }
             // Probe outside the state lock: a slow device must not stall other volumes.
             match host.probe_signatures(&dev.path).await {
                 Ok(sigs) if sigs.is_empty() => {}
@@ -236,6 +323,7 @@ impl Pool {
                     fs_uuid: uuid.hyphenated().to_string(),
                     formatted: false,
                     deleting: false,
+                    device_identity: now.identity.clone(),
                 };
                 state.volumes.insert(id.to_string(), record.clone());
                 Ok(Some((id.to_string(), record)))
@@ -248,6 +336,9 @@ impl Pool {
                 }
                 _ => continue,
             }
+        }
+        if changed {
+            self.rescan(&mounts);
         }
         Err(self.nothing_fits(req, &refused))
     }
@@ -326,14 +417,18 @@ impl Pool {
         let Some(record) = self.state.snapshot().volumes.get(volume_id).cloned() else {
             return Ok(());
         };
-        let device = self.device(&record.device_id);
+        // A device that is gone (detached, removed) holds nothing to wipe: the record goes.
+        let device = self.fresh_device(&record.device_id, mounts);
         if let Some(dev) = &device {
-            if let Some(m) = mounts.iter().find(|m| m.is_device(dev.major, dev.minor)) {
+            let uses = self.uses(dev, mounts);
+            if !uses.is_empty() {
+                let list: Vec<String> = uses.iter().map(ToString::to_string).collect();
                 return Err(Error::FailedPrecondition(format!(
-                    "volume {volume_id} is still mounted at {}; unpublish and unstage it first",
-                    m.mount_point.display()
+                    "volume {volume_id} is still in use: {}; unpublish and unstage it first",
+                    list.join(", ")
                 )));
             }
+            self.verify_identity(volume_id, dev, &record)?;
         }
         self.state.update(|s| {
             if let Some(r) = s.volumes.get_mut(volume_id) {
@@ -345,6 +440,7 @@ impl Pool {
         if let Some(dev) = &device {
             // Wipe only what is provably ours; anything else is left exactly as it is.
             let sigs = host.probe_signatures(&dev.path).await?;
+            self.verify_identity(volume_id, dev, &record)?;
             let ours = !sigs.is_empty()
                 && sigs
                     .iter()
@@ -365,6 +461,61 @@ impl Pool {
         info!(volume_id, "released");
         Ok(())
     }
+}
+
+/// One pool device per device number: a device listed twice (`/dev/loop3` and a symlink
+/// to it, or listed and also discovered) is kept once. The one a volume was allocated
+/// under keeps its key (so its volume ids keep working); otherwise a discovered NVMe
+/// namespace (keyed by wwid, stable across renames), otherwise the first listed.
+fn one_per_device(
+    candidates: Vec<PoolDevice>,
+    allocated: &HashSet<String>,
+) -> (BTreeMap<String, PoolDevice>, Vec<Excluded>) {
+    let mut by_devnum: BTreeMap<(u32, u32), Vec<PoolDevice>> = BTreeMap::new();
+    for dev in candidates {
+        by_devnum
+            .entry((dev.major, dev.minor))
+            .or_default()
+            .push(dev);
+    }
+    let mut devices = BTreeMap::new();
+    let mut excluded = Vec::new();
+    for ((major, minor), mut same) in by_devnum {
+        // Stable sort: order of listing breaks ties.
+        same.sort_by_key(|d| {
+            (
+                !allocated.contains(&d.key),
+                matches!(d.source, inventory::Source::Listed),
+            )
+        });
+        let mut it = same.into_iter();
+        let Some(keep) = it.next() else { continue };
+        for dup in it {
+            let reason = if allocated.contains(&dup.key) {
+                tracing::error!(device = %dup.path.display(), kept = %keep.path.display(), "two volumes are recorded on one device; only the volumes of the kept path are served: inspect the state file");
+                format!(
+                    "device {major}:{minor} listed twice, and volumes are recorded under both \
+                     {} and {}; only {} is used: inspect the state file",
+                    dup.path.display(),
+                    keep.path.display(),
+                    keep.path.display()
+                )
+            } else {
+                format!(
+                    "device {major}:{minor} listed twice ({} and {}); only {} is used",
+                    dup.path.display(),
+                    keep.path.display(),
+                    keep.path.display()
+                )
+            };
+            excluded.push(Excluded {
+                device: dup.path.display().to_string(),
+                reason,
+            });
+        }
+        devices.insert(keep.id.clone(), keep);
+    }
+    (devices, excluded)
 }
 
 pub fn describe_signatures(sigs: &[crate::os::Signature]) -> String {

@@ -33,6 +33,12 @@ pub struct VolumeRecord {
     /// DeleteVolume started; the device is being wiped and released.
     #[serde(default)]
     pub deleting: bool,
+    /// What sysfs said the device is at allocation (`wwid:`, `serial:`, `loop:<file>@..`);
+    /// with `capacity_bytes` it is re-checked before mkfs, wipe and mount. `None` in
+    /// records written before it existed (their size is still checked) and for devices
+    /// sysfs says nothing about.
+    #[serde(default)]
+    pub device_identity: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -131,6 +137,7 @@ mod tests {
             fs_uuid: "u".into(),
             formatted: false,
             deleting: false,
+            device_identity: None,
         }
     }
 
@@ -152,6 +159,23 @@ mod tests {
         assert_eq!(store.snapshot().volumes.len(), 1);
         let reopened = StateStore::open(dir.path()).unwrap();
         assert_eq!(reopened.snapshot().volumes["v1"], record("a"));
+    }
+
+    #[test]
+    fn records_written_before_device_identity_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = serde_json::to_value(State {
+            version: VERSION,
+            volumes: BTreeMap::from([("v1".to_owned(), record("a"))]),
+        })
+        .unwrap();
+        old["volumes"]["v1"]
+            .as_object_mut()
+            .unwrap()
+            .remove("device_identity");
+        fs::write(dir.path().join(FILE_NAME), old.to_string()).unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        assert_eq!(store.snapshot().volumes["v1"].device_identity, None);
     }
 
     #[test]

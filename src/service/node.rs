@@ -144,7 +144,8 @@ impl NodeService {
         }
         let mounts = self.driver.host.mount_table()?;
         let dev = &located.device;
-        let entry = mountinfo::at(&mounts, path).filter(|m| m.is_device(dev.major, dev.minor));
+        let entry = mountinfo::at(&mounts, path)
+            .filter(|m| crate::os::blockdev::carries(m, dev.major, dev.minor));
         let Some(entry) = entry else {
             return Ok(NodeGetVolumeStatsResponse {
                 usage: vec![],
