@@ -524,3 +524,59 @@ pub fn describe_signatures(sigs: &[crate::os::Signature]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inventory::Source;
+
+    fn dev(key: &str, devnum: (u32, u32), source: Source) -> PoolDevice {
+        PoolDevice {
+            id: inventory::device_id("x", key),
+            key: key.into(),
+            path: PathBuf::from(key.rsplit(':').next().unwrap()),
+            size_bytes: 1 << 20,
+            major: devnum.0,
+            minor: devnum.1,
+            identity: None,
+            source,
+        }
+    }
+
+    #[test]
+    fn a_device_listed_twice_is_kept_once_under_the_allocated_or_most_stable_key() {
+        let listed = dev("path:/dev/loop3", (7, 3), Source::Listed);
+        let alias = dev("path:/by-id/a", (7, 3), Source::Listed);
+        let other = dev("path:/dev/loop4", (7, 4), Source::Listed);
+        let nvme = dev(
+            "wwid:eui.1",
+            (259, 0),
+            Source::Discovered {
+                name: "nvme0n1".into(),
+            },
+        );
+        let nvme_listed = dev("path:/dev/nvme0n1", (259, 0), Source::Listed);
+        let all = vec![
+            listed.clone(),
+            alias.clone(),
+            other.clone(),
+            nvme_listed.clone(),
+            nvme.clone(),
+        ];
+
+        let (kept, dropped) = one_per_device(all.clone(), &HashSet::new());
+        let keys: Vec<_> = kept.values().map(|d| d.key.as_str()).collect();
+        assert_eq!(kept.len(), 3, "{keys:?}");
+        assert!(kept.contains_key(&listed.id), "first listed wins: {keys:?}");
+        assert!(kept.contains_key(&nvme.id), "wwid beats a path: {keys:?}");
+        assert!(kept.contains_key(&other.id));
+        assert_eq!(dropped.len(), 2);
+        assert!(dropped.iter().all(|e| e.reason.contains("listed twice")));
+
+        // A volume allocated under the alias keeps the alias's key, whatever the order.
+        let allocated = HashSet::from([alias.key.clone(), nvme_listed.key.clone()]);
+        let (kept, _) = one_per_device(all, &allocated);
+        assert!(kept.contains_key(&alias.id) && !kept.contains_key(&listed.id));
+        assert!(kept.contains_key(&nvme_listed.id) && !kept.contains_key(&nvme.id));
+    }
+}
