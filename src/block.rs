@@ -233,8 +233,10 @@ pub async fn publish(
 ) -> Result<()> {
     let dev = &vol.device;
     let mounts = driver.host.mount_table()?;
-    if already_published(&mounts, target, readonly, |m| {
-        blockdev::carries(m, dev.major, dev.minor)
+    // A filesystem publish is a mount of the device; a raw-block one a bind of its node.
+    if already_published(&mounts, target, readonly, |m| match cap.access {
+        Access::Mount => m.is_device(dev.major, dev.minor),
+        Access::Block => blockdev::is_node_bind(m, dev.major, dev.minor),
     })? {
         return Ok(());
     }
