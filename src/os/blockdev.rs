@@ -43,14 +43,24 @@ impl fmt::Display for DeviceUse {
     }
 }
 
-/// Filesystems whose mount points are never stat'ed: a dead server would hang the call,
-/// and a device node on them is not one the driver published.
+/// Filesystems whose mount points are never stat'ed: a dead server would hang the call
+/// (and an autofs point would trigger a mount), and a device node on them is not one the
+/// driver published.
 fn remote(fs_type: &str) -> bool {
     fs_type.starts_with("nfs")
         || fs_type.starts_with("fuse")
         || matches!(
             fs_type,
-            "cifs" | "smb3" | "smbfs" | "ceph" | "glusterfs" | "9p" | "afs" | "lustre" | "gpfs"
+            "cifs"
+                | "smb3"
+                | "smbfs"
+                | "ceph"
+                | "glusterfs"
+                | "9p"
+                | "afs"
+                | "lustre"
+                | "gpfs"
+                | "autofs"
         )
 }
 
