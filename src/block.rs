@@ -215,7 +215,7 @@ pub async fn unstage(driver: &Driver, staging: &Path) -> Result<()> {
         if mountinfo::at(&mounts, staging).is_none() {
             return Ok(());
         }
-        driver.host.unmount(staging).await?;
+        crate::nfs::unmount::unmount(driver, staging).await?;
     }
     Err(Error::FailedPrecondition(format!(
         "{} is still mounted after repeated unmounts",

@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the CSI gRPC services on a unix socket until SIGTERM.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check whether this node (and, with --path, a mounted volume) can do GPUDirect Storage.
     Doctor(DoctorArgs),
     /// The cuFile probe child (runs libcufile in its own process); used by `serve` and `doctor`.
@@ -128,6 +128,10 @@ pub struct ServeArgs {
     /// Where the allocation state lives; must survive restarts (a hostPath).
     #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
     pub state_dir: PathBuf,
+    /// How long start-up waits for a previous driver on the same state dir (one killed
+    /// or still draining) to exit, before refusing to start.
+    #[arg(long, env = "GDS_CSI_STATE_LOCK_WAIT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub state_lock_wait: Duration,
     /// The host's sysfs, as seen by the plugin.
     #[arg(long, env = "GDS_CSI_HOST_SYS", default_value = "/sys")]
     pub host_sys: PathBuf,

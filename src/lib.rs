@@ -19,6 +19,7 @@ pub mod pool;
 pub mod request;
 pub mod server;
 pub mod service;
+pub mod state_dir;
 pub mod volume_id;
 
 /// Code generated from the vendored `proto/csi.proto` (CSI spec v1.12.0).

@@ -1,10 +1,12 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::gds_gate::{GateConfig, GdsGate};
@@ -40,10 +42,29 @@ fn gds_gate(args: &ServeArgs) -> GdsGate {
     })
 }
 
+/// Raises the soft limit on open files to the hard limit: every connection and every
+/// child's pipes cost descriptors, and a container's soft limit can be as low as 1024.
+fn raise_nofile_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => warn!(soft, hard, error = %e, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
 async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
     gds_csi::faults::arm(args.fault_kill_at);
     let socket = args.socket_path()?;
+    raise_nofile_limit();
+    // Before anything reads the state: one process per state dir. A predecessor still
+    // exiting is waited for; the socket check below then gets what is left of the wait.
+    let started = Instant::now();
+    let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
     let host = Arc::new(RealHost {
         command_timeout: args.command_timeout,
         mount_timeout: args.mount_timeout,
@@ -71,8 +92,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?,
         ),
     );
-    let listener = server::bind(&socket, args.socket_mode)
-        .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;
+    let listener = server::bind_after(
+        &socket,
+        args.socket_mode,
+        args.state_lock_wait.saturating_sub(started.elapsed()),
+    )
+    .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;
     info!(endpoint = %args.endpoint, mode = ?args.mode, node_id = %args.node_id, version = env!("CARGO_PKG_VERSION"), "serving");
 
     // Probe reports not-ready until the pool has been scanned.
@@ -91,16 +116,24 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let asked = Arc::new(AtomicBool::new(false));
+    let asked_by_signal = Arc::clone(&asked);
     let shutdown = async move {
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},
         }
+        asked_by_signal.store(true, Ordering::SeqCst);
         info!("signal received; draining in-flight calls");
     };
     let result = server::serve(listener, driver, args.mode, shutdown).await;
     let _ = std::fs::remove_file(&socket);
     result.map_err(|e| e.to_string())?;
+    // Exit 0 means "asked to stop": anything else must fail so that it is restarted.
+    if !asked.load(Ordering::SeqCst) {
+        error!("the gRPC server stopped without a signal");
+        return Err("the gRPC server stopped without being asked to".into());
+    }
     info!("stopped");
     Ok(())
 }
@@ -111,7 +144,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => {
             init_logging(args.log_format);
-            serve(args).await
+            serve(*args).await
         }
         Command::Doctor(args) => return ExitCode::from(gds_csi::doctor::main(&args) as u8),
         Command::CufileProbe { args } => std::process::exit(gds_csi::doctor::probe_child(&args)),

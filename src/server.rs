@@ -1,16 +1,21 @@
-//! The unix-socket gRPC server: stale socket removal, socket permissions, one
-//! request-logging layer, and a graceful drain on shutdown.
+//! The unix-socket gRPC server: stale socket removal, socket permissions, bounds on
+//! what clients can make the driver hold, one request-logging layer, and a graceful
+//! drain on shutdown.
 
 use std::future::Future;
+use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, UdsConnectInfo};
 use tower::{Layer, Service};
 use tracing::{debug, info, warn};
 
@@ -23,23 +28,75 @@ use crate::service::identity::IdentityService;
 use crate::service::node::NodeService;
 use crate::service::Driver;
 
+// Bounds on what clients can make the driver hold. One connection with 160 unfinished
+// 4 MB requests took the driver from 86 MB to 644 MiB (the chart's limit is 512 Mi)
+// under tonic's defaults: 4 MiB messages, 200 streams per connection, 1 MiB flow-control
+// windows, unlimited connections. Worst case now, above the baseline: every in-flight
+// call buffering a whole message, twice over for buffer growth (64 x 1 MiB x 2), plus
+// every connection's unread window (128 x 256 KiB): under 200 MiB.
+
+/// Largest Controller or Node request. Real ones are a few KiB (a StorageClass's
+/// parameters, a volume context); the largest a CO could send is a Secret, which
+/// Kubernetes caps at 1 MiB and this driver never needs.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Identity requests (Probe, GetPluginInfo, GetPluginCapabilities) are empty messages.
+const MAX_IDENTITY_MESSAGE_BYTES: usize = 4 << 10;
+/// Controller and Node calls running at once, over all connections; more wait their
+/// turn without reading their bodies. Identity calls are not counted, so Probe
+/// answers while a flood of other calls waits.
+pub const MAX_CALLS_IN_FLIGHT: usize = 64;
+/// Open connections; the next one waits in the listen backlog. The sidecars and the
+/// kubelet use one or two each.
+pub const MAX_CONNECTIONS: usize = 128;
+/// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; clients queue calls beyond it.
+const MAX_STREAMS_PER_CONNECTION: u32 = 32;
+/// HTTP/2 flow-control windows: what a client can send that nobody reads yet.
+const WINDOW_BYTES: u32 = 256 << 10;
+/// Pause after an accept error that is not about one connection (EMFILE, ENFILE,
+/// ENOBUFS, ENOMEM): the pending connection stays in the backlog, so retrying at once
+/// would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Binds the socket, removing a stale one left by a crashed predecessor.
-pub fn bind(socket: &Path, mode: u32) -> std::io::Result<UnixListener> {
+pub fn bind(socket: &Path, mode: u32) -> io::Result<UnixListener> {
+    bind_after(socket, mode, Duration::ZERO)
+}
+
+/// Like [`bind`], waiting up to `wait` for a socket that still answers to go quiet.
+/// Called with the state dir locked: a predecessor on the same state dir has then
+/// released its lock, yet its listening socket can answer a little longer, because a
+/// dying process's files are closed one by one after its memory is torn down
+/// (kernel/exit.c `do_exit`: `exit_mm` before `exit_files`); the listen backlog
+/// accepts a connect(2) without the process's help meanwhile.
+pub fn bind_after(socket: &Path, mode: u32, wait: Duration) -> io::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(socket) {
         if !meta.file_type().is_socket() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
                 format!(
                     "{} exists and is not a socket; refusing to remove it",
                     socket.display()
                 ),
             ));
         }
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("another process is serving on {}", socket.display()),
-            ));
+        let deadline = Instant::now() + wait;
+        let mut logged = false;
+        while std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "another process is serving on {} (still after {})",
+                        socket.display(),
+                        humantime::format_duration(wait)
+                    ),
+                ));
+            }
+            if !logged {
+                logged = true;
+                info!(socket = %socket.display(), "socket still answers; waiting for the previous process to exit");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         info!(socket = %socket.display(), "removing stale socket");
         std::fs::remove_file(socket)?;
@@ -52,6 +109,7 @@ pub fn bind(socket: &Path, mode: u32) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Serves until `shutdown` completes. Accept errors never end it (see [`incoming`]).
 pub async fn serve(
     listener: UnixListener,
     driver: Arc<Driver>,
@@ -65,21 +123,196 @@ pub async fn serve(
         controller,
     };
     let mut router = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .initial_connection_window_size(WINDOW_BYTES)
+        .initial_stream_window_size(WINDOW_BYTES)
         .layer(RequestLogLayer)
-        .add_service(IdentityServer::new(identity))
+        .layer(InFlightLayer::new(MAX_CALLS_IN_FLIGHT))
+        .add_service(
+            IdentityServer::new(identity).max_decoding_message_size(MAX_IDENTITY_MESSAGE_BYTES),
+        )
         .add_optional_service(controller.then(|| {
             ControllerServer::new(ControllerService {
                 driver: Arc::clone(&driver),
             })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
         }));
     if node {
-        router = router.add_service(NodeServer::new(NodeService {
-            driver: Arc::clone(&driver),
-        }));
+        router = router.add_service(
+            NodeServer::new(NodeService {
+                driver: Arc::clone(&driver),
+            })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        );
     }
     router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener, MAX_CONNECTIONS), shutdown)
         .await
+}
+
+/// The server's connections. Tonic's own accept loop ends the server on any accept
+/// error but a connection-level one (tonic 0.12.3 src/transport/server/incoming.rs
+/// `handle_accept_error`), so running out of file descriptors (EMFILE) stopped the
+/// driver. Here an accept error is logged and retried after a pause, and at most
+/// `max` connections are open at once. Ends when the server stops listening.
+fn incoming(listener: UnixListener, max: usize) -> ReceiverStream<io::Result<Conn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let slots = Arc::new(Semaphore::new(max));
+    tokio::spawn(async move {
+        let mut failures = 0u64;
+        loop {
+            let slot = tokio::select! {
+                _ = tx.closed() => return,
+                slot = Arc::clone(&slots).acquire_owned() => slot.expect("never closed"),
+            };
+            let io = loop {
+                let accepted = tokio::select! {
+                    _ = tx.closed() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                match accepted {
+                    Ok((io, _)) => break io,
+                    // The client gave up before we accepted: nothing to do.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionAborted
+                                | io::ErrorKind::ConnectionReset
+                                | io::ErrorKind::Interrupted
+                                | io::ErrorKind::WouldBlock
+                        ) => {}
+                    Err(e) => {
+                        failures += 1;
+                        if failures == 1 {
+                            warn!(error = %e, "cannot accept connections; retrying every {ACCEPT_BACKOFF:?}");
+                        } else {
+                            debug!(error = %e, failures, "accept failed again");
+                        }
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                }
+            };
+            if failures > 0 {
+                info!(failures, "accepting connections again");
+                failures = 0;
+            }
+            if tx.send(Ok(Conn { io, _slot: slot })).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// A connection and its slot among [`MAX_CONNECTIONS`], freed when hyper drops it.
+struct Conn {
+    io: UnixStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = UdsConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// At most `limit` Controller and Node calls at once over all connections; a call
+/// waits for its turn before its body is read. Identity calls pass freely.
+#[derive(Clone)]
+pub struct InFlightLayer {
+    permits: Arc<Semaphore>,
+}
+
+impl InFlightLayer {
+    pub fn new(limit: usize) -> Self {
+        InFlightLayer {
+            permits: Arc::new(Semaphore::new(limit)),
+        }
+    }
+}
+
+impl<S> Layer<S> for InFlightLayer {
+    type Service = InFlight<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlight {
+            inner,
+            permits: Arc::clone(&self.permits),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct InFlight<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for InFlight<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let counted = !req.uri().path().starts_with("/csi.v1.Identity/");
+        let permits = Arc::clone(&self.permits);
+        // The clone that was polled ready is the one that must be called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let _permit = if counted {
+                Some(permits.acquire_owned().await.expect("never closed"))
+            } else {
+                None
+            };
+            inner.call(req).await
+        })
+    }
 }
 
 /// Logs each call's method, gRPC code and latency; never the request, which may

@@ -71,6 +71,30 @@ render --set storageClasses.nvme.fsType=xfs --set node.nvmeDiscover=true \
   && pass "helm template (xfs, discovery, pool devices, no cufile, k0s kubelet dir)" \
   || fail "helm template (xfs, discovery, pool devices, no cufile)" "$(cat "$tmp/err")"
 
+# The node plugin's state dir is unique per driver name: two releases must never share
+# one (the driver refuses a state dir another process holds). The default driver name
+# keeps /var/lib/gds-csi, so an upgrade finds its state; an explicit stateDir wins.
+state_dir_of() { # file -> the --state-dir argument, the hostPath and the mountPath
+  grep -oE -- '--state-dir=[^" ]+' "$1" | head -1
+  grep -A2 -E '^        - name: state-dir$' "$1" | grep -oE '^ +path: .+' | sed 's/^ *//' | head -1
+  grep -A1 -E '^            - name: state-dir$' "$1" | grep -oE 'mountPath: .+' | head -1
+}
+if render --set driverName=gds2.example.com >"$tmp/renamed.yaml" 2>"$tmp/err" \
+  && render --set stateDir=/srv/gds-state >"$tmp/explicit.yaml" 2>>"$tmp/err"; then
+  want_default=$'--state-dir=/var/lib/gds-csi\npath: /var/lib/gds-csi\nmountPath: /var/lib/gds-csi'
+  want_renamed=$'--state-dir=/var/lib/gds-csi-gds2.example.com\npath: /var/lib/gds-csi-gds2.example.com\nmountPath: /var/lib/gds-csi-gds2.example.com'
+  want_explicit=$'--state-dir=/srv/gds-state\npath: /srv/gds-state\nmountPath: /srv/gds-state'
+  if [[ "$(state_dir_of "$tmp/default.yaml")" == "$want_default" \
+     && "$(state_dir_of "$tmp/renamed.yaml")" == "$want_renamed" \
+     && "$(state_dir_of "$tmp/explicit.yaml")" == "$want_explicit" ]]; then
+    pass "stateDir: /var/lib/gds-csi by default, per driver name otherwise, explicit wins"
+  else
+    fail "stateDir per driver name" "$(state_dir_of "$tmp/default.yaml"; state_dir_of "$tmp/renamed.yaml"; state_dir_of "$tmp/explicit.yaml")"
+  fi
+else
+  fail "helm template (driverName / stateDir variants)" "$(cat "$tmp/err")"
+fi
+
 # Values the driver would reject must fail at render time.
 expect_render_error() { # description, expected message, args...
   local desc=$1 msg=$2; shift 2

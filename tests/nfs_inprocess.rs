@@ -17,7 +17,7 @@ use gds_csi::csi::volume_capability::{
 use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::nfs::NfsBackend;
-use gds_csi::os::{FsType, Host, MountEntry, Signature};
+use gds_csi::os::{ForceUnmount, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
@@ -36,6 +36,11 @@ struct FakeHost {
     negotiate_proto: Mutex<Option<String>>,
     /// mount_nfs of these sources waits for a permit: a hung server on demand.
     hang: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// The server is gone: a plain unmount of an NFS mount hangs, `umount -f` fails
+    /// (busy), `umount -l` detaches.
+    server_gone: std::sync::atomic::AtomicBool,
+    /// Every unmount, as `umount [-f|-l] <target>`.
+    unmounts: Mutex<Vec<String>>,
 }
 
 fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
@@ -83,6 +88,33 @@ impl Host for FakeHost {
         Ok(())
     }
     async fn unmount(&self, target: &Path) -> Result<()> {
+        self.unmounts
+            .lock()
+            .unwrap()
+            .push(format!("umount {}", target.display()));
+        if self.server_gone.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let mut s = self.state.lock().unwrap();
+        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
+            s.mounts.remove(i);
+        }
+        Ok(())
+    }
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
+        let flag = match how {
+            ForceUnmount::Force => "-f",
+            ForceUnmount::Lazy => "-l",
+        };
+        self.unmounts
+            .lock()
+            .unwrap()
+            .push(format!("umount {flag} {}", target.display()));
+        if how == ForceUnmount::Force {
+            return Err(gds_csi::error::Error::FailedPrecondition(
+                "umount.nfs4: device is busy".into(),
+            ));
+        }
         let mut s = self.state.lock().unwrap();
         if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
             s.mounts.remove(i);
@@ -134,6 +166,8 @@ async fn harness() -> Harness {
         state: Mutex::default(),
         negotiate_proto: Mutex::default(),
         hang: Mutex::default(),
+        server_gone: Default::default(),
+        unmounts: Mutex::default(),
     });
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
@@ -447,6 +481,83 @@ async fn stage_publish_unstage_with_merged_options() {
     assert!(!Path::new(&target).exists());
     let mounts = h.host.state.lock().unwrap().mounts.len();
     assert_eq!(mounts, 1, "only the controller's export mount is left");
+}
+
+/// The server gone after publish (kubernetes#31272, csi-driver-nfs#601): unpublish and
+/// unstage must not hang until the kubelet gives up, again and again, leaving the pod
+/// in Terminating. After the deadline (the harness's 5 s) the mount is forced, then,
+/// as `umount -f` fails too, detached lazily; both calls answer OK.
+#[tokio::test]
+async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-gone", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    h.stage("vol-gone", &v, w.clone()).await.unwrap();
+    let (staging, target) = h.paths("vol-gone");
+    let mut n = h.c.node.clone();
+    n.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.clone(),
+        target_path: target.clone(),
+        volume_capability: Some(w),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    h.host
+        .server_gone
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let within = std::time::Duration::from_secs(30);
+    tokio::time::timeout(
+        within,
+        n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.clone(),
+        }),
+    )
+    .await
+    .expect("unpublish must not hang")
+    .unwrap();
+    tokio::time::timeout(
+        within,
+        n.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging.clone(),
+        }),
+    )
+    .await
+    .expect("unstage must not hang")
+    .unwrap();
+    let steps = |p: &str| {
+        vec![
+            format!("umount {p}"),
+            format!("umount -f {p}"),
+            format!("umount -l {p}"),
+        ]
+    };
+    let mut expected = steps(&target);
+    expected.extend(steps(&staging));
+    assert_eq!(*h.host.unmounts.lock().unwrap(), expected);
+    let left: Vec<PathBuf> = h
+        .host
+        .state
+        .lock()
+        .unwrap()
+        .mounts
+        .iter()
+        .map(|m| m.mount_point.clone())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|m| m == Path::new(&target) || m == Path::new(&staging)),
+        "{left:?}"
+    );
+    assert!(!Path::new(&target).exists());
 }
 
 #[tokio::test]

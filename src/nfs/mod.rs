@@ -10,6 +10,7 @@
 pub mod fsops;
 pub mod options;
 pub mod registry;
+pub mod unmount;
 pub mod volume;
 
 use std::collections::{BTreeMap, HashMap};
@@ -95,7 +96,7 @@ fn required(cap: &csi::VolumeCapability, field: &'static str) -> Result<NfsCapab
 pub struct NfsBackend {
     exports_dir: PathBuf,
     pub registry: Registry,
-    op_timeout: Duration,
+    pub(crate) op_timeout: Duration,
     export_locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 

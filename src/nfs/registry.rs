@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -38,8 +37,8 @@ impl Registry {
     pub fn open(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
         let path = dir.join(FILE_NAME);
-        let volumes = match fs::read(&path) {
-            Ok(bytes) => {
+        let volumes = match crate::state_dir::read_regular(&path)? {
+            Some(bytes) => {
                 serde_json::from_slice::<File>(&bytes)
                     .map_err(|e| Error::State {
                         path: path.clone(),
@@ -47,8 +46,7 @@ impl Registry {
                     })?
                     .volumes
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(Error::io("reading", &path, e)),
+            None => BTreeMap::new(),
         };
         Ok(Registry {
             path,
@@ -92,15 +90,8 @@ impl Registry {
             volumes: next.clone(),
         })
         .expect("serializes");
-        let tmp = self.path.with_extension("json.tmp");
-        let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            fs::File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
-        };
-        write().map_err(|e| Error::io("writing", &self.path, e))?;
+        crate::state_dir::write_atomic(&self.path, &bytes)
+            .map_err(|e| Error::io("writing", &self.path, e))?;
         *current = next;
         Ok(())
     }

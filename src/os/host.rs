@@ -85,6 +85,14 @@ pub trait Host: Send + Sync + 'static {
     ) -> Result<()>;
     async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()>;
     async fn unmount(&self, target: &Path) -> Result<()>;
+    /// `umount -f` or `umount -l` of a mount whose plain unmount hung (an NFS server
+    /// gone, see nfs/unmount.rs). Hosts that cannot keep the default.
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
+        Err(Error::FailedPrecondition(format!(
+            "this host cannot force the unmount of {} ({how:?})",
+            target.display()
+        )))
+    }
     /// `mount -t nfs -o <options> <source> <target>` under the mount deadline. `source`
     /// is `server:/path`, already checked. Hosts that cannot mount NFS keep the default.
     async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
@@ -93,6 +101,15 @@ pub trait Host: Send + Sync + 'static {
             "this host cannot mount NFS ({source})"
         )))
     }
+}
+
+/// How a hung unmount is escalated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceUnmount {
+    /// MNT_FORCE: the filesystem aborts pending requests first (NFS: its RPCs).
+    Force,
+    /// MNT_DETACH: detached from the tree now, released once no longer busy.
+    Lazy,
 }
 
 /// The real host: util-linux, e2fsprogs and xfsprogs, each call under a deadline.
@@ -303,6 +320,19 @@ impl Host for RealHost {
         }
         args.extend([os(source), target.as_os_str()]);
         runner::run("mount", &args, self.mount_timeout).await?;
+        Ok(())
+    }
+
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
+        let _timer = crate::metrics::host_timer("unmount_forced");
+        let flag = match how {
+            ForceUnmount::Force => "-f",
+            ForceUnmount::Lazy => "-l",
+        };
+        // -c (--no-canonicalize): canonicalising stats the mount point, which hangs on
+        // a dead NFS server (umount(8)); the target is already an absolute, checked path.
+        let args = [os(flag), os("-c"), target.as_os_str()];
+        runner::run("umount", &args, self.mount_timeout).await?;
         Ok(())
     }
 

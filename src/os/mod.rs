@@ -8,5 +8,5 @@ pub mod mountinfo;
 pub mod runner;
 
 pub use blockdev::DeviceUse;
-pub use host::{FsType, Host, RealHost, Signature};
+pub use host::{ForceUnmount, FsType, Host, RealHost, Signature};
 pub use mountinfo::MountEntry;

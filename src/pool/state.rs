@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -67,8 +66,8 @@ impl StateStore {
     pub fn open(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
         let path = dir.join(FILE_NAME);
-        let state = match fs::read(&path) {
-            Ok(bytes) => {
+        let state = match crate::state_dir::read_regular(&path)? {
+            Some(bytes) => {
                 let state: State = serde_json::from_slice(&bytes).map_err(|e| Error::State {
                     path: path.clone(),
                     reason: format!("unreadable ({e}); restore it from a backup, never delete it"),
@@ -81,11 +80,10 @@ impl StateStore {
                 }
                 state
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State {
+            None => State {
                 version: VERSION,
                 volumes: BTreeMap::new(),
             },
-            Err(e) => return Err(Error::io("reading", &path, e)),
         };
         Ok(StateStore {
             path,
@@ -109,16 +107,9 @@ impl StateStore {
     }
 
     fn persist(&self, state: &State) -> Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(state).expect("state serializes");
-        let write = || -> std::io::Result<()> {
-            let mut file = fs::File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            fs::File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
-        };
-        write().map_err(|e| Error::io("writing", &self.path, e))
+        crate::state_dir::write_atomic(&self.path, &bytes)
+            .map_err(|e| Error::io("writing", &self.path, e))
     }
 }
 

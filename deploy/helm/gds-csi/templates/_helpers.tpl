@@ -13,6 +13,18 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The node plugin's state dir: unique per driver name unless set. The default
+     driver name keeps the historical /var/lib/gds-csi, so upgrades find their state. */}}
+{{- define "gds-csi.stateDir" -}}
+{{- if .Values.stateDir -}}
+{{- .Values.stateDir -}}
+{{- else if eq .Values.driverName "gds.csi.gds-csi.io" -}}
+/var/lib/gds-csi
+{{- else -}}
+{{- printf "/var/lib/gds-csi-%s" .Values.driverName -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gds-csi.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: {{ include "gds-csi.name" . }}
