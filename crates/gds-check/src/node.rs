@@ -30,7 +30,9 @@ pub(crate) fn load_cufile(paths: &HostPaths) -> CufileState {
 /// Names nvidia_fs must list in `modules` for the backend to get true GDS.
 pub(crate) fn required_drivers(backend: Backend) -> &'static [&'static str] {
     match backend {
-        Backend::Nvme => &["nvme", "nvme_rdma"],
+        // The pool's volumes are NVMe over PCIe: only the `nvme` entry registers their DMA
+        // hooks; `nvme_rdma` (src/nvfs-dma.c:87-97) serves NVMe-oF namespaces only.
+        Backend::Nvme => &["nvme"],
         Backend::NfsRdma => &["rpcrdma"],
     }
 }
@@ -40,7 +42,6 @@ fn registration_symbols(backend: Backend) -> &'static [&'static str] {
         Backend::Nvme => &[
             "nvme_v1_register_nvfs_dma_ops",
             "nvme_v2_register_nvfs_dma_ops",
-            "nvme_rdma_v1_register_nvfs_dma_ops",
         ],
         Backend::NfsRdma => &["rpcrdma_register_nvfs_dma_ops"],
     }
@@ -55,6 +56,26 @@ pub(crate) fn read_modules(paths: &HostPaths) -> Result<Vec<NvfsModule>, String>
     let p = paths.proc("driver/nvidia-fs/modules");
     let t = fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     parse::parse_modules(&t).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The listing as a cuFile process sees it: read while holding `dev` open. nvidia-fs registers
+/// the storage drivers' DMA hooks only in `nvfs_open` (gds-nvidia-fs 2.28.4 src/nvfs-core.c:1072
+/// -> nvfs_blk_register_dma_ops, src/nvfs-dma.c:1430 -> probe_module_list, src/nvfs-mod.c:40)
+/// and unregisters them at the last close (src/nvfs-core.c:1093-1101); the proc file prints only
+/// entries marked found (src/nvfs-proc.c:47-52) and `wekafsio: 1` is a static, always-found
+/// entry (src/nvfs-dma.c:146-157). So the idle listing proves nothing: an idle, correctly
+/// configured node shows `wekafsio: 1` only.
+pub(crate) fn read_modules_held(paths: &HostPaths, dev: &Path) -> Result<Vec<NvfsModule>, String> {
+    // O_RDONLY is enough: nvfs_open ignores the flags; the node is mode 0666.
+    let held = fs::File::open(dev).map_err(|e| {
+        format!(
+            "cannot open {} to make nvidia-fs register the storage drivers: {e}",
+            dev.display()
+        )
+    })?;
+    let r = read_modules(paths);
+    drop(held);
+    r
 }
 
 type SymbolCache = HashMap<(std::path::PathBuf, Vec<String>), (String, BTreeSet<String>)>;
@@ -221,8 +242,16 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
     // --- storage driver registered with nvidia_fs --------------------------------------------
     let wanted = required_drivers(backend);
     let title = format!("{} registered with nvidia_fs", wanted.join(" or "));
+    let held_dev = devs.first().map(|d| paths.dev_root.join(d));
     if loaded {
-        match read_modules(paths) {
+        let listing = match &held_dev {
+            Some(d) => read_modules_held(paths, d),
+            None => Err(format!(
+                "no nvidia-fs<N> under {} to hold open while reading the listing",
+                paths.dev_root.display()
+            )),
+        };
+        match listing {
             Ok(mods) => {
                 let names: Vec<&str> = mods.iter().map(|m| m.name.as_str()).collect();
                 let listed = if names.is_empty() {
@@ -242,7 +271,12 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
                         )
                     })
                     .unwrap_or_default();
-                let ev = format!("/proc/driver/nvidia-fs/modules lists: {listed}{syms}");
+                let ev = format!(
+                    "with {} held open, /proc/driver/nvidia-fs/modules lists: {listed}{syms}",
+                    held_dev
+                        .as_deref()
+                        .map_or("?".into(), |d| d.display().to_string())
+                );
                 if names.iter().any(|n| wanted.contains(n)) {
                     out.push(Check::pass("nvidia_fs.storage_driver", title, ev));
                 } else {
@@ -281,8 +315,9 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
             Err(e) => out.push(Check::fail(
                 "nvidia_fs.storage_driver",
                 title,
-                format!("nvidia_fs loaded but modules unreadable: {e}"),
-                "check that /proc/driver/nvidia-fs is visible (host /proc) and the module is healthy",
+                format!("nvidia_fs loaded but the registered drivers cannot be read: {e}"),
+                "give the container /dev/nvidia-fs* (CDI device nvidia.com/gds=all) and the \
+                 host's /proc/driver/nvidia-fs; check that the module is healthy (dmesg)",
             )),
         }
     } else if p2p_ready {

@@ -5,6 +5,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
+#[path = "fake/nvfs_double.rs"]
+mod nvfs_double;
+use nvfs_double::NvfsDouble;
+
 struct Host {
     _dir: TempDir,
     root: PathBuf,
@@ -439,4 +443,66 @@ fn nfs_needs_rdma() {
     let f = get(&c, "volume.filesystem");
     assert_eq!(f.status, Status::Fail);
     assert!(f.remedy.as_deref().unwrap().contains("rdma"));
+}
+
+/// The double of nvidia-fs, or a clear failure: the root suite has CAP_SYS_ADMIN for fanotify.
+fn double(h: &Host, registrable: &[&str], rw_stats: bool) -> NvfsDouble {
+    NvfsDouble::start(&h.root, registrable, 2, rw_stats)
+        .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"))
+}
+
+#[test]
+fn idle_gds_node_is_ready_because_registration_is_read_with_a_device_held_open() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .write("proc/cmdline", "ro\n");
+    let d = double(&h, &["nvme", "nvme_rdma"], false);
+    // The idle listing, as a real idle node shows it.
+    assert_eq!(d.modules_now(), "wekafsio: 1\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Pass, "{s:#?}");
+    assert!(
+        s.evidence.contains("nvidia-fs0 held open"),
+        "{}",
+        s.evidence
+    );
+    assert!(
+        s.evidence.contains("nvme, nvme_rdma, wekafsio"),
+        "{}",
+        s.evidence
+    );
+    assert!(d.opens_seen() >= 1);
+    assert!(Report::new(c).ready());
+    // Closed again: the listing is back to idle (the last close unregisters).
+    let t = std::time::Instant::now();
+    while d.modules_now() != "wekafsio: 1\n" {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "listing never went idle"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The same node for NFS: rpcrdma cannot register there.
+    let c = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
+}
+
+#[test]
+fn nvme_without_registration_symbols_fails_even_when_held_open() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .write("proc/cmdline", "ro\n");
+    // Only nvme_rdma exports its symbols: a PCIe NVMe volume gets no GDS path (issue 17 #4).
+    let d = double(&h, &["nvme_rdma"], true);
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Fail, "{s:#?}");
+    assert!(s.evidence.contains("nvme_rdma, wekafsio"), "{}", s.evidence);
+    assert!(d.opens_seen() >= 1);
+    // The stats file in the rw_stats_enabled format parses.
+    let st = fs::read_to_string(h.root.join("proc/driver/nvidia-fs/stats")).unwrap();
+    assert!(gds_check::parse::parse_stats(&st).is_ok());
 }
