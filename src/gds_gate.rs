@@ -1,9 +1,8 @@
 //! The GDS gate: before NodePublishVolume bind-mounts a volume, check that a workload will get
 //! GPUDirect Storage on it, as the StorageClass parameter `gdsPolicy` asks.
 //!
-//! - `disabled` (and the default when the parameter is absent, for backward compatibility with
-//!   csi-sanity and clusters without GPUs): nothing is checked.
-//! - `required`: the node checks, the volume checks and the cuFile probe must all pass with true
+//! - `disabled`: nothing is checked (csi-sanity, test rigs and GPU-less clusters say so).
+//! - `required`, also when the parameter is absent: the node checks, the volume checks and the cuFile probe must all pass with true
 //!   GDS; compat mode is a failure. Otherwise publish fails with FAILED_PRECONDITION, naming
 //!   every failed check as `check-id: evidence -> remedy`, one per line.
 //! - `preferred`: the same checks, but a failure only logs a warning and marks the volume as
@@ -38,15 +37,15 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The policy of a volume from its stored parameters. Absent means `disabled`, so volumes
-    /// created before the gate existed (and csi-sanity, which sends no parameters) publish as
-    /// before. The Helm chart's StorageClasses set `gdsPolicy: required`.
+    /// The policy of a volume from its stored parameters. Absent means `required`: a volume is
+    /// published only once the nvidia_fs and cuFile checks pass unless its class turns the gate
+    /// off (`gdsPolicy: disabled`, as csi-sanity and the test rigs do).
     pub fn from_parameters<'a, I>(params: I) -> Result<Policy>
     where
         I: IntoIterator<Item = (&'a String, &'a String)>,
     {
         match params.into_iter().find(|(k, _)| k.as_str() == PARAM) {
-            None => Ok(Policy::Disabled),
+            None => Ok(Policy::Required),
             Some((_, v)) => v.parse(),
         }
     }
@@ -411,7 +410,7 @@ fn failed_outcome(backend: Backend, path: Option<&Path>, detail: String) -> Prob
         "mode": "unknown",
         "detail": detail,
         "backend": backend,
-        "strict": false,
+        "strict": true,
         "library": null,
         "library_version": null,
         "driver_open": null,
@@ -677,10 +676,12 @@ mod tests {
     }
 
     #[test]
-    fn policy_defaults_to_disabled() {
+    fn policy_defaults_to_required() {
         let mut p = BTreeMap::new();
-        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Disabled);
+        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Required);
         p.insert("fsType".to_string(), "ext4".to_string());
+        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Required);
+        p.insert(PARAM.to_string(), "disabled".to_string());
         assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Disabled);
         p.insert(PARAM.to_string(), "preferred".to_string());
         assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Preferred);

@@ -385,18 +385,35 @@ async fn preferred_publishes_and_reports_compat_in_volume_condition() {
 }
 
 #[tokio::test]
-async fn disabled_and_absent_policy_publish_without_checks() {
-    for params in [&[("gdsPolicy", "disabled")][..], &[][..]] {
-        let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
-            return;
-        };
-        let (id, staging) = r.create_and_stage(params).await;
-        let target = r.target(1);
-        r.publish(&id, &staging, &target).await.unwrap();
-        assert_eq!(r.tree.probe_runs(), 0, "{params:?}");
-        let c = r.condition(&id, &target).await;
-        assert!(!c.abnormal, "{c:?}");
-    }
+async fn disabled_publishes_without_checks_and_absent_policy_means_required() {
+    let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
+        return;
+    };
+    let (id, staging) = r.create_and_stage(&[("gdsPolicy", "disabled")]).await;
+    let target = r.target(1);
+    r.publish(&id, &staging, &target).await.unwrap();
+    assert_eq!(r.tree.probe_runs(), 0);
+    let c = r.condition(&id, &target).await;
+    assert!(!c.abnormal, "{c:?}");
+
+    // No gdsPolicy at all: the gate is on (issue 17 #6) and refuses this node.
+    let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
+        return;
+    };
+    let (id, staging) = r.create_and_stage(&[]).await;
+    let err = r.publish(&id, &staging, &r.target(1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("gdsPolicy=required"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        err.message().contains("\ncufile.probe: "),
+        "{}",
+        err.message()
+    );
+    assert_eq!(r.tree.probe_runs(), 1);
 }
 
 #[tokio::test]

@@ -366,11 +366,12 @@ impl ProbeOutcome {
                 self.file.as_deref().unwrap_or("?")
             ));
         }
-        if let Some(r) = &self.read {
+        if let Some(r) = self
+            .read
+            .as_ref()
+            .filter(|_| !self.detail.contains("cuFileRead"))
+        {
             s.push(r.summary());
-        }
-        if let Some(sp) = &self.strict_pass {
-            s.push(format!("compat off: {sp}"));
         }
         s.push(format!("mode {:?}", self.mode));
         if let Some(l) = self.log_tail.last() {
