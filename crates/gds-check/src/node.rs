@@ -111,23 +111,94 @@ struct P2p {
     missing: Vec<&'static str>,
 }
 
+/// GPUs NVIDIA lists for P2PDMA (troubleshooting guide 14.2, "P2PDMA Supported GPUs").
+const P2PDMA_GPUS: &[&str] = &[
+    "A100", "A40", "L40S", "L4", "H100", "H200", "B100", "B200", "B300",
+];
+
+/// NVMe P2PDMA mode, as NVIDIA's troubleshooting guide section 14 ("NVMe P2PDMA
+/// Troubleshooting") documents it, every item checked and each unmet one named:
+/// 14.1 the kernel has PCI P2PDMA (`p2pdma_pgmap_ops` in /proc/kallsyms: "kernel newer than 6.2
+/// on Ubuntu; for other distributions check the feature is compiled", so a backported kernel
+/// counts and the version is evidence only); 14.2 a supported GPU; the open GPU kernel modules
+/// 565 or newer ("GDS Support for NVMe Drives Using Linux PCI P2PDMA", 3.4); 14.3 the driver
+/// registry `RMForceStaticBar1=1;RmForceDisableIomapWC=1` (x86 only) and
+/// `nvme_core multipath=N`; and `use_pci_p2pdma: true` in cufile.json.
 fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
     let mut missing = Vec::new();
     let mut ev = Vec::new();
-    match read_trim(&paths.proc("sys/kernel/osrelease")) {
-        Some(rel) => {
-            let ok = parse::parse_kernel_version(&rel).is_some_and(|v| v >= (6, 2));
-            ev.push(format!("kernel {rel}"));
-            if !ok {
-                missing.push("kernel >= 6.2");
-            }
-        }
-        None => missing.push("kernel >= 6.2 (osrelease unreadable)"),
+    if let Some(rel) = read_trim(&paths.proc("sys/kernel/osrelease")) {
+        ev.push(format!("kernel {rel}"));
     }
     let has_sym = kallsyms(paths, &["p2pdma_pgmap_ops"]).is_some_and(|s| !s.is_empty());
     ev.push(format!("p2pdma_pgmap_ops in kallsyms: {has_sym}"));
     if !has_sym {
-        missing.push("p2pdma_pgmap_ops in /proc/kallsyms (CONFIG_PCI_P2PDMA)");
+        missing.push("p2pdma_pgmap_ops in /proc/kallsyms (a kernel built with CONFIG_PCI_P2PDMA)");
+    }
+    // 14.2: the GPU models the guide lists.
+    let models: Vec<String> = fs::read_dir(paths.proc("driver/nvidia/gpus"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| fs::read_to_string(e.path().join("information")).ok())
+                .filter_map(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("Model:"))
+                        .map(|m| m.trim().to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let gpu_ok = !models.is_empty()
+        && models.iter().all(|m| {
+            m.split_whitespace()
+                .any(|w| P2PDMA_GPUS.iter().any(|g| w.eq_ignore_ascii_case(g)))
+        });
+    ev.push(format!("GPUs [{}]", models.join(", ")));
+    if !gpu_ok {
+        missing.push("a P2PDMA-capable GPU (A100, A40, L4, L40S, H100, H200, B100, B200, B300)");
+    }
+    // Open kernel modules >= 565: /proc/driver/nvidia/version says "Open Kernel Module".
+    let nv = read_trim(&paths.proc("driver/nvidia/version")).unwrap_or_default();
+    let open = nv.contains("Open Kernel Module");
+    let branch = nv.split_whitespace().find_map(|w| {
+        w.split('.')
+            .next()?
+            .parse::<u32>()
+            .ok()
+            .filter(|_| w.contains('.'))
+    });
+    ev.push(format!(
+        "NVIDIA driver: {}",
+        nv.lines().next().unwrap_or("unreadable")
+    ));
+    if !(open && branch.is_some_and(|b| b >= 565)) {
+        missing.push("the open GPU kernel modules, driver 565 or newer");
+    }
+    // 14.3 registry (x86 only).
+    if cfg!(target_arch = "x86_64") {
+        let params = fs::read_to_string(paths.proc("driver/nvidia/params")).unwrap_or_default();
+        let dwords = params
+            .lines()
+            .find_map(|l| l.strip_prefix("RegistryDwords:"))
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let reg_ok = ["rmforcestaticbar1=1", "rmforcedisableiomapwc=1"]
+            .iter()
+            .all(|k| dwords.contains(k));
+        ev.push(format!("RegistryDwords {}", dwords.trim()));
+        if !reg_ok {
+            missing.push(
+                "NVreg_RegistryDwords=\"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\" for the nvidia module",
+            );
+        }
+    }
+    let mp = read_trim(&paths.sys("module/nvme_core/parameters/multipath"));
+    ev.push(format!(
+        "nvme_core multipath={}",
+        mp.as_deref().unwrap_or("?")
+    ));
+    if mp.as_deref() != Some("N") {
+        missing.push("nvme_core multipath=N");
     }
     let enabled = matches!(cfg, CufileState::Ok(c) if c.p2pdma_enabled());
     ev.push(format!("use_pci_p2pdma in cufile.json: {enabled}"));
@@ -354,8 +425,11 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
                 "nvme.p2pdma",
                 title,
                 format!("{}; missing: {}", p.evidence, p.missing.join(", ")),
-                "either fix nvidia_fs (above) or provide: kernel >= 6.2 with CONFIG_PCI_P2PDMA, \
-                 libcufile >= 1.13 (CUDA 12.8) and \"use_pci_p2pdma\": true in cufile.json",
+                format!(
+                    "either fix nvidia_fs (above) or provide what P2PDMA mode needs (GDS \
+                     troubleshooting guide, NVMe P2PDMA): {}",
+                    p.missing.join("; ")
+                ),
             )
         };
         out.push(c);

@@ -1431,7 +1431,11 @@ mod tests {
         o.driver_open = Some(CuFileResult::from_raw(RawError::default()));
         o.props = Some(p.clone());
         o.registration = Some(CuFileResult::from_raw(RawError::default()));
+        // Registered with compat off: the GDS path for this file.
         assert_eq!(decide_mode(&o).0, GdsMode::TrueGds);
+        // Registered with compat allowed: no per-file proof, whatever the driver advertises.
+        o.strict = false;
+        assert_eq!(decide_mode(&o).0, GdsMode::Compat);
         // H200 without nvidia_fs: dstatusflags 0, compat allowed.
         o.props = Some(DriverProps::from_raw(&RawDrvProps {
             nvfs: RawNvfs {

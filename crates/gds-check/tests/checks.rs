@@ -115,7 +115,7 @@ fn nvidia_fs_absent_fails_nvme_and_nfs() {
     assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
     let p = get(&c, "nvme.p2pdma");
     assert_eq!(p.status, Status::Fail);
-    assert!(p.evidence.contains("kernel >= 6.2"), "{}", p.evidence);
+    assert!(p.evidence.contains("CONFIG_PCI_P2PDMA"), "{}", p.evidence);
     assert_eq!(get(&c, "iommu").status, Status::Pass);
     let r = Report::new(c);
     assert!(!r.ready());
@@ -183,12 +183,52 @@ fn p2pdma_mode_counts_without_nvidia_fs() {
         "etc/cufile.json",
         r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
     )
-    .write("proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
+    // A distribution kernel older than 6.2 with P2PDMA backported (RHEL 9): the kallsyms check
+    // is what the guide documents, not the version (issue 17 #2).
+    .write(
+        "proc/sys/kernel/osrelease",
+        "5.14.0-427.13.1.el9_4.x86_64\n",
+    )
     .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    p2pdma_host(&h);
     let c = node_checks(&h.paths, Backend::Nvme);
-    assert_eq!(get(&c, "nvme.p2pdma").status, Status::Pass);
+    assert_eq!(get(&c, "nvme.p2pdma").status, Status::Pass, "{c:#?}");
     assert_eq!(get(&c, "nvidia_fs.module").status, Status::NotApplicable);
     assert!(Report::new(c).ready());
+    // Each documented item, when unmet, is named.
+    for (rel, text, named) in [
+        (
+            "sys/module/nvme_core/parameters/multipath",
+            "Y\n",
+            "nvme_core multipath=N",
+        ),
+        (
+            "proc/driver/nvidia/params",
+            "RegistryDwords: \"\"\n",
+            "RMForceStaticBar1=1",
+        ),
+        (
+            "proc/driver/nvidia/version",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06\n",
+            "open GPU kernel modules",
+        ),
+        (
+            "proc/driver/nvidia/gpus/0000:18:00.0/information",
+            "Model: Tesla V100-SXM2-32GB\n",
+            "P2PDMA-capable GPU",
+        ),
+        ("proc/kallsyms", "", "CONFIG_PCI_P2PDMA"),
+    ] {
+        let before = fs::read_to_string(h.root.join(rel)).unwrap();
+        // /proc/modules changes too, as it would: kallsyms is rescanned only then.
+        h.write(rel, text)
+            .write("proc/modules", &format!("{rel} 1 0 - Live\n"));
+        let c = node_checks(&h.paths, Backend::Nvme);
+        let p = get(&c, "nvme.p2pdma");
+        assert_eq!(p.status, Status::Fail, "{rel}");
+        assert!(p.evidence.contains(named), "{rel}: {}", p.evidence);
+        h.write(rel, &before);
+    }
     // NFS still needs nvidia_fs.
     let c = node_checks(&h.paths, Backend::NfsRdma);
     assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
@@ -505,4 +545,23 @@ fn nvme_without_registration_symbols_fails_even_when_held_open() {
     // The stats file in the rw_stats_enabled format parses.
     let st = fs::read_to_string(h.root.join("proc/driver/nvidia-fs/stats")).unwrap();
     assert!(gds_check::parse::parse_stats(&st).is_ok());
+}
+
+/// What NVIDIA's P2PDMA troubleshooting section asks for besides the kernel and cufile.json: an
+/// H200, the open modules 570, the registry keys, nvme_core multipath=N.
+fn p2pdma_host(h: &Host) {
+    h.write(
+        "proc/driver/nvidia/gpus/0000:18:00.0/information",
+        "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n",
+    )
+    .write(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n\
+         GCC version:  gcc version 11.4.0\n",
+    )
+    .write(
+        "proc/driver/nvidia/params",
+        "ResmanDebugLevel: 4294967295\nRegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
+    )
+    .write("sys/module/nvme_core/parameters/multipath", "N\n");
 }
