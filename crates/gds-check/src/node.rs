@@ -212,6 +212,30 @@ fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
     }
 }
 
+/// The storage drivers registered with nvidia-fs as a cuFile process sees them (a device node
+/// held open, see [`read_modules_held`]); None when nvidia-fs or its nodes are not there.
+pub(crate) fn registered_drivers(paths: &HostPaths) -> Option<Vec<NvfsModule>> {
+    let dev = nvfs_device_nodes(paths).into_iter().next()?;
+    read_modules_held(paths, &paths.dev_root.join(dev)).ok()
+}
+
+/// `nvidia-fs<N>` names under the dev root.
+fn nvfs_device_nodes(paths: &HostPaths) -> Vec<String> {
+    list_dir_names(&paths.dev_root)
+        .into_iter()
+        .filter(|n| {
+            n.strip_prefix("nvidia-fs")
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect()
+}
+
+/// NVMe would take the P2PDMA route on this node: no nvidia_fs, `use_pci_p2pdma` set.
+pub(crate) fn p2pdma_route(paths: &HostPaths) -> bool {
+    !paths.sys("module/nvidia_fs").is_dir()
+        && matches!(load_cufile(paths), CufileState::Ok(c) if c.p2pdma_enabled())
+}
+
 fn list_dir_names(p: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(p)
         .map(|rd| {
@@ -276,13 +300,7 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
     }
 
     // --- device nodes -----------------------------------------------------------------------
-    let devs: Vec<String> = list_dir_names(&paths.dev_root)
-        .into_iter()
-        .filter(|n| {
-            n.strip_prefix("nvidia-fs")
-                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
+    let devs = nvfs_device_nodes(paths);
     let title = "nvidia-fs device nodes present";
     if !devs.is_empty() {
         out.push(Check::pass(

@@ -565,3 +565,51 @@ fn p2pdma_host(h: &Host) {
     )
     .write("sys/module/nvme_core/parameters/multipath", "N\n");
 }
+
+/// Issue 17 #4: in P2PDMA mode (no nvidia_fs), md RAID and NVMe-oF volumes are refused; and an
+/// NVMe-oF volume is judged with nvme_rdma's registration read as cuFile sees it.
+#[test]
+fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true } }"#,
+    )
+    .nvme_disk("pcie")
+    .write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+    .link(
+        "sys/devices/virtual/block/md0/slaves/nvme0n1",
+        "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1",
+    )
+    .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+    .mountinfo(&[
+        "301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw",
+        "302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw",
+    ])
+    .udev("9:0", true)
+    .udev("259:1", true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
+    let p = get(&c, "volume.p2pdma");
+    assert_eq!(p.status, Status::Fail, "{p:#?}");
+    assert!(p.evidence.contains("md0 is md raid0"), "{}", p.evidence);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    assert_eq!(get(&c, "volume.p2pdma").status, Status::Pass);
+    // NVMe-oF over RDMA: refused in P2PDMA mode ...
+    h.write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "rdma\n",
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let p = get(&c, "volume.p2pdma");
+    assert_eq!(p.status, Status::Fail);
+    assert!(p.evidence.contains("NVMe over rdma"), "{}", p.evidence);
+    // ... and with nvidia_fs, accepted once nvme_rdma registers (read with a device held open).
+    let _d = double(&h, &["nvme", "nvme_rdma"], false);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    assert!(c.iter().all(|c| c.id != "volume.p2pdma"));
+    assert_eq!(
+        get(&c, "volume.nvme_transport").status,
+        Status::Pass,
+        "{c:#?}"
+    );
+}
