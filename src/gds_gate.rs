@@ -463,6 +463,23 @@ pub async fn gate_publish(
         .map(Some)
 }
 
+/// An NFS volume's accessible topology: none with `gdsPolicy` disabled or preferred (any node
+/// that reaches the server); with required (also the default) only nodes whose node checks pass for NFS over RDMA
+/// (`<driver>/gds-nfs-rdma=true`, from [`node_topology`]), so a gated claim's pod is not
+/// scheduled where publish would refuse it. A bad stored policy is left to the publish gate.
+pub fn nfs_topology<'a, I>(driver_name: &str, params: I) -> Vec<crate::csi::Topology>
+where
+    I: IntoIterator<Item = (&'a String, &'a String)>,
+{
+    match Policy::from_parameters(params) {
+        Ok(Policy::Required) => vec![crate::csi::Topology {
+            segments: HashMap::from([(format!("{driver_name}/gds-nfs-rdma"), "true".into())]),
+        }],
+        // preferred publishes anywhere (in compat mode); disabled checks nothing.
+        _ => vec![],
+    }
+}
+
 /// NodeGetVolumeStats: a healthy-looking volume that was published in compat mode is reported
 /// abnormal, with the reason.
 pub fn volume_condition(
@@ -687,6 +704,21 @@ mod tests {
         assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Preferred);
         p.insert(PARAM.to_string(), "maybe".to_string());
         assert!(Policy::from_parameters(&p).is_err());
+    }
+
+    #[test]
+    fn nfs_volumes_carry_readiness_topology_only_when_required() {
+        let key = "gds.example/gds-nfs-rdma".to_string();
+        let mut p = BTreeMap::new();
+        p.insert("server".to_string(), "10.0.0.1".to_string());
+        // Absent is required.
+        let t = nfs_topology("gds.example", &p);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].segments.get(&key).map(String::as_str), Some("true"));
+        for off in ["disabled", "preferred"] {
+            p.insert(PARAM.to_string(), off.to_string());
+            assert!(nfs_topology("gds.example", &p).is_empty(), "{off}");
+        }
     }
 
     #[tokio::test]

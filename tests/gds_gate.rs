@@ -1018,3 +1018,142 @@ async fn node_state_table_gate_and_doctor_agree() {
         );
     }
 }
+
+/// The NFS gate (issue 17 #7), as the block gate is tested: one verdict per node state from the
+/// gate and from doctor, over the nvidia-fs double and the real probe child. The VM rig runs
+/// the real NFS over RDMA; here the mount is a fixture line and the probe's file a local one.
+#[tokio::test]
+async fn nfs_node_states_gate_and_doctor_agree() {
+    let lib = fake_cufile();
+    // (name, registrable, RDMA device, mount options, refused ids)
+    type Row = (
+        &'static str,
+        &'static [&'static str],
+        bool,
+        &'static str,
+        Option<&'static [&'static str]>,
+    );
+    let rows: [Row; 4] = [
+        (
+            "NFS over RDMA ready",
+            &["rpcrdma"],
+            true,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            None,
+        ),
+        (
+            "rpcrdma not registered",
+            &["nvme"],
+            true,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            Some(&["nvidia_fs.storage_driver", "cufile.probe"]),
+        ),
+        (
+            "mounted over TCP",
+            &["rpcrdma"],
+            true,
+            "rw,vers=4.1,proto=tcp",
+            Some(&["volume.filesystem"]),
+        ),
+        (
+            "no RDMA device",
+            &["rpcrdma"],
+            false,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            Some(&["rdma.devices"]),
+        ),
+    ];
+    for (name, regs, rdma, opts, refused) in rows {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let tree = Tree::new(&dir.path().join("host"));
+        let vol = dir.path().join("vol");
+        std::fs::create_dir_all(&vol).unwrap();
+        tree.gpu_node().mountinfo(&format!(
+            "200 29 0:55 / {} rw,relatime - nfs4 10.0.0.1:/export/v {opts}",
+            vol.display()
+        ));
+        if rdma {
+            tree.write("sys/class/infiniband/rxe0/ports/1/state", "4: ACTIVE\n");
+        }
+        let _double = nvfs_double::NvfsDouble::start(&tree.root, regs, 1, false)
+            .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"));
+        // The fake libcufile has an NFS GDS path (dstatusflags bit 2) only with rpcrdma.
+        let d = std::fs::metadata(&vol).unwrap().dev();
+        let dstatus = if regs.contains(&"rpcrdma") { 4 } else { 0 };
+        let script = format!(
+            "export FAKE_CUFILE_DSTATUS={dstatus} FAKE_CUFILE_GDS_DEVS={}:{}; exec {} cufile-probe -- \"$@\" --cuda-library {}",
+            libc::major(d),
+            libc::minor(d),
+            env!("CARGO_BIN_EXE_gds-csi"),
+            lib.display()
+        );
+        let (exe, prefix) = (
+            PathBuf::from("/bin/sh"),
+            vec!["-c".to_string(), script, "sh".into()],
+        );
+        let gate = GdsGate::new(GateConfig {
+            paths: tree.paths.clone(),
+            probe_exe: exe.clone(),
+            probe_prefix: prefix.clone(),
+            cufile_library: Some(lib.clone()),
+            probe_timeout: Duration::from_secs(20),
+            cache_ttl: Duration::ZERO,
+        });
+        let got = gate
+            .check_publish(
+                "nfs-t",
+                gds_check::Backend::NfsRdma,
+                gds_csi::gds_gate::Policy::Required,
+                Some(&vol),
+            )
+            .await;
+        match (refused, &got) {
+            (None, Ok(o)) => assert_eq!(
+                o.verdict,
+                gds_csi::gds_gate::Verdict::Ready,
+                "{name}: {}",
+                o.report.to_text()
+            ),
+            (Some(ids), Err(e)) => {
+                let msg = e.to_string();
+                for id in ids {
+                    assert!(
+                        msg.contains(&format!("\n{id}: ")),
+                        "{name}: {id} not named:\n{msg}"
+                    );
+                }
+            }
+            (want, got) => panic!("{name}: wanted refused={want:?}, got {got:?}"),
+        }
+        let args = gds_csi::config::DoctorArgs {
+            backend: gds_check::Backend::NfsRdma,
+            path: Some(vol.clone()),
+            json: false,
+            probe: true,
+            host_proc: tree.paths.proc_root.clone(),
+            host_sys: tree.paths.sys_root.clone(),
+            host_dev: tree.paths.dev_root.clone(),
+            gds: gds_csi::config::GdsArgs {
+                cufile_json: tree.paths.cufile_json.clone(),
+                udev_data_dir: tree.paths.udev_data_dir.clone(),
+                cufile_library: Some(lib.clone()),
+                probe_timeout: Duration::from_secs(20),
+            },
+        };
+        let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
+        assert_eq!(
+            d.ready(),
+            refused.is_none(),
+            "{name}: doctor says\n{}",
+            d.to_text()
+        );
+        println!(
+            "{name}: {}",
+            if refused.is_none() {
+                "ready"
+            } else {
+                "refused"
+            }
+        );
+    }
+}

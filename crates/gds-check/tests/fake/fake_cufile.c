@@ -77,7 +77,8 @@ CUfileError_t cuFileHandleRegister(void **fh, CUfileDescr_t *d) {
     if (!(fl & O_DIRECT)) return R(5019);
     int e = envi("FAKE_CUFILE_REG_ERR", 0);
     if (e) return R(e);
-    if (compat_off() && !((envi("FAKE_CUFILE_DSTATUS", 0) & 16) && gds_dev(d->handle.fd)))
+    /* dstatusflags bit 4 (NVMe) or bit 2 (NFS): the driver has some GDS path */
+    if (compat_off() && !((envi("FAKE_CUFILE_DSTATUS", 0) & (16 | 4)) && gds_dev(d->handle.fd)))
         return R(5008);
     *fh = (void *)(intptr_t)(d->handle.fd + 1);
     return R(0);
