@@ -475,7 +475,7 @@ async fn publish_latency_bench() {
     let mut rows = Vec::new();
     for (label, ready, probe, ttl, params) in [
         (
-            "gate off (gdsPolicy absent)",
+            "gdsPolicy absent (= required), fixtures pass, probe cached",
             true,
             "true_gds",
             60,
@@ -581,7 +581,8 @@ async fn h200_flow() {
     for (name, policy) in [
         ("h200-preferred", Some("preferred")),
         ("h200-required", Some("required")),
-        ("h200-off", None),
+        // Off must be said: no gdsPolicy means required.
+        ("h200-off", Some("disabled")),
     ] {
         let params: HashMap<String, String> = policy
             .map(|p| ("gdsPolicy".to_string(), p.to_string()))
