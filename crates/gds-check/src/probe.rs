@@ -586,9 +586,23 @@ fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>), String> {
             .mode(0o600)
             .open(&target)
             .map_err(|e| format!("create {}: {e}", target.display()))?;
-        f.write_all(&pattern(READ_BYTES as usize))
-            .and_then(|_| f.sync_all())
-            .map_err(|e| format!("write {}: {e}", target.display()))?;
+        let written = f
+            .write_all(&pattern(READ_BYTES as usize))
+            .and_then(|_| f.sync_all());
+        match written {
+            Ok(()) => {}
+            // A full volume must not be refused for the probe's sake: a sparse file needs no
+            // space, reads as zeros, and the check compares with what POSIX reads anyway.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
+                f.set_len(0)
+                    .and_then(|_| f.set_len(READ_BYTES))
+                    .map_err(|e| format!("truncate {}: {e}", target.display()))?;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&target);
+                return Err(format!("write {}: {e}", target.display()));
+            }
+        }
     }
     let c = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     let flags = libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC;

@@ -351,3 +351,43 @@ fn file_that_cannot_be_opened() {
     assert!(o.detail.contains("O_DIRECT"));
     assert_eq!(probe_check(&o).status, Status::Fail);
 }
+
+/// A full volume is still probed (and so not refused for the probe's own scratch file): the
+/// scratch file falls back to a sparse one. Root: mounts a 1 MiB tmpfs and fills it.
+#[test]
+fn full_volume_is_probed_with_a_sparse_scratch_file() {
+    let d = scratch_dir();
+    let mnt = d.path().join("full");
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "gds-probe-full"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mounting a tmpfs needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _u = Unmount(&mnt);
+    // Fill it.
+    let _ = std::fs::write(mnt.join("fill"), vec![1u8; 2 << 20]);
+    let devs = dev_of(&mnt);
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(&mnt)) else {
+        return;
+    };
+    assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
+    assert_eq!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    assert!(o.read.as_ref().is_some_and(|r| r.ok()), "{o:#?}");
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["fill"]);
+}
