@@ -568,10 +568,55 @@ fn write_strict_config(src: &Path, work: &Path) -> Result<PathBuf, String> {
     Ok(dst)
 }
 
-/// An O_DIRECT fd for registration; `Some(path)` in the second slot is a scratch file to
-/// remove afterwards.
-fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>), String> {
-    let (target, scratch) = if p.is_dir() {
+/// Fills the scratch file with [`pattern`] bytes, or leaves it sparse on a full volume.
+fn write_scratch(f: &mut std::fs::File, target: &Path) -> Result<(), String> {
+    let written = f
+        .write_all(&pattern(READ_BYTES as usize))
+        .and_then(|_| f.sync_all());
+    match written {
+        Ok(()) => Ok(()),
+        // A full volume must not be refused for the probe's sake: a sparse file needs no
+        // space, reads as zeros, and the check compares with what POSIX reads anyway.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => f
+            .set_len(0)
+            .and_then(|_| f.set_len(READ_BYTES))
+            .map_err(|e| format!("truncate {}: {e}", target.display())),
+        Err(e) => {
+            let _ = std::fs::remove_file(target);
+            Err(format!("write {}: {e}", target.display()))
+        }
+    }
+}
+
+/// A regular file of at least one page in `dir` or one level below, for a volume the probe
+/// cannot write to.
+fn existing_file(dir: &Path) -> Option<PathBuf> {
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(d) = dirs.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&d).ok()?.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            seen += 1;
+            if seen > 1000 {
+                return None;
+            }
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_file() && e.metadata().is_ok_and(|m| m.len() >= 4096) {
+                return Some(e.path());
+            }
+            if ft.is_dir() && d == dir {
+                dirs.push(e.path());
+            }
+        }
+    }
+    None
+}
+
+/// An O_DIRECT fd for registration, the scratch file to remove afterwards (if one was made), and
+/// the file the fd is on.
+fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>, PathBuf), String> {
+    let (mut target, mut scratch) = if p.is_dir() {
         let f = p.join(format!(".gds-probe-{}", std::process::id()));
         (f.clone(), Some(f))
     } else {
@@ -580,28 +625,31 @@ fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>), String> {
     if scratch.is_some() {
         // Known bytes for the read check, written (and synced) through the page cache first.
         use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
+        let created = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(&target)
-            .map_err(|e| format!("create {}: {e}", target.display()))?;
-        let written = f
-            .write_all(&pattern(READ_BYTES as usize))
-            .and_then(|_| f.sync_all());
-        match written {
-            Ok(()) => {}
-            // A full volume must not be refused for the probe's sake: a sparse file needs no
-            // space, reads as zeros, and the check compares with what POSIX reads anyway.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
-                f.set_len(0)
-                    .and_then(|_| f.set_len(READ_BYTES))
-                    .map_err(|e| format!("truncate {}: {e}", target.display()))?;
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&target);
-                return Err(format!("write {}: {e}", target.display()));
-            }
+            .open(&target);
+        let mut f = match created {
+            Ok(f) => Some(f),
+            // A read-only volume is probed on a file already there, read-only.
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => match existing_file(p) {
+                Some(existing) => {
+                    target = existing;
+                    scratch = None;
+                    None
+                }
+                None => {
+                    return Err(format!(
+                        "create {}: {e}, and no file of 4 KiB or more to probe instead",
+                        target.display()
+                    ))
+                }
+            },
+            Err(e) => return Err(format!("create {}: {e}", target.display())),
+        };
+        if let Some(f) = f.as_mut() {
+            write_scratch(f, &target)?;
         }
     }
     let c = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
@@ -612,7 +660,7 @@ fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>), String> {
         let e = std::io::Error::last_os_error();
         return Err(format!("open {} with O_DIRECT: {e}", target.display()));
     }
-    Ok((fd, scratch))
+    Ok((fd, scratch, target))
 }
 
 /// How much the read check reads: a few MiB, enough for several DMA segments.
@@ -980,7 +1028,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
 
     // The GPU buffer for the read check, before cuFile starts (it uses the current context).
     let mut gpu = None;
-    if let Some((fd, _)) = &fd_info {
+    if let Some((fd, _, _)) = &fd_info {
         let len = read_len(*fd);
         if len > 0 {
             stage("cuda");
@@ -1014,7 +1062,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
             o.props = Some(DriverProps::from_raw(&buf.props));
         }
 
-        if let Some((fd, _)) = &fd_info {
+        if let Some((fd, _, _)) = &fd_info {
             stage("cuFileHandleRegister");
             o.stage = Some("cuFileHandleRegister".into());
             let mut descr = RawDescr {
@@ -1029,10 +1077,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
             // SAFETY: descr is a valid CUfileDescr_t with an open O_DIRECT fd.
             let r = CuFileResult::from_raw(unsafe { register(&mut fh, &mut descr) });
             if r.ok() {
-                let file = fd_info
-                    .as_ref()
-                    .and_then(|(_, s)| s.clone())
-                    .or_else(|| path.map(Path::to_path_buf));
+                let file = fd_info.as_ref().map(|(_, _, f)| f.clone());
                 match (&gpu, file) {
                     (Some((len, Ok(buf))), Some(f)) => {
                         stage("cuFileRead");
@@ -1064,7 +1109,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
         unsafe { driver_close() };
     }
     drop(gpu);
-    if let Some((fd, scratch)) = fd_info {
+    if let Some((fd, scratch, _)) = fd_info {
         // SAFETY: fd is ours.
         unsafe { libc::close(fd) };
         if let Some(s) = scratch {

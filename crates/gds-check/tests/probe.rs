@@ -391,3 +391,44 @@ fn full_volume_is_probed_with_a_sparse_scratch_file() {
         .collect();
     assert_eq!(left, ["fill"]);
 }
+
+/// A read-only volume is probed on a file already there (read-only), not refused because the
+/// scratch file cannot be created. Root: a read-only bind mount.
+#[test]
+fn read_only_volume_is_probed_on_an_existing_file() {
+    let d = scratch_dir();
+    let src = d.path().join("src");
+    let ro = d.path().join("ro");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir(&ro).unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(src.join("sub/data.bin"), &data).unwrap();
+    let mount = |args: &[&str]| {
+        Command::new("mount")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let (s, r) = (src.to_str().unwrap(), ro.to_str().unwrap());
+    assert!(mount(&["--bind", s, r]), "bind mount needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _u = Unmount(&ro);
+    assert!(mount(&["-o", "remount,bind,ro", r]));
+    let devs = dev_of(&ro);
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(&ro)) else {
+        return;
+    };
+    assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
+    assert_eq!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    let rd = o.read.as_ref().expect("read check ran");
+    assert!(rd.ok() && rd.bytes == 1 << 20, "{rd:#?}");
+}
