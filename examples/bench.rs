@@ -60,6 +60,8 @@ async fn create(
                 limit_bytes: range.1 as i64,
             }),
             volume_capabilities: vec![cap(fs)],
+            // Measures the driver, not GDS: the gate (on by default) is turned off explicitly.
+            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
             ..Default::default()
         })
         .await?

@@ -53,6 +53,8 @@ async fn main() -> Result<()> {
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![cap.clone()],
+            // A demo without a GPU: the GDS gate (on by default) is turned off explicitly.
+            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
             ..Default::default()
         })
         .await?

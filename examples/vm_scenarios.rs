@@ -107,8 +107,10 @@ impl Rig {
                     limit_bytes: limit,
                 }),
                 volume_capabilities: vec![cap.clone()],
+                // The VM has no GPU: the GDS gate (on by default) is turned off explicitly.
                 parameters: params
                     .iter()
+                    .chain(&[("gdsPolicy", "disabled")])
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 ..Default::default()

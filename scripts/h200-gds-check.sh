@@ -4,7 +4,7 @@
 #
 # Steps: three 1 GiB loop devices as the pool; `gds-csi serve` on a unix socket; the client
 # (tests/gds_gate.rs `h200_flow`) creates, stages (mkfs.ext4, mount data=ordered) and publishes a
-# volume per gdsPolicy (preferred, required, absent) and times NodePublish; then
+# volume per gdsPolicy (preferred, required, disabled) and times NodePublish; then
 # `gds-csi doctor --json --probe --path <staged mount>` runs twice: without the udev database
 # entry for the loop device (expect volume.udev to fail and cuFileHandleRegister 5027), and
 # after writing /run/udev/data/b7:<minor> (expect registration to succeed, in compat mode).

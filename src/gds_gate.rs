@@ -1,9 +1,8 @@
 //! The GDS gate: before NodePublishVolume bind-mounts a volume, check that a workload will get
 //! GPUDirect Storage on it, as the StorageClass parameter `gdsPolicy` asks.
 //!
-//! - `disabled` (and the default when the parameter is absent, for backward compatibility with
-//!   csi-sanity and clusters without GPUs): nothing is checked.
-//! - `required`: the node checks, the volume checks and the cuFile probe must all pass with true
+//! - `disabled`: nothing is checked (csi-sanity, test rigs and GPU-less clusters say so).
+//! - `required`, also when the parameter is absent: the node checks, the volume checks and the cuFile probe must all pass with true
 //!   GDS; compat mode is a failure. Otherwise publish fails with FAILED_PRECONDITION, naming
 //!   every failed check as `check-id: evidence -> remedy`, one per line.
 //! - `preferred`: the same checks, but a failure only logs a warning and marks the volume as
@@ -38,15 +37,15 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The policy of a volume from its stored parameters. Absent means `disabled`, so volumes
-    /// created before the gate existed (and csi-sanity, which sends no parameters) publish as
-    /// before. The Helm chart's StorageClasses set `gdsPolicy: required`.
+    /// The policy of a volume from its stored parameters. Absent means `required`: a volume is
+    /// published only once the nvidia_fs and cuFile checks pass unless its class turns the gate
+    /// off (`gdsPolicy: disabled`, as csi-sanity and the test rigs do).
     pub fn from_parameters<'a, I>(params: I) -> Result<Policy>
     where
         I: IntoIterator<Item = (&'a String, &'a String)>,
     {
         match params.into_iter().find(|(k, _)| k.as_str() == PARAM) {
-            None => Ok(Policy::Disabled),
+            None => Ok(Policy::Required),
             Some((_, v)) => v.parse(),
         }
     }
@@ -411,7 +410,7 @@ fn failed_outcome(backend: Backend, path: Option<&Path>, detail: String) -> Prob
         "mode": "unknown",
         "detail": detail,
         "backend": backend,
-        "strict": false,
+        "strict": true,
         "library": null,
         "library_version": null,
         "driver_open": null,
@@ -462,6 +461,23 @@ pub async fn gate_publish(
     gate.check_publish(&id, Backend::Nvme, policy, mounted)
         .await
         .map(Some)
+}
+
+/// An NFS volume's accessible topology: none with `gdsPolicy` disabled or preferred (any node
+/// that reaches the server); with required (also the default) only nodes whose node checks pass for NFS over RDMA
+/// (`<driver>/gds-nfs-rdma=true`, from [`node_topology`]), so a gated claim's pod is not
+/// scheduled where publish would refuse it. A bad stored policy is left to the publish gate.
+pub fn nfs_topology<'a, I>(driver_name: &str, params: I) -> Vec<crate::csi::Topology>
+where
+    I: IntoIterator<Item = (&'a String, &'a String)>,
+{
+    match Policy::from_parameters(params) {
+        Ok(Policy::Required) => vec![crate::csi::Topology {
+            segments: HashMap::from([(format!("{driver_name}/gds-nfs-rdma"), "true".into())]),
+        }],
+        // preferred publishes anywhere (in compat mode); disabled checks nothing.
+        _ => vec![],
+    }
 }
 
 /// NodeGetVolumeStats: a healthy-looking volume that was published in compat mode is reported
@@ -677,15 +693,32 @@ mod tests {
     }
 
     #[test]
-    fn policy_defaults_to_disabled() {
+    fn policy_defaults_to_required() {
         let mut p = BTreeMap::new();
-        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Disabled);
+        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Required);
         p.insert("fsType".to_string(), "ext4".to_string());
+        assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Required);
+        p.insert(PARAM.to_string(), "disabled".to_string());
         assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Disabled);
         p.insert(PARAM.to_string(), "preferred".to_string());
         assert_eq!(Policy::from_parameters(&p).unwrap(), Policy::Preferred);
         p.insert(PARAM.to_string(), "maybe".to_string());
         assert!(Policy::from_parameters(&p).is_err());
+    }
+
+    #[test]
+    fn nfs_volumes_carry_readiness_topology_only_when_required() {
+        let key = "gds.example/gds-nfs-rdma".to_string();
+        let mut p = BTreeMap::new();
+        p.insert("server".to_string(), "10.0.0.1".to_string());
+        // Absent is required.
+        let t = nfs_topology("gds.example", &p);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].segments.get(&key).map(String::as_str), Some("true"));
+        for off in ["disabled", "preferred"] {
+            p.insert(PARAM.to_string(), off.to_string());
+            assert!(nfs_topology("gds.example", &p).is_empty(), "{off}");
+        }
     }
 
     #[tokio::test]

@@ -25,6 +25,8 @@ fn create_req(name: &str) -> CreateVolumeRequest {
     CreateVolumeRequest {
         name: name.into(),
         volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
+        // No GPU here: the GDS gate (on by default) is turned off explicitly.
+        parameters: HashMap::from([("gdsPolicy".to_string(), "disabled".to_string())]),
         ..Default::default()
     }
 }

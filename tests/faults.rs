@@ -108,6 +108,8 @@ async fn do_step(c: &mut Clients, ctx: &mut Ctx, step: Step) -> Result<(), tonic
                 .create_volume(CreateVolumeRequest {
                     name: "v".into(),
                     volume_capabilities: vec![cap()],
+                    // No GPU here: the GDS gate (on by default) is turned off explicitly.
+                    parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
                     ..Default::default()
                 })
                 .await?

@@ -385,18 +385,35 @@ async fn preferred_publishes_and_reports_compat_in_volume_condition() {
 }
 
 #[tokio::test]
-async fn disabled_and_absent_policy_publish_without_checks() {
-    for params in [&[("gdsPolicy", "disabled")][..], &[][..]] {
-        let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
-            return;
-        };
-        let (id, staging) = r.create_and_stage(params).await;
-        let target = r.target(1);
-        r.publish(&id, &staging, &target).await.unwrap();
-        assert_eq!(r.tree.probe_runs(), 0, "{params:?}");
-        let c = r.condition(&id, &target).await;
-        assert!(!c.abnormal, "{c:?}");
-    }
+async fn disabled_publishes_without_checks_and_absent_policy_means_required() {
+    let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
+        return;
+    };
+    let (id, staging) = r.create_and_stage(&[("gdsPolicy", "disabled")]).await;
+    let target = r.target(1);
+    r.publish(&id, &staging, &target).await.unwrap();
+    assert_eq!(r.tree.probe_runs(), 0);
+    let c = r.condition(&id, &target).await;
+    assert!(!c.abnormal, "{c:?}");
+
+    // No gdsPolicy at all: the gate is on (issue 17 #6) and refuses this node.
+    let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
+        return;
+    };
+    let (id, staging) = r.create_and_stage(&[]).await;
+    let err = r.publish(&id, &staging, &r.target(1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("gdsPolicy=required"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        err.message().contains("\ncufile.probe: "),
+        "{}",
+        err.message()
+    );
+    assert_eq!(r.tree.probe_runs(), 1);
 }
 
 #[tokio::test]
@@ -458,7 +475,7 @@ async fn publish_latency_bench() {
     let mut rows = Vec::new();
     for (label, ready, probe, ttl, params) in [
         (
-            "gate off (gdsPolicy absent)",
+            "gdsPolicy absent (= required), fixtures pass, probe cached",
             true,
             "true_gds",
             60,
@@ -564,7 +581,8 @@ async fn h200_flow() {
     for (name, policy) in [
         ("h200-preferred", Some("preferred")),
         ("h200-required", Some("required")),
-        ("h200-off", None),
+        // Off must be said: no gdsPolicy means required.
+        ("h200-off", Some("disabled")),
     ] {
         let params: HashMap<String, String> = policy
             .map(|p| ("gdsPolicy".to_string(), p.to_string()))
@@ -672,5 +690,471 @@ async fn h200_flow() {
         if policy == Some("preferred") {
             std::fs::write(work.join("staged-path"), staging.display().to_string()).unwrap();
         }
+    }
+}
+
+// ----- node states, for the gate and for doctor ------------------------------------------------
+
+#[path = "../crates/gds-check/tests/fake/nvfs_double.rs"]
+mod nvfs_double;
+
+/// The fake libcufile (also the CUDA calls of the read check), built once.
+fn fake_cufile() -> PathBuf {
+    static BUILD: std::sync::Once = std::sync::Once::new();
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("libfakecufile-gate.so");
+    BUILD.call_once(|| {
+        let src = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crates/gds-check/tests/fake/fake_cufile.c"
+        );
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&out)
+            .arg(src)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cc failed to build the fake libcufile");
+    });
+    out
+}
+
+/// One node state: what the host looks like, what the fake libcufile does, and the verdict.
+struct NodeState {
+    name: &'static str,
+    /// Storage drivers whose registration symbols the kernel exports (nvidia-fs double);
+    /// None: nvidia_fs not loaded.
+    nvfs: Option<&'static [&'static str]>,
+    cufile_json: &'static str,
+    /// The volume is an NVMe namespace (else a loop device).
+    nvme: bool,
+    udev: bool,
+    /// Extra fixture files (path, text).
+    extra: &'static [(&'static str, &'static str)],
+    /// Env for the fake libcufile; `FAKE_CUFILE_GDS_DEVS` is added when `gds_dev`.
+    env: &'static [(&'static str, &'static str)],
+    /// The fake libcufile has a GDS path for the volume's filesystem.
+    gds_dev: bool,
+    /// None: ready; Some(ids): refused, naming at least these checks.
+    refused: Option<&'static [&'static str]>,
+}
+
+const CUFILE_P2P: &str =
+    r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#;
+const CUFILE_FORCE: &str =
+    r#"{ "properties": { "force_compat_mode": true, "allow_compat_mode": false } }"#;
+
+fn node_states(vol: &Path) -> Vec<NodeState> {
+    let deny: &'static str = Box::leak(
+        format!(
+            r#"{{ "properties": {{ "allow_compat_mode": false }}, "denylist": {{ "mounts": ["{}"] }} }}"#,
+            vol.display()
+        )
+        .into_boxed_str(),
+    );
+    let gds = gds_csi::gds_gate::fixture::CUFILE_STRICT;
+    vec![
+        NodeState {
+            name: "idle GDS node",
+            nvfs: Some(&["nvme", "nvme_rdma"]),
+            cufile_json: gds,
+            nvme: true,
+            udev: true,
+            extra: &[],
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: None,
+        },
+        NodeState {
+            name: "nvme not registered",
+            nvfs: Some(&["nvme_rdma"]),
+            cufile_json: gds,
+            nvme: true,
+            udev: true,
+            extra: &[],
+            env: &[],
+            gds_dev: false,
+            refused: Some(&["nvidia_fs.storage_driver", "nvme.p2pdma", "cufile.probe"]),
+        },
+        NodeState {
+            name: "P2PDMA on a backported kernel",
+            nvfs: None,
+            cufile_json: CUFILE_P2P,
+            nvme: true,
+            udev: true,
+            extra: &[
+                (
+                    "proc/sys/kernel/osrelease",
+                    "5.14.0-427.13.1.el9_4.x86_64\n",
+                ),
+                ("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n"),
+                ("proc/modules", "nvme 1 0 - Live\n"),
+                (
+                    "proc/driver/nvidia/version",
+                    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06\n",
+                ),
+                (
+                    "proc/driver/nvidia/params",
+                    "RegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
+                ),
+                ("sys/module/nvme_core/parameters/multipath", "N\n"),
+            ],
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: None,
+        },
+        NodeState {
+            name: "compat forced",
+            nvfs: Some(&["nvme"]),
+            cufile_json: CUFILE_FORCE,
+            nvme: true,
+            udev: true,
+            extra: &[],
+            env: &[],
+            gds_dev: false,
+            refused: Some(&["cufile.force_compat", "cufile.probe"]),
+        },
+        NodeState {
+            name: "denylisted mount",
+            nvfs: Some(&["nvme"]),
+            cufile_json: deny,
+            nvme: true,
+            udev: true,
+            extra: &[],
+            env: &[
+                ("FAKE_CUFILE_DSTATUS", "16"),
+                ("FAKE_CUFILE_REG_ERR", "5034"),
+            ],
+            gds_dev: true,
+            refused: Some(&["volume.denylist", "cufile.probe"]),
+        },
+        NodeState {
+            name: "loop device under a GDS-capable driver",
+            nvfs: Some(&["nvme"]),
+            cufile_json: gds,
+            nvme: false,
+            udev: true,
+            extra: &[],
+            // The driver advertises NVMe; only the per-file strict probe tells.
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: false,
+            refused: Some(&["cufile.probe"]),
+        },
+        NodeState {
+            name: "no udev entry for the volume",
+            nvfs: Some(&["nvme"]),
+            cufile_json: gds,
+            nvme: true,
+            udev: false,
+            extra: &[],
+            env: &[
+                ("FAKE_CUFILE_DSTATUS", "16"),
+                ("FAKE_CUFILE_REG_ERR", "5027"),
+            ],
+            gds_dev: true,
+            refused: Some(&["volume.udev", "cufile.probe"]),
+        },
+    ]
+}
+
+/// Lays out a state; returns the double (kept alive for the checks) and the probe command.
+fn lay_out(
+    st: &NodeState,
+    tree: &Tree,
+    vol: &Path,
+) -> (Option<nvfs_double::NvfsDouble>, PathBuf, Vec<String>) {
+    tree.gpu_node().write("etc/cufile.json", st.cufile_json);
+    let double = st.nvfs.map(|regs| {
+        nvfs_double::NvfsDouble::start(&tree.root, regs, 1, false)
+            .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"))
+    });
+    if st.nvme {
+        tree.nvme_volume(vol, st.udev);
+    } else {
+        tree.write(
+            "sys/devices/virtual/block/loop0/loop/backing_file",
+            "/var/img\n",
+        )
+        .link("sys/dev/block/7:0", "../../devices/virtual/block/loop0")
+        .mountinfo(&format!(
+            "400 29 7:0 / {} rw - ext4 /dev/loop0 rw,data=ordered",
+            vol.display()
+        ));
+        if st.udev {
+            tree.write(
+                "run/udev/data/b7:0",
+                "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n",
+            );
+        }
+    }
+    for (rel, text) in st.extra {
+        tree.write(rel, text);
+    }
+    let lib = fake_cufile();
+    let mut script = String::new();
+    for (k, v) in st.env {
+        script += &format!("export {k}='{v}'; ");
+    }
+    if st.gds_dev {
+        let d = std::fs::metadata(vol).unwrap().dev();
+        script += &format!(
+            "export FAKE_CUFILE_GDS_DEVS={}:{}; ",
+            libc::major(d),
+            libc::minor(d)
+        );
+    }
+    script += &format!(
+        "exec {} cufile-probe -- \"$@\" --cuda-library {}",
+        env!("CARGO_BIN_EXE_gds-csi"),
+        lib.display()
+    );
+    (
+        double,
+        "/bin/sh".into(),
+        vec!["-c".into(), script, "sh".into()],
+    )
+}
+
+/// The table of issue 17: each node state gets the same verdict from the gate (NodePublish's
+/// check) and from `gds-csi doctor --probe --path`, and a refusal names the checks that failed.
+#[tokio::test]
+async fn node_state_table_gate_and_doctor_agree() {
+    let lib = fake_cufile();
+    for i in 0..node_states(Path::new("/x")).len() {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let tree = Tree::new(&dir.path().join("host"));
+        let vol = dir.path().join("vol");
+        std::fs::create_dir_all(&vol).unwrap();
+        let st = node_states(&vol).remove(i);
+        let (double, exe, prefix) = lay_out(&st, &tree, &vol);
+
+        // The gate.
+        let gate = GdsGate::new(GateConfig {
+            paths: tree.paths.clone(),
+            probe_exe: exe.clone(),
+            probe_prefix: prefix.clone(),
+            cufile_library: Some(lib.clone()),
+            probe_timeout: Duration::from_secs(20),
+            cache_ttl: Duration::ZERO,
+        });
+        let got = gate
+            .check_publish(
+                "vol-t",
+                gds_check::Backend::Nvme,
+                gds_csi::gds_gate::Policy::Required,
+                Some(&vol),
+            )
+            .await;
+        match (st.refused, &got) {
+            (None, Ok(o)) => assert_eq!(
+                o.verdict,
+                gds_csi::gds_gate::Verdict::Ready,
+                "{}: {}",
+                st.name,
+                o.report.to_text()
+            ),
+            (Some(ids), Err(e)) => {
+                let msg = e.to_string();
+                for id in ids {
+                    assert!(
+                        msg.contains(&format!("\n{id}: ")),
+                        "{}: {id} not named:\n{msg}",
+                        st.name
+                    );
+                }
+            }
+            (want, got) => panic!("{}: wanted refused={want:?}, got {got:?}", st.name),
+        }
+
+        // doctor, the same way.
+        let args = gds_csi::config::DoctorArgs {
+            backend: gds_check::Backend::Nvme,
+            path: Some(vol.clone()),
+            json: false,
+            probe: true,
+            host_proc: tree.paths.proc_root.clone(),
+            host_sys: tree.paths.sys_root.clone(),
+            host_dev: tree.paths.dev_root.clone(),
+            gds: gds_csi::config::GdsArgs {
+                cufile_json: tree.paths.cufile_json.clone(),
+                udev_data_dir: tree.paths.udev_data_dir.clone(),
+                cufile_library: Some(lib.clone()),
+                probe_timeout: Duration::from_secs(20),
+            },
+        };
+        let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
+        assert_eq!(
+            d.ready(),
+            st.refused.is_none(),
+            "{}: doctor says\n{}",
+            st.name,
+            d.to_text()
+        );
+        if let Some(ids) = st.refused {
+            let failed: Vec<&str> = d.report.failures().iter().map(|c| c.id).collect();
+            for id in ids {
+                assert!(
+                    failed.contains(id),
+                    "{}: doctor did not fail {id}: {failed:?}",
+                    st.name
+                );
+            }
+        }
+        if let Some(d) = &double {
+            assert!(
+                d.opens_seen() >= 1,
+                "{}: nobody held a device open",
+                st.name
+            );
+        }
+        // Nothing of the probe's is left on the volume.
+        assert_eq!(std::fs::read_dir(&vol).unwrap().count(), 0, "{}", st.name);
+        println!(
+            "{}: {}",
+            st.name,
+            if st.refused.is_none() {
+                "ready"
+            } else {
+                "refused"
+            }
+        );
+    }
+}
+
+/// The NFS gate (issue 17 #7), as the block gate is tested: one verdict per node state from the
+/// gate and from doctor, over the nvidia-fs double and the real probe child. The VM rig runs
+/// the real NFS over RDMA; here the mount is a fixture line and the probe's file a local one.
+#[tokio::test]
+async fn nfs_node_states_gate_and_doctor_agree() {
+    let lib = fake_cufile();
+    // (name, registrable, RDMA device, mount options, refused ids)
+    type Row = (
+        &'static str,
+        &'static [&'static str],
+        bool,
+        &'static str,
+        Option<&'static [&'static str]>,
+    );
+    let rows: [Row; 4] = [
+        (
+            "NFS over RDMA ready",
+            &["rpcrdma"],
+            true,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            None,
+        ),
+        (
+            "rpcrdma not registered",
+            &["nvme"],
+            true,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            Some(&["nvidia_fs.storage_driver", "cufile.probe"]),
+        ),
+        (
+            "mounted over TCP",
+            &["rpcrdma"],
+            true,
+            "rw,vers=4.1,proto=tcp",
+            Some(&["volume.filesystem"]),
+        ),
+        (
+            "no RDMA device",
+            &["rpcrdma"],
+            false,
+            "rw,vers=4.1,proto=rdma,port=20049",
+            Some(&["rdma.devices"]),
+        ),
+    ];
+    for (name, regs, rdma, opts, refused) in rows {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let tree = Tree::new(&dir.path().join("host"));
+        let vol = dir.path().join("vol");
+        std::fs::create_dir_all(&vol).unwrap();
+        tree.gpu_node().mountinfo(&format!(
+            "200 29 0:55 / {} rw,relatime - nfs4 10.0.0.1:/export/v {opts}",
+            vol.display()
+        ));
+        if rdma {
+            tree.write("sys/class/infiniband/rxe0/ports/1/state", "4: ACTIVE\n");
+        }
+        let _double = nvfs_double::NvfsDouble::start(&tree.root, regs, 1, false)
+            .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"));
+        // The fake libcufile has an NFS GDS path (dstatusflags bit 2) only with rpcrdma.
+        let d = std::fs::metadata(&vol).unwrap().dev();
+        let dstatus = if regs.contains(&"rpcrdma") { 4 } else { 0 };
+        let script = format!(
+            "export FAKE_CUFILE_DSTATUS={dstatus} FAKE_CUFILE_GDS_DEVS={}:{}; exec {} cufile-probe -- \"$@\" --cuda-library {}",
+            libc::major(d),
+            libc::minor(d),
+            env!("CARGO_BIN_EXE_gds-csi"),
+            lib.display()
+        );
+        let (exe, prefix) = (
+            PathBuf::from("/bin/sh"),
+            vec!["-c".to_string(), script, "sh".into()],
+        );
+        let gate = GdsGate::new(GateConfig {
+            paths: tree.paths.clone(),
+            probe_exe: exe.clone(),
+            probe_prefix: prefix.clone(),
+            cufile_library: Some(lib.clone()),
+            probe_timeout: Duration::from_secs(20),
+            cache_ttl: Duration::ZERO,
+        });
+        let got = gate
+            .check_publish(
+                "nfs-t",
+                gds_check::Backend::NfsRdma,
+                gds_csi::gds_gate::Policy::Required,
+                Some(&vol),
+            )
+            .await;
+        match (refused, &got) {
+            (None, Ok(o)) => assert_eq!(
+                o.verdict,
+                gds_csi::gds_gate::Verdict::Ready,
+                "{name}: {}",
+                o.report.to_text()
+            ),
+            (Some(ids), Err(e)) => {
+                let msg = e.to_string();
+                for id in ids {
+                    assert!(
+                        msg.contains(&format!("\n{id}: ")),
+                        "{name}: {id} not named:\n{msg}"
+                    );
+                }
+            }
+            (want, got) => panic!("{name}: wanted refused={want:?}, got {got:?}"),
+        }
+        let args = gds_csi::config::DoctorArgs {
+            backend: gds_check::Backend::NfsRdma,
+            path: Some(vol.clone()),
+            json: false,
+            probe: true,
+            host_proc: tree.paths.proc_root.clone(),
+            host_sys: tree.paths.sys_root.clone(),
+            host_dev: tree.paths.dev_root.clone(),
+            gds: gds_csi::config::GdsArgs {
+                cufile_json: tree.paths.cufile_json.clone(),
+                udev_data_dir: tree.paths.udev_data_dir.clone(),
+                cufile_library: Some(lib.clone()),
+                probe_timeout: Duration::from_secs(20),
+            },
+        };
+        let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
+        assert_eq!(
+            d.ready(),
+            refused.is_none(),
+            "{name}: doctor says\n{}",
+            d.to_text()
+        );
+        println!(
+            "{name}: {}",
+            if refused.is_none() {
+                "ready"
+            } else {
+                "refused"
+            }
+        );
     }
 }

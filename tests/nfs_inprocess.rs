@@ -294,7 +294,12 @@ async fn create_is_idempotent_multi_node_and_topology_free() {
         .await
         .unwrap();
     assert_eq!(v.volume_id, "nfs:d-rdma-20049-4.1:~export:vol-1:192.0.2.1");
-    assert!(v.accessible_topology.is_empty());
+    // No gdsPolicy means required: only nodes ready for GDS over NFS/RDMA (issue 17 #7).
+    assert_eq!(v.accessible_topology.len(), 1);
+    assert_eq!(
+        v.accessible_topology[0].segments,
+        HashMap::from([("gds.csi.test/gds-nfs-rdma".to_string(), "true".to_string())])
+    );
     assert_eq!(v.capacity_bytes, 1 << 30);
     let dir = h.export().join("vol-1");
     assert_eq!(

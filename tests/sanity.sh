@@ -23,10 +23,13 @@ wait_for_socket "$WORK/csi.sock"
 sleep 1
 RSS_IDLE=$(rss_kib "$DRIVER_PID")
 
+# No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
+printf 'gdsPolicy: disabled\n' >"$WORK/params.yaml"
 start=$(date +%s.%N)
 set +e
 csi-sanity --csi.endpoint "$WORK/csi.sock" \
   --csi.mountdir "$WORK/target" --csi.stagingdir "$WORK/staging" \
+  --csi.testvolumeparameters "$WORK/params.yaml" \
   --csi.testvolumesize "$VOLUME_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
 status=$?
 set -e

@@ -275,7 +275,12 @@ fn fits(capacity: u64, required: u64, limit: u64) -> bool {
     capacity >= required && (limit == 0 || capacity <= limit)
 }
 
-fn volume_of(id: &str, rec: &NfsRecord, parsed: Option<&NfsVolumeId>) -> csi::Volume {
+fn volume_of(
+    driver: &Driver,
+    id: &str,
+    rec: &NfsRecord,
+    parsed: Option<&NfsVolumeId>,
+) -> csi::Volume {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
     if let Some(p) = parsed {
         ctx.insert("dir".into(), p.dir.clone());
@@ -285,8 +290,9 @@ fn volume_of(id: &str, rec: &NfsRecord, parsed: Option<&NfsVolumeId>) -> csi::Vo
         volume_id: id.to_owned(),
         volume_context: ctx,
         content_source: None,
-        // Reachable from every node that can reach the server.
-        accessible_topology: vec![],
+        // Reachable from every node that can reach the server; gated volumes only where the
+        // node advertises NFS-over-RDMA GDS readiness.
+        accessible_topology: crate::gds_gate::nfs_topology(&driver.name, &rec.parameters),
     }
 }
 
@@ -358,7 +364,7 @@ pub async fn create(
         m.insert(id_text.clone(), rec.clone());
     })?;
     info!(volume_id = %id_text, source = %id.source(), "NFS volume ready");
-    Ok(volume_of(&id_text, &rec, Some(&id)))
+    Ok(volume_of(driver, &id_text, &rec, Some(&id)))
 }
 
 /// DeleteVolume: remove, retain or archive the directory per `onDelete`. Idempotent.
@@ -425,7 +431,7 @@ pub fn list(driver: &Driver) -> Vec<(String, csi::Volume)> {
         .into_iter()
         .map(|(id, rec)| {
             let parsed = NfsVolumeId::parse(&id);
-            let v = volume_of(&id, &rec, parsed.as_ref());
+            let v = volume_of(driver, &id, &rec, parsed.as_ref());
             (id, v)
         })
         .collect()

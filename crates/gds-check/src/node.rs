@@ -30,7 +30,9 @@ pub(crate) fn load_cufile(paths: &HostPaths) -> CufileState {
 /// Names nvidia_fs must list in `modules` for the backend to get true GDS.
 pub(crate) fn required_drivers(backend: Backend) -> &'static [&'static str] {
     match backend {
-        Backend::Nvme => &["nvme", "nvme_rdma"],
+        // The pool's volumes are NVMe over PCIe: only the `nvme` entry registers their DMA
+        // hooks; `nvme_rdma` (src/nvfs-dma.c:87-97) serves NVMe-oF namespaces only.
+        Backend::Nvme => &["nvme"],
         Backend::NfsRdma => &["rpcrdma"],
     }
 }
@@ -40,7 +42,6 @@ fn registration_symbols(backend: Backend) -> &'static [&'static str] {
         Backend::Nvme => &[
             "nvme_v1_register_nvfs_dma_ops",
             "nvme_v2_register_nvfs_dma_ops",
-            "nvme_rdma_v1_register_nvfs_dma_ops",
         ],
         Backend::NfsRdma => &["rpcrdma_register_nvfs_dma_ops"],
     }
@@ -55,6 +56,26 @@ pub(crate) fn read_modules(paths: &HostPaths) -> Result<Vec<NvfsModule>, String>
     let p = paths.proc("driver/nvidia-fs/modules");
     let t = fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     parse::parse_modules(&t).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The listing as a cuFile process sees it: read while holding `dev` open. nvidia-fs registers
+/// the storage drivers' DMA hooks only in `nvfs_open` (gds-nvidia-fs 2.28.4 src/nvfs-core.c:1072
+/// -> nvfs_blk_register_dma_ops, src/nvfs-dma.c:1430 -> probe_module_list, src/nvfs-mod.c:40)
+/// and unregisters them at the last close (src/nvfs-core.c:1093-1101); the proc file prints only
+/// entries marked found (src/nvfs-proc.c:47-52) and `wekafsio: 1` is a static, always-found
+/// entry (src/nvfs-dma.c:146-157). So the idle listing proves nothing: an idle, correctly
+/// configured node shows `wekafsio: 1` only.
+pub(crate) fn read_modules_held(paths: &HostPaths, dev: &Path) -> Result<Vec<NvfsModule>, String> {
+    // O_RDONLY is enough: nvfs_open ignores the flags; the node is mode 0666.
+    let held = fs::File::open(dev).map_err(|e| {
+        format!(
+            "cannot open {} to make nvidia-fs register the storage drivers: {e}",
+            dev.display()
+        )
+    })?;
+    let r = read_modules(paths);
+    drop(held);
+    r
 }
 
 type SymbolCache = HashMap<(std::path::PathBuf, Vec<String>), (String, BTreeSet<String>)>;
@@ -90,23 +111,94 @@ struct P2p {
     missing: Vec<&'static str>,
 }
 
+/// GPUs NVIDIA lists for P2PDMA (troubleshooting guide 14.2, "P2PDMA Supported GPUs").
+const P2PDMA_GPUS: &[&str] = &[
+    "A100", "A40", "L40S", "L4", "H100", "H200", "B100", "B200", "B300",
+];
+
+/// NVMe P2PDMA mode, as NVIDIA's troubleshooting guide section 14 ("NVMe P2PDMA
+/// Troubleshooting") documents it, every item checked and each unmet one named:
+/// 14.1 the kernel has PCI P2PDMA (`p2pdma_pgmap_ops` in /proc/kallsyms: "kernel newer than 6.2
+/// on Ubuntu; for other distributions check the feature is compiled", so a backported kernel
+/// counts and the version is evidence only); 14.2 a supported GPU; the open GPU kernel modules
+/// 565 or newer ("GDS Support for NVMe Drives Using Linux PCI P2PDMA", 3.4); 14.3 the driver
+/// registry `RMForceStaticBar1=1;RmForceDisableIomapWC=1` (x86 only) and
+/// `nvme_core multipath=N`; and `use_pci_p2pdma: true` in cufile.json.
 fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
     let mut missing = Vec::new();
     let mut ev = Vec::new();
-    match read_trim(&paths.proc("sys/kernel/osrelease")) {
-        Some(rel) => {
-            let ok = parse::parse_kernel_version(&rel).is_some_and(|v| v >= (6, 2));
-            ev.push(format!("kernel {rel}"));
-            if !ok {
-                missing.push("kernel >= 6.2");
-            }
-        }
-        None => missing.push("kernel >= 6.2 (osrelease unreadable)"),
+    if let Some(rel) = read_trim(&paths.proc("sys/kernel/osrelease")) {
+        ev.push(format!("kernel {rel}"));
     }
     let has_sym = kallsyms(paths, &["p2pdma_pgmap_ops"]).is_some_and(|s| !s.is_empty());
     ev.push(format!("p2pdma_pgmap_ops in kallsyms: {has_sym}"));
     if !has_sym {
-        missing.push("p2pdma_pgmap_ops in /proc/kallsyms (CONFIG_PCI_P2PDMA)");
+        missing.push("p2pdma_pgmap_ops in /proc/kallsyms (a kernel built with CONFIG_PCI_P2PDMA)");
+    }
+    // 14.2: the GPU models the guide lists.
+    let models: Vec<String> = fs::read_dir(paths.proc("driver/nvidia/gpus"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| fs::read_to_string(e.path().join("information")).ok())
+                .filter_map(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("Model:"))
+                        .map(|m| m.trim().to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let gpu_ok = !models.is_empty()
+        && models.iter().all(|m| {
+            m.split_whitespace()
+                .any(|w| P2PDMA_GPUS.iter().any(|g| w.eq_ignore_ascii_case(g)))
+        });
+    ev.push(format!("GPUs [{}]", models.join(", ")));
+    if !gpu_ok {
+        missing.push("a P2PDMA-capable GPU (A100, A40, L4, L40S, H100, H200, B100, B200, B300)");
+    }
+    // Open kernel modules >= 565: /proc/driver/nvidia/version says "Open Kernel Module".
+    let nv = read_trim(&paths.proc("driver/nvidia/version")).unwrap_or_default();
+    let open = nv.contains("Open Kernel Module");
+    let branch = nv.split_whitespace().find_map(|w| {
+        w.split('.')
+            .next()?
+            .parse::<u32>()
+            .ok()
+            .filter(|_| w.contains('.'))
+    });
+    ev.push(format!(
+        "NVIDIA driver: {}",
+        nv.lines().next().unwrap_or("unreadable")
+    ));
+    if !(open && branch.is_some_and(|b| b >= 565)) {
+        missing.push("the open GPU kernel modules, driver 565 or newer");
+    }
+    // 14.3 registry (x86 only).
+    if cfg!(target_arch = "x86_64") {
+        let params = fs::read_to_string(paths.proc("driver/nvidia/params")).unwrap_or_default();
+        let dwords = params
+            .lines()
+            .find_map(|l| l.strip_prefix("RegistryDwords:"))
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let reg_ok = ["rmforcestaticbar1=1", "rmforcedisableiomapwc=1"]
+            .iter()
+            .all(|k| dwords.contains(k));
+        ev.push(format!("RegistryDwords {}", dwords.trim()));
+        if !reg_ok {
+            missing.push(
+                "NVreg_RegistryDwords=\"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\" for the nvidia module",
+            );
+        }
+    }
+    let mp = read_trim(&paths.sys("module/nvme_core/parameters/multipath"));
+    ev.push(format!(
+        "nvme_core multipath={}",
+        mp.as_deref().unwrap_or("?")
+    ));
+    if mp.as_deref() != Some("N") {
+        missing.push("nvme_core multipath=N");
     }
     let enabled = matches!(cfg, CufileState::Ok(c) if c.p2pdma_enabled());
     ev.push(format!("use_pci_p2pdma in cufile.json: {enabled}"));
@@ -118,6 +210,30 @@ fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
         evidence: ev.join("; "),
         missing,
     }
+}
+
+/// The storage drivers registered with nvidia-fs as a cuFile process sees them (a device node
+/// held open, see [`read_modules_held`]); None when nvidia-fs or its nodes are not there.
+pub(crate) fn registered_drivers(paths: &HostPaths) -> Option<Vec<NvfsModule>> {
+    let dev = nvfs_device_nodes(paths).into_iter().next()?;
+    read_modules_held(paths, &paths.dev_root.join(dev)).ok()
+}
+
+/// `nvidia-fs<N>` names under the dev root.
+fn nvfs_device_nodes(paths: &HostPaths) -> Vec<String> {
+    list_dir_names(&paths.dev_root)
+        .into_iter()
+        .filter(|n| {
+            n.strip_prefix("nvidia-fs")
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect()
+}
+
+/// NVMe would take the P2PDMA route on this node: no nvidia_fs, `use_pci_p2pdma` set.
+pub(crate) fn p2pdma_route(paths: &HostPaths) -> bool {
+    !paths.sys("module/nvidia_fs").is_dir()
+        && matches!(load_cufile(paths), CufileState::Ok(c) if c.p2pdma_enabled())
 }
 
 fn list_dir_names(p: &Path) -> Vec<String> {
@@ -184,13 +300,7 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
     }
 
     // --- device nodes -----------------------------------------------------------------------
-    let devs: Vec<String> = list_dir_names(&paths.dev_root)
-        .into_iter()
-        .filter(|n| {
-            n.strip_prefix("nvidia-fs")
-                .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
+    let devs = nvfs_device_nodes(paths);
     let title = "nvidia-fs device nodes present";
     if !devs.is_empty() {
         out.push(Check::pass(
@@ -221,8 +331,16 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
     // --- storage driver registered with nvidia_fs --------------------------------------------
     let wanted = required_drivers(backend);
     let title = format!("{} registered with nvidia_fs", wanted.join(" or "));
+    let held_dev = devs.first().map(|d| paths.dev_root.join(d));
     if loaded {
-        match read_modules(paths) {
+        let listing = match &held_dev {
+            Some(d) => read_modules_held(paths, d),
+            None => Err(format!(
+                "no nvidia-fs<N> under {} to hold open while reading the listing",
+                paths.dev_root.display()
+            )),
+        };
+        match listing {
             Ok(mods) => {
                 let names: Vec<&str> = mods.iter().map(|m| m.name.as_str()).collect();
                 let listed = if names.is_empty() {
@@ -242,7 +360,12 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
                         )
                     })
                     .unwrap_or_default();
-                let ev = format!("/proc/driver/nvidia-fs/modules lists: {listed}{syms}");
+                let ev = format!(
+                    "with {} held open, /proc/driver/nvidia-fs/modules lists: {listed}{syms}",
+                    held_dev
+                        .as_deref()
+                        .map_or("?".into(), |d| d.display().to_string())
+                );
                 if names.iter().any(|n| wanted.contains(n)) {
                     out.push(Check::pass("nvidia_fs.storage_driver", title, ev));
                 } else {
@@ -281,8 +404,9 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
             Err(e) => out.push(Check::fail(
                 "nvidia_fs.storage_driver",
                 title,
-                format!("nvidia_fs loaded but modules unreadable: {e}"),
-                "check that /proc/driver/nvidia-fs is visible (host /proc) and the module is healthy",
+                format!("nvidia_fs loaded but the registered drivers cannot be read: {e}"),
+                "give the container /dev/nvidia-fs* (CDI device nvidia.com/gds=all) and the \
+                 host's /proc/driver/nvidia-fs; check that the module is healthy (dmesg)",
             )),
         }
     } else if p2p_ready {
@@ -319,8 +443,11 @@ pub fn node_checks(paths: &HostPaths, backend: Backend) -> Vec<Check> {
                 "nvme.p2pdma",
                 title,
                 format!("{}; missing: {}", p.evidence, p.missing.join(", ")),
-                "either fix nvidia_fs (above) or provide: kernel >= 6.2 with CONFIG_PCI_P2PDMA, \
-                 libcufile >= 1.13 (CUDA 12.8) and \"use_pci_p2pdma\": true in cufile.json",
+                format!(
+                    "either fix nvidia_fs (above) or provide what P2PDMA mode needs (GDS \
+                     troubleshooting guide, NVMe P2PDMA): {}",
+                    p.missing.join("; ")
+                ),
             )
         };
         out.push(c);

@@ -34,8 +34,13 @@ pub struct ProbeArgs {
     pub path: Option<PathBuf>,
     pub backend: Backend,
     /// Run with compat mode off (private cufile.json with `allow_compat_mode: false`), so a
-    /// successful registration cannot be a silent POSIX fallback.
+    /// successful registration cannot be a silent POSIX fallback. On by default: the only
+    /// per-file answer cuFile gives (`cuFileDriverGetProperties` is driver-wide). When the
+    /// strict run finds no GDS path, [`run_probe`] runs a second, compat-allowed child to tell
+    /// compat mode from "cuFile does not work here".
     pub strict: bool,
+    /// libcuda for the read check (GPU memory); default `libcuda.so.1` from the loader path.
+    pub cuda_library: Option<PathBuf>,
     /// cufile.json to start from; default `$CUFILE_ENV_PATH_JSON` or `/etc/cufile.json`.
     pub cufile_json: Option<PathBuf>,
     /// Where cufile.log (and the strict config) go; default: a fresh temp dir, removed after.
@@ -48,7 +53,8 @@ impl ProbeArgs {
             library: None,
             path: None,
             backend,
-            strict: false,
+            strict: true,
+            cuda_library: None,
             cufile_json: None,
             work_dir: None,
         }
@@ -66,8 +72,9 @@ impl ProbeArgs {
         push("--path", &self.path);
         push("--cufile-json", &self.cufile_json);
         push("--work-dir", &self.work_dir);
-        if self.strict {
-            v.push("--strict".to_string());
+        push("--cuda-library", &self.cuda_library);
+        if !self.strict {
+            v.push("--no-strict".to_string());
         }
         v
     }
@@ -84,6 +91,8 @@ impl ProbeArgs {
                 "--cufile-json" => a.cufile_json = Some(val(&flag)?.into()),
                 "--work-dir" => a.work_dir = Some(val(&flag)?.into()),
                 "--strict" => a.strict = true,
+                "--no-strict" => a.strict = false,
+                "--cuda-library" => a.cuda_library = Some(val(&flag)?.into()),
                 other => return Err(format!("unknown probe argument {other:?}")),
             }
         }
@@ -229,7 +238,8 @@ impl DriverProps {
     pub fn supports(&self, backend: Backend) -> bool {
         let bit = |b: u32| self.dstatusflags & (1 << b) != 0;
         match backend {
-            Backend::Nvme => bit(4) || bit(5) || self.p2pdma,
+            // Bit 5 (NVMe-oF) says nothing about the pool's PCIe namespaces (issue 17 #4).
+            Backend::Nvme => bit(4) || self.p2pdma,
             Backend::NfsRdma => bit(2),
         }
     }
@@ -258,6 +268,53 @@ pub struct ProbeOutcome {
     /// Last lines of cufile.log (it often names the real cause, e.g. a missing udev property).
     pub log_tail: Vec<String>,
     pub stderr_tail: Option<String>,
+    /// cuFileRead of the file's first bytes into GPU memory, compared with a POSIX read.
+    #[serde(default)]
+    pub read: Option<ReadCheck>,
+    /// With [`ProbeArgs::strict`]: what the compat-off run said, when this outcome is the
+    /// second, compat-allowed run.
+    #[serde(default)]
+    pub strict_pass: Option<String>,
+}
+
+/// The data-path proof: bytes read by cuFile into GPU memory match the file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadCheck {
+    pub bytes: u64,
+    /// cuFileRead's return value (bytes read, or a negative error).
+    pub returned: i64,
+    pub matches: bool,
+    pub first_mismatch: Option<u64>,
+    /// Why the read could not run (no CUDA, no GPU memory, ...).
+    pub error: Option<String>,
+    /// Which path the read took: TrueGds when compat mode was off for this run (cuFile could
+    /// not have fallen back to POSIX), Compat otherwise.
+    pub mode: GdsMode,
+    pub elapsed_us: u64,
+}
+
+impl ReadCheck {
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.matches && self.returned == self.bytes as i64
+    }
+    fn summary(&self) -> String {
+        match &self.error {
+            Some(e) => format!("cuFileRead check not run: {e}"),
+            None if self.ok() => format!(
+                "cuFileRead {} KiB into GPU memory: bytes match ({:?} path, {} us)",
+                self.bytes / 1024,
+                self.mode,
+                self.elapsed_us
+            ),
+            None => format!(
+                "cuFileRead {} KiB returned {}{}",
+                self.bytes / 1024,
+                self.returned,
+                self.first_mismatch
+                    .map_or(String::new(), |o| format!(", wrong byte at offset {o}"))
+            ),
+        }
+    }
 }
 
 impl ProbeOutcome {
@@ -280,6 +337,8 @@ impl ProbeOutcome {
             signal: None,
             log_tail: Vec::new(),
             stderr_tail: None,
+            read: None,
+            strict_pass: None,
         }
     }
 
@@ -306,6 +365,13 @@ impl ProbeOutcome {
                 "cuFileHandleRegister({}) {r}",
                 self.file.as_deref().unwrap_or("?")
             ));
+        }
+        if let Some(r) = self
+            .read
+            .as_ref()
+            .filter(|_| !self.detail.contains("cuFileRead"))
+        {
+            s.push(r.summary());
         }
         s.push(format!("mode {:?}", self.mode));
         if let Some(l) = self.log_tail.last() {
@@ -502,33 +568,268 @@ fn write_strict_config(src: &Path, work: &Path) -> Result<PathBuf, String> {
     Ok(dst)
 }
 
-/// An O_DIRECT fd for registration; `Some(path)` in the second slot is a scratch file to
-/// remove afterwards.
-fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>), String> {
-    let (target, scratch) = if p.is_dir() {
+/// Fills the scratch file with [`pattern`] bytes, or leaves it sparse on a full volume.
+fn write_scratch(f: &mut std::fs::File, target: &Path) -> Result<(), String> {
+    let written = f
+        .write_all(&pattern(READ_BYTES as usize))
+        .and_then(|_| f.sync_all());
+    match written {
+        Ok(()) => Ok(()),
+        // A full volume must not be refused for the probe's sake: a sparse file needs no
+        // space, reads as zeros, and the check compares with what POSIX reads anyway.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => f
+            .set_len(0)
+            .and_then(|_| f.set_len(READ_BYTES))
+            .map_err(|e| format!("truncate {}: {e}", target.display())),
+        Err(e) => {
+            let _ = std::fs::remove_file(target);
+            Err(format!("write {}: {e}", target.display()))
+        }
+    }
+}
+
+/// A regular file of at least one page in `dir` or one level below, for a volume the probe
+/// cannot write to.
+fn existing_file(dir: &Path) -> Option<PathBuf> {
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(d) = dirs.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&d).ok()?.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            seen += 1;
+            if seen > 1000 {
+                return None;
+            }
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_file() && e.metadata().is_ok_and(|m| m.len() >= 4096) {
+                return Some(e.path());
+            }
+            if ft.is_dir() && d == dir {
+                dirs.push(e.path());
+            }
+        }
+    }
+    None
+}
+
+/// An O_DIRECT fd for registration, the scratch file to remove afterwards (if one was made), and
+/// the file the fd is on.
+fn open_direct(p: &Path) -> Result<(c_int, Option<PathBuf>, PathBuf), String> {
+    let (mut target, mut scratch) = if p.is_dir() {
         let f = p.join(format!(".gds-probe-{}", std::process::id()));
         (f.clone(), Some(f))
     } else {
         (p.to_path_buf(), None)
     };
+    if scratch.is_some() {
+        // Known bytes for the read check, written (and synced) through the page cache first.
+        use std::os::unix::fs::OpenOptionsExt;
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&target);
+        let mut f = match created {
+            Ok(f) => Some(f),
+            // A read-only volume is probed on a file already there, read-only.
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => match existing_file(p) {
+                Some(existing) => {
+                    target = existing;
+                    scratch = None;
+                    None
+                }
+                None => {
+                    return Err(format!(
+                        "create {}: {e}, and no file of 4 KiB or more to probe instead",
+                        target.display()
+                    ))
+                }
+            },
+            Err(e) => return Err(format!("create {}: {e}", target.display())),
+        };
+        if let Some(f) = f.as_mut() {
+            write_scratch(f, &target)?;
+        }
+    }
     let c = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    let flags = if scratch.is_some() {
-        libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT | libc::O_CLOEXEC
-    } else {
-        libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC
-    };
+    let flags = libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC;
     // SAFETY: `c` is a valid NUL-terminated path.
     let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600 as c_uint) };
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         return Err(format!("open {} with O_DIRECT: {e}", target.display()));
     }
-    if scratch.is_some() {
-        // A non-empty (sparse) file, like a real dataset file.
-        // SAFETY: fd is open for writing.
-        unsafe { libc::ftruncate(fd, 1 << 20) };
+    Ok((fd, scratch, target))
+}
+
+/// How much the read check reads: a few MiB, enough for several DMA segments.
+pub const READ_BYTES: u64 = 4 << 20;
+
+/// Non-repeating bytes (xorshift), so a shifted or partial read cannot match by chance.
+fn pattern(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
     }
-    Ok((fd, scratch))
+    v.truncate(n);
+    v
+}
+
+// CUDA driver API, for the GPU buffer of the read check (cuda.h; CUdeviceptr is 64-bit).
+type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+type CuCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+type CuCtxSet = unsafe extern "C" fn(*mut c_void) -> c_int;
+type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+type CuMemFree = unsafe extern "C" fn(u64) -> c_int;
+type CuMemcpyDtoH = unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int;
+/// `ssize_t cuFileRead(CUfileHandle_t, void *bufPtr_base, size_t, off_t file_offset,
+/// off_t bufPtr_offset)` (cufile.h).
+type FnRead = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, i64, i64) -> isize;
+
+/// A GPU buffer on device 0 in its primary context, made current on this thread.
+struct GpuBuf {
+    ptr: u64,
+    len: usize,
+    free: CuMemFree,
+    dtoh: CuMemcpyDtoH,
+}
+
+impl GpuBuf {
+    fn new(lib_name: &std::ffi::OsStr, len: usize) -> Result<GpuBuf, String> {
+        // SAFETY: loading the CUDA driver library; kept for the process's life.
+        let lib = unsafe { libloading::Library::new(lib_name) }
+            .map_err(|e| format!("cannot load {}: {e}", lib_name.to_string_lossy()))?;
+        let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+        macro_rules! f {
+            ($t:ty, $n:literal) => {
+                // SAFETY: signature as in cuda.h.
+                *unsafe { lib.get::<$t>(concat!($n, "\0").as_bytes()) }
+                    .map_err(|e| format!("{}: {e}", $n))?
+            };
+        }
+        let init = f!(CuInit, "cuInit");
+        let dev_get = f!(CuDeviceGet, "cuDeviceGet");
+        let retain = f!(CuCtxRetain, "cuDevicePrimaryCtxRetain");
+        let set = f!(CuCtxSet, "cuCtxSetCurrent");
+        let alloc = f!(CuMemAlloc, "cuMemAlloc_v2");
+        let free = f!(CuMemFree, "cuMemFree_v2");
+        let dtoh = f!(CuMemcpyDtoH, "cuMemcpyDtoH_v2");
+        let ck = |what: &str, r: c_int| {
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(format!("{what} returned CUDA error {r}"))
+            }
+        };
+        let (mut dev, mut ctx, mut ptr) = (0, std::ptr::null_mut(), 0u64);
+        // SAFETY: valid out pointers; the calls follow the driver API's order.
+        unsafe {
+            ck("cuInit", init(0))?;
+            ck("cuDeviceGet", dev_get(&mut dev, 0))?;
+            ck("cuDevicePrimaryCtxRetain", retain(&mut ctx, dev))?;
+            ck("cuCtxSetCurrent", set(ctx))?;
+            ck("cuMemAlloc", alloc(&mut ptr, len))?;
+        }
+        Ok(GpuBuf {
+            ptr,
+            len,
+            free,
+            dtoh,
+        })
+    }
+
+    fn to_host(&self) -> Result<Vec<u8>, String> {
+        let mut v = vec![0u8; self.len];
+        // SAFETY: v has len bytes; ptr is a device allocation of len bytes.
+        let r = unsafe { (self.dtoh)(v.as_mut_ptr().cast(), self.ptr, self.len) };
+        if r != 0 {
+            return Err(format!("cuMemcpyDtoH returned CUDA error {r}"));
+        }
+        Ok(v)
+    }
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in new().
+        unsafe { (self.free)(self.ptr) };
+    }
+}
+
+/// Bytes of the file the read check covers: up to READ_BYTES, whole 4 KiB pages (O_DIRECT).
+fn read_len(fd: c_int) -> u64 {
+    // SAFETY: fstat on our fd into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return 0;
+    }
+    (st.st_size as u64).min(READ_BYTES) & !4095
+}
+
+/// cuFileRead of the first `len` bytes into `gpu`, compared with what POSIX reads.
+fn read_check(
+    read: FnRead,
+    fh: *mut c_void,
+    gpu: &GpuBuf,
+    file: &Path,
+    len: u64,
+    strict: bool,
+) -> ReadCheck {
+    let mut rc = ReadCheck {
+        bytes: len,
+        returned: -1,
+        matches: false,
+        first_mismatch: None,
+        error: None,
+        // Compat off for this run: a successful read cannot have gone through POSIX.
+        mode: if strict {
+            GdsMode::TrueGds
+        } else {
+            GdsMode::Compat
+        },
+        elapsed_us: 0,
+    };
+    let t = Instant::now();
+    // SAFETY: fh is registered; the GPU buffer holds at least len bytes.
+    let n = unsafe { read(fh, gpu.ptr as *mut c_void, len as usize, 0, 0) };
+    rc.elapsed_us = t.elapsed().as_micros() as u64;
+    rc.returned = n as i64;
+    if n as i64 != len as i64 {
+        return rc;
+    }
+    let got = match gpu.to_host() {
+        Ok(v) => v,
+        Err(e) => {
+            rc.error = Some(e);
+            return rc;
+        }
+    };
+    let want = match std::fs::File::open(file).and_then(|mut f| {
+        let mut v = vec![0u8; len as usize];
+        f.read_exact(&mut v).map(|_| v)
+    }) {
+        Ok(v) => v,
+        Err(e) => {
+            rc.error = Some(format!(
+                "POSIX read of {} for comparison: {e}",
+                file.display()
+            ));
+            return rc;
+        }
+    };
+    rc.first_mismatch = got[..len as usize]
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| a != b)
+        .map(|p| p as u64);
+    rc.matches = rc.first_mismatch.is_none();
+    rc
 }
 
 fn decide_mode(o: &ProbeOutcome) -> (GdsMode, String) {
@@ -548,18 +849,44 @@ fn decide_mode(o: &ProbeOutcome) -> (GdsMode, String) {
         Backend::NfsRdma => "NFS",
     };
     match &o.registration {
-        Some(r) if !r.ok() => (
-            GdsMode::Unavailable,
-            format!("cuFileHandleRegister failed: {r}"),
-        ),
-        Some(_) if path_ok => (
-            GdsMode::TrueGds,
-            format!("registered; driver has a {what} GDS path"),
-        ),
-        Some(_) => (
-            GdsMode::Compat,
-            format!("registered, but the driver reports no {what} GDS path: compat mode"),
-        ),
+        Some(r) if !r.ok() => {
+            (
+                GdsMode::Unavailable,
+                if o.strict {
+                    format!("compat mode off: cuFileHandleRegister failed: {r}: no GDS path for this file")
+                } else {
+                    format!("cuFileHandleRegister failed: {r}")
+                },
+            )
+        }
+        Some(_) => match &o.read {
+            Some(rd) if !rd.ok() => (
+                GdsMode::Unavailable,
+                format!("registered, but {}", rd.summary()),
+            ),
+            // Compat off for this run: cuFile had to take the GDS path for this very file
+            // (troubleshooting guide, API errors: CU_FILE_IO_NOT_SUPPORTED otherwise).
+            _ if o.strict => (
+                GdsMode::TrueGds,
+                format!(
+                    "registered with compat mode off{}",
+                    o.read
+                        .as_ref()
+                        .map_or(String::new(), |r| format!("; {}", r.summary()))
+                ),
+            ),
+            // With compat allowed, registration succeeds on any O_DIRECT file: it proves
+            // that cuFile works, not that this file gets DMA to GPU memory.
+            _ => (
+                GdsMode::Compat,
+                format!(
+                    "registered with compat mode allowed (no per-file GDS proof){}",
+                    o.read
+                        .as_ref()
+                        .map_or(String::new(), |r| format!("; {}", r.summary()))
+                ),
+            ),
+        },
         None if path_ok => (
             GdsMode::TrueGds,
             format!("driver has a {what} GDS path (no file registered)"),
@@ -673,6 +1000,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
     let register = sym!(FnRegister, "cuFileHandleRegister");
     let deregister = sym!(FnDeregister, "cuFileHandleDeregister");
     let driver_close = sym!(FnVoid, "cuFileDriverClose_v2", "cuFileDriverClose");
+    let file_read = sym!(FnRead, "cuFileRead");
 
     stage("cuFileGetVersion");
     o.stage = Some("cuFileGetVersion".into());
@@ -698,6 +1026,22 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
         }
     }
 
+    // The GPU buffer for the read check, before cuFile starts (it uses the current context).
+    let mut gpu = None;
+    if let Some((fd, _, _)) = &fd_info {
+        let len = read_len(*fd);
+        if len > 0 {
+            stage("cuda");
+            o.stage = Some("cuda".into());
+            let cuda = args
+                .cuda_library
+                .as_ref()
+                .map(|p| p.as_os_str().to_owned())
+                .unwrap_or_else(|| "libcuda.so.1".into());
+            gpu = Some((len, GpuBuf::new(&cuda, len as usize)));
+        }
+    }
+
     stage("cuFileDriverOpen");
     o.stage = Some("cuFileDriverOpen".into());
     // SAFETY: no arguments.
@@ -718,7 +1062,7 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
             o.props = Some(DriverProps::from_raw(&buf.props));
         }
 
-        if let Some((fd, _)) = &fd_info {
+        if let Some((fd, _, _)) = &fd_info {
             stage("cuFileHandleRegister");
             o.stage = Some("cuFileHandleRegister".into());
             let mut descr = RawDescr {
@@ -733,6 +1077,26 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
             // SAFETY: descr is a valid CUfileDescr_t with an open O_DIRECT fd.
             let r = CuFileResult::from_raw(unsafe { register(&mut fh, &mut descr) });
             if r.ok() {
+                let file = fd_info.as_ref().map(|(_, _, f)| f.clone());
+                match (&gpu, file) {
+                    (Some((len, Ok(buf))), Some(f)) => {
+                        stage("cuFileRead");
+                        o.stage = Some("cuFileRead".into());
+                        o.read = Some(read_check(file_read, fh, buf, &f, *len, args.strict));
+                    }
+                    (Some((len, Err(e))), _) => {
+                        o.read = Some(ReadCheck {
+                            bytes: *len,
+                            returned: -1,
+                            matches: false,
+                            first_mismatch: None,
+                            error: Some(e.clone()),
+                            mode: GdsMode::Unknown,
+                            elapsed_us: 0,
+                        })
+                    }
+                    _ => {}
+                }
                 stage("cuFileHandleDeregister");
                 // SAFETY: fh came from a successful registration.
                 unsafe { deregister(fh) };
@@ -744,7 +1108,8 @@ fn run_steps(args: &ProbeArgs, path: Option<&Path>, o: &mut ProbeOutcome) -> i32
         // SAFETY: the driver was opened above.
         unsafe { driver_close() };
     }
-    if let Some((fd, scratch)) = fd_info {
+    drop(gpu);
+    if let Some((fd, scratch, _)) = fd_info {
         // SAFETY: fd is ours.
         unsafe { libc::close(fd) };
         if let Some(s) = scratch {
@@ -829,12 +1194,39 @@ pub fn run_probe(
         false
     };
     let (mut o, child_pid) = spawn_and_wait(exe, exe_args_prefix, &child_args, timeout);
-    // A child killed mid-probe leaves its scratch file on the volume; remove it here.
-    if let (Some(pid), Some(p)) = (child_pid, &args.path) {
-        if p.is_dir() {
-            let _ = std::fs::remove_file(p.join(format!(".gds-probe-{pid}")));
+    if args.strict && o.status == ProbeStatus::Completed && o.mode == GdsMode::Unavailable {
+        // No GDS path with compat off. Ask again with compat allowed (libcufile reads its
+        // config once per process, so this is a second child) to tell compat mode from a
+        // cuFile that does not work at all.
+        let left = timeout.saturating_sub(t0.elapsed());
+        let mut lenient = child_args.clone();
+        lenient.strict = false;
+        let (mut o2, pid2) = spawn_and_wait(exe, exe_args_prefix, &lenient, left);
+        remove_scratch(pid2, &args.path);
+        o2.strict = true;
+        o2.strict_pass = Some(o.detail.clone());
+        if o2.status == ProbeStatus::Completed {
+            if o2.mode == GdsMode::TrueGds {
+                o2.mode = GdsMode::Compat;
+            }
+            o2.detail = match o2.mode {
+                GdsMode::Compat => format!(
+                    "compat mode: with compat off, {}; with compat allowed, {}",
+                    o.detail, o2.detail
+                ),
+                _ => format!("{}; with compat allowed too: {}", o.detail, o2.detail),
+            };
+            if o2.mode != GdsMode::Compat {
+                o2.mode = GdsMode::Unavailable;
+            }
+            remove_scratch(child_pid, &args.path);
+            o = o2;
+        } else {
+            // The second child hung or broke: the strict answer stands.
+            o.detail += &format!("; the compat-allowed run: {:?}: {}", o2.status, o2.detail);
         }
     }
+    remove_scratch(child_pid, &args.path);
     o.elapsed_ms = t0.elapsed().as_millis() as u64;
     if let Some(w) = &child_args.work_dir {
         if o.log_tail.is_empty() {
@@ -845,6 +1237,15 @@ pub fn run_probe(
         }
     }
     o
+}
+
+/// A child killed mid-probe leaves its scratch file on the volume; remove it here.
+fn remove_scratch(child_pid: Option<u32>, path: &Option<PathBuf>) {
+    if let (Some(pid), Some(p)) = (child_pid, path) {
+        if p.is_dir() {
+            let _ = std::fs::remove_file(p.join(format!(".gds-probe-{pid}")));
+        }
+    }
 }
 
 fn spawn_and_wait(
@@ -1089,7 +1490,11 @@ mod tests {
         o.driver_open = Some(CuFileResult::from_raw(RawError::default()));
         o.props = Some(p.clone());
         o.registration = Some(CuFileResult::from_raw(RawError::default()));
+        // Registered with compat off: the GDS path for this file.
         assert_eq!(decide_mode(&o).0, GdsMode::TrueGds);
+        // Registered with compat allowed: no per-file proof, whatever the driver advertises.
+        o.strict = false;
+        assert_eq!(decide_mode(&o).0, GdsMode::Compat);
         // H200 without nvidia_fs: dstatusflags 0, compat allowed.
         o.props = Some(DriverProps::from_raw(&RawDrvProps {
             nvfs: RawNvfs {

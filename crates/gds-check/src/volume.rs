@@ -1,6 +1,6 @@
 //! Volume-level checks: will I/O on this mounted volume get true GDS?
 
-use crate::node::{load_cufile, read_modules, CufileState};
+use crate::node::{load_cufile, p2pdma_route, registered_drivers, CufileState};
 use crate::parse::{parse_udev_db, unescape_mount_path};
 use crate::{Backend, Check, HostPaths};
 use procfs_core::process::{MountInfo, MountInfos};
@@ -470,7 +470,8 @@ fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check
             "back the volume with an NVMe namespace for true GDS",
         ));
     } else {
-        let modules = read_modules(paths).ok();
+        // Read as a cuFile process sees it: the idle listing never shows nvme_rdma.
+        let modules = registered_drivers(paths);
         let mut problems = Vec::new();
         let mut fail = false;
         for (n, t) in &nvme {
@@ -494,7 +495,7 @@ fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check
             problems.push(format!("non-NVMe members: {}", others.join(" ")));
         }
         let ev = if problems.is_empty() {
-            stack
+            stack.clone()
         } else {
             format!("{stack}: {}", problems.join("; "))
         };
@@ -516,7 +517,41 @@ fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check
             )
         });
     }
-    let _ = backend;
+    // P2PDMA mode serves NVMe over PCIe only: "RAID0 over NVMe and NVMEoF are not supported"
+    // (NVIDIA, "GDS Support for NVMe Drives Using Linux PCI P2PDMA", 1 Intro; GDS release notes,
+    // Known Limitations: "not supported with RAID0 and multipath NVMe").
+    if backend == Backend::Nvme && p2pdma_route(paths) {
+        let title = "volume supported in NVMe P2PDMA mode";
+        let mut bad: Vec<String> = layers
+            .iter()
+            .filter_map(|l| match l {
+                Layer::Md(n, lvl) => Some(format!("{n} is md {lvl}")),
+                Layer::Nvme { name, transport } if transport.as_deref() != Some("pcie") => {
+                    Some(format!(
+                        "{name} is NVMe over {}",
+                        transport.as_deref().unwrap_or("an unknown transport")
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        bad.dedup();
+        out.push(if bad.is_empty() {
+            Check::pass("volume.p2pdma", title, format!("{stack}: NVMe over PCIe"))
+        } else {
+            Check::fail(
+                "volume.p2pdma",
+                title,
+                format!(
+                    "{stack}: {}; this node has no nvidia_fs, and P2PDMA mode does not serve md \
+                     RAID, multipath or NVMe-oF",
+                    bad.join("; ")
+                ),
+                "put the filesystem on one NVMe namespace over PCIe, or load nvidia_fs with a \
+                 GDS-enabled nvme driver for RAID0 and NVMe-oF",
+            )
+        });
+    }
     out
 }
 

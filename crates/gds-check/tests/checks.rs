@@ -5,6 +5,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
+#[path = "fake/nvfs_double.rs"]
+mod nvfs_double;
+use nvfs_double::NvfsDouble;
+
 struct Host {
     _dir: TempDir,
     root: PathBuf,
@@ -111,7 +115,7 @@ fn nvidia_fs_absent_fails_nvme_and_nfs() {
     assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
     let p = get(&c, "nvme.p2pdma");
     assert_eq!(p.status, Status::Fail);
-    assert!(p.evidence.contains("kernel >= 6.2"), "{}", p.evidence);
+    assert!(p.evidence.contains("CONFIG_PCI_P2PDMA"), "{}", p.evidence);
     assert_eq!(get(&c, "iommu").status, Status::Pass);
     let r = Report::new(c);
     assert!(!r.ready());
@@ -179,12 +183,52 @@ fn p2pdma_mode_counts_without_nvidia_fs() {
         "etc/cufile.json",
         r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
     )
-    .write("proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
+    // A distribution kernel older than 6.2 with P2PDMA backported (RHEL 9): the kallsyms check
+    // is what the guide documents, not the version (issue 17 #2).
+    .write(
+        "proc/sys/kernel/osrelease",
+        "5.14.0-427.13.1.el9_4.x86_64\n",
+    )
     .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    p2pdma_host(&h);
     let c = node_checks(&h.paths, Backend::Nvme);
-    assert_eq!(get(&c, "nvme.p2pdma").status, Status::Pass);
+    assert_eq!(get(&c, "nvme.p2pdma").status, Status::Pass, "{c:#?}");
     assert_eq!(get(&c, "nvidia_fs.module").status, Status::NotApplicable);
     assert!(Report::new(c).ready());
+    // Each documented item, when unmet, is named.
+    for (rel, text, named) in [
+        (
+            "sys/module/nvme_core/parameters/multipath",
+            "Y\n",
+            "nvme_core multipath=N",
+        ),
+        (
+            "proc/driver/nvidia/params",
+            "RegistryDwords: \"\"\n",
+            "RMForceStaticBar1=1",
+        ),
+        (
+            "proc/driver/nvidia/version",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06\n",
+            "open GPU kernel modules",
+        ),
+        (
+            "proc/driver/nvidia/gpus/0000:18:00.0/information",
+            "Model: Tesla V100-SXM2-32GB\n",
+            "P2PDMA-capable GPU",
+        ),
+        ("proc/kallsyms", "", "CONFIG_PCI_P2PDMA"),
+    ] {
+        let before = fs::read_to_string(h.root.join(rel)).unwrap();
+        // /proc/modules changes too, as it would: kallsyms is rescanned only then.
+        h.write(rel, text)
+            .write("proc/modules", &format!("{rel} 1 0 - Live\n"));
+        let c = node_checks(&h.paths, Backend::Nvme);
+        let p = get(&c, "nvme.p2pdma");
+        assert_eq!(p.status, Status::Fail, "{rel}");
+        assert!(p.evidence.contains(named), "{rel}: {}", p.evidence);
+        h.write(rel, &before);
+    }
     // NFS still needs nvidia_fs.
     let c = node_checks(&h.paths, Backend::NfsRdma);
     assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
@@ -439,4 +483,133 @@ fn nfs_needs_rdma() {
     let f = get(&c, "volume.filesystem");
     assert_eq!(f.status, Status::Fail);
     assert!(f.remedy.as_deref().unwrap().contains("rdma"));
+}
+
+/// The double of nvidia-fs, or a clear failure: the root suite has CAP_SYS_ADMIN for fanotify.
+fn double(h: &Host, registrable: &[&str], rw_stats: bool) -> NvfsDouble {
+    NvfsDouble::start(&h.root, registrable, 2, rw_stats)
+        .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"))
+}
+
+#[test]
+fn idle_gds_node_is_ready_because_registration_is_read_with_a_device_held_open() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .write("proc/cmdline", "ro\n");
+    let d = double(&h, &["nvme", "nvme_rdma"], false);
+    // The idle listing, as a real idle node shows it.
+    assert_eq!(d.modules_now(), "wekafsio: 1\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Pass, "{s:#?}");
+    assert!(
+        s.evidence.contains("nvidia-fs0 held open"),
+        "{}",
+        s.evidence
+    );
+    assert!(
+        s.evidence.contains("nvme, nvme_rdma, wekafsio"),
+        "{}",
+        s.evidence
+    );
+    assert!(d.opens_seen() >= 1);
+    assert!(Report::new(c).ready());
+    // Closed again: the listing is back to idle (the last close unregisters).
+    let t = std::time::Instant::now();
+    while d.modules_now() != "wekafsio: 1\n" {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "listing never went idle"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The same node for NFS: rpcrdma cannot register there.
+    let c = node_checks(&h.paths, Backend::NfsRdma);
+    assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
+}
+
+#[test]
+fn nvme_without_registration_symbols_fails_even_when_held_open() {
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n")
+        .write("proc/cmdline", "ro\n");
+    // Only nvme_rdma exports its symbols: a PCIe NVMe volume gets no GDS path (issue 17 #4).
+    let d = double(&h, &["nvme_rdma"], true);
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let s = get(&c, "nvidia_fs.storage_driver");
+    assert_eq!(s.status, Status::Fail, "{s:#?}");
+    assert!(s.evidence.contains("nvme_rdma, wekafsio"), "{}", s.evidence);
+    assert!(d.opens_seen() >= 1);
+    // The stats file in the rw_stats_enabled format parses.
+    let st = fs::read_to_string(h.root.join("proc/driver/nvidia-fs/stats")).unwrap();
+    assert!(gds_check::parse::parse_stats(&st).is_ok());
+}
+
+/// What NVIDIA's P2PDMA troubleshooting section asks for besides the kernel and cufile.json: an
+/// H200, the open modules 570, the registry keys, nvme_core multipath=N.
+fn p2pdma_host(h: &Host) {
+    h.write(
+        "proc/driver/nvidia/gpus/0000:18:00.0/information",
+        "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n",
+    )
+    .write(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n\
+         GCC version:  gcc version 11.4.0\n",
+    )
+    .write(
+        "proc/driver/nvidia/params",
+        "ResmanDebugLevel: 4294967295\nRegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
+    )
+    .write("sys/module/nvme_core/parameters/multipath", "N\n");
+}
+
+/// Issue 17 #4: in P2PDMA mode (no nvidia_fs), md RAID and NVMe-oF volumes are refused; and an
+/// NVMe-oF volume is judged with nvme_rdma's registration read as cuFile sees it.
+#[test]
+fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true } }"#,
+    )
+    .nvme_disk("pcie")
+    .write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+    .link(
+        "sys/devices/virtual/block/md0/slaves/nvme0n1",
+        "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1",
+    )
+    .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+    .mountinfo(&[
+        "301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw",
+        "302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw",
+    ])
+    .udev("9:0", true)
+    .udev("259:1", true);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
+    let p = get(&c, "volume.p2pdma");
+    assert_eq!(p.status, Status::Fail, "{p:#?}");
+    assert!(p.evidence.contains("md0 is md raid0"), "{}", p.evidence);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    assert_eq!(get(&c, "volume.p2pdma").status, Status::Pass);
+    // NVMe-oF over RDMA: refused in P2PDMA mode ...
+    h.write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "rdma\n",
+    );
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let p = get(&c, "volume.p2pdma");
+    assert_eq!(p.status, Status::Fail);
+    assert!(p.evidence.contains("NVMe over rdma"), "{}", p.evidence);
+    // ... and with nvidia_fs, accepted once nvme_rdma registers (read with a device held open).
+    let _d = double(&h, &["nvme", "nvme_rdma"], false);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    assert!(c.iter().all(|c| c.id != "volume.p2pdma"));
+    assert_eq!(
+        get(&c, "volume.nvme_transport").status,
+        Status::Pass,
+        "{c:#?}"
+    );
 }

@@ -152,6 +152,7 @@ fn probe_fake_t(
         None
     })?;
     let mut a = ProbeArgs::new(Backend::Nvme);
+    a.cuda_library = Some(lib.clone());
     a.library = Some(lib);
     a.strict = strict;
     a.path = path.map(Path::to_path_buf);
@@ -171,20 +172,103 @@ fn scratch_dir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
+/// "maj:min" of the filesystem holding `p`, as FAKE_CUFILE_GDS_DEVS lists it.
+fn dev_of(p: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let d = std::fs::metadata(p).unwrap().dev();
+    format!("{}:{}", libc::major(d), libc::minor(d))
+}
+
 #[test]
-fn fake_true_gds_registration() {
+fn fake_true_gds_registration_and_read() {
     let d = scratch_dir();
-    let Some(o) = probe_fake(&[("FAKE_CUFILE_DSTATUS", "16")], false, Some(d.path())) else {
+    let devs = dev_of(d.path());
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(d.path())) else {
         return;
     };
     assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
     assert_eq!(o.library_version, Some(1200));
     assert!(o.registration.as_ref().unwrap().ok(), "{o:#?}");
-    assert_eq!(o.mode, GdsMode::TrueGds);
+    assert_eq!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    assert_eq!(o.strict_pass, None);
+    let rd = o.read.as_ref().expect("read check ran");
+    assert!(rd.ok(), "{rd:#?}");
+    assert_eq!(rd.bytes, gds_check::probe::READ_BYTES);
+    assert_eq!(rd.mode, GdsMode::TrueGds);
     assert_eq!(o.props.as_ref().unwrap().supported, ["nvme"]);
     assert_eq!(probe_check_required(&o).status, Status::Pass);
+    assert!(o.summary().contains("bytes match"), "{}", o.summary());
     // The scratch file was removed and no cufile.log landed in the volume.
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+}
+
+/// Issue 17 #3: the driver advertises NVMe (dstatusflags bit 4), but this file is on a device
+/// without a GDS path (a loop device, say). The default probe must say compat, not true GDS.
+#[test]
+fn default_probe_reports_compat_for_a_file_without_a_gds_path() {
+    let d = scratch_dir();
+    let Some(lib) = fake_lib() else { return };
+    let mut a = ProbeArgs::new(Backend::Nvme);
+    a.library = Some(lib.clone());
+    a.cuda_library = Some(lib);
+    a.path = Some(d.path().to_path_buf());
+    a.cufile_json = Some("/nonexistent/cufile.json".into());
+    let (exe, prefix) = sh(&format!(
+        "export FAKE_CUFILE_DSTATUS=16; exec {PROBE} \"$@\""
+    ));
+    let o = run_probe(&exe, &prefix, &a, Duration::from_secs(10));
+    assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
+    assert_eq!(o.mode, GdsMode::Compat, "{o:#?}");
+    let sp = o
+        .strict_pass
+        .as_deref()
+        .expect("the compat-off run is reported");
+    assert!(sp.contains("5008 IO_NOT_SUPPORTED"), "{sp}");
+    // The compat-allowed run read the bytes back right, through POSIX.
+    let rd = o.read.as_ref().expect("read check ran");
+    assert!(rd.ok() && rd.mode == GdsMode::Compat, "{rd:#?}");
+    assert_eq!(probe_check_required(&o).status, Status::Fail);
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn wrong_bytes_from_cufile_read_are_not_gds() {
+    let d = scratch_dir();
+    let devs = dev_of(d.path());
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+        ("FAKE_CUFILE_READ_CORRUPT", "1"),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(d.path())) else {
+        return;
+    };
+    assert_ne!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    assert!(
+        o.summary().contains("wrong byte at offset 12345"),
+        "{}",
+        o.summary()
+    );
+    assert_eq!(probe_check_required(&o).status, Status::Fail);
+    // No GPU (cuInit fails): registration alone does not pass.
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+        ("FAKE_CUDA_INIT_ERR", "100"),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(d.path())) else {
+        return;
+    };
+    assert_ne!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    assert!(
+        o.summary().contains("cuInit returned CUDA error 100"),
+        "{}",
+        o.summary()
+    );
 }
 
 #[test]
@@ -223,12 +307,14 @@ fn fake_strict_mode_turns_compat_off() {
     let Some(o) = probe_fake(&[], true, None) else {
         return;
     };
-    let p = o.props.as_ref().unwrap();
+    // The compat-off run saw compat off (the library read the private config) ...
+    let sp = o.strict_pass.as_deref().expect("strict run reported");
     assert!(
-        !p.compat_allowed,
-        "strict config not seen by the library: {o:#?}"
+        sp.contains("compat mode off"),
+        "strict config not seen: {o:#?}"
     );
-    assert_eq!(o.mode, GdsMode::Unavailable);
+    // ... and the second run, compat allowed, says compat mode.
+    assert_eq!(o.mode, GdsMode::Compat, "{o:#?}");
 }
 
 #[test]
@@ -264,4 +350,85 @@ fn file_that_cannot_be_opened() {
     assert_eq!(o.status, ProbeStatus::FileError, "{o:#?}");
     assert!(o.detail.contains("O_DIRECT"));
     assert_eq!(probe_check(&o).status, Status::Fail);
+}
+
+/// A full volume is still probed (and so not refused for the probe's own scratch file): the
+/// scratch file falls back to a sparse one. Root: mounts a 1 MiB tmpfs and fills it.
+#[test]
+fn full_volume_is_probed_with_a_sparse_scratch_file() {
+    let d = scratch_dir();
+    let mnt = d.path().join("full");
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "gds-probe-full"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mounting a tmpfs needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _u = Unmount(&mnt);
+    // Fill it.
+    let _ = std::fs::write(mnt.join("fill"), vec![1u8; 2 << 20]);
+    let devs = dev_of(&mnt);
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(&mnt)) else {
+        return;
+    };
+    assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
+    assert_eq!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    assert!(o.read.as_ref().is_some_and(|r| r.ok()), "{o:#?}");
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["fill"]);
+}
+
+/// A read-only volume is probed on a file already there (read-only), not refused because the
+/// scratch file cannot be created. Root: a read-only bind mount.
+#[test]
+fn read_only_volume_is_probed_on_an_existing_file() {
+    let d = scratch_dir();
+    let src = d.path().join("src");
+    let ro = d.path().join("ro");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir(&ro).unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(src.join("sub/data.bin"), &data).unwrap();
+    let mount = |args: &[&str]| {
+        Command::new("mount")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let (s, r) = (src.to_str().unwrap(), ro.to_str().unwrap());
+    assert!(mount(&["--bind", s, r]), "bind mount needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _u = Unmount(&ro);
+    assert!(mount(&["-o", "remount,bind,ro", r]));
+    let devs = dev_of(&ro);
+    let env = [
+        ("FAKE_CUFILE_DSTATUS", "16"),
+        ("FAKE_CUFILE_GDS_DEVS", devs.as_str()),
+    ];
+    let Some(o) = probe_fake(&env, true, Some(&ro)) else {
+        return;
+    };
+    assert_eq!(o.status, ProbeStatus::Completed, "{o:#?}");
+    assert_eq!(o.mode, GdsMode::TrueGds, "{o:#?}");
+    let rd = o.read.as_ref().expect("read check ran");
+    assert!(rd.ok() && rd.bytes == 1 << 20, "{rd:#?}");
 }
