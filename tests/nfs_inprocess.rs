@@ -17,6 +17,7 @@ use gds_csi::csi::volume_capability::{
 use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::nfs::NfsBackend;
+use gds_csi::os::Anchored;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
@@ -61,10 +62,17 @@ impl Host for FakeHost {
     async fn wipe_signatures(&self, _: &Path) -> Result<()> {
         Ok(())
     }
-    async fn mount(&self, _: &Path, _: &Path, _: FsType, _: &[String]) -> Result<()> {
+    async fn mount(&self, _: &Path, _: &Anchored, _: FsType, _: &[String]) -> Result<()> {
         Ok(())
     }
-    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()> {
+        let source = source.path();
+        let target = target.path();
         let mut s = self.state.lock().unwrap();
         let mut m = s
             .mounts
@@ -82,7 +90,8 @@ impl Host for FakeHost {
         s.mounts.push(m);
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
         let mut s = self.state.lock().unwrap();
         if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
             s.mounts.remove(i);

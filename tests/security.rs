@@ -22,6 +22,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
+use gds_csi::os::Anchored;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
@@ -61,15 +62,19 @@ impl Host for RecordingHost {
         self.record(format!("wipe {}", device.display()));
         Ok(())
     }
-    async fn mount(&self, device: &Path, target: &Path, _: FsType, _: &[String]) -> Result<()> {
+    async fn mount(&self, device: &Path, target: &Anchored, _: FsType, _: &[String]) -> Result<()> {
+        let target = target.path();
         self.record(format!("mount {} {}", device.display(), target.display()));
         Ok(())
     }
-    async fn bind_mount(&self, source: &Path, target: &Path, _: &[String]) -> Result<()> {
+    async fn bind_mount(&self, source: &Anchored, target: &Anchored, _: &[String]) -> Result<()> {
+        let source = source.path();
+        let target = target.path();
         self.record(format!("bind {} {}", source.display(), target.display()));
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
         self.record(format!("umount {}", target.display()));
         Ok(())
     }

@@ -5,6 +5,8 @@
 pub mod host;
 pub mod mountinfo;
 pub mod runner;
+pub mod safepath;
 
 pub use host::{FsType, Host, RealHost, Signature};
 pub use mountinfo::MountEntry;
+pub use safepath::Anchored;
