@@ -412,6 +412,20 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         ("empty", String::new(), "required"),
         ("with NUL", format!("{staging}\0x"), "control"),
         ("with newline", format!("{staging}\nx"), "control"),
+        // The whole kubelet directory as a mount point (issue 11, item 8).
+        (
+            "the allowed root itself",
+            kubelet.to_str().unwrap().into(),
+            "allowed root",
+        ),
+        (
+            "the allowed root with a slash",
+            format!("{}/", kubelet.display()),
+            "allowed root",
+        ),
+        // Beyond NAME_MAX and PATH_MAX: InvalidArgument, not an Internal error from mkdir.
+        ("a 300-byte component", p(&"n".repeat(300)), "at most 255"),
+        ("a 4100-byte path", p(&"d/".repeat(2048)), "at most 4095"),
     ];
     for (what, path, why) in &bad_paths {
         cases.push(case(
@@ -442,6 +456,16 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             "target_path",
         ));
         cases.push(case(
+            &format!("NodeGetVolumeStats volume path {what}"),
+            Call::Stats(NodeGetVolumeStatsRequest {
+                volume_id: id.clone(),
+                volume_path: path.clone(),
+                staging_target_path: String::new(),
+            }),
+            IA,
+            "volume_path",
+        ));
+        cases.push(case(
             &format!("NodeUnstage staging path {what}"),
             Call::Unstage(NodeUnstageVolumeRequest {
                 volume_id: id.clone(),
@@ -451,6 +475,17 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             "staging_target_path",
         ));
     }
+    // NodeGetVolumeStats must not answer whether a host file exists (issue 11, item 12).
+    cases.push(case(
+        "NodeGetVolumeStats of /etc/shadow",
+        Call::Stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: "/etc/shadow".into(),
+            staging_target_path: String::new(),
+        }),
+        IA,
+        "allowed roots",
+    ));
     cases.push(case(
         "NodePublish staging path through a symlink",
         publish(&id, &p("evil/s"), &target, Some(rw())),
