@@ -252,7 +252,8 @@ async fn unpublish_acts_only_on_this_volumes_own_mounts_and_files() {
         && empty.is_dir()
         && is_mounted(&target)
         && fs::read(target.join("data")).ok().as_deref() == Some(&b"volume data"[..]);
-    common::run("umount", &[other.to_str().unwrap()]);
+    // The driver may have taken it down already (that is the bug this test is about).
+    let _ = Command::new("umount").arg(&other).status();
     assert!(wrong.is_empty(), "{wrong:#?}");
     assert!(intact, "an unpublish reached beyond its own volume");
 
