@@ -455,6 +455,8 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             IA,
             "target_path",
         ));
+        // A volume is never at a path that fails the checks: NotFound (csi-sanity's
+        // "volume does not exist on the specified path"), never whether the path exists.
         cases.push(case(
             &format!("NodeGetVolumeStats volume path {what}"),
             Call::Stats(NodeGetVolumeStatsRequest {
@@ -462,8 +464,8 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
                 volume_path: path.clone(),
                 staging_target_path: String::new(),
             }),
-            IA,
-            "volume_path",
+            if path.is_empty() { IA } else { NF },
+            if path.is_empty() { "volume_path" } else { why },
         ));
         cases.push(case(
             &format!("NodeUnstage staging path {what}"),
@@ -483,7 +485,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             volume_path: "/etc/shadow".into(),
             staging_target_path: String::new(),
         }),
-        IA,
+        NF,
         "allowed roots",
     ));
     cases.push(case(

@@ -29,9 +29,20 @@ fn required_capability(cap: Option<&VolumeCapability>) -> Result<Capability> {
 
 impl NodeService {
     /// NodeGetVolumeStats' path is a staging or target path like the others: checked
-    /// against the allowed roots before anything about it is answered.
-    fn volume_path(&self, raw: &str) -> Result<std::path::PathBuf> {
-        request::host_path("volume_path", raw, &self.driver.allowed_roots)
+    /// against the allowed roots before anything about it is answered. A volume is never
+    /// at a path that fails the checks, so that is `NotFound` (what csi-sanity's "volume
+    /// does not exist on the specified path" expects), the same answer whether or not
+    /// such a host path exists; only a missing path is `InvalidArgument`.
+    fn volume_path(&self, volume: &str, raw: &str) -> Result<std::path::PathBuf> {
+        if raw.is_empty() {
+            return Err(Error::invalid("volume_path", "required"));
+        }
+        request::host_path("volume_path", raw, &self.driver.allowed_roots).map_err(|e| match e {
+            Error::InvalidArgument { field, reason } => Error::NotFound(format!(
+                "volume {volume} is not published or staged at {raw:?} ({field}: {reason})"
+            )),
+            other => other,
+        })
     }
 
     fn exists_beneath(&self, path: &Path) -> Result<bool> {
@@ -163,7 +174,7 @@ impl NodeService {
             return Err(Error::invalid("volume_path", "required"));
         }
         let located = self.block_volume(&volume)?;
-        let path = &self.volume_path(&req.volume_path)?;
+        let path = &self.volume_path(&req.volume_id, &req.volume_path)?;
         if !self.exists_beneath(path)? {
             return Err(Error::NotFound(format!(
                 "volume {} is not published or staged at {}",
@@ -276,7 +287,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
         if let Ok(VolumeRef::Nfs(id)) = request::volume_ref(&req.volume_id) {
-            let path = self.volume_path(&req.volume_path)?;
+            let path = self.volume_path(&req.volume_id, &req.volume_path)?;
             if !self.exists_beneath(&path)? {
                 return Err(Error::NotFound(format!(
                     "volume {id} is not published or staged at {}",
