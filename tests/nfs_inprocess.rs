@@ -458,6 +458,71 @@ async fn stage_publish_unstage_with_merged_options() {
     assert_eq!(mounts, 1, "only the controller's export mount is left");
 }
 
+/// NodeUnpublishVolume of an NFS volume takes down only its own bind and removes only
+/// the target its publish created (issue 11, item 7), through the same path-safe helpers
+/// as block volumes.
+#[tokio::test]
+async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h.create("vol-u", params(&[]), w.clone(), 0).await.unwrap();
+    h.stage("vol-u", &v, w.clone()).await.unwrap();
+    let kubelet = h.dir.path().join("kubelet");
+    // Another pod's volume (another share of the same server) and a plain file.
+    let other = kubelet.join("pods/other/mount");
+    std::fs::create_dir_all(&other).unwrap();
+    h.host.state.lock().unwrap().mounts.push(MountEntry {
+        major: 0,
+        minor: 99,
+        root: "/".into(),
+        mount_point: other.clone(),
+        mount_options: opts_map(&["rw".into()]),
+        fs_type: "nfs4".into(),
+        source: Some("192.0.2.1:/export/someone-else".into()),
+        super_options: HashMap::new(),
+    });
+    let config = kubelet.join("config.yaml");
+    std::fs::write(&config, b"precious").unwrap();
+    let node = h.c.node.clone();
+    let unpublish = |target: &Path| {
+        let mut n = node.clone();
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.display().to_string(),
+        };
+        async move { n.node_unpublish_volume(req).await.map(drop) }
+    };
+    let err = unpublish(&other).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    let still = h
+        .host
+        .state
+        .lock()
+        .unwrap()
+        .mounts
+        .iter()
+        .any(|m| m.mount_point == other);
+    assert!(still, "another volume's mount was taken down");
+    unpublish(&config).await.unwrap();
+    assert_eq!(std::fs::read(&config).unwrap(), b"precious");
+
+    // Its own publish is undone, and the target it created removed.
+    let (staging, target) = h.paths("vol-u");
+    let mut n = h.c.node.clone();
+    n.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging,
+        target_path: target.clone(),
+        volume_capability: Some(w),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    unpublish(Path::new(&target)).await.unwrap();
+    assert!(!Path::new(&target).exists());
+}
+
 #[tokio::test]
 async fn a_mount_without_rdma_is_taken_down_and_refused() {
     let h = harness().await;

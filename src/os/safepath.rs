@@ -253,6 +253,21 @@ fn set_mark(fd: BorrowedFd<'_>, value: &str) -> std::result::Result<(), Errno> {
     Errno::result(rc).map(drop)
 }
 
+/// `O_DIRECTORY | O_NOFOLLOW` on a symlink answers ENOTDIR: say symlink when it is one.
+fn symlink_or(dir: BorrowedFd<'_>, name: &std::ffi::CStr, errno: Errno) -> Errno {
+    if errno != Errno::ENOTDIR {
+        return errno;
+    }
+    match nix::sys::stat::fstatat(
+        Some(dir.as_raw_fd()),
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) if kind(&st) == SFlag::S_IFLNK => Errno::ELOOP,
+        _ => errno,
+    }
+}
+
 fn refused(field: &'static str, shown: &Path, errno: Errno) -> Error {
     let shown = shown.display();
     match errno {
@@ -341,10 +356,11 @@ pub fn open(
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(Error::io("creating", &shown, e.into())),
                 }
-                open_in(dir.as_fd(), name, flags, false).map_err(|e| refused(field, &shown, e))?
+                open_in(dir.as_fd(), name, flags, false)
+                    .map_err(|e| refused(field, &shown, symlink_or(dir.as_fd(), name, e)))?
             }
             Err(Errno::ENOENT) => return Ok(None),
-            Err(e) => return Err(refused(field, &shown, e)),
+            Err(e) => return Err(refused(field, &shown, symlink_or(dir.as_fd(), name, e))),
         };
     }
     let fd = match open_in(dir.as_fd(), last, OFlag::O_PATH, true) {
@@ -389,6 +405,11 @@ pub fn open(
         }
         Err(e) => return Err(refused(field, path, e)),
     };
+    // O_PATH | O_NOFOLLOW opens a trailing symlink itself (openat2(2), RESOLVE_NO_SYMLINKS).
+    let st = fstat(fd.as_raw_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
+    if kind(&st) == SFlag::S_IFLNK {
+        return Err(refused(field, path, Errno::ELOOP));
+    }
     Ok(Some(Anchored {
         path: path.to_owned(),
         pin: Some(Pin {
@@ -620,5 +641,75 @@ pub fn unmount(target: &Anchored) -> Result<bool> {
         // Not a mount root (fs/namespace.c path_umount -> can_umount): nothing mounted.
         Err(Errno::EINVAL | Errno::ENOENT) => Ok(false),
         Err(e) => Err(Error::io("unmounting", target.path(), e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_split_into_flags_and_data_as_mount8_does() {
+        let (flags, data) = split_options(&[
+            "data=ordered",
+            "ro",
+            "noatime",
+            "nosuid",
+            "defaults",
+            "x-kubelet.io=1",
+            "discard",
+        ]);
+        assert_eq!(
+            flags,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOATIME | MsFlags::MS_NOSUID
+        );
+        assert_eq!(data, "data=ordered,discard");
+        // The later option wins, as in mount(8).
+        let (flags, data) = split_options(&["ro", "rw", "noexec", "exec"]);
+        assert_eq!(flags, MsFlags::empty());
+        assert!(data.is_empty());
+    }
+
+    #[test]
+    fn bind_attributes_carry_the_per_mount_flags_only() {
+        let a = bind_attrs(&["ro", "nodev", "discard", "noatime"]);
+        assert_eq!(
+            a.attr_set,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME
+        );
+        assert_eq!(a.attr_clr, MOUNT_ATTR_ATIME_MASK);
+        let none = bind_attrs(&["discard"]);
+        assert_eq!((none.attr_set, none.attr_clr), (0, 0));
+    }
+
+    #[test]
+    fn open_refuses_symlinks_and_the_root_and_creates_beneath() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("link")).unwrap();
+        let roots = vec![root.clone()];
+        let made = open("f", &roots, &root.join("a/b"), Create::Dir, None)
+            .unwrap()
+            .unwrap();
+        assert!(root.join("a/b").is_dir());
+        assert_eq!(made.path(), root.join("a/b"));
+        assert!(
+            open("f", &roots, &root.join("missing"), Create::Nothing, None)
+                .unwrap()
+                .is_none()
+        );
+        for (path, says) in [
+            (root.join("link/x"), "symlink"),
+            (root.join("link"), "symlink"),
+            (root.clone(), "allowed root"),
+        ] {
+            let err = open("f", &roots, &path, Create::Dir, None).unwrap_err();
+            assert!(err.to_string().contains(says), "{path:?}: {err}");
+        }
+        assert!(
+            !dir.path().join("x").exists(),
+            "nothing created through the link"
+        );
     }
 }
