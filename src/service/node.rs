@@ -45,15 +45,20 @@ impl NodeService {
         })
     }
 
+    /// Whether the path exists, opened beneath its root (a symlink or a mount crossed on
+    /// the way is "not there": the volume is never reached that way).
     fn exists_beneath(&self, path: &Path) -> Result<bool> {
-        Ok(crate::os::safepath::open(
+        match crate::os::safepath::open(
             "volume_path",
             &self.driver.allowed_roots,
             path,
             crate::os::safepath::Create::Nothing,
             None,
-        )?
-        .is_some())
+        ) {
+            Ok(found) => Ok(found.is_some()),
+            Err(Error::InvalidArgument { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn block_volume(&self, volume: &VolumeRef) -> Result<block::Located> {
