@@ -9,6 +9,7 @@
 //! - `paths_with_spaces_and_backslashes_stage_publish_and_unstage_cleanly`.
 //! - `a_symlink_swapped_in_during_stage_never_gets_the_volume_mounted_outside`.
 //! - `a_mount_below_the_root_is_not_crossed_and_a_file_is_not_a_staging_dir`.
+//! - `stage_and_publish_mounts_propagate_to_the_kubelets_side` (and read-only publish).
 
 mod common;
 
@@ -455,4 +456,60 @@ async fn a_mount_below_the_root_is_not_crossed_and_a_file_is_not_a_staging_dir()
     let good = rig.path("staging/x");
     stage(&mut c, &id, &good, mount_cap()).await.unwrap();
     unstage(&mut c, &id, &good).await.unwrap();
+}
+
+/// The driver container sees the kubelet directory through a bind mount with Bidirectional
+/// propagation: a mount made with `move_mount` (publish) or `mount(2)` on a descriptor
+/// (stage) must show on the kubelet's (host's) side as `mount(8)`'s did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stage_and_publish_mounts_propagate_to_the_kubelets_side() {
+    let Some(mut rig) = Rig::new(1) else { return };
+    let _cleanup = Cleanup(vec![rig.dir.path().to_owned()]);
+    let host_side = rig.path("host-kubelet");
+    let container_side = rig.path("container-kubelet");
+    fs::create_dir_all(&host_side).unwrap();
+    fs::create_dir_all(&container_side).unwrap();
+    let (h, k) = (
+        host_side.to_str().unwrap(),
+        container_side.to_str().unwrap(),
+    );
+    common::run("mount", &["--bind", h, h]);
+    common::run("mount", &["--make-shared", h]);
+    common::run("mount", &["--bind", h, k]);
+    let mut c = rig.start_with(&[], &["--allowed-path-root", k]).await;
+    let id = create(&mut c, "p", mount_cap()).await;
+    let staging = container_side.join("plugins/kubernetes.io/csi/d/h/globalmount");
+    let target = container_side.join("pods/u/volumes/kubernetes.io~csi/pv/mount");
+    stage(&mut c, &id, &staging, mount_cap()).await.unwrap();
+    publish(&mut c, &id, &staging, &target, mount_cap())
+        .await
+        .unwrap();
+    fs::write(target.join("seen"), b"from the pod").unwrap();
+    let on_host = host_side.join("pods/u/volumes/kubernetes.io~csi/pv/mount");
+    assert!(is_mounted(&on_host), "publish did not propagate");
+    assert!(is_mounted(
+        &host_side.join("plugins/kubernetes.io/csi/d/h/globalmount")
+    ));
+    assert_eq!(fs::read(on_host.join("seen")).unwrap(), b"from the pod");
+    // A read-only publish appears read-only at once (mount_setattr on the detached copy).
+    let ro_target = container_side.join("pods/v/volumes/kubernetes.io~csi/pv/mount");
+    c.node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_str().unwrap().into(),
+            target_path: ro_target.to_str().unwrap().into(),
+            volume_capability: Some(mount_cap()),
+            readonly: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let err = fs::write(ro_target.join("nope"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    assert_eq!(fs::read(ro_target.join("seen")).unwrap(), b"from the pod");
+    unpublish(&mut c, &id, &ro_target).await.unwrap();
+    unpublish(&mut c, &id, &target).await.unwrap();
+    assert!(!is_mounted(&on_host), "unpublish did not propagate");
+    unstage(&mut c, &id, &staging).await.unwrap();
+    assert!(mounts_of(&rig.loops[0]).is_empty());
 }
