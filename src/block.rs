@@ -8,6 +8,7 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
+use crate::os::safepath::{self, Anchored, Create};
 use crate::os::{blockdev, mountinfo, DeviceUse, FsType, MountEntry, Signature};
 use crate::pool::{describe_signatures, PoolDevice, VolumeRecord};
 use crate::request::{Access, Capability};
@@ -106,8 +107,50 @@ pub fn locate(driver: &Driver, id: &BlockVolumeId) -> Result<Located> {
     })
 }
 
-fn ensure_dir(path: &Path) -> Result<()> {
-    std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+/// A staging or target directory, pinned beneath its allowed root (created with its
+/// parents when missing, `mark`ed when publish creates it). It must be a directory, and
+/// an empty one unless something is mounted there already: a mount would hide what it
+/// holds.
+pub fn mount_dir(
+    driver: &Driver,
+    field: &'static str,
+    path: &Path,
+    mark: Option<&str>,
+) -> Result<Anchored> {
+    let dir = safepath::open(field, &driver.allowed_roots, path, Create::Dir, mark)?
+        .ok_or_else(|| Error::invalid(field, format!("{} could not be created", path.display())))?;
+    let st = dir
+        .stat_now()?
+        .ok_or_else(|| Error::invalid(field, format!("{} disappeared", path.display())))?;
+    if safepath::kind(&st) != nix::sys::stat::SFlag::S_IFDIR {
+        return Err(Error::invalid(
+            field,
+            format!("{} exists and is not a directory", path.display()),
+        ));
+    }
+    let mounted = mountinfo::at(&driver.host.mount_table()?, path).is_some();
+    if !mounted && !safepath::dir_is_empty(&dir)? {
+        return Err(Error::FailedPrecondition(format!(
+            "{field} {} is not empty; a volume is mounted only onto an empty directory, \
+             which would otherwise hide what it holds",
+            path.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// Whether a mount entry (and what the mount point holds now) is this device: its own
+/// filesystem, or the device node itself bind-mounted there (raw block).
+pub fn is_this_device(
+    m: &MountEntry,
+    st: Option<&nix::sys::stat::FileStat>,
+    dev: &PoolDevice,
+) -> bool {
+    m.is_device(dev.major, dev.minor)
+        || st.is_some_and(|st| {
+            safepath::kind(st) == nix::sys::stat::SFlag::S_IFBLK
+                && st.st_rdev == nix::sys::stat::makedev(dev.major.into(), dev.minor.into())
+        })
 }
 
 pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capability) -> Result<()> {
@@ -149,7 +192,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
     }
     let raw_id = vol.id.to_string();
     driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
-    ensure_dir(staging)?;
+    let pinned = mount_dir(driver, "staging_target_path", staging, None)?;
     let sigs = driver.host.probe_signatures(&dev.path).await?;
     match decide_format(&vol.record, fs, &dev.path, &sigs) {
         FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
@@ -166,10 +209,18 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
     driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
     driver
         .host
-        .mount(&dev.path, staging, fs, &cap.mount_flags)
+        .mount(&dev.path, &pinned, fs, &cap.mount_flags)
         .await?;
     faults::reached(KillPoint::AfterStageMount);
-    verify_staged(driver, staging, fs).await
+    let verified = verify_staged(driver, staging, fs).await;
+    if verified.is_err() {
+        // Never leave a mount behind on a failed call: take down what this call made
+        // (the topmost mount in the pinned directory, wherever it shows in the table).
+        if let Err(e) = driver.host.unmount(&pinned).await {
+            tracing::warn!(staging = %staging.display(), error = %e, "unmounting after a failed stage");
+        }
+    }
+    verified
 }
 
 fn mark_formatted(driver: &Driver, id: &BlockVolumeId, fs: FsType) -> Result<()> {
@@ -200,7 +251,6 @@ async fn verify_staged(driver: &Driver, staging: &Path, fs: FsType) -> Result<()
     if ok {
         return Ok(());
     }
-    driver.host.unmount(staging).await?;
     Err(Error::FailedPrecondition(format!(
         "{} was mounted without the options GDS needs ({:?}); check the kernel's ext4 support",
         staging.display(),
@@ -208,19 +258,57 @@ async fn verify_staged(driver: &Driver, staging: &Path, fs: FsType) -> Result<()
     )))
 }
 
-pub async fn unstage(driver: &Driver, staging: &Path) -> Result<()> {
-    // Stacked mounts (a retried mount that half-succeeded) are all taken down.
+/// Unmounts every mount stacked at `path` (a retried mount that half-succeeded) as
+/// long as the topmost is this volume's (`is_ours`, given the entry and what the path
+/// holds now); another mount there is refused and left alone. Returns the pinned path,
+/// or `None` when it does not exist.
+pub async fn unmount_ours(
+    driver: &Driver,
+    field: &'static str,
+    path: &Path,
+    volume: &str,
+    is_ours: impl Fn(&MountEntry, Option<&nix::sys::stat::FileStat>) -> bool,
+) -> Result<Option<Anchored>> {
+    let Some(pinned) = safepath::open(field, &driver.allowed_roots, path, Create::Nothing, None)?
+    else {
+        return Ok(None);
+    };
+    // Looked up afresh from here: a descriptor of the mount's root would keep it busy.
+    let pinned = pinned.without_final();
     for _ in 0..8 {
         let mounts = driver.host.mount_table()?;
-        if mountinfo::at(&mounts, staging).is_none() {
-            return Ok(());
+        let Some(m) = mountinfo::at(&mounts, path) else {
+            return Ok(Some(pinned));
+        };
+        if !is_ours(m, pinned.stat_now()?.as_ref()) {
+            return Err(Error::FailedPrecondition(format!(
+                "{} holds another mount ({} {}), not volume {volume}; not unmounting it",
+                path.display(),
+                m.fs_type,
+                m.source.as_deref().unwrap_or("?")
+            )));
         }
-        crate::nfs::unmount::unmount(driver, staging).await?;
+        crate::nfs::unmount::unmount(driver, &pinned).await?;
     }
     Err(Error::FailedPrecondition(format!(
         "{} is still mounted after repeated unmounts",
-        staging.display()
+        path.display()
     )))
+}
+
+/// NodeUnstageVolume of a block volume: unmount its filesystem at `staging`. The
+/// staging directory itself belongs to the kubelet.
+pub async fn unstage(driver: &Driver, vol: &Located, staging: &Path) -> Result<()> {
+    let dev = &vol.device;
+    unmount_ours(
+        driver,
+        "staging_target_path",
+        staging,
+        &vol.id.to_string(),
+        |m, _| m.is_device(dev.major, dev.minor),
+    )
+    .await
+    .map(drop)
 }
 
 pub async fn publish(
@@ -253,33 +341,69 @@ pub async fn publish(
     if readonly {
         options.push("ro".into());
     }
+    let mark = vol.id.to_string();
     match cap.access {
         Access::Mount => {
-            let staged =
-                mountinfo::at(&mounts, staging).filter(|m| m.is_device(dev.major, dev.minor));
-            if staged.is_none() {
-                return Err(Error::FailedPrecondition(format!(
+            let not_staged = || {
+                Error::FailedPrecondition(format!(
                     "volume {} is not staged at {}; call NodeStageVolume first",
                     vol.id,
                     staging.display()
-                )));
+                ))
+            };
+            // The bind source is pinned too, and the table read after pinning: a staging
+            // path swapped before that shows up as another mount there.
+            let source = safepath::open(
+                "staging_target_path",
+                &driver.allowed_roots,
+                staging,
+                Create::Nothing,
+                None,
+            )?
+            .ok_or_else(not_staged)?;
+            let mounts = driver.host.mount_table()?;
+            if !mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor)) {
+                return Err(not_staged());
             }
-            ensure_dir(target)?;
-            driver.host.bind_mount(staging, target, &options).await?;
+            let target = mount_dir(driver, "target_path", target, Some(&mark))?;
+            driver.host.bind_mount(&source, &target, &options).await?;
             faults::reached(KillPoint::AfterBindMount);
             Ok(())
         }
         Access::Block => {
-            if let Some(parent) = target.parent() {
-                ensure_dir(parent)?;
-            }
-            if !target.exists() {
-                std::fs::File::create(target).map_err(|e| Error::io("creating", target, e))?;
+            let pinned = safepath::open(
+                "target_path",
+                &driver.allowed_roots,
+                target,
+                Create::File,
+                Some(&mark),
+            )?
+            .ok_or_else(|| {
+                Error::invalid(
+                    "target_path",
+                    format!("{} could not be created", target.display()),
+                )
+            })?;
+            // Only an empty regular file is mounted over: anything else would be hidden
+            // (and a file with contents is not a publish target someone made for us).
+            let st = pinned.stat_now()?;
+            let empty_file = st.is_some_and(|st| {
+                safepath::kind(&st) == nix::sys::stat::SFlag::S_IFREG && st.st_size == 0
+            });
+            if !empty_file {
+                return Err(Error::FailedPrecondition(format!(
+                    "target_path {} exists and is not an empty file; a raw block volume is \
+                     published only onto a new or empty file, which would otherwise be hidden",
+                    target.display()
+                )));
             }
             driver
                 .pool
                 .verify_identity(&vol.id.to_string(), dev, &vol.record)?;
-            driver.host.bind_mount(&dev.path, target, &options).await
+            driver
+                .host
+                .bind_mount(&Anchored::unpinned(&dev.path), &pinned, &options)
+                .await
         }
     }
 }
@@ -326,15 +450,25 @@ fn published_targets<'a>(
         .filter(move |p| p != staging)
 }
 
-pub async fn unpublish(driver: &Driver, target: &Path) -> Result<()> {
-    unstage(driver, target).await?;
-    match std::fs::symlink_metadata(target) {
-        Ok(meta) if meta.is_dir() => std::fs::remove_dir(target),
-        Ok(_) => std::fs::remove_file(target),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+/// NodeUnpublishVolume, for every backend: unmount this volume's mounts at `target`
+/// (`is_ours`), then remove the target only if this volume's publish created it (the
+/// `safepath::PUBLISHED_BY` mark). Anything else at the target is left as it is.
+pub async fn unpublish(
+    driver: &Driver,
+    volume: &str,
+    target: &Path,
+    is_ours: impl Fn(&MountEntry, Option<&nix::sys::stat::FileStat>) -> bool,
+) -> Result<()> {
+    let Some(pinned) = unmount_ours(driver, "target_path", target, volume, is_ours).await? else {
+        return Ok(());
+    };
+    if pinned.published_by()?.as_deref() != Some(volume) {
+        return Ok(());
     }
-    .map_err(|e| Error::io("removing", target, e))
+    let is_dir = pinned
+        .stat_now()?
+        .is_some_and(|st| safepath::kind(&st) == nix::sys::stat::SFlag::S_IFDIR);
+    pinned.remove(is_dir)
 }
 
 #[cfg(test)]

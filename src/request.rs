@@ -279,14 +279,31 @@ pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     })
 }
 
-/// A staging or target path: absolute, no `..`, under an allowed root, and not a
-/// symlink (which could point the mount anywhere on the host).
+/// Longest path the kernel takes (PATH_MAX, include/uapi/linux/limits.h, counts the NUL).
+const PATH_MAX: usize = 4095;
+/// Longest file name (NAME_MAX, include/uapi/linux/limits.h).
+const NAME_MAX: usize = 255;
+
+/// A staging, target or volume path, checked as text: absolute, no `..`, no longer than the
+/// kernel takes, strictly below an allowed root (the root itself would put the volume over
+/// the whole kubelet directory), and no existing component a symlink. Returned normalised
+/// (no `.`, no doubled or trailing `/`). This is the early, clear refusal; what is mounted
+/// is resolved again without a window by `os::safepath`.
 pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
     if raw.is_empty() {
         return Err(Error::invalid(field, "required"));
     }
     if raw.contains('\0') || raw.chars().any(char::is_control) {
         return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    if raw.len() > PATH_MAX {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{} bytes long; a path is at most {PATH_MAX} bytes",
+                raw.len()
+            ),
+        ));
     }
     let path = Path::new(raw);
     if !path.is_absolute() {
@@ -299,6 +316,25 @@ pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<Pa
         return Err(Error::invalid(
             field,
             format!("{raw:?} must not contain '..'"),
+        ));
+    }
+    if let Some(long) = path.iter().find(|c| c.len() > NAME_MAX) {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "a component of {raw:?} is {} bytes long; a name is at most {NAME_MAX} bytes",
+                long.len()
+            ),
+        ));
+    }
+    let path: PathBuf = path.components().collect();
+    if let Some(root) = roots.iter().find(|root| path == **root) {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{raw:?} is the allowed root {} itself; pass a directory below it",
+                root.display()
+            ),
         ));
     }
     if !roots.iter().any(|root| path.starts_with(root)) {
@@ -324,7 +360,7 @@ pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<Pa
             }
         }
     }
-    Ok(path.to_owned())
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -418,5 +454,29 @@ mod tests {
         let through = link.join("x");
         let err = host_path("target_path", through.to_str().unwrap(), &roots).unwrap_err();
         assert!(err.to_string().contains("symlink"), "{err}");
+    }
+
+    #[test]
+    fn the_root_itself_and_overlong_paths_are_invalid_arguments() {
+        let root = tempfile::tempdir().unwrap();
+        let roots = vec![root.path().to_owned()];
+        let r = root.path().display().to_string();
+        for (raw, says) in [
+            (r.clone(), "allowed root"),
+            (format!("{r}/"), "allowed root"),
+            (format!("{r}/."), "allowed root"),
+            (format!("{r}/{}", "n".repeat(300)), "at most 255"),
+            (format!("{r}/{}", "d/".repeat(2050)), "at most 4095"),
+        ] {
+            match host_path("staging_target_path", &raw, &roots) {
+                Err(Error::InvalidArgument { field, reason }) => {
+                    assert_eq!(field, "staging_target_path");
+                    assert!(reason.contains(says), "{raw}: {reason}");
+                }
+                other => panic!("{raw}: {other:?}"),
+            }
+        }
+        let ok = host_path("target_path", &format!("{r}//a/./b/"), &roots).unwrap();
+        assert_eq!(ok, root.path().join("a/b"));
     }
 }

@@ -22,6 +22,7 @@ use gds_csi::csi::*;
 use gds_csi::error::Result as DResult;
 use gds_csi::gds_gate::fixture::Tree;
 use gds_csi::gds_gate::{GateConfig, GdsGate};
+use gds_csi::os::Anchored;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::controller::ControllerService;
@@ -70,17 +71,20 @@ impl Host for FakeHost {
     async fn wipe_signatures(&self, _: &Path) -> DResult<()> {
         Ok(())
     }
-    async fn mount(&self, _: &Path, target: &Path, _: FsType, _: &[String]) -> DResult<()> {
+    async fn mount(&self, _: &Path, target: &Anchored, _: FsType, _: &[String]) -> DResult<()> {
+        let target = target.path();
         let e = self.entry(target, false);
         self.mounts.lock().unwrap().push(e);
         Ok(())
     }
-    async fn bind_mount(&self, _: &Path, target: &Path, options: &[String]) -> DResult<()> {
+    async fn bind_mount(&self, _: &Anchored, target: &Anchored, options: &[String]) -> DResult<()> {
+        let target = target.path();
         let e = self.entry(target, options.iter().any(|o| o == "ro"));
         self.mounts.lock().unwrap().push(e);
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> DResult<()> {
+    async fn unmount(&self, target: &Anchored) -> DResult<()> {
+        let target = target.path();
         let mut m = self.mounts.lock().unwrap();
         if let Some(i) = m.iter().rposition(|e| e.mount_point == target) {
             m.remove(i);

@@ -17,6 +17,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
+use gds_csi::os::Anchored;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
@@ -114,10 +115,11 @@ impl Host for FakeHost {
     async fn mount(
         &self,
         device: &Path,
-        target: &Path,
+        target: &Anchored,
         fs: FsType,
         _options: &[String],
     ) -> Result<()> {
+        let target = target.path();
         let (major, minor) = self.devnums[device];
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("mount {}", target.display()));
@@ -125,7 +127,14 @@ impl Host for FakeHost {
             .push(entry(major, minor, target, fs.as_str(), false));
         Ok(())
     }
-    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()> {
+        let source = source.path();
+        let target = target.path();
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("bind {}", target.display()));
         let from = s
@@ -151,7 +160,8 @@ impl Host for FakeHost {
         ));
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("umount {}", target.display()));
         if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {

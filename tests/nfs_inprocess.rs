@@ -17,7 +17,7 @@ use gds_csi::csi::volume_capability::{
 use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::nfs::NfsBackend;
-use gds_csi::os::{ForceUnmount, FsType, Host, MountEntry, Signature};
+use gds_csi::os::{Anchored, ForceUnmount, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
@@ -66,10 +66,17 @@ impl Host for FakeHost {
     async fn wipe_signatures(&self, _: &Path) -> Result<()> {
         Ok(())
     }
-    async fn mount(&self, _: &Path, _: &Path, _: FsType, _: &[String]) -> Result<()> {
+    async fn mount(&self, _: &Path, _: &Anchored, _: FsType, _: &[String]) -> Result<()> {
         Ok(())
     }
-    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()> {
+        let source = source.path();
+        let target = target.path();
         let mut s = self.state.lock().unwrap();
         let mut m = s
             .mounts
@@ -87,7 +94,8 @@ impl Host for FakeHost {
         s.mounts.push(m);
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
         self.unmounts
             .lock()
             .unwrap()
@@ -488,24 +496,60 @@ async fn stage_publish_unstage_with_merged_options() {
     assert_eq!(mounts, 1, "only the controller's export mount is left");
 }
 
-/// The server gone after publish (kubernetes#31272, csi-driver-nfs#601): unpublish and
-/// unstage must not hang until the kubelet gives up, again and again, leaving the pod
-/// in Terminating. After the deadline (the harness's 5 s) the mount is forced, then,
-/// as `umount -f` fails too, detached lazily; both calls answer OK.
+/// NodeUnpublishVolume of an NFS volume takes down only its own bind and removes only
+/// the target its publish created (issue 11, item 7), through the same path-safe helpers
+/// as block volumes.
 #[tokio::test]
-async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
+async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {
     let h = harness().await;
     let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let v = h
-        .create("vol-gone", params(&[]), w.clone(), 0)
-        .await
-        .unwrap();
-    h.stage("vol-gone", &v, w.clone()).await.unwrap();
-    let (staging, target) = h.paths("vol-gone");
+    let v = h.create("vol-u", params(&[]), w.clone(), 0).await.unwrap();
+    h.stage("vol-u", &v, w.clone()).await.unwrap();
+    let kubelet = h.dir.path().join("kubelet");
+    // Another pod's volume (another share of the same server) and a plain file.
+    let other = kubelet.join("pods/other/mount");
+    std::fs::create_dir_all(&other).unwrap();
+    h.host.state.lock().unwrap().mounts.push(MountEntry {
+        major: 0,
+        minor: 99,
+        root: "/".into(),
+        mount_point: other.clone(),
+        mount_options: opts_map(&["rw".into()]),
+        fs_type: "nfs4".into(),
+        source: Some("192.0.2.1:/export/someone-else".into()),
+        super_options: HashMap::new(),
+    });
+    let config = kubelet.join("config.yaml");
+    std::fs::write(&config, b"precious").unwrap();
+    let node = h.c.node.clone();
+    let unpublish = |target: &Path| {
+        let mut n = node.clone();
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.display().to_string(),
+        };
+        async move { n.node_unpublish_volume(req).await.map(drop) }
+    };
+    let err = unpublish(&other).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    let still = h
+        .host
+        .state
+        .lock()
+        .unwrap()
+        .mounts
+        .iter()
+        .any(|m| m.mount_point == other);
+    assert!(still, "another volume's mount was taken down");
+    unpublish(&config).await.unwrap();
+    assert_eq!(std::fs::read(&config).unwrap(), b"precious");
+
+    // Its own publish is undone, and the target it created removed.
+    let (staging, target) = h.paths("vol-u");
     let mut n = h.c.node.clone();
     n.node_publish_volume(NodePublishVolumeRequest {
         volume_id: v.volume_id.clone(),
-        staging_target_path: staging.clone(),
+        staging_target_path: staging,
         target_path: target.clone(),
         volume_capability: Some(w),
         volume_context: v.volume_context.clone(),
@@ -513,55 +557,7 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
     })
     .await
     .unwrap();
-    h.host
-        .server_gone
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let within = std::time::Duration::from_secs(30);
-    tokio::time::timeout(
-        within,
-        n.node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            target_path: target.clone(),
-        }),
-    )
-    .await
-    .expect("unpublish must not hang")
-    .unwrap();
-    tokio::time::timeout(
-        within,
-        n.node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            staging_target_path: staging.clone(),
-        }),
-    )
-    .await
-    .expect("unstage must not hang")
-    .unwrap();
-    let steps = |p: &str| {
-        vec![
-            format!("umount {p}"),
-            format!("umount -f {p}"),
-            format!("umount -l {p}"),
-        ]
-    };
-    let mut expected = steps(&target);
-    expected.extend(steps(&staging));
-    assert_eq!(*h.host.unmounts.lock().unwrap(), expected);
-    let left: Vec<PathBuf> = h
-        .host
-        .state
-        .lock()
-        .unwrap()
-        .mounts
-        .iter()
-        .map(|m| m.mount_point.clone())
-        .collect();
-    assert!(
-        !left
-            .iter()
-            .any(|m| m == Path::new(&target) || m == Path::new(&staging)),
-        "{left:?}"
-    );
+    unpublish(Path::new(&target)).await.unwrap();
     assert!(!Path::new(&target).exists());
 }
 
@@ -643,4 +639,81 @@ async fn delete_honours_on_delete_and_is_idempotent() {
         .unwrap()
         .into_inner();
     assert!(list.entries.is_empty());
+}
+
+/// The server gone after publish (kubernetes#31272, csi-driver-nfs#601): unpublish and
+/// unstage must not hang until the kubelet gives up, again and again, leaving the pod
+/// in Terminating. After the deadline (the harness's 5 s) the mount is forced, then,
+/// as `umount -f` fails too, detached lazily; both calls answer OK.
+#[tokio::test]
+async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-gone", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    h.stage("vol-gone", &v, w.clone()).await.unwrap();
+    let (staging, target) = h.paths("vol-gone");
+    let mut n = h.c.node.clone();
+    n.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.clone(),
+        target_path: target.clone(),
+        volume_capability: Some(w),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    h.host
+        .server_gone
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let within = std::time::Duration::from_secs(30);
+    tokio::time::timeout(
+        within,
+        n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.clone(),
+        }),
+    )
+    .await
+    .expect("unpublish must not hang")
+    .unwrap();
+    tokio::time::timeout(
+        within,
+        n.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging.clone(),
+        }),
+    )
+    .await
+    .expect("unstage must not hang")
+    .unwrap();
+    let steps = |p: &str| {
+        vec![
+            format!("umount {p}"),
+            format!("umount -f {p}"),
+            format!("umount -l {p}"),
+        ]
+    };
+    let mut expected = steps(&target);
+    expected.extend(steps(&staging));
+    assert_eq!(*h.host.unmounts.lock().unwrap(), expected);
+    let left: Vec<PathBuf> = h
+        .host
+        .state
+        .lock()
+        .unwrap()
+        .mounts
+        .iter()
+        .map(|m| m.mount_point.clone())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|m| m == Path::new(&target) || m == Path::new(&staging)),
+        "{left:?}"
+    );
+    assert!(!Path::new(&target).exists());
 }

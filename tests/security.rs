@@ -22,6 +22,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
+use gds_csi::os::Anchored;
 use gds_csi::os::{FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
@@ -61,15 +62,19 @@ impl Host for RecordingHost {
         self.record(format!("wipe {}", device.display()));
         Ok(())
     }
-    async fn mount(&self, device: &Path, target: &Path, _: FsType, _: &[String]) -> Result<()> {
+    async fn mount(&self, device: &Path, target: &Anchored, _: FsType, _: &[String]) -> Result<()> {
+        let target = target.path();
         self.record(format!("mount {} {}", device.display(), target.display()));
         Ok(())
     }
-    async fn bind_mount(&self, source: &Path, target: &Path, _: &[String]) -> Result<()> {
+    async fn bind_mount(&self, source: &Anchored, target: &Anchored, _: &[String]) -> Result<()> {
+        let source = source.path();
+        let target = target.path();
         self.record(format!("bind {} {}", source.display(), target.display()));
         Ok(())
     }
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
         self.record(format!("umount {}", target.display()));
         Ok(())
     }
@@ -407,6 +412,20 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         ("empty", String::new(), "required"),
         ("with NUL", format!("{staging}\0x"), "control"),
         ("with newline", format!("{staging}\nx"), "control"),
+        // The whole kubelet directory as a mount point (issue 11, item 8).
+        (
+            "the allowed root itself",
+            kubelet.to_str().unwrap().into(),
+            "allowed root",
+        ),
+        (
+            "the allowed root with a slash",
+            format!("{}/", kubelet.display()),
+            "allowed root",
+        ),
+        // Beyond NAME_MAX and PATH_MAX: InvalidArgument, not an Internal error from mkdir.
+        ("a 300-byte component", p(&"n".repeat(300)), "at most 255"),
+        ("a 4100-byte path", p(&"d/".repeat(2048)), "at most 4095"),
     ];
     for (what, path, why) in &bad_paths {
         cases.push(case(
@@ -436,6 +455,18 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             IA,
             "target_path",
         ));
+        // A volume is never at a path that fails the checks: NotFound (csi-sanity's
+        // "volume does not exist on the specified path"), never whether the path exists.
+        cases.push(case(
+            &format!("NodeGetVolumeStats volume path {what}"),
+            Call::Stats(NodeGetVolumeStatsRequest {
+                volume_id: id.clone(),
+                volume_path: path.clone(),
+                staging_target_path: String::new(),
+            }),
+            if path.is_empty() { IA } else { NF },
+            if path.is_empty() { "volume_path" } else { why },
+        ));
         cases.push(case(
             &format!("NodeUnstage staging path {what}"),
             Call::Unstage(NodeUnstageVolumeRequest {
@@ -446,6 +477,17 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             "staging_target_path",
         ));
     }
+    // NodeGetVolumeStats must not answer whether a host file exists (issue 11, item 12).
+    cases.push(case(
+        "NodeGetVolumeStats of /etc/shadow",
+        Call::Stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: "/etc/shadow".into(),
+            staging_target_path: String::new(),
+        }),
+        NF,
+        "allowed roots",
+    ));
     cases.push(case(
         "NodePublish staging path through a symlink",
         publish(&id, &p("evil/s"), &target, Some(rw())),

@@ -26,7 +26,7 @@ use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_capability::AccessType;
 use crate::error::{CommandError, Error, Result};
 use crate::gds_gate::Policy;
-use crate::os::{mountinfo, Host, MountEntry};
+use crate::os::{mountinfo, Anchored, Host, MountEntry};
 use crate::service::Driver;
 
 pub use options::{MountOptions, Transport};
@@ -160,7 +160,13 @@ impl NfsBackend {
         info!(export = %id.export_source(), at = %path.display(), "mounting NFS export");
         host.mount_nfs(&id.export_source(), &path, &id.transport.options())
             .await?;
-        verify_mounted(host, &path, &id.export_source(), &id.transport).await?;
+        verify_mounted(
+            host,
+            &Anchored::unpinned(&path),
+            &id.export_source(),
+            &id.transport,
+        )
+        .await?;
         Ok(path)
     }
 
@@ -240,7 +246,13 @@ pub fn transport_mismatch(m: &MountEntry, t: &Transport) -> Option<String> {
 
 /// After a mount: it must be there, from `source`, over RDMA when asked. Otherwise it
 /// is unmounted again and the call fails with FailedPrecondition.
-async fn verify_mounted(host: &dyn Host, at: &Path, source: &str, t: &Transport) -> Result<()> {
+async fn verify_mounted(
+    host: &dyn Host,
+    pinned: &Anchored,
+    source: &str,
+    t: &Transport,
+) -> Result<()> {
+    let at = pinned.path();
     let mounts = host.mount_table()?;
     let Some(m) = mountinfo::at(&mounts, at).filter(|m| is_nfs_from(m, source)) else {
         return Err(Error::FailedPrecondition(format!(
@@ -250,7 +262,7 @@ async fn verify_mounted(host: &dyn Host, at: &Path, source: &str, t: &Transport)
     };
     if let Some(why) = transport_mismatch(m, t) {
         warn!(at = %at.display(), %why, "NFS mount without RDMA; unmounting");
-        host.unmount(at).await?;
+        host.unmount(pinned).await?;
         return Err(Error::FailedPrecondition(format!(
             "{why} for {source} at {}; unmounted. Check that the server exports over RDMA \
              (rpcrdma loaded, `rdma {}` in /proc/fs/nfsd/portlist) and that this node has an \
@@ -440,10 +452,6 @@ pub fn list(driver: &Driver) -> Vec<(String, csi::Volume)> {
 // ------------------------------------------------------------------------------------
 // Node
 
-fn ensure_dir(path: &Path) -> Result<()> {
-    std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
-}
-
 /// NodeStageVolume: mount `server:/share/dir` at the staging path.
 pub async fn stage(
     driver: &Driver,
@@ -473,30 +481,46 @@ pub async fn stage(
         }
         return Ok(());
     }
-    ensure_dir(staging)?;
+    // Created and checked beneath the root like a block staging path; mount.nfs then
+    // resolves the path once more by name (the window docs/design.md describes).
+    let pinned = crate::block::mount_dir(driver, "staging_target_path", staging, None)?;
     info!(volume_id = %id, %source, options = %opts.to_vec().join(","), "mounting NFS volume");
     driver
         .host
         .mount_nfs(&source, staging, &opts.to_vec())
         .await?;
-    verify_mounted(driver.host.as_ref(), staging, &source, &opts.transport).await
+    let verified = verify_mounted(driver.host.as_ref(), &pinned, &source, &opts.transport).await;
+    if verified.is_err() {
+        // Never leave a mount behind on a failed call.
+        if let Err(e) = driver.host.unmount(&pinned).await {
+            warn!(staging = %staging.display(), error = %e, "unmounting after a failed stage");
+        }
+    }
+    verified
 }
 
 /// NodeUnstageVolume: unmount the staging path if it holds this volume.
 pub async fn unstage(driver: &Driver, id: &NfsVolumeId, staging: &Path) -> Result<()> {
-    let mounts = driver.host.mount_table()?;
-    let Some(m) = mountinfo::at(&mounts, staging) else {
-        return Ok(());
-    };
-    if !is_nfs_from(m, &id.source()) {
-        return Err(Error::FailedPrecondition(format!(
-            "{} holds another filesystem ({} {}), not volume {id}; not unmounting it",
-            staging.display(),
-            m.fs_type,
-            m.source.as_deref().unwrap_or("?")
-        )));
-    }
-    crate::block::unstage(driver, staging).await
+    let source = id.source();
+    crate::block::unmount_ours(
+        driver,
+        "staging_target_path",
+        staging,
+        &id.to_string(),
+        |m, _| is_nfs_from(m, &source),
+    )
+    .await
+    .map(drop)
+}
+
+/// NodeUnpublishVolume: unmount this volume's bind at the target, remove what publish
+/// created.
+pub async fn unpublish(driver: &Driver, id: &NfsVolumeId, target: &Path) -> Result<()> {
+    let source = id.source();
+    crate::block::unpublish(driver, &id.to_string(), target, |m, _| {
+        is_nfs_from(m, &source)
+    })
+    .await
 }
 
 /// NodePublishVolume: bind the staged mount to the target.
@@ -553,9 +577,27 @@ pub async fn publish(
         )
         .await?;
     }
-    ensure_dir(target)?;
+    // Both ends pinned beneath the root: the source must still be this volume's mount.
+    let pinned_staging = crate::os::safepath::open(
+        "staging_target_path",
+        &driver.allowed_roots,
+        staging,
+        crate::os::safepath::Create::Nothing,
+        None,
+    )?
+    .ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "volume {id} is not staged at {}; call NodeStageVolume first",
+            staging.display()
+        ))
+    })?;
+    let pinned_target =
+        crate::block::mount_dir(driver, "target_path", target, Some(&id.to_string()))?;
     let opts: Vec<String> = if readonly { vec!["ro".into()] } else { vec![] };
-    driver.host.bind_mount(staging, target, &opts).await
+    driver
+        .host
+        .bind_mount(&pinned_staging, &pinned_target, &opts)
+        .await
 }
 
 /// NodeGetVolumeStats of an NFS volume (statvfs under the deadline: a dead server

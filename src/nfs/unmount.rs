@@ -13,7 +13,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::error::{CommandError, Error, Result};
-use crate::os::{mountinfo, ForceUnmount, Host};
+use crate::os::{mountinfo, Anchored, ForceUnmount, Host};
 use crate::service::Driver;
 
 /// The most one step may take: three steps fit in the kubelet's two-minute CSI deadline.
@@ -32,9 +32,9 @@ fn is_timeout(e: &Error) -> bool {
 
 /// Unmounts the topmost mount at `target`: an NFS one with the escalation above, any
 /// other with a plain unmount.
-pub async fn unmount(driver: &Driver, target: &Path) -> Result<()> {
+pub async fn unmount(driver: &Driver, target: &Anchored) -> Result<()> {
     let mounts = driver.host.mount_table()?;
-    let nfs = mountinfo::at(&mounts, target).is_some_and(|m| m.fs_type.starts_with("nfs"));
+    let nfs = mountinfo::at(&mounts, target.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
     if !nfs {
         return driver.host.unmount(target).await;
     }
@@ -45,13 +45,16 @@ pub async fn unmount(driver: &Driver, target: &Path) -> Result<()> {
     unmount_nfs(driver.host.as_ref(), target, step).await
 }
 
-async fn unmount_nfs(host: &dyn Host, target: &Path, step: Duration) -> Result<()> {
-    let first = match tokio::time::timeout(step, host.unmount(target)).await {
+async fn unmount_nfs(host: &dyn Host, anchored: &Anchored, step: Duration) -> Result<()> {
+    let first = match tokio::time::timeout(step, host.unmount(anchored)).await {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) if !is_timeout(&e) => return Err(e),
         Ok(Err(e)) => e,
-        Err(_) => timed_out(&format!("umount {}", target.display()), step),
+        Err(_) => timed_out(&format!("umount {}", anchored.path().display()), step),
     };
+    // The forced steps go through umount(8) by name: the name was resolved safely above,
+    // and what matters now is that a dead server cannot hang the pod's teardown.
+    let target: &Path = anchored.path();
     warn!(target = %target.display(), error = %first, "NFS unmount did not finish; forcing it (umount -f), the server may be gone");
     let forced =
         match tokio::time::timeout(step, host.unmount_forced(target, ForceUnmount::Force)).await {

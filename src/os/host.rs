@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mountinfo::{self, MountEntry};
 use super::runner;
+use super::safepath::{self, Anchored};
 use crate::error::{CommandError, Error, Result};
 
 /// Filesystems GDS can use on a block device (gds-facts.md section 3).
@@ -76,15 +77,23 @@ pub trait Host: Send + Sync + 'static {
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>>;
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    /// Mounts `device` onto `target`, which is pinned (`safepath::open`) when it is a
+    /// caller's path: the real host mounts onto the descriptor, doubles use `path()`.
     async fn mount(
         &self,
         device: &Path,
-        target: &Path,
+        target: &Anchored,
         fs: FsType,
         options: &[String],
     ) -> Result<()>;
-    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()>;
-    async fn unmount(&self, target: &Path) -> Result<()>;
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()>;
+    /// Unmounts the topmost mount at `target`; nothing mounted there is success.
+    async fn unmount(&self, target: &Anchored) -> Result<()>;
     /// `umount -f` or `umount -l` of a mount whose plain unmount hung (an NFS server
     /// gone, see nfs/unmount.rs). Hosts that cannot keep the default.
     async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
@@ -281,34 +290,41 @@ impl Host for RealHost {
     async fn mount(
         &self,
         device: &Path,
-        target: &Path,
+        target: &Anchored,
         fs: FsType,
         options: &[String],
     ) -> Result<()> {
         let _timer = crate::metrics::host_timer("mount");
-        let mut all: Vec<&str> = fs.required_mount_options().to_vec();
-        all.extend(options.iter().map(String::as_str));
-        let joined = all.join(",");
-        let mut args = vec![os("-t"), os(fs.as_str())];
-        if !joined.is_empty() {
-            args.extend([os("-o"), os(&joined)]);
-        }
-        args.extend([device.as_os_str(), target.as_os_str()]);
-        runner::run("mount", &args, self.mount_timeout).await?;
-        Ok(())
+        let mut all: Vec<String> = fs
+            .required_mount_options()
+            .iter()
+            .map(|o| o.to_string())
+            .collect();
+        all.extend(options.iter().cloned());
+        let what = format!("mount {}", target.path().display());
+        let (device, target) = (device.to_owned(), target.try_clone()?);
+        self.blocking(what, move || {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            safepath::mount_fs(&device, &target, fs.as_str(), &all)
+        })
+        .await
     }
 
-    async fn bind_mount(&self, source: &Path, target: &Path, options: &[String]) -> Result<()> {
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()> {
         let _timer = crate::metrics::host_timer("bind_mount");
-        // util-linux applies bind-incompatible flags such as `ro` with a remount itself.
-        let joined = options.join(",");
-        let mut args = vec![os("--bind")];
-        if !joined.is_empty() {
-            args.extend([os("-o"), os(&joined)]);
-        }
-        args.extend([source.as_os_str(), target.as_os_str()]);
-        runner::run("mount", &args, self.mount_timeout).await?;
-        Ok(())
+        let what = format!("bind mount {}", target.path().display());
+        let (source, target, options) =
+            (source.try_clone()?, target.try_clone()?, options.to_vec());
+        self.blocking(what, move || {
+            let options: Vec<&str> = options.iter().map(String::as_str).collect();
+            safepath::bind(&source, &target, &options)
+        })
+        .await
     }
 
     async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
@@ -336,12 +352,39 @@ impl Host for RealHost {
         Ok(())
     }
 
-    async fn unmount(&self, target: &Path) -> Result<()> {
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
         let _timer = crate::metrics::host_timer("unmount");
-        match runner::run("umount", &[target.as_os_str()], self.mount_timeout).await {
+        if target.is_pinned() {
+            let what = format!("umount {}", target.path().display());
+            let pinned = target.try_clone()?.without_final();
+            return self
+                .blocking(what, move || safepath::unmount(&pinned).map(drop))
+                .await;
+        }
+        let path = target.path();
+        match runner::run("umount", &[path.as_os_str()], self.mount_timeout).await {
             Ok(_) => Ok(()),
-            Err(CommandError::Failed { .. }) if !is_mount_point(self, target)? => Ok(()),
+            Err(CommandError::Failed { .. }) if !is_mount_point(self, path)? => Ok(()),
             Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl RealHost {
+    /// A mount syscall on the blocking pool under the mount deadline. On expiry the
+    /// call answers DeadlineExceeded; the thread stays in the kernel until it returns.
+    async fn blocking(
+        &self,
+        what: String,
+        f: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        match tokio::time::timeout(self.mount_timeout, tokio::task::spawn_blocking(f)).await {
+            Err(_) => Err(Error::Command(CommandError::Timeout {
+                command: what,
+                after: self.mount_timeout,
+            })),
+            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
+            Ok(Ok(r)) => r,
         }
     }
 }

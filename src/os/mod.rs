@@ -6,7 +6,9 @@ pub mod blockdev;
 pub mod host;
 pub mod mountinfo;
 pub mod runner;
+pub mod safepath;
 
 pub use blockdev::DeviceUse;
 pub use host::{ForceUnmount, FsType, Host, RealHost, Signature};
 pub use mountinfo::MountEntry;
+pub use safepath::Anchored;

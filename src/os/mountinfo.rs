@@ -36,11 +36,53 @@ impl MountEntry {
     }
 }
 
+/// Undoes the kernel's escaping of mountinfo fields: space, tab, newline and backslash
+/// are written as `\ooo` octal (fs/proc_namespace.c show_mountinfo: `seq_path_root(...,
+/// " \t\n\\")`, `mangle()`; fs/seq_file.c seq_escape_mem). procfs-core 0.17 leaves
+/// them as they are, so a path with a space would never match its own mount.
+pub fn unescape(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = &bytes[i + 1..i + 4];
+            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits
+                    .iter()
+                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                if let Ok(byte) = u8::try_from(value) {
+                    out.push(byte);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+fn unescape_string(field: &str) -> String {
+    String::from_utf8_lossy(&unescape(field)).into_owned()
+}
+
+fn unescape_path(field: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let field = field.to_string_lossy();
+    PathBuf::from(std::ffi::OsString::from_vec(unescape(&field)))
+}
+
 pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>> {
-    let infos = procfs_core::process::MountInfos::from_read(text).map_err(|e| Error::State {
-        path: PathBuf::from("/proc/self/mountinfo"),
-        reason: e.to_string(),
-    })?;
+    // procfs-core reads lines as UTF-8: one mount with another encoding elsewhere on the
+    // host must not make the whole table unreadable.
+    let text = String::from_utf8_lossy(text);
+    let infos =
+        procfs_core::process::MountInfos::from_read(text.as_bytes()).map_err(|e| Error::State {
+            path: PathBuf::from("/proc/self/mountinfo"),
+            reason: e.to_string(),
+        })?;
     infos
         .0
         .into_iter()
@@ -53,11 +95,11 @@ pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>> {
             Ok(MountEntry {
                 major,
                 minor,
-                root: m.root,
-                mount_point: m.mount_point,
+                root: unescape_string(&m.root),
+                mount_point: unescape_path(&m.mount_point),
                 mount_options: m.mount_options,
                 fs_type: m.fs_type,
-                source: m.mount_source,
+                source: m.mount_source.as_deref().map(unescape_string),
                 super_options: m.super_options,
             })
         })
@@ -100,5 +142,21 @@ mod tests {
         let nfs = at(&table, Path::new("/mnt/nfs")).unwrap();
         assert_eq!(nfs.super_options.get("proto"), Some(&Some("rdma".into())));
         assert!(at(&table, Path::new("/nowhere")).is_none());
+    }
+
+    #[test]
+    fn escaped_paths_roots_and_sources_are_decoded() {
+        let line = "30 1 7:4 /sub\\040dir /var/lib/kubelet/a\\040b\\011c\\012d\\134e rw - ext4 \
+                    /dev/odd\\040name rw\n";
+        let table = parse(line.as_bytes()).unwrap();
+        let m = at(&table, Path::new("/var/lib/kubelet/a b\tc\nd\\e")).expect("decoded");
+        assert_eq!(m.root, "/sub dir");
+        assert_eq!(m.source.as_deref(), Some("/dev/odd name"));
+        // A backslash not followed by three octal digits is kept as it is.
+        assert_eq!(unescape("a\\9b\\04"), b"a\\9b\\04");
+        // Another encoding elsewhere in the table does not hide the rest.
+        let mut bytes = b"31 1 0:5 / /mnt/\xff rw - tmpfs tmpfs rw\n".to_vec();
+        bytes.extend_from_slice(line.as_bytes());
+        assert_eq!(parse(&bytes).unwrap().len(), 2);
     }
 }

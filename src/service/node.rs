@@ -28,6 +28,39 @@ fn required_capability(cap: Option<&VolumeCapability>) -> Result<Capability> {
 }
 
 impl NodeService {
+    /// NodeGetVolumeStats' path is a staging or target path like the others: checked
+    /// against the allowed roots before anything about it is answered. A volume is never
+    /// at a path that fails the checks, so that is `NotFound` (what csi-sanity's "volume
+    /// does not exist on the specified path" expects), the same answer whether or not
+    /// such a host path exists; only a missing path is `InvalidArgument`.
+    fn volume_path(&self, volume: &str, raw: &str) -> Result<std::path::PathBuf> {
+        if raw.is_empty() {
+            return Err(Error::invalid("volume_path", "required"));
+        }
+        request::host_path("volume_path", raw, &self.driver.allowed_roots).map_err(|e| match e {
+            Error::InvalidArgument { field, reason } => Error::NotFound(format!(
+                "volume {volume} is not published or staged at {raw:?} ({field}: {reason})"
+            )),
+            other => other,
+        })
+    }
+
+    /// Whether the path exists, opened beneath its root (a symlink or a mount crossed on
+    /// the way is "not there": the volume is never reached that way).
+    fn exists_beneath(&self, path: &Path) -> Result<bool> {
+        match crate::os::safepath::open(
+            "volume_path",
+            &self.driver.allowed_roots,
+            path,
+            crate::os::safepath::Create::Nothing,
+            None,
+        ) {
+            Ok(found) => Ok(found.is_some()),
+            Err(Error::InvalidArgument { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     fn block_volume(&self, volume: &VolumeRef) -> Result<block::Located> {
         match volume {
             VolumeRef::Block(id) => block::locate(&self.driver, id),
@@ -70,20 +103,12 @@ impl NodeService {
             return nfs::unstage(&self.driver, id, &staging).await;
         }
         let mounts = self.driver.host.mount_table()?;
-        let Some(mounted) = mountinfo::at(&mounts, &staging) else {
+        if mountinfo::at(&mounts, &staging).is_none() {
             return Ok(());
-        };
+        }
         // Only ever unmount this volume's own filesystem.
         let located = self.block_volume(&volume)?;
-        if !mounted.is_device(located.device.major, located.device.minor) {
-            return Err(Error::FailedPrecondition(format!(
-                "{} holds another filesystem ({}), not volume {}; not unmounting it",
-                staging.display(),
-                mounted.source.as_deref().unwrap_or("?"),
-                located.id
-            )));
-        }
-        block::unstage(&self.driver, &staging).await
+        block::unstage(&self.driver, &located, &staging).await
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
@@ -126,7 +151,26 @@ impl NodeService {
         let target =
             request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
-        block::unpublish(&self.driver, &target).await
+        let raw = volume.raw();
+        match &volume {
+            VolumeRef::Nfs(id) => nfs::unpublish(&self.driver, id, &target).await,
+            VolumeRef::Unknown(_) => Err(Error::VolumeNotFound(raw)),
+            VolumeRef::Block(id) => match block::locate(&self.driver, id) {
+                Ok(located) => {
+                    let dev = &located.device;
+                    block::unpublish(&self.driver, &raw, &target, |m, st| {
+                        block::is_this_device(m, st, dev)
+                    })
+                    .await
+                }
+                // A volume of this node whose record is gone (deleted): nothing at the
+                // target can be recognised as its, so nothing is unmounted or removed.
+                Err(Error::VolumeNotFound(_)) if id.node_id == self.driver.node_id => {
+                    block::unpublish(&self.driver, &raw, &target, |_, _| false).await
+                }
+                Err(e) => Err(e),
+            },
+        }
     }
 
     fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
@@ -135,8 +179,8 @@ impl NodeService {
             return Err(Error::invalid("volume_path", "required"));
         }
         let located = self.block_volume(&volume)?;
-        let path = Path::new(&req.volume_path);
-        if !path.is_absolute() || !path.exists() {
+        let path = &self.volume_path(&req.volume_id, &req.volume_path)?;
+        if !self.exists_beneath(path)? {
             return Err(Error::NotFound(format!(
                 "volume {} is not published or staged at {}",
                 located.id, req.volume_path
@@ -249,10 +293,15 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
         if let Ok(VolumeRef::Nfs(id)) = request::volume_ref(&req.volume_id) {
-            if req.volume_path.is_empty() {
-                return Err(Error::invalid("volume_path", "required").into());
+            let path = self.volume_path(&req.volume_id, &req.volume_path)?;
+            if !self.exists_beneath(&path)? {
+                return Err(Error::NotFound(format!(
+                    "volume {id} is not published or staged at {}",
+                    req.volume_path
+                ))
+                .into());
             }
-            let stats = nfs::stats(&self.driver, &id, Path::new(&req.volume_path)).await?;
+            let stats = nfs::stats(&self.driver, &id, &path).await?;
             return Ok(Response::new(stats));
         }
         Ok(Response::new(self.stats(req)?))

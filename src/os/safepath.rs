@@ -1,0 +1,715 @@
+//! Staging and target paths, resolved and mounted without a window for a symlink swap.
+//!
+//! `request::host_path` checks a path as text; between that check and a mount, anyone who
+//! can write below the kubelet directory could swap a component for a symlink and move
+//! the mount anywhere on the host. So the path is opened instead, one component at a
+//! time from a descriptor of the allowed root, with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)` (fs/namei.c, Documentation: openat2(2)), directories the call
+//! needs are created with `mkdirat` in the descriptor of their parent, and the mount goes
+//! onto the opened descriptor: `mount(2)` on `/proc/self/fd/N` (the kernel follows that
+//! magic link to the very dentry the descriptor holds), or `move_mount(2)` straight onto
+//! the descriptor for bind mounts. No path is resolved twice.
+//!
+//! Parents are also resolved with `RESOLVE_NO_XDEV`: a directory below the root that is
+//! itself a mount point (a bind mount of `/` placed there, say) is not crossed, so the
+//! driver never creates or mounts anything on another filesystem than the root's. The
+//! final component may be a mount point (an existing staging or publish mount).
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, mkdirat, FileStat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::error::{Error, Result};
+
+/// Extended attribute naming the volume whose publish created a target; only what
+/// carries it is removed by unpublish. `trusted.*` needs CAP_SYS_ADMIN to write
+/// (Documentation/filesystems: xattr(7)), so nobody without it can forge the mark.
+pub const PUBLISHED_BY: &str = "trusted.gds-csi.published";
+
+/// What to do when the final component does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// Nothing: `Ok(None)`.
+    Nothing,
+    /// A directory (parents too), marked with `mark` when given.
+    Dir,
+    /// An empty regular file (parents too, as directories), marked with `mark` when given.
+    File,
+}
+
+/// A path the driver acts on. Pinned: the descriptor of its parent and an `O_PATH`
+/// descriptor of itself, both opened beneath an allowed root. Unpinned: a path the driver
+/// chose itself (a pool device node, a directory of its state dir).
+#[derive(Debug)]
+pub struct Anchored {
+    path: PathBuf,
+    pin: Option<Pin>,
+}
+
+#[derive(Debug)]
+struct Pin {
+    parent: OwnedFd,
+    name: CString,
+    /// Dropped (`without_final`) before an unmount: an open descriptor of a mount's
+    /// root keeps it busy.
+    fd: Option<OwnedFd>,
+}
+
+impl Anchored {
+    pub fn unpinned(path: impl Into<PathBuf>) -> Self {
+        Anchored {
+            path: path.into(),
+            pin: None,
+        }
+    }
+
+    /// The same pin on duplicated descriptors (for a blocking thread).
+    pub fn try_clone(&self) -> Result<Anchored> {
+        let pin = match &self.pin {
+            None => None,
+            Some(p) => {
+                let dup = |fd: &OwnedFd| {
+                    fd.try_clone()
+                        .map_err(|e| Error::io("duplicating a descriptor of", &self.path, e))
+                };
+                Some(Pin {
+                    parent: dup(&p.parent)?,
+                    name: p.name.clone(),
+                    fd: p.fd.as_ref().map(dup).transpose()?,
+                })
+            }
+        };
+        Ok(Anchored {
+            path: self.path.clone(),
+            pin,
+        })
+    }
+
+    /// The path as asked for: for the mount table and for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `O_PATH` descriptor, when pinned.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.pin
+            .as_ref()
+            .and_then(|p| p.fd.as_ref())
+            .map(|fd| fd.as_fd())
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.pin.is_some()
+    }
+
+    /// Keeps only the parent's descriptor: what the name holds is looked up afresh by
+    /// each use (an unmount must not hold the mount it takes down).
+    pub fn without_final(mut self) -> Self {
+        if let Some(p) = &mut self.pin {
+            p.fd = None;
+        }
+        self
+    }
+
+    /// What to hand a path-taking syscall, valid while `self` lives: `/proc/self/fd/N`
+    /// of the descriptor; without it `/proc/self/fd/P/name` (the name looked up in the
+    /// pinned parent, into whatever is mounted there); unpinned, the path itself.
+    pub fn syscall_path(&self) -> PathBuf {
+        match &self.pin {
+            Some(Pin { fd: Some(fd), .. }) => fd_path(fd.as_fd()),
+            Some(p) => fd_path(p.parent.as_fd()).join(OsStr::from_bytes(p.name.as_bytes())),
+            None => self.path.clone(),
+        }
+    }
+
+    /// Opens the name again in the pinned parent, crossing into whatever is mounted
+    /// there now: after a mount, the root of the topmost mount. `Ok(None)`: unpinned,
+    /// or the name is gone.
+    pub fn reopen(&self) -> Result<Option<OwnedFd>> {
+        let Some(pin) = &self.pin else {
+            return Ok(None);
+        };
+        match open_in(pin.parent.as_fd(), &pin.name, OFlag::O_PATH, true) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(Error::io("opening", &self.path, e.into())),
+        }
+    }
+
+    /// `fstat` of what the name holds now (the topmost mount's root, if mounted).
+    pub fn stat_now(&self) -> Result<Option<FileStat>> {
+        match self.reopen()? {
+            Some(fd) => fstat(fd.as_raw_fd())
+                .map(Some)
+                .map_err(|e| Error::io("stat", &self.path, e.into())),
+            None => Ok(None),
+        }
+    }
+
+    /// The volume whose publish created this path (the `PUBLISHED_BY` mark), read from
+    /// what the name holds now.
+    pub fn published_by(&self) -> Result<Option<String>> {
+        let Some(fd) = self.reopen()? else {
+            return Ok(None);
+        };
+        Ok(get_mark(fd.as_fd()))
+    }
+
+    /// Removes the name from its pinned parent: an empty directory or a file. Only
+    /// for what `published_by` says publish created.
+    pub fn remove(&self, dir: bool) -> Result<()> {
+        let Some(pin) = &self.pin else {
+            return Ok(());
+        };
+        let flag = if dir {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        match unlinkat(Some(pin.parent.as_raw_fd()), pin.name.as_c_str(), flag) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            // Something was written into it while it was not mounted: not ours to drop.
+            Err(Errno::ENOTEMPTY) => {
+                tracing::warn!(path = %self.path.display(), "target not empty after unmount; left in place");
+                Ok(())
+            }
+            Err(e) => Err(Error::io("removing", &self.path, e.into())),
+        }
+    }
+}
+
+pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn resolve(cross_mounts: bool) -> ResolveFlag {
+    let flags = ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS;
+    if cross_mounts {
+        flags
+    } else {
+        flags | ResolveFlag::RESOLVE_NO_XDEV
+    }
+}
+
+fn open_in(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    flags: OFlag,
+    cross_mounts: bool,
+) -> std::result::Result<OwnedFd, Errno> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(resolve(cross_mounts));
+    let fd = openat2(dir.as_raw_fd(), name, how)?;
+    // SAFETY: openat2 just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn cstring(name: &OsStr) -> CString {
+    // host_path refused NUL already.
+    CString::new(name.as_bytes()).unwrap_or_default()
+}
+
+fn get_mark(fd: BorrowedFd<'_>) -> Option<String> {
+    let path = CString::new(fd_path(fd).as_os_str().as_bytes()).ok()?;
+    let name = CString::new(PUBLISHED_BY).ok()?;
+    let mut buf = [0u8; 256];
+    // SAFETY: valid NUL-terminated strings and a buffer of the length given. getxattr
+    // follows the /proc/self/fd magic link to the descriptor's own inode.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    usize::try_from(n)
+        .ok()
+        .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+fn set_mark(fd: BorrowedFd<'_>, value: &str) -> std::result::Result<(), Errno> {
+    let path = CString::new(fd_path(fd).as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let name = CString::new(PUBLISHED_BY).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: valid NUL-terminated strings and a value buffer of the length given.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// `O_DIRECTORY | O_NOFOLLOW` on a symlink answers ENOTDIR: say symlink when it is one.
+fn symlink_or(dir: BorrowedFd<'_>, name: &std::ffi::CStr, errno: Errno) -> Errno {
+    if errno != Errno::ENOTDIR {
+        return errno;
+    }
+    match nix::sys::stat::fstatat(
+        Some(dir.as_raw_fd()),
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) if kind(&st) == SFlag::S_IFLNK => Errno::ELOOP,
+        _ => errno,
+    }
+}
+
+fn refused(field: &'static str, shown: &Path, errno: Errno) -> Error {
+    let shown = shown.display();
+    match errno {
+        Errno::ELOOP => Error::invalid(field, format!("{shown} is a symlink; pass the real path")),
+        Errno::ENOTDIR => Error::invalid(field, format!("{shown} is not a directory")),
+        Errno::EXDEV => Error::invalid(
+            field,
+            format!(
+                "{shown} is another mount below the allowed root; the driver creates and \
+                 mounts only on the root's own filesystem (list that mount as its own \
+                 --allowed-path-root if it is meant to hold volumes)"
+            ),
+        ),
+        Errno::ENAMETOOLONG => Error::invalid(field, format!("{shown} is too long")),
+        other => Error::io("opening", shown.to_string(), other.into()),
+    }
+}
+
+/// Opens `path` (already checked by `request::host_path`) beneath the longest allowed
+/// root that holds it. Missing parents are created when `create` is not `Nothing`; a
+/// missing final component is created as asked and marked with `mark`. `Ok(None)`: it
+/// does not exist and `create` is `Nothing`.
+pub fn open(
+    field: &'static str,
+    roots: &[PathBuf],
+    path: &Path,
+    create: Create,
+    mark: Option<&str>,
+) -> Result<Option<Anchored>> {
+    let root = roots
+        .iter()
+        .filter(|r| path.starts_with(r))
+        .max_by_key(|r| r.components().count())
+        .ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("{} is outside the allowed roots", path.display()),
+            )
+        })?;
+    let mut names = Vec::new();
+    for c in path.strip_prefix(root).unwrap_or(path).components() {
+        match c {
+            Component::Normal(n) => names.push(cstring(n)),
+            Component::CurDir => {}
+            _ => return Err(Error::invalid(field, "must not contain '..'")),
+        }
+    }
+    let Some((last, parents)) = names.split_last() else {
+        return Err(Error::invalid(
+            field,
+            format!("{} is the allowed root itself", path.display()),
+        ));
+    };
+    // The root is the operator's own setting: it may be a symlink (a relocated kubelet
+    // directory), followed once, here, and created like any parent when missing.
+    let open_root = || {
+        nix::fcntl::open(
+            root,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let root_fd = match open_root() {
+        Err(Errno::ENOENT) if create == Create::Nothing => return Ok(None),
+        Err(Errno::ENOENT) => {
+            std::fs::create_dir_all(root).map_err(|e| Error::io("creating", root, e))?;
+            open_root()
+        }
+        other => other,
+    }
+    .map_err(|e| Error::io("opening allowed root", root, e.into()))?;
+    // SAFETY: open just returned this descriptor and nothing else owns it.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(root_fd) };
+    let mut shown = root.clone();
+    for name in parents {
+        shown.push(OsStr::from_bytes(name.as_bytes()));
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
+        dir = match open_in(dir.as_fd(), name, flags, false) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if create != Create::Nothing => {
+                match mkdirat(
+                    Some(dir.as_raw_fd()),
+                    name.as_c_str(),
+                    Mode::from_bits_truncate(0o750),
+                ) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(Error::io("creating", &shown, e.into())),
+                }
+                open_in(dir.as_fd(), name, flags, false)
+                    .map_err(|e| refused(field, &shown, symlink_or(dir.as_fd(), name, e)))?
+            }
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(refused(field, &shown, symlink_or(dir.as_fd(), name, e))),
+        };
+    }
+    let fd = match open_in(dir.as_fd(), last, OFlag::O_PATH, true) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => {
+            let made = match create {
+                Create::Nothing => return Ok(None),
+                Create::Dir => mkdirat(
+                    Some(dir.as_raw_fd()),
+                    last.as_c_str(),
+                    Mode::from_bits_truncate(0o750),
+                )
+                .map(|()| true),
+                Create::File => nix::fcntl::openat(
+                    Some(dir.as_raw_fd()),
+                    last.as_c_str(),
+                    OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_WRONLY
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o640),
+                )
+                // SAFETY: openat just returned this descriptor; it is closed at once.
+                .map(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) }))
+                .map(|()| true),
+            };
+            let made = match made {
+                Ok(made) => made,
+                Err(Errno::EEXIST) => false,
+                Err(e) => return Err(Error::io("creating", path, e.into())),
+            };
+            let fd = open_in(dir.as_fd(), last, OFlag::O_PATH, true)
+                .map_err(|e| refused(field, path, e))?;
+            if let (true, Some(mark)) = (made, mark) {
+                if let Err(e) = set_mark(fd.as_fd(), mark) {
+                    // Then unpublish leaves it for the kubelet to remove.
+                    tracing::warn!(path = %path.display(), error = %e, "cannot mark the target as created by this driver");
+                }
+            }
+            fd
+        }
+        Err(e) => return Err(refused(field, path, e)),
+    };
+    // O_PATH | O_NOFOLLOW opens a trailing symlink itself (openat2(2), RESOLVE_NO_SYMLINKS).
+    let st = fstat(fd.as_raw_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
+    if kind(&st) == SFlag::S_IFLNK {
+        return Err(refused(field, path, Errno::ELOOP));
+    }
+    Ok(Some(Anchored {
+        path: path.to_owned(),
+        pin: Some(Pin {
+            parent: dir,
+            name: last.clone(),
+            fd: Some(fd),
+        }),
+    }))
+}
+
+/// The file type of a `stat`.
+pub fn kind(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+/// Whether the directory the descriptor holds has no entries.
+pub fn dir_is_empty(a: &Anchored) -> Result<bool> {
+    let Some(pin) = &a.pin else {
+        return Ok(true);
+    };
+    let fd = open_in(
+        pin.parent.as_fd(),
+        &pin.name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        true,
+    )
+    .map_err(|e| Error::io("opening", a.path(), e.into()))?;
+    let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())
+        .map_err(|e| Error::io("reading", a.path(), e.into()))?;
+    // Dir owns the descriptor from here.
+    std::mem::forget(fd);
+    let mut empty = true;
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| Error::io("reading", a.path(), e.into()))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            empty = false;
+            break;
+        }
+    }
+    Ok(empty)
+}
+
+// ------------------------------------------------------------------------------------
+// Mounts onto pinned paths, in this process (mount(8) would resolve the path again).
+
+/// Bits of `struct mount_attr` and the new mount API (include/uapi/linux/mount.h).
+const MOUNT_ATTR_RDONLY: u64 = 0x01;
+const MOUNT_ATTR_NOSUID: u64 = 0x02;
+const MOUNT_ATTR_NODEV: u64 = 0x04;
+const MOUNT_ATTR_NOEXEC: u64 = 0x08;
+const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
+const MOUNT_ATTR_NOATIME: u64 = 0x10;
+const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+use nix::mount::MsFlags;
+
+/// Mount options split as mount(8) does into `mount(2)` flags and the filesystem's own
+/// data string (util-linux libmount/src/optmap.c, `linux_flags_map`). Userspace-only
+/// options (`defaults`, `nofail`, `x-*`, ...) are dropped.
+pub fn split_options(options: &[&str]) -> (MsFlags, String) {
+    let mut flags = MsFlags::empty();
+    let mut data = Vec::new();
+    for &o in options {
+        let (set, clear) = match o {
+            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
+            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
+            "noatime" => (MsFlags::MS_NOATIME, MsFlags::empty()),
+            "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
+            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
+            "relatime" => (MsFlags::MS_RELATIME, MsFlags::empty()),
+            "norelatime" => (MsFlags::empty(), MsFlags::MS_RELATIME),
+            "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::empty()),
+            "nostrictatime" => (MsFlags::empty(), MsFlags::MS_STRICTATIME),
+            "lazytime" => (MsFlags::MS_LAZYTIME, MsFlags::empty()),
+            "nolazytime" => (MsFlags::empty(), MsFlags::MS_LAZYTIME),
+            "silent" => (MsFlags::MS_SILENT, MsFlags::empty()),
+            "loud" => (MsFlags::empty(), MsFlags::MS_SILENT),
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev" => {
+                (MsFlags::empty(), MsFlags::empty())
+            }
+            other if other.starts_with("x-") || other.starts_with("X-") => {
+                (MsFlags::empty(), MsFlags::empty())
+            }
+            other => {
+                data.push(other);
+                (MsFlags::empty(), MsFlags::empty())
+            }
+        };
+        flags = (flags | set) - clear;
+    }
+    (flags, data.join(","))
+}
+
+/// The per-mount attributes a bind mount takes from `options` (a bind ignores the
+/// filesystem's own options, as `mount --bind -o` does).
+fn bind_attrs(options: &[&str]) -> MountAttr {
+    let mut a = MountAttr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    for &o in options {
+        match o {
+            "ro" => a.attr_set |= MOUNT_ATTR_RDONLY,
+            "nosuid" => a.attr_set |= MOUNT_ATTR_NOSUID,
+            "nodev" => a.attr_set |= MOUNT_ATTR_NODEV,
+            "noexec" => a.attr_set |= MOUNT_ATTR_NOEXEC,
+            "nodiratime" => a.attr_set |= MOUNT_ATTR_NODIRATIME,
+            "noatime" | "strictatime" | "relatime" => {
+                a.attr_clr |= MOUNT_ATTR_ATIME_MASK;
+                a.attr_set = (a.attr_set & !MOUNT_ATTR_ATIME_MASK)
+                    | match o {
+                        "noatime" => MOUNT_ATTR_NOATIME,
+                        "strictatime" => MOUNT_ATTR_STRICTATIME,
+                        _ => 0,
+                    };
+            }
+            _ => {}
+        }
+    }
+    a
+}
+
+/// `mount(2)` of `device` onto the pinned `target`, through `/proc/self/fd/N`.
+pub fn mount_fs(device: &Path, target: &Anchored, fs: &str, options: &[&str]) -> Result<()> {
+    let (flags, data) = split_options(options);
+    let data = (!data.is_empty()).then_some(data.as_str());
+    nix::mount::mount(Some(device), &target.syscall_path(), Some(fs), flags, data)
+        .map_err(|e| Error::io("mounting", target.path(), e.into()))
+}
+
+/// A bind mount of `source` onto `target` that appears with its final attributes at
+/// once: `open_tree(OPEN_TREE_CLONE)` of the source, `mount_setattr` on the detached
+/// copy, `move_mount` onto the target's descriptor (fs/namespace.c; Linux 5.12+).
+pub fn bind(source: &Anchored, target: &Anchored, options: &[&str]) -> Result<()> {
+    let fail = |what: &'static str, e: Errno| Error::io(what, target.path(), e.into());
+    let (src_dir, src_path, src_flags) = match source.fd() {
+        Some(fd) => (
+            fd.as_raw_fd(),
+            CString::default(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+        ),
+        None => (
+            libc::AT_FDCWD,
+            CString::new(source.path().as_os_str().as_bytes())
+                .map_err(|_| fail("binding", Errno::EINVAL))?,
+            0,
+        ),
+    };
+    // SAFETY: a valid descriptor or AT_FDCWD and a NUL-terminated path.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            src_dir,
+            src_path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | src_flags,
+        )
+    };
+    let tree = Errno::result(tree).map_err(|e| fail("cloning the mount for", e))?;
+    // SAFETY: open_tree just returned this descriptor and nothing else owns it.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+    let attr = bind_attrs(options);
+    if attr.attr_set != 0 || attr.attr_clr != 0 {
+        // SAFETY: a valid descriptor, an empty path with AT_EMPTY_PATH, and a
+        // mount_attr of the size given.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        Errno::result(rc).map_err(|e| fail("setting mount attributes of", e))?;
+    }
+    let target_fd = target
+        .fd()
+        .ok_or_else(|| fail("binding onto", Errno::EINVAL))?;
+    // SAFETY: two valid descriptors and empty paths with the *_EMPTY_PATH flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target_fd.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    Errno::result(rc).map_err(|e| fail("bind mounting onto", e))?;
+    Ok(())
+}
+
+/// Unmounts the topmost mount at the pinned `target`: its name looked up in the pinned
+/// parent, not followed if it is a symlink. `Ok(false)`: nothing was mounted there.
+pub fn unmount(target: &Anchored) -> Result<bool> {
+    let Some(pin) = &target.pin else {
+        return Ok(false);
+    };
+    let at = fd_path(pin.parent.as_fd()).join(OsStr::from_bytes(pin.name.as_bytes()));
+    match nix::mount::umount2(&at, nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
+        Ok(()) => Ok(true),
+        // Not a mount root (fs/namespace.c path_umount -> can_umount): nothing mounted.
+        Err(Errno::EINVAL | Errno::ENOENT) => Ok(false),
+        Err(e) => Err(Error::io("unmounting", target.path(), e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_split_into_flags_and_data_as_mount8_does() {
+        let (flags, data) = split_options(&[
+            "data=ordered",
+            "ro",
+            "noatime",
+            "nosuid",
+            "defaults",
+            "x-kubelet.io=1",
+            "discard",
+        ]);
+        assert_eq!(
+            flags,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOATIME | MsFlags::MS_NOSUID
+        );
+        assert_eq!(data, "data=ordered,discard");
+        // The later option wins, as in mount(8).
+        let (flags, data) = split_options(&["ro", "rw", "noexec", "exec"]);
+        assert_eq!(flags, MsFlags::empty());
+        assert!(data.is_empty());
+    }
+
+    #[test]
+    fn bind_attributes_carry_the_per_mount_flags_only() {
+        let a = bind_attrs(&["ro", "nodev", "discard", "noatime"]);
+        assert_eq!(
+            a.attr_set,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME
+        );
+        assert_eq!(a.attr_clr, MOUNT_ATTR_ATIME_MASK);
+        let none = bind_attrs(&["discard"]);
+        assert_eq!((none.attr_set, none.attr_clr), (0, 0));
+    }
+
+    #[test]
+    fn open_refuses_symlinks_and_the_root_and_creates_beneath() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("link")).unwrap();
+        let roots = vec![root.clone()];
+        let made = open("f", &roots, &root.join("a/b"), Create::Dir, None)
+            .unwrap()
+            .unwrap();
+        assert!(root.join("a/b").is_dir());
+        assert_eq!(made.path(), root.join("a/b"));
+        assert!(
+            open("f", &roots, &root.join("missing"), Create::Nothing, None)
+                .unwrap()
+                .is_none()
+        );
+        for (path, says) in [
+            (root.join("link/x"), "symlink"),
+            (root.join("link"), "symlink"),
+            (root.clone(), "allowed root"),
+        ] {
+            let err = open("f", &roots, &path, Create::Dir, None).unwrap_err();
+            assert!(err.to_string().contains(says), "{path:?}: {err}");
+        }
+        assert!(
+            !dir.path().join("x").exists(),
+            "nothing created through the link"
+        );
+    }
+}
