@@ -3,12 +3,13 @@
 //! signatures, so every call is safe to repeat and survives a plugin restart.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{mountinfo, FsType, MountEntry, Signature};
+use crate::os::{mountinfo, FsType, Host, MountEntry, Signature};
 use crate::pool::{describe_signatures, PoolDevice, VolumeRecord};
 use crate::request::{Access, Capability};
 use crate::service::Driver;
@@ -150,13 +151,22 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         )));
     }
     ensure_dir(staging)?;
+    let key = format!("format:{}", vol.id);
+    // An mkfs that a cancelled call started holds the device: join it before probing.
+    if let Some(outcome) = driver.pool.jobs.join(&key).await {
+        outcome?;
+    }
     let sigs = driver.host.probe_signatures(&dev.path).await?;
     match decide_format(&vol.record, fs, &dev.path, &sigs) {
         FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
         FormatDecision::Format => {
-            info!(volume_id = %vol.id, device = %dev.path.display(), fs = fs.as_str(), "formatting fresh device");
-            driver.host.mkfs(&dev.path, fs, &vol.record.fs_uuid).await?;
-            faults::reached(KillPoint::AfterMkfs);
+            let job = format_job(
+                Arc::clone(&driver.host),
+                dev.path.clone(),
+                vol.record.clone(),
+                fs,
+            );
+            driver.pool.jobs.run(&key, "mkfs", job).await?;
             mark_formatted(driver, &vol.id, fs)?;
         }
         FormatDecision::UseExisting { adopt: true } => mark_formatted(driver, &vol.id, fs)?,
@@ -168,6 +178,29 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         .await?;
     faults::reached(KillPoint::AfterStageMount);
     verify_staged(driver, staging, fs).await
+}
+
+/// mkfs under the device hold, after probing again under it: whatever appeared since the
+/// first probe, or whoever holds the device now (a mount, an mkfs left running by an
+/// earlier driver process), is refused. Runs as a job, so a cancelled call leaves it
+/// running and the retry joins it.
+async fn format_job(
+    host: Arc<dyn Host>,
+    device: PathBuf,
+    record: VolumeRecord,
+    fs: FsType,
+) -> Result<()> {
+    let _hold = host.hold_device(&device)?;
+    let sigs = host.probe_signatures(&device).await?;
+    match decide_format(&record, fs, &device, &sigs) {
+        FormatDecision::Format => {}
+        FormatDecision::UseExisting { .. } => return Ok(()),
+        FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
+    }
+    info!(device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
+    host.mkfs(&device, fs, &record.fs_uuid).await?;
+    faults::reached(KillPoint::AfterMkfs);
+    Ok(())
 }
 
 fn mark_formatted(driver: &Driver, id: &BlockVolumeId, fs: FsType) -> Result<()> {

@@ -6,5 +6,5 @@ pub mod host;
 pub mod mountinfo;
 pub mod runner;
 
-pub use host::{FsType, Host, RealHost, Signature};
+pub use host::{DeviceHold, FsType, Host, RealHost, Signature};
 pub use mountinfo::MountEntry;

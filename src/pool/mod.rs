@@ -5,7 +5,7 @@ pub mod state;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tracing::{info, warn};
 
@@ -14,7 +14,8 @@ pub use state::{State, StateStore, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{FsType, Host, MountEntry};
+use crate::jobs::Jobs;
+use crate::os::{FsType, Host, MountEntry, Signature};
 use crate::volume_id::BlockVolumeId;
 
 pub struct PoolConfig {
@@ -33,6 +34,8 @@ pub struct Pool {
     /// Free devices seen carrying a signature that is not ours: never allocated.
     foreign: Mutex<HashMap<String, String>>,
     pub state: StateStore,
+    /// Long work on the pool's devices (mkfs, erase) that outlives a cancelled call.
+    pub jobs: Jobs,
 }
 
 /// What CreateVolume asks of the pool, already validated.
@@ -61,6 +64,7 @@ impl Pool {
             excluded: RwLock::default(),
             foreign: Mutex::default(),
             state,
+            jobs: Jobs::default(),
         })
     }
 
@@ -319,7 +323,7 @@ impl Pool {
     /// DeleteVolume's domain operation, resumable after a crash at any step.
     pub async fn release(
         &self,
-        host: &dyn Host,
+        host: &Arc<dyn Host>,
         volume_id: &str,
         mounts: &[MountEntry],
     ) -> Result<()> {
@@ -343,20 +347,7 @@ impl Pool {
         })?;
         faults::reached(KillPoint::DeleteBeforeWipe);
         if let Some(dev) = &device {
-            // Wipe only what is provably ours; anything else is left exactly as it is.
-            let sigs = host.probe_signatures(&dev.path).await?;
-            let ours = !sigs.is_empty()
-                && sigs
-                    .iter()
-                    .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
-            if ours {
-                host.wipe_signatures(&dev.path).await?;
-                faults::reached(KillPoint::DeleteAfterWipe);
-                self.set_foreign(&dev.id, None);
-            } else if !sigs.is_empty() {
-                warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
-                self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
-            }
+            self.erase(host, volume_id, &record, dev).await?;
         }
         self.state.update(|s| {
             s.volumes.remove(volume_id);
@@ -365,6 +356,83 @@ impl Pool {
         info!(volume_id, "released");
         Ok(())
     }
+
+    /// The erase step of release: zero the device when it is provably this volume's (its
+    /// identity matches the record and it carries nothing or only the volume's own
+    /// filesystem); a device carrying anything else is left exactly as it is and kept out
+    /// of allocation. Runs as a job that outlives a cancelled DeleteVolume.
+    async fn erase(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        record: &VolumeRecord,
+        dev: &PoolDevice,
+    ) -> Result<()> {
+        let key = format!("erase:{volume_id}");
+        // An erase that a cancelled call started: join it instead of probing a device
+        // it holds.
+        if let Some(outcome) = self.jobs.join(&key).await {
+            outcome?;
+            self.set_foreign(&dev.id, None);
+            return Ok(());
+        }
+        check_identity(record, dev)?;
+        let sigs = host.probe_signatures(&dev.path).await?;
+        if !erasable(record, &sigs) {
+            warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
+            self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
+            return Ok(());
+        }
+        let job = erase_job(Arc::clone(host), dev.path.clone(), record.clone());
+        self.jobs.run(&key, "erase", job).await?;
+        self.set_foreign(&dev.id, None);
+        Ok(())
+    }
+}
+
+/// The device found now is the one the record was allocated: the key it was known by at
+/// allocation still names it.
+pub fn check_identity(record: &VolumeRecord, dev: &PoolDevice) -> Result<()> {
+    if dev.id == record.device_id && dev.key == record.device_key {
+        Ok(())
+    } else {
+        Err(Error::FailedPrecondition(format!(
+            "{} is no longer the device volume {} was allocated ({}); it is not erased",
+            dev.path.display(),
+            record.name,
+            record.device_key
+        )))
+    }
+}
+
+/// A deleted volume's device may be erased when it shows nothing (never staged, a raw
+/// block volume, or an erase interrupted after the wipe) or only the volume's filesystem.
+fn erasable(record: &VolumeRecord, sigs: &[Signature]) -> bool {
+    sigs.iter()
+        .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()))
+}
+
+/// Under the device hold: probe again, remove the signatures, zero every block.
+async fn erase_job(host: Arc<dyn Host>, device: PathBuf, record: VolumeRecord) -> Result<()> {
+    let _hold = host.hold_device(&device)?;
+    let sigs = host.probe_signatures(&device).await?;
+    if !erasable(&record, &sigs) {
+        return Err(Error::FailedPrecondition(format!(
+            "{} now carries {}, written while volume {} was being deleted; it is left as it is",
+            device.display(),
+            describe_signatures(&sigs),
+            record.name
+        )));
+    }
+    if !sigs.is_empty() {
+        // Signatures first: an erase cut short leaves no half-zeroed filesystem that
+        // still looks like the volume's.
+        host.wipe_signatures(&device).await?;
+    }
+    host.zero_device(&device).await?;
+    faults::reached(KillPoint::DeleteAfterWipe);
+    info!(device = %device.display(), "erased: every block reads back as zeros");
+    Ok(())
 }
 
 pub fn describe_signatures(sigs: &[crate::os::Signature]) -> String {

@@ -4,6 +4,8 @@
 //! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
 
+pub mod tools;
+
 use std::fs;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
