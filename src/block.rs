@@ -119,10 +119,13 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         // Raw block volumes are published straight from the device node.
         return Ok(());
     }
+    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     let mounts = driver.host.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
         if m.is_device(dev.major, dev.minor) && m.root == "/" {
-            return Ok(());
+            // Already staged (a retry, maybe after a crash right after mount): the options
+            // GDS needs are checked again, not assumed.
+            return verify_staged(driver, staging, fs).await;
         }
         return Err(Error::FailedPrecondition(format!(
             "staging path {} already has another filesystem mounted ({} {}); unmount it first",
@@ -141,7 +144,6 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
             m.mount_point.display()
         )));
     }
-    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     if vol.record.formatted && fs != vol.record.fs_type {
         return Err(Error::FailedPrecondition(format!(
             "volume {} holds an {} filesystem; fs_type {} was requested",

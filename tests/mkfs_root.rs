@@ -332,3 +332,45 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     // And the device is back in the pool.
     create(&mut c, "next", false).await;
 }
+
+/// Issue 18 item 7: a stage retried onto an existing mount of the volume (the retry after a
+/// crash right after mount) checks `data=ordered` again instead of answering OK unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_stage_checks_the_mount_options_again() {
+    let Some((mut rig, tools, staging)) = setup() else {
+        return;
+    };
+    let mut c = start(&mut rig, &tools).await;
+    let id = create(&mut c, "v", false).await;
+    stage(&mut c, &id, &staging).await.unwrap();
+    let dev = rig.loops[0].clone();
+    let staging_arg = staging.to_str().unwrap();
+    common::run("umount", &[staging_arg]);
+    common::run(
+        "mount",
+        &[
+            "-t",
+            "ext4",
+            "-o",
+            "data=writeback",
+            dev.to_str().unwrap(),
+            staging_arg,
+        ],
+    );
+    let err = stage(&mut c, &id, &staging).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("options GDS needs"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        mounts_at(&staging),
+        0,
+        "the mount without data=ordered was taken down"
+    );
+    stage(&mut c, &id, &staging)
+        .await
+        .expect("staged properly again");
+    assert_eq!(tools.mkfs_runs(), 1);
+}
