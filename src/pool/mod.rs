@@ -357,6 +357,24 @@ impl Pool {
         Ok(())
     }
 
+    /// The device is still the one allocated to the volume: the pool knows it under the
+    /// id and key recorded at allocation.
+    pub fn verify_identity(
+        &self,
+        volume_id: &str,
+        dev: &PoolDevice,
+        record: &VolumeRecord,
+    ) -> Result<()> {
+        if dev.id == record.device_id && dev.key == record.device_key {
+            return Ok(());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "{} is not the device allocated to volume {volume_id} ({}); it will not be erased",
+            dev.path.display(),
+            record.device_key
+        )))
+    }
+
     /// The erase step of release: zero the device when it is provably this volume's (its
     /// identity matches the record and it carries nothing or only the volume's own
     /// filesystem); a device carrying anything else is left exactly as it is and kept out
@@ -376,8 +394,8 @@ impl Pool {
             self.set_foreign(&dev.id, None);
             return Ok(());
         }
-        check_identity(record, dev)?;
         let sigs = host.probe_signatures(&dev.path).await?;
+        self.verify_identity(volume_id, dev, record)?;
         if !erasable(record, &sigs) {
             warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
             self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
@@ -387,21 +405,6 @@ impl Pool {
         self.jobs.run(&key, "erase", job).await?;
         self.set_foreign(&dev.id, None);
         Ok(())
-    }
-}
-
-/// The device found now is the one the record was allocated: the key it was known by at
-/// allocation still names it.
-pub fn check_identity(record: &VolumeRecord, dev: &PoolDevice) -> Result<()> {
-    if dev.id == record.device_id && dev.key == record.device_key {
-        Ok(())
-    } else {
-        Err(Error::FailedPrecondition(format!(
-            "{} is no longer the device volume {} was allocated ({}); it is not erased",
-            dev.path.display(),
-            record.name,
-            record.device_key
-        )))
     }
 }
 
