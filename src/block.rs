@@ -192,7 +192,7 @@ async fn format_job(
     record: VolumeRecord,
     fs: FsType,
 ) -> Result<()> {
-    let _hold = host.hold_device(&device)?;
+    let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
     let sigs = host.probe_signatures(&device).await?;
     match decide_format(&record, fs, &device, &sigs) {
         FormatDecision::Format => {}

@@ -191,6 +191,28 @@ fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
     ))
 }
 
+/// How long a destructive step waits for util-linux's lock before answering Aborted.
+pub const HOLD_PATIENCE: Duration = Duration::from_secs(10);
+
+/// [`Host::hold_device`], waiting up to `patience` while another program holds
+/// util-linux's lock: systemd-udevd takes it for a moment to probe the device after every
+/// close-after-write (mkfs's, wipefs's). A device in use is refused at once.
+pub async fn hold_when_free(
+    host: &dyn Host,
+    device: &Path,
+    patience: Duration,
+) -> Result<DeviceHold> {
+    let until = Instant::now() + patience;
+    loop {
+        match host.hold_device(device) {
+            Err(Error::Aborted(_)) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Blocks zeroed per BLKZEROOUT call: each call is uninterruptible, so the deadline is
 /// checked between calls and progress is visible in the logs.
 const ZERO_CHUNK: u64 = 1 << 30;
@@ -465,6 +487,44 @@ fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn host() -> RealHost {
+        RealHost {
+            command_timeout: Duration::from_secs(5),
+            mount_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hold_waits_for_a_short_lock_and_gives_up_on_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk");
+        std::fs::write(&file, b"").unwrap();
+        let lock = |f: &Path| {
+            nix::fcntl::Flock::lock(
+                File::open(f).unwrap(),
+                nix::fcntl::FlockArg::LockExclusiveNonblock,
+            )
+            .map_err(|(_, e)| e)
+            .unwrap()
+        };
+        let other = lock(&file);
+        let err = hold_when_free(&host(), &file, Duration::from_millis(200))
+            .await
+            .err()
+            .expect("held elsewhere");
+        assert!(matches!(err, Error::Aborted(_)), "{err}");
+        // Released while the hold waits (udev's probe is this short).
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(other);
+        });
+        let hold = hold_when_free(&host(), &file, Duration::from_secs(10)).await;
+        assert!(hold.is_ok(), "taken once released");
+        release.await.unwrap();
+        drop(hold);
+        drop(lock(&file));
+    }
 
     #[test]
     fn blkid_export_with_a_partition_table_is_a_signature() {

@@ -6,5 +6,5 @@ pub mod host;
 pub mod mountinfo;
 pub mod runner;
 
-pub use host::{DeviceHold, FsType, Host, RealHost, Signature};
+pub use host::{hold_when_free, DeviceHold, FsType, Host, RealHost, Signature, HOLD_PATIENCE};
 pub use mountinfo::MountEntry;

@@ -417,7 +417,7 @@ fn erasable(record: &VolumeRecord, sigs: &[Signature]) -> bool {
 
 /// Under the device hold: probe again, remove the signatures, zero every block.
 async fn erase_job(host: Arc<dyn Host>, device: PathBuf, record: VolumeRecord) -> Result<()> {
-    let _hold = host.hold_device(&device)?;
+    let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
     let sigs = host.probe_signatures(&device).await?;
     if !erasable(&record, &sigs) {
         return Err(Error::FailedPrecondition(format!(
