@@ -396,7 +396,7 @@ impl Pool {
         }
         let sigs = host.probe_signatures(&dev.path).await?;
         self.verify_identity(volume_id, dev, record)?;
-        if !erasable(record, &sigs) {
+        if !erasable(&record.fs_uuid, &sigs) {
             warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
             self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
             return Ok(());
@@ -410,16 +410,15 @@ impl Pool {
 
 /// A deleted volume's device may be erased when it shows nothing (never staged, a raw
 /// block volume, or an erase interrupted after the wipe) or only the volume's filesystem.
-fn erasable(record: &VolumeRecord, sigs: &[Signature]) -> bool {
-    sigs.iter()
-        .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()))
+fn erasable(fs_uuid: &str, sigs: &[Signature]) -> bool {
+    sigs.iter().all(|s| s.uuid.as_deref() == Some(fs_uuid))
 }
 
 /// Under the device hold: probe again, remove the signatures, zero every block.
 async fn erase_job(host: Arc<dyn Host>, device: PathBuf, record: VolumeRecord) -> Result<()> {
     let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
     let sigs = host.probe_signatures(&device).await?;
-    if !erasable(&record, &sigs) {
+    if !erasable(&record.fs_uuid, &sigs) {
         return Err(Error::FailedPrecondition(format!(
             "{} now carries {}, written while volume {} was being deleted; it is left as it is",
             device.display(),
@@ -443,4 +442,35 @@ pub fn describe_signatures(sigs: &[crate::os::Signature]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(kind: &str, uuid: Option<&str>) -> Signature {
+        Signature {
+            kind: kind.into(),
+            uuid: uuid.map(Into::into),
+            offset: None,
+            seen_by: "test",
+        }
+    }
+
+    #[test]
+    fn only_a_blank_device_or_the_volumes_own_filesystem_is_erased() {
+        assert!(erasable("u-1", &[]), "nothing (raw block, never staged)");
+        assert!(erasable(
+            "u-1",
+            &[sig("ext4", Some("u-1")), sig("ext4", Some("u-1"))]
+        ));
+        for foreign in [
+            vec![sig("ext4", Some("u-2"))],
+            vec![sig("ext4", Some("u-1")), sig("dos", Some("abcd"))],
+            vec![sig("gpt", None)],
+            vec![sig("unknown", None)],
+        ] {
+            assert!(!erasable("u-1", &foreign), "{foreign:?}");
+        }
+    }
 }
