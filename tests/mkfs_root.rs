@@ -374,3 +374,68 @@ async fn a_repeated_stage_checks_the_mount_options_again() {
         .expect("staged properly again");
     assert_eq!(tools.mkfs_runs(), 1);
 }
+
+/// Issue 11 "long commands": the erase on delete is a job too. Held up by util-linux's lock
+/// (taken here as another tool would), the DeleteVolume call is cancelled; the retry joins
+/// the erase, which runs once and zeroes the device once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
+    let Some((mut rig, tools, _staging)) = setup() else {
+        return;
+    };
+    let mut c = start(&mut rig, &tools).await;
+    let dev = rig.loops[0].clone();
+    let id = create(&mut c, "raw", true).await;
+    pattern_write(&dev, 4 << 20);
+    let lock = nix::fcntl::Flock::lock(
+        fs::File::open(&dev).unwrap(),
+        nix::fcntl::FlockArg::LockExclusiveNonblock,
+    )
+    .map_err(|(_, e)| e)
+    .unwrap();
+    let delete = |mut c: Clients, id: String| async move {
+        c.controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id,
+                secrets: Default::default(),
+            })
+            .await
+            .map(|_| ())
+    };
+    let first = tokio::spawn(delete(c.clone(), id.clone()));
+    let erase_started = |rig: &Rig| {
+        rig.logs()
+            .lines()
+            .filter(|l| l.contains("long job started") && l.contains("erase"))
+            .count()
+    };
+    wait_until("the erase job to start", Duration::from_secs(10), || {
+        erase_started(&rig) == 1
+    })
+    .await;
+    first.abort();
+    let _ = first.await;
+    let retry = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match delete(c.clone(), id.clone()).await {
+                    Err(e) if e.code() == Code::Aborted && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    other => return other,
+                }
+            }
+        }
+    });
+    assert!(
+        !reads_back_zeros(&dev),
+        "nothing erased while the lock is held"
+    );
+    drop(lock);
+    retry.await.unwrap().expect("the retry joins the erase");
+    assert!(reads_back_zeros(&dev));
+    assert_eq!(erase_started(&rig), 1, "the erase was not started over");
+    assert!(rig.state()["volumes"].as_object().unwrap().is_empty());
+}
