@@ -330,10 +330,9 @@ async fn scenario(point: KillPoint) -> String {
         want: Vec::new(),
     };
     fs::create_dir_all(&ctx.staging).unwrap();
-    let tools = Tools::install(rig.dir.path());
-    let path = tools.path_env();
+    let tools = rig.tools.clone();
     let kill_step = killed_step(point);
-    let mut c = rig.start_with(&[("PATH", &path)], &[]).await;
+    let mut c = rig.start().await;
     let mut device = None;
     for step in LIFE {
         if step != kill_step {
@@ -343,10 +342,7 @@ async fn scenario(point: KillPoint) -> String {
         } else {
             rig.kill9();
             let mut armed = rig
-                .start_with(
-                    &[(gds_csi::faults::ENV, point.as_str()), ("PATH", &path)],
-                    &[],
-                )
+                .start_with(&[(gds_csi::faults::ENV, point.as_str())], &[])
                 .await;
             let err = do_step(&mut armed, &mut ctx, step)
                 .await
@@ -361,7 +357,7 @@ async fn scenario(point: KillPoint) -> String {
                 "died at the point, not elsewhere ({err:?})"
             );
             check_at_kill(&rig, &tools, &ctx, point);
-            c = rig.start_with(&[("PATH", &path)], &[]).await;
+            c = rig.start().await;
             // The CO retries until it gets an answer; retry twice more for idempotency.
             for i in 0..3 {
                 do_step(&mut c, &mut ctx, step)

@@ -1,8 +1,8 @@
 //! Formatting and erasing under hostile timing (root, real loop devices, the real binary):
 //! a filesystem written between probe and mkfs, a device held by another program, the
 //! driver SIGKILLed during a slow mkfs, a caller that gives up during mkfs, and the
-//! erase on delete. mkfs.ext4 and wipefs are stand-ins on the driver's PATH that call the
-//! real tools (tests/common/tools.rs), so real mkfs runs are counted, not log lines.
+//! erase on delete. mkfs.ext4 and wipefs are stand-ins on the driver's PATH (the Rig puts
+//! them there) that call the real tools, so real mkfs runs are counted, not log lines.
 
 mod common;
 
@@ -35,10 +35,6 @@ fn cap(block: bool) -> VolumeCapability {
             AccessType::Mount(MountVolume::default())
         }),
     }
-}
-
-async fn start(rig: &mut Rig, tools: &Tools) -> Clients {
-    rig.start_with(&[("PATH", &tools.path_env())], &[]).await
 }
 
 async fn create(c: &mut Clients, name: &str, block: bool) -> String {
@@ -82,7 +78,7 @@ async fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> boo
 
 fn setup() -> Option<(Rig, Tools, PathBuf)> {
     let rig = Rig::new(1)?;
-    let tools = Tools::install(rig.dir.path());
+    let tools = rig.tools.clone();
     let staging = rig.path("kubelet/staging/v");
     fs::create_dir_all(&staging).unwrap();
     Some((rig, tools, staging))
@@ -95,7 +91,7 @@ async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     tools.inject_foreign_after_probe(&dev);
@@ -118,7 +114,7 @@ async fn mkfs_runs_under_the_block_device_lock() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     tools.close_gate();
@@ -153,7 +149,7 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     tools.close_gate();
     let call = tokio::spawn({
@@ -178,7 +174,7 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
     let ended = process_ended(orphan);
     tools.open_gate();
     assert!(ended, "mkfs (pid {orphan}) outlived the SIGKILLed driver");
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     stage(&mut c, &id, &staging)
         .await
         .expect("stage after restart");
@@ -198,7 +194,7 @@ async fn a_device_held_by_another_program_is_not_formatted() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     let holder = fs::OpenOptions::new()
@@ -224,7 +220,7 @@ async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     tools.close_gate();
     let first = tokio::spawn({
@@ -290,10 +286,10 @@ fn pattern_write(path: &std::path::Path, len: usize) {
 /// volume's blocks, whether they were written through a filesystem or raw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_volumes_blocks_read_back_as_zeros() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((mut rig, _tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let dev = rig.loops[0].clone();
     let delete = |id: String| DeleteVolumeRequest {
         volume_id: id,
@@ -340,7 +336,7 @@ async fn a_repeated_stage_checks_the_mount_options_again() {
     let Some((mut rig, tools, staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     stage(&mut c, &id, &staging).await.unwrap();
     let dev = rig.loops[0].clone();
@@ -380,10 +376,10 @@ async fn a_repeated_stage_checks_the_mount_options_again() {
 /// the erase, which runs once and zeroes the device once the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
-    let Some((mut rig, tools, _staging)) = setup() else {
+    let Some((mut rig, _tools, _staging)) = setup() else {
         return;
     };
-    let mut c = start(&mut rig, &tools).await;
+    let mut c = rig.start().await;
     let dev = rig.loops[0].clone();
     let id = create(&mut c, "raw", true).await;
     pattern_write(&dev, 4 << 20);

@@ -10,6 +10,7 @@ use std::process::Command;
 /// The filesystem UUID of the "foreign" ext4 the wipefs stand-in writes.
 pub const FOREIGN_UUID: &str = "0f0f0f0f-1111-2222-3333-444455556666";
 
+#[derive(Clone)]
 pub struct Tools {
     pub dir: PathBuf,
 }
