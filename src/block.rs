@@ -3,13 +3,14 @@
 //! signatures, so every call is safe to repeat and survives a plugin restart.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
 use crate::os::safepath::{self, Anchored, Create};
-use crate::os::{blockdev, mountinfo, DeviceUse, FsType, MountEntry, Signature};
+use crate::os::{blockdev, mountinfo, DeviceUse, FsType, Host, MountEntry, Signature};
 use crate::pool::{describe_signatures, PoolDevice, VolumeRecord};
 use crate::request::{Access, Capability};
 use crate::service::Driver;
@@ -159,10 +160,13 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         // Raw block volumes are published straight from the device node.
         return Ok(());
     }
+    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     let mounts = driver.host.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
         if m.is_device(dev.major, dev.minor) && m.root == "/" {
-            return Ok(());
+            // Already staged (a retry, maybe after a crash right after mount): the options
+            // GDS needs are checked again, not assumed.
+            return verify_staged(driver, staging, fs).await;
         }
         return Err(Error::FailedPrecondition(format!(
             "staging path {} already has another filesystem mounted ({} {}); unmount it first",
@@ -181,7 +185,6 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
             vol.id
         )));
     }
-    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     if vol.record.formatted && fs != vol.record.fs_type {
         return Err(Error::FailedPrecondition(format!(
             "volume {} holds an {} filesystem; fs_type {} was requested",
@@ -193,14 +196,23 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
     let raw_id = vol.id.to_string();
     driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
     let pinned = mount_dir(driver, "staging_target_path", staging, None)?;
+    let key = format!("format:{}", vol.id);
+    // An mkfs that a cancelled call started holds the device: join it before probing.
+    if let Some(outcome) = driver.pool.jobs.join(&key).await {
+        outcome?;
+    }
     let sigs = driver.host.probe_signatures(&dev.path).await?;
     match decide_format(&vol.record, fs, &dev.path, &sigs) {
         FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
         FormatDecision::Format => {
             driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
-            info!(volume_id = %vol.id, device = %dev.path.display(), fs = fs.as_str(), "formatting fresh device");
-            driver.host.mkfs(&dev.path, fs, &vol.record.fs_uuid).await?;
-            faults::reached(KillPoint::AfterMkfs);
+            let job = format_job(
+                Arc::clone(&driver.host),
+                dev.path.clone(),
+                vol.record.clone(),
+                fs,
+            );
+            driver.pool.jobs.run(&key, "mkfs", job).await?;
             mark_formatted(driver, &vol.id, fs)?;
         }
         FormatDecision::UseExisting { adopt: true } => mark_formatted(driver, &vol.id, fs)?,
@@ -221,6 +233,29 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
         }
     }
     verified
+}
+
+/// mkfs under the device hold, after probing again under it: whatever appeared since the
+/// first probe, or whoever holds the device now (a mount, an mkfs left running by an
+/// earlier driver process), is refused. Runs as a job, so a cancelled call leaves it
+/// running and the retry joins it.
+async fn format_job(
+    host: Arc<dyn Host>,
+    device: PathBuf,
+    record: VolumeRecord,
+    fs: FsType,
+) -> Result<()> {
+    let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
+    let sigs = host.probe_signatures(&device).await?;
+    match decide_format(&record, fs, &device, &sigs) {
+        FormatDecision::Format => {}
+        FormatDecision::UseExisting { .. } => return Ok(()),
+        FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
+    }
+    info!(device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
+    host.mkfs(&device, fs, &record.fs_uuid).await?;
+    faults::reached(KillPoint::AfterMkfs);
+    Ok(())
 }
 
 fn mark_formatted(driver: &Driver, id: &BlockVolumeId, fs: FsType) -> Result<()> {

@@ -57,6 +57,9 @@ pub enum Error {
     },
     #[error("state file {}: {reason}", path.display())]
     State { path: PathBuf, reason: String },
+    /// The outcome of a long job that more than one call waited for (src/jobs.rs).
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
 }
 
 impl Error {
@@ -76,21 +79,25 @@ impl Error {
     }
 }
 
+fn code(err: &Error) -> Code {
+    match err {
+        Error::InvalidArgument { .. } => Code::InvalidArgument,
+        Error::VolumeNotFound(_) | Error::NotFound(_) => Code::NotFound,
+        Error::AlreadyExists(_) => Code::AlreadyExists,
+        Error::FailedPrecondition(_) => Code::FailedPrecondition,
+        Error::Busy(_) | Error::Aborted(_) => Code::Aborted,
+        Error::ResourceExhausted(_) => Code::ResourceExhausted,
+        Error::OutOfRange(_) => Code::OutOfRange,
+        Error::NotReady(_) => Code::Unavailable,
+        Error::Command(CommandError::Timeout { .. }) => Code::DeadlineExceeded,
+        Error::Command(_) | Error::Io { .. } | Error::State { .. } => Code::Internal,
+        Error::Shared(inner) => code(inner),
+    }
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
-        let code = match &err {
-            Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::VolumeNotFound(_) | Error::NotFound(_) => Code::NotFound,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::Busy(_) | Error::Aborted(_) => Code::Aborted,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::OutOfRange(_) => Code::OutOfRange,
-            Error::NotReady(_) => Code::Unavailable,
-            Error::Command(CommandError::Timeout { .. }) => Code::DeadlineExceeded,
-            Error::Command(_) | Error::Io { .. } | Error::State { .. } => Code::Internal,
-        };
-        Status::new(code, err.to_string())
+        Status::new(code(&err), err.to_string())
     }
 }
 

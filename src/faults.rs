@@ -23,7 +23,7 @@ pub enum KillPoint {
     AfterBindMount,
     /// DeleteVolume: `deleting = true` is written, the device not yet wiped.
     DeleteBeforeWipe,
-    /// DeleteVolume: the device is wiped, the record not yet removed.
+    /// DeleteVolume: the device is wiped and zeroed, the record not yet removed.
     DeleteAfterWipe,
 }
 

@@ -144,7 +144,7 @@ pub fn registry(driver: Option<Arc<Driver>>, host_proc: PathBuf) -> Registry {
     );
     r.register(
         "gds_csi_host_operation_duration_seconds",
-        "Duration of host operations (mkfs.ext4, mkfs.xfs, mount, bind_mount, unmount, probe_signatures, wipe_signatures)",
+        "Duration of host operations (mkfs.ext4, mkfs.xfs, mount, bind_mount, unmount, probe_signatures, wipe_signatures, zero_device)",
         m.host_duration.clone(),
     );
     if let Some(driver) = driver {

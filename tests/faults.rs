@@ -5,9 +5,12 @@
 //! verify, unpublish, unstage, delete). The step that reaches the kill point runs
 //! on a driver started with `GDS_CSI_FAULT_KILL_AT=<point>`; the driver must die
 //! there by SIGKILL without answering; a driver restarted without the switch gets
-//! the same call again and must converge: mkfs once in all runs, one device per
+//! the same call again and must converge: mkfs once in all runs (counted by an
+//! mkfs.ext4 stand-in on the driver's PATH that records each real run), one device per
 //! volume (state file = ListVolumes = GetCapacity), every byte written before the
-//! kill still there (sha256), one mount per path, and a wiped device at the end.
+//! kill still there (sha256), one mount per path, `data=ordered` after every stage
+//! (retries included), and a device that reads back as zeros at the end. The state at
+//! each kill is checked against what the point promises before the restart.
 
 mod common;
 
@@ -17,6 +20,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use common::tools::{blkid_tag, reads_back_zeros, Tools};
 use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, Rig, SIZE};
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
@@ -241,29 +245,80 @@ async fn check_allocation(rig: &Rig, c: &mut Clients, volumes: usize) {
     );
 }
 
+/// The volume's device, from the state file's record.
+fn volume_device(rig: &Rig, ctx: &Ctx) -> PathBuf {
+    let state = rig.state();
+    let key = state["volumes"][&ctx.id]["device_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = key.strip_prefix("path:").unwrap_or(&key).to_owned();
+    rig.loops
+        .iter()
+        .find(|d| d.to_str() == Some(path.as_str()))
+        .unwrap_or_else(|| panic!("device {key} is not one of the rig's"))
+        .clone()
+}
+
+/// The staging mount carries `data=ordered` in its superblock options (GDS needs it).
+fn assert_data_ordered(staging: &std::path::Path, when: &str) {
+    let p = staging.to_string_lossy().to_string();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        .unwrap_or_else(|| panic!("{when}: {p} is not mounted"));
+    let super_opts = line.rsplit(' ').next().unwrap();
+    assert!(
+        super_opts.split(',').any(|o| o == "data=ordered"),
+        "{when}: {p} mounted without data=ordered: {line}"
+    );
+}
+
 /// What must be true between the kill and the restart: the step got exactly as far as the point.
-fn check_at_kill(rig: &Rig, ctx: &Ctx, point: KillPoint) {
+fn check_at_kill(rig: &Rig, tools: &Tools, ctx: &Ctx, point: KillPoint) {
     let state = rig.state();
     let recs = state["volumes"].as_object().unwrap();
     match point {
-        KillPoint::AfterAllocate => assert_eq!(recs.len(), 1, "allocation written: {state}"),
+        KillPoint::AfterAllocate => {
+            assert_eq!(recs.len(), 1, "allocation written: {state}");
+            let rec = recs.values().next().unwrap();
+            assert_eq!(rec["formatted"], false);
+            assert_eq!(tools.mkfs_runs(), 0, "nothing formatted yet");
+            assert!(rig.loops.iter().all(|d| blkid_code(d) == Some(2)), "blank");
+        }
         KillPoint::AfterMkfs => {
             let rec = &recs[&ctx.id];
             assert_eq!(rec["formatted"], false, "killed before the state update");
+            assert_eq!(tools.mkfs_runs(), 1, "mkfs ran");
+            let dev = volume_device(rig, ctx);
+            assert_eq!(
+                blkid_tag(&dev, "TYPE"),
+                "ext4",
+                "mkfs finished before the kill"
+            );
+            assert_eq!(blkid_tag(&dev, "UUID"), rec["fs_uuid"].as_str().unwrap());
             assert_eq!(mounts_at(&ctx.staging), 0);
         }
-        KillPoint::AfterStageMount => assert_eq!(mounts_at(&ctx.staging), 1),
-        KillPoint::AfterBindMount => assert_eq!(mounts_at(&ctx.target), 1),
+        KillPoint::AfterStageMount => {
+            assert_eq!(mounts_at(&ctx.staging), 1);
+            assert_data_ordered(&ctx.staging, "at the kill");
+        }
+        KillPoint::AfterBindMount => {
+            assert_eq!(mounts_at(&ctx.target), 1);
+            check_data(ctx, &ctx.target);
+        }
         KillPoint::DeleteBeforeWipe => {
             assert_eq!(recs[&ctx.id]["deleting"], true);
-            assert!(
-                rig.loops.iter().any(|d| blkid_code(d) == Some(0)),
-                "not wiped yet"
-            );
+            let dev = volume_device(rig, ctx);
+            assert_eq!(blkid_code(&dev), Some(0), "not wiped yet");
+            assert!(!reads_back_zeros(&dev), "not erased yet");
         }
         KillPoint::DeleteAfterWipe => {
-            assert_eq!(recs[&ctx.id]["deleting"], true);
-            assert!(rig.loops.iter().all(|d| blkid_code(d) == Some(2)), "wiped");
+            assert_eq!(recs[&ctx.id]["deleting"], true, "record not removed yet");
+            let dev = volume_device(rig, ctx);
+            assert_eq!(blkid_code(&dev), Some(2), "wiped");
+            assert!(reads_back_zeros(&dev), "erased before the kill");
         }
     }
 }
@@ -277,8 +332,10 @@ async fn scenario(point: KillPoint) -> String {
         want: Vec::new(),
     };
     fs::create_dir_all(&ctx.staging).unwrap();
+    let tools = rig.tools.clone();
     let kill_step = killed_step(point);
     let mut c = rig.start().await;
+    let mut device = None;
     for step in LIFE {
         if step != kill_step {
             do_step(&mut c, &mut ctx, step)
@@ -301,14 +358,23 @@ async fn scenario(point: KillPoint) -> String {
                     .contains(&format!("killed at {}", point.as_str())),
                 "died at the point, not elsewhere ({err:?})"
             );
-            check_at_kill(&rig, &ctx, point);
+            check_at_kill(&rig, &tools, &ctx, point);
             c = rig.start().await;
             // The CO retries until it gets an answer; retry twice more for idempotency.
-            for _ in 0..3 {
+            for i in 0..3 {
                 do_step(&mut c, &mut ctx, step)
                     .await
                     .unwrap_or_else(|e| panic!("retry of {step:?} after the kill: {e:?}"));
+                if matches!(step, Step::Stage | Step::Restage) {
+                    assert_data_ordered(&ctx.staging, &format!("retry {i} of {step:?}"));
+                }
             }
+        }
+        if matches!(step, Step::Stage | Step::Restage) {
+            assert_data_ordered(&ctx.staging, &format!("after {step:?}"));
+        }
+        if step == Step::Create {
+            device = Some(volume_device(&rig, &ctx));
         }
         let (staged, published) = expected_mounts(step);
         assert_eq!(mounts_at(&ctx.staging), staged, "after {step:?}");
@@ -316,11 +382,17 @@ async fn scenario(point: KillPoint) -> String {
         let volumes = usize::from(step != Step::Delete);
         check_allocation(&rig, &mut c, volumes).await;
     }
-    // Converged: mkfs once over every run, the device wiped and back in the pool.
-    assert_eq!(rig.mkfs_count(), 1, "mkfs ran exactly once across all runs");
+    // Converged: mkfs once over every run, the device erased and back in the pool.
+    assert_eq!(
+        tools.mkfs_runs(),
+        1,
+        "mkfs ran exactly once across all runs"
+    );
     for dev in &rig.loops {
         assert_eq!(blkid_code(dev), Some(2), "{} wiped", dev.display());
     }
+    let device = device.expect("created");
+    assert!(reads_back_zeros(&device), "{} erased", device.display());
     assert!(!ctx.target.exists(), "target removed");
     format!(
         "killed in {kill_step:?} (SIGKILL), retried: converged, mkfs 1, {} files intact, 0 leaked devices",

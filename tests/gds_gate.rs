@@ -22,8 +22,7 @@ use gds_csi::csi::*;
 use gds_csi::error::Result as DResult;
 use gds_csi::gds_gate::fixture::Tree;
 use gds_csi::gds_gate::{GateConfig, GdsGate};
-use gds_csi::os::Anchored;
-use gds_csi::os::{FsType, Host, MountEntry, Signature};
+use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::controller::ControllerService;
 use gds_csi::service::node::NodeService;
@@ -69,6 +68,12 @@ impl Host for FakeHost {
         Ok(())
     }
     async fn wipe_signatures(&self, _: &Path) -> DResult<()> {
+        Ok(())
+    }
+    fn hold_device(&self, _: &Path) -> DResult<DeviceHold> {
+        Ok(DeviceHold::nothing_to_lock())
+    }
+    async fn zero_device(&self, _: &Path) -> DResult<()> {
         Ok(())
     }
     async fn mount(&self, _: &Path, target: &Anchored, _: FsType, _: &[String]) -> DResult<()> {

@@ -17,8 +17,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
-use gds_csi::os::Anchored;
-use gds_csi::os::{FsType, Host, MountEntry, Signature};
+use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
@@ -109,6 +108,15 @@ impl Host for FakeHost {
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("wipe {}", device.display()));
+        s.signatures.remove(device);
+        Ok(())
+    }
+    fn hold_device(&self, _: &Path) -> Result<DeviceHold> {
+        Ok(DeviceHold::nothing_to_lock())
+    }
+    async fn zero_device(&self, device: &Path) -> Result<()> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("zero {}", device.display()));
         s.signatures.remove(device);
         Ok(())
     }

@@ -17,7 +17,7 @@ use gds_csi::csi::volume_capability::{
 use gds_csi::csi::*;
 use gds_csi::error::Result;
 use gds_csi::nfs::NfsBackend;
-use gds_csi::os::{Anchored, ForceUnmount, FsType, Host, MountEntry, Signature};
+use gds_csi::os::{Anchored, DeviceHold, ForceUnmount, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
@@ -64,6 +64,12 @@ impl Host for FakeHost {
         Ok(())
     }
     async fn wipe_signatures(&self, _: &Path) -> Result<()> {
+        Ok(())
+    }
+    fn hold_device(&self, _: &Path) -> Result<DeviceHold> {
+        Ok(DeviceHold::nothing_to_lock())
+    }
+    async fn zero_device(&self, _: &Path) -> Result<()> {
         Ok(())
     }
     async fn mount(&self, _: &Path, _: &Anchored, _: FsType, _: &[String]) -> Result<()> {

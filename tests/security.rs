@@ -22,8 +22,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
-use gds_csi::os::Anchored;
-use gds_csi::os::{FsType, Host, MountEntry, Signature};
+use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tonic::Code;
@@ -60,6 +59,14 @@ impl Host for RecordingHost {
     }
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
         self.record(format!("wipe {}", device.display()));
+        Ok(())
+    }
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
+        self.record(format!("hold {}", device.display()));
+        Ok(DeviceHold::nothing_to_lock())
+    }
+    async fn zero_device(&self, device: &Path) -> Result<()> {
+        self.record(format!("zero {}", device.display()));
         Ok(())
     }
     async fn mount(&self, device: &Path, target: &Anchored, _: FsType, _: &[String]) -> Result<()> {

@@ -1,8 +1,12 @@
 //! What the driver does to the host, behind one small trait.
 
 use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -70,13 +74,33 @@ impl std::fmt::Display for Signature {
     }
 }
 
+/// An exclusive hold on a block device for one destructive step (probe again, then mkfs
+/// or erase); released when dropped. See [`Host::hold_device`].
+#[must_use]
+pub struct DeviceHold {
+    _lock: Option<nix::fcntl::Flock<File>>,
+}
+
+impl DeviceHold {
+    /// The hold of a host that has no real device to lock (a test double).
+    pub fn nothing_to_lock() -> Self {
+        DeviceHold { _lock: None }
+    }
+}
+
 #[async_trait]
 pub trait Host: Send + Sync + 'static {
     fn mount_table(&self) -> Result<Vec<MountEntry>>;
     /// Every signature on the device. An error means "unknown", never "empty".
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>>;
+    /// Takes the device for a destructive step: fails when another program holds it
+    /// (util-linux's lock, a mount, md/dm, or an exclusive open such as a running mkfs),
+    /// and keeps cooperating programs out until the hold is dropped.
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold>;
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    /// Makes every block of the device read back as zeros (the erase on delete).
+    async fn zero_device(&self, device: &Path) -> Result<()>;
     /// Mounts `device` onto `target`, which is pinned (`safepath::open`) when it is a
     /// caller's path: the real host mounts onto the descriptor, doubles use `path()`.
     async fn mount(
@@ -193,6 +217,80 @@ fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
     ))
 }
 
+/// How long a destructive step waits for util-linux's lock before answering Aborted.
+pub const HOLD_PATIENCE: Duration = Duration::from_secs(10);
+
+/// [`Host::hold_device`], waiting up to `patience` while another program holds
+/// util-linux's lock: systemd-udevd takes it for a moment to probe the device after every
+/// close-after-write (mkfs's, wipefs's). A device in use is refused at once.
+pub async fn hold_when_free(
+    host: &dyn Host,
+    device: &Path,
+    patience: Duration,
+) -> Result<DeviceHold> {
+    let until = Instant::now() + patience;
+    loop {
+        match host.hold_device(device) {
+            Err(Error::Aborted(_)) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Blocks zeroed per BLKZEROOUT call: each call is uninterruptible, so the deadline is
+/// checked between calls and progress is visible in the logs.
+const ZERO_CHUNK: u64 = 1 << 30;
+
+/// `BLKZEROOUT`, `_IO(0x12,127)` in linux include/uapi/linux/fs.h; its argument is
+/// `u64[2] = {start, length}` in bytes, both 512-byte aligned.
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+fn device_in_use(device: &Path) -> Error {
+    let name = device
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "<device>".into());
+    Error::FailedPrecondition(format!(
+        "{} is in use (mounted, claimed by md or device-mapper, or opened exclusively by \
+         another program such as an mkfs still running from an earlier driver process); it is \
+         not formatted or erased while in use: find the holder with `fuser -v {0}`, \
+         `ls /sys/class/block/{name}/holders` and the mount table",
+        device.display()
+    ))
+}
+
+/// Zeroes `[0, size)` of an open device in chunks; a chunk slower than `per_chunk` fails it.
+fn zero_blocks(file: &File, device: &Path, size: u64, per_chunk: Duration) -> Result<()> {
+    let mut start = 0u64;
+    while start < size {
+        let len = ZERO_CHUNK.min(size - start);
+        let range = [start, len];
+        let began = Instant::now();
+        // SAFETY: `range` outlives the call; the kernel reads two u64 from it
+        // (block/ioctl.c blk_ioctl_zeroout copies `uint64_t range[2]` from user memory).
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKZEROOUT as _, range.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::io(
+                "zeroing (BLKZEROOUT)",
+                device,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if began.elapsed() > per_chunk {
+            return Err(CommandError::Timeout {
+                command: format!("BLKZEROOUT of {} at byte {start}", device.display()),
+                after: per_chunk,
+            }
+            .into());
+        }
+        start += len;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Host for RealHost {
     fn mount_table(&self) -> Result<Vec<MountEntry>> {
@@ -237,6 +335,40 @@ impl Host for RealHost {
         Ok(signatures)
     }
 
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
+        let file = OpenOptions::new()
+            .read(true)
+            .open(device)
+            .map_err(|e| Error::io("opening", device, e))?;
+        // util-linux's convention: flock(LOCK_EX) on the whole-disk node, which sfdisk,
+        // wipefs and mkswap take with --lock or LOCK_BLOCK_DEVICE (util-linux lib/blkdev.c
+        // blkdev_lock, line 379) and systemd-udevd honours before probing. Pool devices
+        // are whole devices. The lock is advisory: mkfs itself does not take it.
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| match errno {
+                nix::errno::Errno::EWOULDBLOCK => Error::Aborted(format!(
+                    "{} is locked by another program (util-linux's block-device lock, \
+                     flock); retry when it is done",
+                    device.display()
+                )),
+                other => Error::io("locking", device, other.into()),
+            })?;
+        // An O_EXCL open of a block device fails with EBUSY while it is mounted, an md or
+        // dm member, or opened O_EXCL elsewhere, which mkfs does (e2fsprogs misc/mke2fs.c
+        // line 3249 EXT2_FLAG_EXCLUSIVE -> lib/ext2fs/unix_io.c line 1117 O_EXCL). It is
+        // closed at once: mkfs needs that same exclusive open, so it cannot be held across
+        // the child; `wipefs --no-act` and `blkid -p` do not open O_EXCL and miss all this.
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(device)
+        {
+            Ok(_) => Ok(DeviceHold { _lock: Some(lock) }),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(device_in_use(device)),
+            Err(e) => Err(Error::io("opening (exclusively)", device, e)),
+        }
+    }
+
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
         let _timer = crate::metrics::host_timer(if fs == FsType::Ext4 {
             "mkfs.ext4"
@@ -244,7 +376,10 @@ impl Host for RealHost {
             "mkfs.xfs"
         });
         let dev = device.as_os_str();
-        // No force flags: mkfs's own refusal to overwrite a signature stays as a last guard.
+        // No force flags. mkfs.xfs then refuses an existing filesystem; mkfs.ext4 does not
+        // when stdin is not a terminal (e2fsprogs misc/mke2fs.c lines 2912-2921 check for
+        // an existing filesystem only under isatty), so the guard is the caller's probe,
+        // taken again under `hold_device`. mkfs still refuses a device in use (O_EXCL).
         match fs {
             FsType::Ext4 => {
                 runner::run(
@@ -285,6 +420,35 @@ impl Host for RealHost {
         )
         .await?;
         Ok(())
+    }
+
+    async fn zero_device(&self, device: &Path) -> Result<()> {
+        let _timer = crate::metrics::host_timer("zero_device");
+        // BLKZEROOUT: the kernel uses the device's write-zeroes offload (NVMe Write
+        // Zeroes; a loop device fallocates the range in its backing file) and falls back
+        // to writing zero pages; it drops the page cache of the range (linux block/ioctl.c
+        // blk_ioctl_zeroout). BLKDISCARD is not used: whether discarded blocks read back
+        // as zeros is not knowable (queue/discard_zeroes_data is always 0 since 4.12).
+        // O_EXCL: nothing may mount the device while it is erased.
+        let file = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_EXCL)
+            .open(device)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EBUSY) => device_in_use(device),
+                _ => Error::io("opening (exclusively)", device, e),
+            })?;
+        let device = device.to_owned();
+        let per_chunk = self.command_timeout;
+        tokio::task::spawn_blocking(move || {
+            let mut f = &file;
+            let size = f
+                .seek(SeekFrom::End(0))
+                .map_err(|e| Error::io("measuring", &device, e))?;
+            zero_blocks(&file, &device, size, per_chunk)
+        })
+        .await
+        .map_err(|e| Error::Aborted(format!("the erase task ended abnormally: {e}")))?
     }
 
     async fn mount(
@@ -396,6 +560,44 @@ fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn host() -> RealHost {
+        RealHost {
+            command_timeout: Duration::from_secs(5),
+            mount_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hold_waits_for_a_short_lock_and_gives_up_on_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk");
+        std::fs::write(&file, b"").unwrap();
+        let lock = |f: &Path| {
+            nix::fcntl::Flock::lock(
+                File::open(f).unwrap(),
+                nix::fcntl::FlockArg::LockExclusiveNonblock,
+            )
+            .map_err(|(_, e)| e)
+            .unwrap()
+        };
+        let other = lock(&file);
+        let err = hold_when_free(&host(), &file, Duration::from_millis(200))
+            .await
+            .err()
+            .expect("held elsewhere");
+        assert!(matches!(err, Error::Aborted(_)), "{err}");
+        // Released while the hold waits (udev's probe is this short).
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(other);
+        });
+        let hold = hold_when_free(&host(), &file, Duration::from_secs(10)).await;
+        assert!(hold.is_ok(), "taken once released");
+        release.await.unwrap();
+        drop(hold);
+        drop(lock(&file));
+    }
 
     #[test]
     fn blkid_export_with_a_partition_table_is_a_signature() {

@@ -9,6 +9,8 @@ pub mod runner;
 pub mod safepath;
 
 pub use blockdev::DeviceUse;
-pub use host::{ForceUnmount, FsType, Host, RealHost, Signature};
+pub use host::{
+    hold_when_free, DeviceHold, ForceUnmount, FsType, Host, RealHost, Signature, HOLD_PATIENCE,
+};
 pub use mountinfo::MountEntry;
 pub use safepath::Anchored;

@@ -5,7 +5,7 @@ pub mod state;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tracing::{info, warn};
 
@@ -14,7 +14,8 @@ pub use state::{State, StateStore, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{blockdev, FsType, Host, MountEntry};
+use crate::jobs::Jobs;
+use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
 use crate::volume_id::BlockVolumeId;
 
 pub struct PoolConfig {
@@ -33,6 +34,8 @@ pub struct Pool {
     /// Free devices seen carrying a signature that is not ours: never allocated.
     foreign: Mutex<HashMap<String, String>>,
     pub state: StateStore,
+    /// Long work on the pool's devices (mkfs, erase) that outlives a cancelled call.
+    pub jobs: Jobs,
 }
 
 /// What CreateVolume asks of the pool, already validated.
@@ -61,6 +64,7 @@ impl Pool {
             excluded: RwLock::default(),
             foreign: Mutex::default(),
             state,
+            jobs: Jobs::default(),
         })
     }
 
@@ -410,7 +414,7 @@ impl Pool {
     /// DeleteVolume's domain operation, resumable after a crash at any step.
     pub async fn release(
         &self,
-        host: &dyn Host,
+        host: &Arc<dyn Host>,
         volume_id: &str,
         mounts: &[MountEntry],
     ) -> Result<()> {
@@ -438,21 +442,7 @@ impl Pool {
         })?;
         faults::reached(KillPoint::DeleteBeforeWipe);
         if let Some(dev) = &device {
-            // Wipe only what is provably ours; anything else is left exactly as it is.
-            let sigs = host.probe_signatures(&dev.path).await?;
-            self.verify_identity(volume_id, dev, &record)?;
-            let ours = !sigs.is_empty()
-                && sigs
-                    .iter()
-                    .all(|s| s.uuid.as_deref() == Some(record.fs_uuid.as_str()));
-            if ours {
-                host.wipe_signatures(&dev.path).await?;
-                faults::reached(KillPoint::DeleteAfterWipe);
-                self.set_foreign(&dev.id, None);
-            } else if !sigs.is_empty() {
-                warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
-                self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
-            }
+            self.erase(host, volume_id, &record, dev).await?;
         }
         self.state.update(|s| {
             s.volumes.remove(volume_id);
@@ -461,6 +451,67 @@ impl Pool {
         info!(volume_id, "released");
         Ok(())
     }
+
+    /// The erase step of release: zero the device when it is provably this volume's (its
+    /// identity matches the record and it carries nothing or only the volume's own
+    /// filesystem); a device carrying anything else is left exactly as it is and kept out
+    /// of allocation. Runs as a job that outlives a cancelled DeleteVolume.
+    async fn erase(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        record: &VolumeRecord,
+        dev: &PoolDevice,
+    ) -> Result<()> {
+        let key = format!("erase:{volume_id}");
+        // An erase that a cancelled call started: join it instead of probing a device
+        // it holds.
+        if let Some(outcome) = self.jobs.join(&key).await {
+            outcome?;
+            self.set_foreign(&dev.id, None);
+            return Ok(());
+        }
+        let sigs = host.probe_signatures(&dev.path).await?;
+        self.verify_identity(volume_id, dev, record)?;
+        if !erasable(&record.fs_uuid, &sigs) {
+            warn!(volume_id, signatures = %describe_signatures(&sigs), "device carries signatures that are not the volume's; left untouched");
+            self.set_foreign(&dev.id, Some(describe_signatures(&sigs)));
+            return Ok(());
+        }
+        let job = erase_job(Arc::clone(host), dev.path.clone(), record.clone());
+        self.jobs.run(&key, "erase", job).await?;
+        self.set_foreign(&dev.id, None);
+        Ok(())
+    }
+}
+
+/// A deleted volume's device may be erased when it shows nothing (never staged, a raw
+/// block volume, or an erase interrupted after the wipe) or only the volume's filesystem.
+fn erasable(fs_uuid: &str, sigs: &[Signature]) -> bool {
+    sigs.iter().all(|s| s.uuid.as_deref() == Some(fs_uuid))
+}
+
+/// Under the device hold: probe again, remove the signatures, zero every block.
+async fn erase_job(host: Arc<dyn Host>, device: PathBuf, record: VolumeRecord) -> Result<()> {
+    let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
+    let sigs = host.probe_signatures(&device).await?;
+    if !erasable(&record.fs_uuid, &sigs) {
+        return Err(Error::FailedPrecondition(format!(
+            "{} now carries {}, written while volume {} was being deleted; it is left as it is",
+            device.display(),
+            describe_signatures(&sigs),
+            record.name
+        )));
+    }
+    if !sigs.is_empty() {
+        // Signatures first: an erase cut short leaves no half-zeroed filesystem that
+        // still looks like the volume's.
+        host.wipe_signatures(&device).await?;
+    }
+    host.zero_device(&device).await?;
+    faults::reached(KillPoint::DeleteAfterWipe);
+    info!(device = %device.display(), "erased: every block reads back as zeros");
+    Ok(())
 }
 
 /// One pool device per device number: a device listed twice (`/dev/loop3` and a symlink
@@ -543,6 +594,15 @@ mod tests {
         }
     }
 
+    fn sig(kind: &str, uuid: Option<&str>) -> Signature {
+        Signature {
+            kind: kind.into(),
+            uuid: uuid.map(Into::into),
+            offset: None,
+            seen_by: "test",
+        }
+    }
+
     #[test]
     fn a_device_listed_twice_is_kept_once_under_the_allocated_or_most_stable_key() {
         let listed = dev("path:/dev/loop3", (7, 3), Source::Listed);
@@ -578,5 +638,22 @@ mod tests {
         let (kept, _) = one_per_device(all, &allocated);
         assert!(kept.contains_key(&alias.id) && !kept.contains_key(&listed.id));
         assert!(kept.contains_key(&nvme_listed.id) && !kept.contains_key(&nvme.id));
+    }
+
+    #[test]
+    fn only_a_blank_device_or_the_volumes_own_filesystem_is_erased() {
+        assert!(erasable("u-1", &[]), "nothing (raw block, never staged)");
+        assert!(erasable(
+            "u-1",
+            &[sig("ext4", Some("u-1")), sig("ext4", Some("u-1"))]
+        ));
+        for foreign in [
+            vec![sig("ext4", Some("u-2"))],
+            vec![sig("ext4", Some("u-1")), sig("dos", Some("abcd"))],
+            vec![sig("gpt", None)],
+            vec![sig("unknown", None)],
+        ] {
+            assert!(!erasable("u-1", &foreign), "{foreign:?}");
+        }
     }
 }

@@ -149,7 +149,7 @@ impl ControllerService {
         let mounts = self.driver.host.mount_table()?;
         self.driver
             .pool
-            .release(self.driver.host.as_ref(), &req.volume_id, &mounts)
+            .release(&self.driver.host, &req.volume_id, &mounts)
             .await
     }
 

@@ -1,8 +1,11 @@
 //! The real `gds-csi` binary on real loop devices, for the root tests of
 //! `tests/faults.rs` and `tests/security.rs` (same shape as the Rig in `block_root.rs`):
-//! start, SIGKILL, restart with other environment, count mkfs runs from the logs.
+//! start, SIGKILL, restart with other environment, count real mkfs runs (an mkfs.ext4
+//! stand-in first on the driver's PATH, `tools.rs`).
 //! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
+
+pub mod tools;
 
 use std::fs;
 use std::io::Read;
@@ -39,6 +42,8 @@ pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub loops: Vec<PathBuf>,
+    /// The test-only stand-ins on every driver's PATH.
+    pub tools: tools::Tools,
     pub child: Option<Child>,
     pub starts: usize,
 }
@@ -77,9 +82,11 @@ impl Rig {
                 &["--find", "--show", img.to_str().unwrap()],
             )));
         }
+        let tools = tools::Tools::install(dir.path());
         Some(Rig {
             dir,
             loops,
+            tools,
             child: None,
             starts: 0,
         })
@@ -115,6 +122,7 @@ impl Rig {
             .arg(self.dir.path())
             .args(args)
             .env_remove(gds_csi::faults::ENV)
+            .env("PATH", self.tools.path_env())
             .envs(env.iter().copied());
         for dev in &self.loops {
             cmd.arg("--pool-device").arg(dev);
@@ -167,9 +175,9 @@ impl Rig {
             .join("\n")
     }
 
-    /// How many times any run of the driver formatted a device.
+    /// How many real mkfs.ext4 runs any run of the driver started.
     pub fn mkfs_count(&self) -> usize {
-        self.logs().matches("formatting fresh device").count()
+        self.tools.mkfs_runs()
     }
 
     /// The state file as JSON (`{"version":..,"volumes":{id: record}}`).

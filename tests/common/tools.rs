@@ -1,0 +1,137 @@
+//! Test-only stand-ins placed first on the driver's PATH (never shipped): an `mkfs.ext4`
+//! that records every call and every real run and can be held at a gate, and a `wipefs`
+//! that can write a foreign filesystem right after the driver's first probe.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The filesystem UUID of the "foreign" ext4 the wipefs stand-in writes.
+pub const FOREIGN_UUID: &str = "0f0f0f0f-1111-2222-3333-444455556666";
+
+#[derive(Clone)]
+pub struct Tools {
+    pub dir: PathBuf,
+}
+
+fn real(program: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!path.is_empty(), "{program} is not installed");
+    path
+}
+
+fn script(path: &Path, text: &str) {
+    fs::write(path, text).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+impl Tools {
+    pub fn install(root: &Path) -> Tools {
+        let dir = root.join("tools");
+        let bin = dir.join("bin");
+        fs::create_dir_all(&bin).unwrap();
+        let d = dir.display();
+        let mkfs = real("mkfs.ext4");
+        let wipefs = real("wipefs");
+        // `calls`: one line per invocation (its pid); `runs`: one per real mkfs started.
+        // While `gate` exists the call waits (readiness-driven tests open it).
+        script(
+            &bin.join("mkfs.ext4"),
+            &format!(
+                "#!/bin/sh\necho $$ >> {d}/mkfs.calls\n\
+                 while [ -e {d}/gate ]; do sleep 0.05; done\n\
+                 echo $$ >> {d}/mkfs.runs\nexec {mkfs} \"$@\"\n"
+            ),
+        );
+        script(
+            &bin.join("wipefs"),
+            &format!(
+                "#!/bin/sh\nout=$({wipefs} \"$@\"); rc=$?\n\
+                 if [ -e {d}/inject ] && [ \"$1\" = --no-act ]; then\n\
+                 dev=$(cat {d}/inject); rm -f {d}/inject\n\
+                 {mkfs} -q -U {FOREIGN_UUID} \"$dev\" </dev/null >/dev/null 2>&1\nfi\n\
+                 printf '%s\\n' \"$out\"; exit $rc\n"
+            ),
+        );
+        Tools { dir }
+    }
+
+    /// The PATH to start the driver with.
+    pub fn path_env(&self) -> String {
+        format!(
+            "{}:{}",
+            self.dir.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    fn lines(&self, name: &str) -> Vec<u32> {
+        fs::read_to_string(self.dir.join(name))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    }
+
+    /// Pids of every mkfs.ext4 invocation by the driver, in order.
+    pub fn mkfs_calls(&self) -> Vec<u32> {
+        self.lines("mkfs.calls")
+    }
+
+    /// How many real mkfs.ext4 runs the driver started.
+    pub fn mkfs_runs(&self) -> usize {
+        self.lines("mkfs.runs").len()
+    }
+
+    /// Holds every mkfs.ext4 call before it runs until [`Tools::open_gate`].
+    pub fn close_gate(&self) {
+        fs::write(self.dir.join("gate"), "").unwrap();
+    }
+
+    pub fn open_gate(&self) {
+        let _ = fs::remove_file(self.dir.join("gate"));
+    }
+
+    /// The next `wipefs --no-act` writes a foreign ext4 on `dev` after it has answered.
+    pub fn inject_foreign_after_probe(&self, dev: &Path) {
+        fs::write(self.dir.join("inject"), dev.to_str().unwrap()).unwrap();
+    }
+}
+
+/// `blkid -p -o value -s <tag>` of a device, empty when absent.
+pub fn blkid_tag(dev: &Path, tag: &str) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", tag, dev.to_str().unwrap()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether a process has ended (gone, or a zombie waiting for its new parent).
+pub fn process_ended(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().unwrap().split_whitespace().next() == Some("Z"),
+    }
+}
+
+/// Whether every byte of the device reads back as zero.
+pub fn reads_back_zeros(dev: &Path) -> bool {
+    use std::io::Read;
+    let mut f = fs::File::open(dev).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return true;
+        }
+        if buf[..n].iter().any(|&b| b != 0) {
+            return false;
+        }
+    }
+}
