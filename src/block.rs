@@ -165,8 +165,16 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
     if let Some(m) = mountinfo::at(&mounts, staging) {
         if m.is_device(dev.major, dev.minor) && m.root == "/" {
             // Already staged (a retry, maybe after a crash right after mount): the options
-            // GDS needs are checked again, not assumed.
-            return verify_staged(driver, staging, fs).await;
+            // GDS needs are checked again, not assumed; a mount without them is taken down.
+            let verified = verify_staged(driver, staging, fs).await;
+            if verified.is_err() {
+                let id = vol.id.to_string();
+                let ours = |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| {
+                    m.is_device(dev.major, dev.minor)
+                };
+                unmount_ours(driver, "staging_target_path", staging, &id, ours).await?;
+            }
+            return verified;
         }
         return Err(Error::FailedPrecondition(format!(
             "staging path {} already has another filesystem mounted ({} {}); unmount it first",

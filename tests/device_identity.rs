@@ -31,6 +31,7 @@ fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
     CreateVolumeRequest {
         name: name.into(),
         volume_capabilities: vec![cap(Mode::SingleNodeWriter, block)],
+        parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
         ..Default::default()
     }
 }

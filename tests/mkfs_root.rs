@@ -42,6 +42,7 @@ async fn create(c: &mut Clients, name: &str, block: bool) -> String {
         .create_volume(CreateVolumeRequest {
             name: name.into(),
             volume_capabilities: vec![cap(block)],
+            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
             ..Default::default()
         })
         .await

@@ -51,6 +51,7 @@ async fn create(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
         .create_volume(CreateVolumeRequest {
             name: name.into(),
             volume_capabilities: vec![cap],
+            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
             ..Default::default()
         })
         .await

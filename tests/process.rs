@@ -177,6 +177,7 @@ async fn a_second_driver_on_one_state_dir_refuses_to_start() {
         .create_volume(CreateVolumeRequest {
             name: "a1".into(),
             volume_capabilities: vec![cap()],
+            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
             ..Default::default()
         })
         .await
