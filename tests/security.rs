@@ -870,6 +870,7 @@ async fn secrets_never_reach_the_log() {
                 name: name.clone(),
                 volume_capabilities: vec![rw()],
                 secrets: secrets(),
+                parameters: params(&[("gdsPolicy", "disabled")]),
                 ..Default::default()
             })
             .await

@@ -178,8 +178,9 @@ impl NodeService {
         if req.volume_path.is_empty() {
             return Err(Error::invalid("volume_path", "required"));
         }
-        let located = self.block_volume(&volume)?;
+        // The path first: a bad one is refused before the host is looked at.
         let path = &self.volume_path(&req.volume_id, &req.volume_path)?;
+        let located = self.block_volume(&volume)?;
         if !self.exists_beneath(path)? {
             return Err(Error::NotFound(format!(
                 "volume {} is not published or staged at {}",
