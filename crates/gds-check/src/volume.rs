@@ -151,8 +151,16 @@ pub fn volume_checks(paths: &HostPaths, backend: Backend, mount_point: &Path) ->
         ));
         return out;
     }
-    out.extend(block_checks(paths, backend, &sysdev));
+    let mut layers = Vec::new();
+    walk(paths, &sysdev, 0, &mut layers);
+    out.extend(block_checks(paths, backend, &layers));
     out.push(udev_check(paths, &m.majmin));
+    if let Some(md) = layers.iter().find_map(|l| match l {
+        Layer::Md(md) => Some(md),
+        _ => None,
+    }) {
+        out.push(md_udev_check(paths, &m.majmin, md));
+    }
     out
 }
 
@@ -298,12 +306,56 @@ fn denylist_check(
 enum Layer {
     Partition(String),
     Dm(String),
-    Md(String, String),
+    Md(MdArray),
     Nvme {
         name: String,
         transport: Option<String>,
     },
     Other(String),
+}
+
+/// An md array as sysfs shows it: `md/level` and one `slaves/<member>` link per member.
+#[derive(Debug)]
+struct MdArray {
+    name: String,
+    level: String,
+    members: Vec<MdMember>,
+}
+
+#[derive(Debug)]
+struct MdMember {
+    /// Kernel name (`nvme0n1`, `nvme0n1p1`).
+    name: String,
+    /// From the member's sysfs `dev` file: names its udev database entry.
+    majmin: Option<String>,
+    /// An NVMe namespace, or a partition of one.
+    nvme: bool,
+}
+
+fn md_members(dir: &Path) -> Vec<MdMember> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir.join("slaves"))
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v.iter()
+        .map(|p| {
+            let real = fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            let name = name_of(p);
+            let majmin = fs::read_to_string(real.join("dev"))
+                .ok()
+                .map(|s| s.trim().to_string());
+            let whole = if real.join("partition").exists() {
+                real.parent().map(name_of).unwrap_or_default()
+            } else {
+                name.clone()
+            };
+            MdMember {
+                nvme: is_nvme_namespace(&whole),
+                name,
+                majmin,
+            }
+        })
+        .collect()
 }
 
 fn name_of(p: &Path) -> String {
@@ -374,7 +426,11 @@ fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<Layer>) {
         slaves(out);
     } else if dir.join("md").is_dir() {
         let level = fs::read_to_string(dir.join("md/level")).unwrap_or_default();
-        out.push(Layer::Md(name, level.trim().to_string()));
+        out.push(Layer::Md(MdArray {
+            name,
+            level: level.trim().to_string(),
+            members: md_members(&dir),
+        }));
         slaves(out);
     } else if is_nvme_namespace(&name) {
         let transport = nvme_transport(paths, &dir, &name);
@@ -390,7 +446,7 @@ fn describe(layers: &[Layer]) -> String {
         .map(|l| match l {
             Layer::Partition(n) => format!("{n} (partition)"),
             Layer::Dm(n) => format!("{n} (device-mapper)"),
-            Layer::Md(n, lvl) => format!("{n} (md {lvl})"),
+            Layer::Md(md) => format!("{} (md {})", md.name, md.level),
             Layer::Nvme { name, transport } => format!(
                 "{name} (nvme, transport {})",
                 transport.as_deref().unwrap_or("unknown")
@@ -401,16 +457,14 @@ fn describe(layers: &[Layer]) -> String {
         .join(" -> ")
 }
 
-fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check> {
-    let mut layers = Vec::new();
-    walk(paths, sysdev, 0, &mut layers);
-    let stack = describe(&layers);
+fn block_checks(paths: &HostPaths, backend: Backend, layers: &[Layer]) -> Vec<Check> {
+    let stack = describe(layers);
     let mut out = Vec::new();
 
     let title = "block device stack supported";
     let dm = layers.iter().any(|l| matches!(l, Layer::Dm(_)));
     let bad_md = layers.iter().find_map(|l| match l {
-        Layer::Md(n, lvl) if lvl != "raid0" => Some(format!("{n} is {lvl}")),
+        Layer::Md(md) if md.level != "raid0" => Some(format!("{} is {}", md.name, md.level)),
         _ => None,
     });
     out.push(if dm {
@@ -525,7 +579,7 @@ fn block_checks(paths: &HostPaths, backend: Backend, sysdev: &Path) -> Vec<Check
         let mut bad: Vec<String> = layers
             .iter()
             .filter_map(|l| match l {
-                Layer::Md(n, lvl) => Some(format!("{n} is md {lvl}")),
+                Layer::Md(md) => Some(format!("{} is md {}", md.name, md.level)),
                 Layer::Nvme { name, transport } if transport.as_deref() != Some("pcie") => {
                     Some(format!(
                         "{name} is NVMe over {}",
@@ -597,4 +651,171 @@ fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
             }
         }
     }
+}
+
+/// The udev keys mdadm exports for one member (Detail.c, `--export`): `MD_DEVICE_<sysfs name>_DEV`
+/// with the sysfs name `dev-nvme0n1` made alphanumeric (`dev_nvme0n1`).
+fn md_member_dev_key(member: &str) -> String {
+    let sys: String = format!("dev-{member}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("MD_DEVICE_{sys}_DEV")
+}
+
+/// For a volume on md RAID: the array's udev entry must carry what libcufile reads to judge the
+/// RAID group, and each member must be an NVMe device udev knows.
+///
+/// Grounding:
+/// - NVIDIA, GDS Installation and Troubleshooting Guide, 5.15 "Adding udev Rules for RAID
+///   Volumes" (docs.nvidia.com/gpudirect-storage/troubleshooting-guide): change the line in
+///   `/lib/udev/rules.d/63-md-raid-arrays.rules` to
+///   `IMPORT{program}="/usr/sbin/mdadm --detail --export $devnode"`, then reboot or restart mdadm.
+///   GDS release notes: "RHEL 8.3 or later does not have default udev rules for detecting RAID
+///   members, which disables GDS on RAID volumes."
+/// - mdadm (md-raid-utilities/mdadm d1447022): udev-md-raid-arrays.rules:20 ships
+///   `mdadm --detail --no-devices --export` (commit 1a52f1fc, mdadm 4.1+); Detail.c:252-322
+///   prints MD_LEVEL, MD_DEVICES, MD_UUID always and `MD_DEVICE_<dev>_ROLE/_DEV` per member only
+///   without `--no-devices`. So the stock rule gives MD_LEVEL but no members.
+/// - libcufile 1.20.0.107 (PyPI wheel nvidia-cufile, `strings`): its udev helper reads
+///   `MD_LEVEL`, `MD_DEVICES` and `..._DEV` keys (`UDISKS_MD_DEVICE_` too) and logs "cannot
+///   verify RAID members, RAID group size empty", "RAID member not supported by cuFile in RAID
+///   group", "can't create udev device for RAID member", "cuFile support has been disabled for
+///   members in the RAID group". The source is closed; what it does with each key is inferred
+///   from these strings, not read.
+fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Check {
+    let id = "volume.md_udev";
+    let title = "udev database carries the md array's members (mdadm rule)";
+    let rule_remedy = format!(
+        "make mdadm's udev rule export the members, as NVIDIA's GDS troubleshooting guide says \
+         (\"Adding udev Rules for RAID Volumes\"): in 63-md-raid-arrays.rules use \
+         IMPORT{{program}}=\"/usr/sbin/mdadm --detail --export $devnode\" (no --no-devices; an \
+         edited copy in /etc/udev/rules.d/ overrides /lib/udev/rules.d/ and survives mdadm \
+         updates), then `udevadm trigger --action=change /dev/{}` (or reboot)",
+        md.name
+    );
+    let p = paths.udev_data_dir.join(format!("b{majmin}"));
+    let props = match fs::read_to_string(&p) {
+        Ok(t) => parse_udev_db(&t),
+        Err(e) => {
+            return Check::fail(
+                id,
+                title,
+                format!(
+                    "{}: {e}; cuFile finds no MD_LEVEL or members for {}",
+                    p.display(),
+                    md.name
+                ),
+                rule_remedy,
+            )
+        }
+    };
+    let mut missing = Vec::new();
+    let level = props.get("MD_LEVEL");
+    match level {
+        None => missing.push("MD_LEVEL (mdadm's rule did not run for the array)".to_string()),
+        Some(l) if *l != md.level => missing.push(format!(
+            "MD_LEVEL={l} but sysfs says {} (stale entry)",
+            md.level
+        )),
+        Some(_) => {}
+    }
+    let count = props.get("MD_DEVICES");
+    match count.map(|c| c.parse::<usize>()) {
+        None => missing.push("MD_DEVICES".into()),
+        Some(Ok(n)) if n == md.members.len() => {}
+        Some(_) => missing.push(format!(
+            "MD_DEVICES={} but sysfs lists {} member(s) (stale entry)",
+            count.map_or("", |s| s.as_str()),
+            md.members.len()
+        )),
+    }
+    let exported: Vec<&str> = props
+        .iter()
+        .filter(|(k, _)| k.starts_with("MD_DEVICE_") && k.ends_with("_DEV"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let no_members = exported.is_empty();
+    let mut unexported = Vec::new();
+    for mb in &md.members {
+        let key = md_member_dev_key(&mb.name);
+        let by_value = exported.iter().any(|v| {
+            Path::new(v)
+                .file_name()
+                .is_some_and(|n| n == mb.name.as_str())
+        });
+        if !props.contains_key(&key) && !by_value {
+            unexported.push(key);
+        }
+    }
+    if no_members {
+        missing.push(
+            "no MD_DEVICE_<member>_DEV keys: the rule runs `mdadm --detail --no-devices \
+             --export` (mdadm's default since 4.1), so cuFile cannot verify the RAID members"
+                .into(),
+        );
+    } else if !unexported.is_empty() {
+        missing.push(format!("{} (stale entry)", unexported.join(", ")));
+    }
+
+    // Each member, as cuFile checks it: an NVMe device that udev knows.
+    let mut member_problems = Vec::new();
+    let mut member_ev = Vec::new();
+    for mb in &md.members {
+        let entry = mb
+            .majmin
+            .as_ref()
+            .map(|mm| paths.udev_data_dir.join(format!("b{mm}")));
+        let known = entry.as_ref().is_some_and(|e| e.exists());
+        member_ev.push(format!(
+            "{} ({})",
+            mb.name,
+            mb.majmin.as_deref().unwrap_or("no dev")
+        ));
+        if !mb.nvme {
+            member_problems.push(format!(
+                "member {} is not an NVMe namespace: cuFile disables GDS for the whole RAID group",
+                mb.name
+            ));
+        }
+        if !known {
+            member_problems.push(format!(
+                "member {} has no udev entry ({})",
+                mb.name,
+                entry.map_or("no dev file in sysfs".into(), |e| e.display().to_string())
+            ));
+        }
+    }
+    if md.members.is_empty() {
+        member_problems.push(format!("{} has no members in sysfs (slaves/)", md.name));
+    }
+
+    let ev_ok = format!(
+        "{}: MD_LEVEL={} MD_DEVICES={}; members {}",
+        p.display(),
+        level.map_or("?", |s| s.as_str()),
+        count.map_or("?", |s| s.as_str()),
+        member_ev.join(", ")
+    );
+    if missing.is_empty() && member_problems.is_empty() {
+        return Check::pass(id, title, ev_ok);
+    }
+    let mut ev = vec![format!("{}: {}", p.display(), md.name)];
+    if !missing.is_empty() {
+        ev.push(format!("missing {}", missing.join("; ")));
+    }
+    ev.extend(member_problems.iter().cloned());
+    let mut remedy = Vec::new();
+    if !missing.is_empty() {
+        remedy.push(rule_remedy);
+    }
+    if member_problems.iter().any(|p| p.contains("not an NVMe")) {
+        remedy.push("build the RAID0 from NVMe namespaces (or their partitions) only".into());
+    }
+    if member_problems.iter().any(|p| p.contains("no udev entry")) {
+        remedy.push(
+            "run udevd on the node and `udevadm trigger --action=change` for the members".into(),
+        );
+    }
+    Check::fail(id, title, ev.join("; "), remedy.join("; "))
 }

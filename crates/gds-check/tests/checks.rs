@@ -75,6 +75,21 @@ impl Host {
             &format!("{base}{}\n", lines.join("\n")),
         )
     }
+    /// What mdadm's rule adds to an array's udev entry with `mdadm --detail --export` (Detail.c:
+    /// MD_LEVEL, MD_DEVICES, MD_METADATA, MD_UUID, then MD_DEVICE_<dev>_ROLE/_DEV per member).
+    fn md_rule_keys(&self, majmin: &str, level: &str, members: &[&str]) -> &Self {
+        let p = self.root.join(format!("run/udev/data/b{majmin}"));
+        let mut t = fs::read_to_string(&p).unwrap_or_default();
+        t += &format!(
+            "E:MD_LEVEL={level}\nE:MD_DEVICES={}\nE:MD_METADATA=1.2\nE:MD_UUID=4d8bea96:08136ba8:75029197:fe2e2a4b\n",
+            members.len()
+        );
+        for (i, m) in members.iter().enumerate() {
+            t += &format!("E:MD_DEVICE_dev_{m}_ROLE={i}\nE:MD_DEVICE_dev_{m}_DEV=/dev/{m}\n");
+        }
+        fs::write(p, t).unwrap();
+        self
+    }
     fn udev(&self, majmin: &str, usage: bool) -> &Self {
         let mut t = String::from("S:disk/by-id/nvme-eui.0025385b71b0a1b2-part1\n");
         if usage {
@@ -419,7 +434,9 @@ fn device_mapper_and_md() {
             "301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw",
             "302 29 9:1 / /mnt/md1 rw - xfs /dev/md1 rw",
         ])
-        .udev("9:0", true);
+        .udev("9:0", true)
+        .md_rule_keys("9:0", "raid0", &["nvme0n1"])
+        .udev("259:0", false);
     let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/lvm"));
     let s = get(&c, "volume.block_stack");
     assert_eq!(s.status, Status::Fail);
@@ -438,6 +455,143 @@ fn device_mapper_and_md() {
     );
     let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md1"));
     assert_eq!(get(&c, "volume.block_stack").status, Status::Fail);
+}
+
+/// Issue 17 #8: a volume on md RAID0 needs mdadm's udev rule to export the members (NVIDIA's
+/// "Adding udev Rules for RAID Volumes"); mdadm's stock rule runs `--no-devices`, so MD_LEVEL
+/// is there but no member is. ID_FS_USAGE alone is not enough.
+#[test]
+fn md_raid0_needs_the_members_in_its_udev_entry() {
+    let h = Host::new();
+    let ctrl = "sys/devices/pci0000:00/0000:00:01.0/nvme";
+    h.write("etc/cufile.json", CUFILE_OK)
+        .nvme_disk("pcie")
+        .write(&format!("{ctrl}/nvme1/transport"), "pcie\n")
+        .write(&format!("{ctrl}/nvme1/nvme1n1/dev"), "259:2\n")
+        .link(&format!("{ctrl}/nvme1/nvme1n1/device"), "..")
+        .write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+        .write("sys/devices/virtual/block/md0/dev", "9:0\n")
+        .link(
+            "sys/devices/virtual/block/md0/slaves/nvme0n1",
+            "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1",
+        )
+        .link(
+            "sys/devices/virtual/block/md0/slaves/nvme1n1",
+            "../../../../pci0000:00/0000:00:01.0/nvme/nvme1/nvme1n1",
+        )
+        .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+        .mountinfo(&["301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw"])
+        .udev("259:0", false)
+        .udev("259:2", false);
+    let md_check = |h: &Host| {
+        let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
+        (get(&c, "volume.md_udev").clone(), Report::new(c).ready())
+    };
+
+    // blkid's keys only (what the stock rules give after `--no-devices`, minus MD_*): refused.
+    h.udev("9:0", true);
+    let (c, ready) = md_check(&h);
+    assert_eq!(c.status, Status::Fail, "{c:#?}");
+    assert!(!ready);
+    assert!(c.evidence.contains("MD_LEVEL"), "{}", c.evidence);
+    assert!(
+        c.remedy
+            .as_deref()
+            .unwrap_or("")
+            .contains("mdadm --detail --export"),
+        "{:?}",
+        c.remedy
+    );
+    assert!(
+        c.remedy
+            .as_deref()
+            .unwrap_or("")
+            .contains("udevadm trigger"),
+        "{:?}",
+        c.remedy
+    );
+
+    // mdadm's stock rule (`--detail --no-devices --export`): level and count, no members.
+    let p = h.root.join("run/udev/data/b9:0");
+    let blkid_only = fs::read_to_string(&p).unwrap();
+    fs::write(
+        &p,
+        format!("{blkid_only}E:MD_LEVEL=raid0\nE:MD_DEVICES=2\nE:MD_METADATA=1.2\n"),
+    )
+    .unwrap();
+    let (c, ready) = md_check(&h);
+    assert_eq!(c.status, Status::Fail, "{c:#?}");
+    assert!(!ready);
+    assert!(c.evidence.contains("--no-devices"), "{}", c.evidence);
+
+    // NVIDIA's rule: the members are exported; both are NVMe and known to udev.
+    fs::write(&p, &blkid_only).unwrap();
+    h.md_rule_keys("9:0", "raid0", &["nvme0n1", "nvme1n1"]);
+    let (c, ready) = md_check(&h);
+    assert_eq!(c.status, Status::Pass, "{c:#?}");
+    assert!(ready);
+    assert!(
+        c.evidence.contains("nvme0n1 (259:0), nvme1n1 (259:2)"),
+        "{}",
+        c.evidence
+    );
+
+    // A member without its own udev entry is named.
+    fs::remove_file(h.root.join("run/udev/data/b259:2")).unwrap();
+    let (c, _) = md_check(&h);
+    assert_eq!(c.status, Status::Fail, "{c:#?}");
+    assert!(
+        c.evidence.contains("member nvme1n1 has no udev entry"),
+        "{}",
+        c.evidence
+    );
+    assert!(
+        !c.remedy.as_deref().unwrap_or("").contains("mdadm --detail"),
+        "{:?}",
+        c.remedy
+    );
+    h.udev("259:2", false);
+
+    // A stale entry (a member added after the last udev event) names the missing key.
+    fs::write(&p, &blkid_only).unwrap();
+    h.md_rule_keys("9:0", "raid0", &["nvme0n1"]);
+    let (c, _) = md_check(&h);
+    assert_eq!(c.status, Status::Fail, "{c:#?}");
+    assert!(
+        c.evidence.contains("MD_DEVICE_dev_nvme1n1_DEV"),
+        "{}",
+        c.evidence
+    );
+
+    // A member that is not NVMe (a SATA disk) disables GDS for the whole group in cuFile.
+    h.write("sys/devices/pci0000:00/0000:00:17.0/ata1/sda/dev", "8:0\n")
+        .link(
+            "sys/devices/virtual/block/md0/slaves/sda",
+            "../../../../pci0000:00/0000:00:17.0/ata1/sda",
+        )
+        .udev("8:0", false);
+    fs::write(&p, &blkid_only).unwrap();
+    h.md_rule_keys("9:0", "raid0", &["nvme0n1", "nvme1n1", "sda"]);
+    let (c, _) = md_check(&h);
+    assert_eq!(c.status, Status::Fail, "{c:#?}");
+    assert!(
+        c.evidence.contains("member sda is not an NVMe namespace"),
+        "{}",
+        c.evidence
+    );
+    assert!(
+        c.remedy
+            .as_deref()
+            .unwrap_or("")
+            .contains("NVMe namespaces"),
+        "{:?}",
+        c.remedy
+    );
+
+    // Not md: no such check.
+    h.mountinfo(&["302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw"]);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    assert!(c.iter().all(|c| c.id != "volume.md_udev"), "{c:#?}");
 }
 
 #[test]
