@@ -617,6 +617,48 @@ pub mod fixture {
             self
         }
 
+        /// md RAID0 `md0` (dev 9:0) over the PCIe namespaces `nvme0n1` (259:0) and `nvme1n1`
+        /// (259:2), ext4 mounted at `mount_point` with `data=ordered`; every device has its udev
+        /// entry. `rule`: the array's entry carries the members as NVIDIA's udev rule for RAID
+        /// volumes exports them (`mdadm --detail --export`); else what mdadm's stock rule gives
+        /// (`--no-devices`: level and count, no members).
+        pub fn md_volume(&self, mount_point: &Path, rule: bool) -> &Self {
+            let pci = "sys/devices/pci0000:00/0000:00:01.0/nvme";
+            for (ctrl, ns, dev) in [("nvme0", "nvme0n1", "259:0"), ("nvme1", "nvme1n1", "259:2")] {
+                self.write(&format!("{pci}/{ctrl}/transport"), "pcie\n")
+                    .write(&format!("{pci}/{ctrl}/{ns}/dev"), &format!("{dev}\n"))
+                    .link(&format!("{pci}/{ctrl}/{ns}/device"), "..")
+                    .link(
+                        &format!("sys/dev/block/{dev}"),
+                        &format!("../../devices/pci0000:00/0000:00:01.0/nvme/{ctrl}/{ns}"),
+                    )
+                    .link(
+                        &format!("sys/devices/virtual/block/md0/slaves/{ns}"),
+                        &format!("../../../../pci0000:00/0000:00:01.0/nvme/{ctrl}/{ns}"),
+                    )
+                    .write(
+                        &format!("run/udev/data/b{dev}"),
+                        "E:ID_FS_TYPE=linux_raid_member\nE:ID_FS_USAGE=raid\n",
+                    );
+            }
+            let mut entry = String::from(
+                "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\nE:MD_LEVEL=raid0\nE:MD_DEVICES=2\n\
+                 E:MD_METADATA=1.2\nE:MD_UUID=4d8bea96:08136ba8:75029197:fe2e2a4b\n",
+            );
+            if rule {
+                entry += "E:MD_DEVICE_dev_nvme0n1_ROLE=0\nE:MD_DEVICE_dev_nvme0n1_DEV=/dev/nvme0n1\n\
+                          E:MD_DEVICE_dev_nvme1n1_ROLE=1\nE:MD_DEVICE_dev_nvme1n1_DEV=/dev/nvme1n1\n";
+            }
+            self.write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+                .write("sys/devices/virtual/block/md0/dev", "9:0\n")
+                .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+                .write("run/udev/data/b9:0", &entry)
+                .mountinfo(&format!(
+                    "100 29 9:0 / {} rw,relatime shared:50 - ext4 /dev/md0 rw,data=ordered",
+                    mount_point.display()
+                ))
+        }
+
         pub fn mountinfo(&self, line: &str) -> &Self {
             self.write(
                 "proc/self/mountinfo",

@@ -736,6 +736,9 @@ struct NodeState {
     cufile_json: &'static str,
     /// The volume is an NVMe namespace (else a loop device).
     nvme: bool,
+    /// Some: the volume is md RAID0 over two namespaces instead; whether the udev rule for RAID
+    /// volumes exported its members.
+    md_rule: Option<bool>,
     udev: bool,
     /// Extra fixture files (path, text).
     extra: &'static [(&'static str, &'static str)],
@@ -768,6 +771,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: gds,
             nvme: true,
             udev: true,
+            md_rule: None,
             extra: &[],
             env: &[("FAKE_CUFILE_DSTATUS", "16")],
             gds_dev: true,
@@ -779,6 +783,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: gds,
             nvme: true,
             udev: true,
+            md_rule: None,
             extra: &[],
             env: &[],
             gds_dev: false,
@@ -790,6 +795,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: CUFILE_P2P,
             nvme: true,
             udev: true,
+            md_rule: None,
             extra: &[
                 (
                     "proc/sys/kernel/osrelease",
@@ -817,6 +823,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: CUFILE_FORCE,
             nvme: true,
             udev: true,
+            md_rule: None,
             extra: &[],
             env: &[],
             gds_dev: false,
@@ -828,6 +835,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: deny,
             nvme: true,
             udev: true,
+            md_rule: None,
             extra: &[],
             env: &[
                 ("FAKE_CUFILE_DSTATUS", "16"),
@@ -842,6 +850,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: gds,
             nvme: false,
             udev: true,
+            md_rule: None,
             extra: &[],
             // The driver advertises NVMe; only the per-file strict probe tells.
             env: &[("FAKE_CUFILE_DSTATUS", "16")],
@@ -854,6 +863,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             cufile_json: gds,
             nvme: true,
             udev: false,
+            md_rule: None,
             extra: &[],
             env: &[
                 ("FAKE_CUFILE_DSTATUS", "16"),
@@ -861,6 +871,32 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             ],
             gds_dev: true,
             refused: Some(&["volume.udev", "cufile.probe"]),
+        },
+        // Issue 17 #8. mdadm's stock rule exports no members (`--no-devices`); libcufile then
+        // cannot verify the RAID group and leaves it to compat mode.
+        NodeState {
+            name: "md RAID0 without the udev rule for RAID volumes",
+            nvfs: Some(&["nvme"]),
+            cufile_json: gds,
+            nvme: true,
+            udev: true,
+            md_rule: Some(false),
+            extra: &[],
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: false,
+            refused: Some(&["volume.md_udev", "cufile.probe"]),
+        },
+        NodeState {
+            name: "md RAID0 with the udev rule for RAID volumes",
+            nvfs: Some(&["nvme"]),
+            cufile_json: gds,
+            nvme: true,
+            udev: true,
+            md_rule: Some(true),
+            extra: &[],
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: None,
         },
     ]
 }
@@ -876,7 +912,9 @@ fn lay_out(
         nvfs_double::NvfsDouble::start(&tree.root, regs, 1, false)
             .unwrap_or_else(|e| panic!("nvidia-fs double needs fanotify (root): {e}"))
     });
-    if st.nvme {
+    if let Some(rule) = st.md_rule {
+        tree.md_volume(vol, rule);
+    } else if st.nvme {
         tree.nvme_volume(vol, st.udev);
     } else {
         tree.write(
