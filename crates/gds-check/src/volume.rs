@@ -668,15 +668,15 @@ fn md_member_dev_key(member: &str) -> String {
 ///
 /// Grounding:
 /// - NVIDIA, GDS Installation and Troubleshooting Guide, 5.15 "Adding udev Rules for RAID
-///   Volumes" (docs.nvidia.com/gpudirect-storage/troubleshooting-guide): change the line in
-///   `/lib/udev/rules.d/63-md-raid-arrays.rules` to
+///   Volumes" (docs.nvidia.com/gpudirect-storage/troubleshooting-guide, read from a stored copy
+///   of the page): change the line in `/lib/udev/rules.d/63-md-raid-arrays.rules` to
 ///   `IMPORT{program}="/usr/sbin/mdadm --detail --export $devnode"`, then reboot or restart mdadm.
 ///   GDS release notes: "RHEL 8.3 or later does not have default udev rules for detecting RAID
 ///   members, which disables GDS on RAID volumes."
 /// - mdadm (md-raid-utilities/mdadm d1447022): udev-md-raid-arrays.rules:20 ships
-///   `mdadm --detail --no-devices --export` (commit 1a52f1fc, mdadm 4.1+); Detail.c:252-322
-///   prints MD_LEVEL, MD_DEVICES, MD_UUID always and `MD_DEVICE_<dev>_ROLE/_DEV` per member only
-///   without `--no-devices`. So the stock rule gives MD_LEVEL but no members.
+///   `mdadm --detail --no-devices --export` (commit 1a52f1fc, first released in mdadm 4.2);
+///   Detail.c:252-322 prints MD_LEVEL, MD_DEVICES, MD_UUID always and `MD_DEVICE_<dev>_ROLE/_DEV`
+///   per member only without `--no-devices`. So the stock rule gives MD_LEVEL but no members.
 /// - libcufile 1.20.0.107 (PyPI wheel nvidia-cufile, `strings`): its udev helper reads
 ///   `MD_LEVEL`, `MD_DEVICES` and `..._DEV` keys (`UDISKS_MD_DEVICE_` too) and logs "cannot
 ///   verify RAID members, RAID group size empty", "RAID member not supported by cuFile in RAID
@@ -751,7 +751,7 @@ fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Check {
     if no_members {
         missing.push(
             "no MD_DEVICE_<member>_DEV keys: the rule runs `mdadm --detail --no-devices \
-             --export` (mdadm's default since 4.1), so cuFile cannot verify the RAID members"
+             --export` (mdadm's default since 4.2), so cuFile cannot verify the RAID members"
                 .into(),
         );
     } else if !unexported.is_empty() {
