@@ -750,7 +750,7 @@ fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Check {
     }
     if no_members {
         missing.push(
-            "no MD_DEVICE_<member>_DEV keys: the rule runs `mdadm --detail --no-devices \
+            "every MD_DEVICE_<member>_DEV key: the rule runs `mdadm --detail --no-devices \
              --export` (mdadm's default since 4.2), so cuFile cannot verify the RAID members"
                 .into(),
         );
