@@ -53,15 +53,37 @@ pub fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Set by scripts/test.sh: there a test that cannot run (no root, no block device, no C
+/// compiler) is a failure, not a skip that reports ok.
+pub const NO_SKIP_ENV: &str = "GDS_CSI_NO_SKIP";
+
+/// Reports a skip, or fails the test under `GDS_CSI_NO_SKIP=1`.
+pub fn skip(reason: &str) {
+    if std::env::var_os(NO_SKIP_ENV).is_some_and(|v| v == "1") {
+        panic!("{reason}, and {NO_SKIP_ENV}=1 turns this skip into a failure");
+    }
+    eprintln!("skipped: {reason}");
+}
+
+/// Whether we are root; without root the callers skip, so this reports the skip (or, under
+/// `GDS_CSI_NO_SKIP=1`, fails the test) itself.
 pub fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
+    let root = nix::unistd::Uid::effective().is_root();
+    if !root {
+        skip("needs root for loop devices and mounts");
+    }
+    root
 }
 
 impl Rig {
     /// `None` (and a skip notice) without root.
     pub fn new(devices: usize) -> Option<Rig> {
+        Rig::with_size(devices, SIZE)
+    }
+
+    /// Like `new`, with loop devices of `size` bytes (sparse backing files).
+    pub fn with_size(devices: usize, size: u64) -> Option<Rig> {
         if !is_root() {
-            eprintln!("skipped: needs root for loop devices and mounts");
             return None;
         }
         let dir = tempfile::Builder::new()
@@ -71,7 +93,7 @@ impl Rig {
         let mut loops = Vec::new();
         for i in 0..devices {
             let img = dir.path().join(format!("dev{i}.img"));
-            fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
+            fs::File::create(&img).unwrap().set_len(size).unwrap();
             loops.push(PathBuf::from(run(
                 "losetup",
                 &["--find", "--show", img.to_str().unwrap()],
