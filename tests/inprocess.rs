@@ -185,13 +185,12 @@ async fn harness(namespaces: usize) -> Harness {
 
 /// One fixture NVMe namespace per size, `nvme{i}n1` with wwid `nvme.1b36-fixture-{i:04}`.
 async fn harness_sized(sizes: &[u64]) -> Harness {
-    let namespaces = sizes.len();
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
     let dev = dir.path().join("dev");
     let mut devnums = HashMap::new();
     let mut devices = Vec::new();
-    for i in 0..namespaces {
+    for (i, size) in sizes.iter().enumerate() {
         let name = format!("nvme{i}n1");
         let ns = sys.join("block").join(&name);
         std::fs::create_dir_all(ns.join("holders")).unwrap();
@@ -199,7 +198,7 @@ async fn harness_sized(sizes: &[u64]) -> Harness {
         std::fs::write(ns.join("dev"), format!("259:{i}\n")).unwrap();
         let by_dev = sys.join(format!("dev/block/259:{i}"));
         std::fs::create_dir_all(&by_dev).unwrap();
-        std::fs::write(by_dev.join("size"), format!("{}\n", sizes[i] / 512)).unwrap();
+        std::fs::write(by_dev.join("size"), format!("{}\n", size / 512)).unwrap();
         devnums.insert(dev.join(&name), (259, i as u32));
         devices.push(dev.join(&name));
     }
