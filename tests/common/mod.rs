@@ -211,7 +211,7 @@ impl Drop for Rig {
         let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter_map(|l| l.split(' ').nth(4).map(unescape_mountinfo))
             .filter(|m| m.starts_with(&prefix))
             .collect();
         mounts.sort();
@@ -222,6 +222,28 @@ impl Drop for Rig {
             let _ = Command::new("losetup").arg("-d").arg(dev).status();
         }
     }
+}
+
+/// A mountinfo path field as the path it names: the kernel writes space, tab, newline and
+/// backslash as `\040`, `\011`, `\012`, `\134` (fs/proc_namespace.c, show_mountinfo ->
+/// seq_path_root(..., " \t\n\\")), so a path holding them cannot be unmounted by its field.
+pub fn unescape_mountinfo(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub fn killed_by_sigkill(status: &ExitStatus) -> bool {
@@ -243,7 +265,7 @@ pub fn mounts_at(path: &Path) -> usize {
     fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        .filter(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(p.as_str()))
         .count()
 }
 
