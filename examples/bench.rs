@@ -147,7 +147,8 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Nearest-rank percentile of durations in ms.
+/// Nearest-rank percentile of durations in ms: the sample at rank ceil(p/100 x n). For
+/// p99 of fewer than 100 samples that is the maximum (25 samples: rank 25 of 25).
 fn pct(samples: &[Duration], p: f64) -> f64 {
     let mut v: Vec<f64> = samples.iter().map(|d| ms(*d)).collect();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -155,15 +156,20 @@ fn pct(samples: &[Duration], p: f64) -> f64 {
     v[rank.min(v.len()) - 1]
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
+/// VmRSS of `pid` in KiB. A failed read (the driver died, no such field) is an error: a 0
+/// here would read as "met" against every RSS target.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("driver RSS: reading {path}: {e}"))?;
+    parse_rss_kib(&text).ok_or_else(|| format!("driver RSS: no VmRSS line in {path}").into())
+}
+
+fn parse_rss_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 fn mib(kib: u64) -> String {
@@ -333,15 +339,16 @@ async fn storm(c: &mut Clients, work: &Path, pid: u32, n: usize, t: &mut Table) 
     for i in 0..n {
         vols.push(create(c, work, &format!("storm-{i}"), range, "ext4").await?);
     }
-    let peak = Arc::new(AtomicU64::new(rss_kib(pid)));
+    let peak = Arc::new(AtomicU64::new(rss_kib(pid)?));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (peak, stop) = (Arc::clone(&peak), Arc::clone(&stop));
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                peak.fetch_max(rss_kib(pid)?, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         })
     };
     let wall = Instant::now();
@@ -361,13 +368,13 @@ async fn storm(c: &mut Clients, work: &Path, pid: u32, n: usize, t: &mut Table) 
     }
     let wall = wall.elapsed();
     stop.store(true, Ordering::Relaxed);
-    sampler.await?;
+    sampler.await??;
     let during = peak.load(Ordering::Relaxed);
     for v in &vols {
         teardown(c, v).await?;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib(pid);
+    let after = rss_kib(pid)?;
 
     let ratio = wall.as_secs_f64() / serial_sum.as_secs_f64();
     let (p50, p99) = (pct(&each, 50.0), pct(&each, 99.0));
@@ -486,7 +493,7 @@ async fn main() -> Result<()> {
     let mut c = Clients::connect(&socket).await?;
     let mut t = Table(Vec::new());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = rss_kib(pid);
+    let idle = rss_kib(pid)?;
     t.row(
         "c. node plugin RSS, idle (pool scanned)",
         mib(idle),
@@ -524,7 +531,29 @@ async fn main() -> Result<()> {
         eprintln!("bench: e. O_DIRECT reads");
         reads(&mut c, &work, &mut t).await?;
     }
-    t.row("c. node plugin RSS, at the end", mib(rss_kib(pid)), "", "");
+    t.row("c. node plugin RSS, at the end", mib(rss_kib(pid)?), "", "");
     t.print();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_of_25_samples_is_the_maximum() {
+        let samples: Vec<Duration> = (1..=25).map(Duration::from_millis).collect();
+        assert_eq!(pct(&samples, 99.0), 25.0);
+        assert_eq!(pct(&samples, 50.0), 13.0);
+        let hundred: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(pct(&hundred, 99.0), 99.0);
+    }
+
+    #[test]
+    fn a_failed_rss_read_is_an_error_not_zero() {
+        assert_eq!(parse_rss_kib("Name:\tx\nVmRSS:\t  6860 kB\n"), Some(6860));
+        assert_eq!(parse_rss_kib("Name:\tx\n"), None);
+        assert!(rss_kib(u32::MAX).is_err());
+        assert!(rss_kib(std::process::id()).unwrap() > 0);
+    }
 }

@@ -222,6 +222,19 @@ impl Rig {
     }
 }
 
+/// The device id docs/design.md ("Volume ids") documents for an NVMe namespace: `nvme-` and
+/// the first 16 hex digits of SHA-256 over `wwid:<wwid>`. Computed here from the documented
+/// rule, not by the driver's own function, so a changed derivation cannot pass unnoticed.
+fn documented_nvme_id(wwid: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("wwid:{wwid}").as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("nvme-{hex}")
+}
+
+/// The worked example of docs/design.md, so the rule above is the documented one.
+const DOCUMENTED_EXAMPLE: (&str, &str) = ("nvme.1b36-fixture-0000", "nvme-7320841ec6c40aae");
+
 /// `/dev/nvmeXnY` of the namespace whose device id the volume id carries.
 fn namespace_of(volume_id: &str) -> Result<(String, String)> {
     let dev_id = volume_id.split(':').nth(1).ok_or("not a block volume id")?;
@@ -232,7 +245,7 @@ fn namespace_of(volume_id: &str) -> Result<(String, String)> {
         }
         let wwid = std::fs::read_to_string(format!("/sys/block/{name}/wwid"))?;
         let wwid = wwid.trim();
-        if gds_csi::pool::inventory::device_id("nvme", &format!("wwid:{wwid}")) == dev_id {
+        if documented_nvme_id(wwid) == dev_id {
             return Ok((format!("/dev/{name}"), wwid.to_owned()));
         }
     }
@@ -240,6 +253,11 @@ fn namespace_of(volume_id: &str) -> Result<(String, String)> {
 }
 
 fn s_wwid(a: &Vol) -> Result<String> {
+    let (wwid, id) = DOCUMENTED_EXAMPLE;
+    ensure(
+        documented_nvme_id(wwid) == id,
+        "the scenario's id rule is not the documented one",
+    )?;
     let (dev, wwid) = namespace_of(&a.id)?;
     let size = sh(&format!("blockdev --getsize64 {dev}"))?;
     Ok(format!("{} -> {dev} (wwid {wwid}, {size} bytes)", a.id))
@@ -259,14 +277,23 @@ async fn s_data_ordered(r: &mut Rig, a: &Vol) -> Result<String> {
     Ok(format!("{fs} {src} {opts}"))
 }
 
+/// What s_restage writes on the block volume, and s_restart reads back.
+const BLOCK_FILE: &str = "data.bin";
+fn block_payload() -> String {
+    (0..4096)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect()
+}
+/// What s_nfs writes on the NFS volume.
+const NFS_FILE: &str = "hello.txt";
+const NFS_PAYLOAD: &str = "over rdma\n";
+
 async fn s_restage(r: &mut Rig, a: &Vol) -> Result<String> {
     let (dev, _) = namespace_of(&a.id)?;
     r.publish(a).await?;
     let uuid_before = sh(&format!("blkid -p -o value -s UUID {dev}"))?;
-    let payload: String = (0..4096)
-        .map(|i| char::from(b'a' + (i % 26) as u8))
-        .collect();
-    let file = a.target.join("data.bin");
+    let payload = block_payload();
+    let file = a.target.join(BLOCK_FILE);
     std::fs::write(&file, &payload)?;
     sh(&format!("sync -f {}", file.display()))?;
     r.unpublish(a).await?;
@@ -333,12 +360,12 @@ async fn s_nfs(r: &mut Rig, n: &Vol) -> Result<String> {
         )?;
     }
     r.publish(n).await?;
-    let file = n.target.join("hello.txt");
-    std::fs::write(&file, "over rdma\n")?;
+    let file = n.target.join(NFS_FILE);
+    std::fs::write(&file, NFS_PAYLOAD)?;
     let dir = n.ctx.get("dir").ok_or("no dir in the volume context")?;
-    let server_side = r.export_dir.join(dir).join("hello.txt");
+    let server_side = r.export_dir.join(dir).join(NFS_FILE);
     let seen = std::fs::read_to_string(&server_side)?;
-    ensure(seen == "over rdma\n", "the server does not see the file")?;
+    ensure(seen == NFS_PAYLOAD, "the server does not see the file")?;
     let opts: Vec<&str> = opts
         .split(',')
         .filter(|o| o.starts_with("proto=") || o.starts_with("port=") || o.starts_with("vers="))
@@ -350,24 +377,39 @@ async fn s_nfs(r: &mut Rig, n: &Vol) -> Result<String> {
     ))
 }
 
-async fn s_restart(r: &mut Rig, vols: &[&Vol]) -> Result<String> {
+/// `vols`: each published volume with a file written on it before the kill and its content.
+async fn s_restart(r: &mut Rig, vols: &[(&Vol, &str, String)]) -> Result<String> {
     r.helper("restart-driver")?;
     r.c = Clients::connect(&r.socket).await?;
     let mut checked = 0;
-    for v in vols {
-        // The published mounts outlived the driver.
+    let read_back = |v: &Vol, file: &str, want: &str, when: &str| -> Result<()> {
+        let got = std::fs::read(v.target.join(file))
+            .map_err(|e| format!("{}: {file} unreadable {when}: {e}", v.id))?;
+        ensure(
+            got == want.as_bytes(),
+            format!(
+                "{}: {file} differs {when} ({} bytes, want {})",
+                v.id,
+                got.len(),
+                want.len()
+            ),
+        )
+    };
+    for (v, file, want) in vols {
+        // The published mounts outlived the driver, with their data.
         ensure(
             mountinfo(&v.target).is_some(),
             format!("{} unpublished", v.id),
         )?;
-        let files: Vec<_> = std::fs::read_dir(&v.target)?.collect();
-        ensure(!files.is_empty(), format!("{} target empty", v.id))?;
+        read_back(v, file, want, "after the restart")?;
         for _ in 0..3 {
             r.stage(v).await?;
             r.publish(v).await?;
         }
+        read_back(v, file, want, "after repeated stage/publish")?;
         checked += 1;
     }
+    let vols: Vec<&Vol> = vols.iter().map(|(v, _, _)| *v).collect();
     let a = r
         .create("vm-a", &[], 90 * MIB, 0, cap(Mode::SingleNodeWriter))
         .await?;
@@ -385,14 +427,15 @@ async fn s_restart(r: &mut Rig, vols: &[&Vol]) -> Result<String> {
         .iter()
         .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone()))
         .collect();
-    for v in vols {
+    for v in &vols {
         ensure(ids.contains(&v.id), format!("{} not listed", v.id))?;
     }
     let mkfs = r.mkfs_count(&vols[0].id);
     ensure(mkfs == 1, format!("mkfs ran {mkfs} times"))?;
     Ok(format!(
-        "SIGKILL + restart: {checked} published volumes still mounted and readable, stage/publish \
-         repeated 3x OK, CreateVolume same id, ListVolumes lists them, mkfs still once"
+        "SIGKILL + restart: {checked} published volumes still mounted, their files read back \
+         byte for byte before and after stage/publish repeated 3x, CreateVolume same id, \
+         ListVolumes lists them, mkfs still once"
     ))
 }
 
@@ -505,7 +548,11 @@ async fn main() -> Result<()> {
         &mut failed,
     );
 
-    let res = s_restart(&mut r, &[&a, &n]).await;
+    let expected = [
+        (&a, BLOCK_FILE, block_payload()),
+        (&n, NFS_FILE, NFS_PAYLOAD.to_owned()),
+    ];
+    let res = s_restart(&mut r, &expected).await;
     report("driver SIGKILLed and restarted", res, &mut failed);
 
     // Dead server: the first NFS volume is taken down first (its mount would hang).

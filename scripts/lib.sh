@@ -27,6 +27,9 @@ install_host_tools() {
   command -v bc >/dev/null || missing+=(bc)
   command -v openssl >/dev/null || missing+=(openssl)
   command -v shellcheck >/dev/null || missing+=(shellcheck)
+  command -v python3 >/dev/null || missing+=(python3)
+  # tests/helm.sh's structural checks parse the rendered YAML.
+  python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

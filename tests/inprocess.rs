@@ -36,6 +36,8 @@ struct FakeHost {
     devnums: HashMap<PathBuf, (u32, u32)>,
     /// mkfs on these devices waits for a permit: a hung mkfs on demand.
     hang_mkfs: Mutex<HashMap<PathBuf, Arc<Semaphore>>>,
+    /// The low-level probe of these devices fails (an I/O error, a timeout).
+    probe_fails: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeHost {
@@ -87,6 +89,13 @@ impl Host for FakeHost {
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("probe {}", device.display()));
+        if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
+            // What RealHost's probe_failed returns (src/os/host.rs).
+            return Err(gds_csi::error::Error::FailedPrecondition(format!(
+                "signature probe of {} failed (I/O error, test double)",
+                device.display()
+            )));
+        }
         Ok(s.signatures.get(device).cloned().unwrap_or_default())
     }
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
@@ -189,12 +198,17 @@ struct Harness {
 const DEV_SIZE: u64 = 1 << 30;
 
 async fn harness(namespaces: usize) -> Harness {
+    harness_sized(&vec![DEV_SIZE; namespaces]).await
+}
+
+/// One fixture NVMe namespace per size, `nvme{i}n1` with wwid `nvme.1b36-fixture-{i:04}`.
+async fn harness_sized(sizes: &[u64]) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
     let dev = dir.path().join("dev");
     let mut devnums = HashMap::new();
     let mut devices = Vec::new();
-    for i in 0..namespaces {
+    for (i, size) in sizes.iter().enumerate() {
         let name = format!("nvme{i}n1");
         let ns = sys.join("block").join(&name);
         std::fs::create_dir_all(ns.join("holders")).unwrap();
@@ -202,7 +216,7 @@ async fn harness(namespaces: usize) -> Harness {
         std::fs::write(ns.join("dev"), format!("259:{i}\n")).unwrap();
         let by_dev = sys.join(format!("dev/block/259:{i}"));
         std::fs::create_dir_all(&by_dev).unwrap();
-        std::fs::write(by_dev.join("size"), format!("{}\n", DEV_SIZE / 512)).unwrap();
+        std::fs::write(by_dev.join("size"), format!("{}\n", size / 512)).unwrap();
         devnums.insert(dev.join(&name), (259, i as u32));
         devices.push(dev.join(&name));
     }
@@ -210,6 +224,7 @@ async fn harness(namespaces: usize) -> Harness {
         state: Mutex::default(),
         devnums,
         hang_mkfs: Mutex::default(),
+        probe_fails: Mutex::default(),
     });
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
@@ -433,4 +448,210 @@ async fn racing_stages_of_one_volume_mount_once_and_foreign_devices_never_see_mk
     );
     assert_eq!(h.host.calls("mkfs"), 1, "no mkfs on the foreign device");
     assert_eq!(h.host.mounts_at(&h.staging("w")), 0);
+}
+
+/// The documented device id (docs/design.md, "Volume ids"): `nvme-` and the first 16 hex
+/// digits of SHA-256 over `wwid:<wwid>`, i.e.
+/// `printf 'wwid:%s' nvme.1b36-fixture-0000 | sha256sum | cut -c1-16`. Hard-coded, so a
+/// change of the derivation (which would orphan every volume after an upgrade) fails here.
+const FIXTURE_DEVICE_IDS: [&str; 3] = [
+    "nvme-7320841ec6c40aae",
+    "nvme-51bec0f7bb4d8e85",
+    "nvme-9cb52707f5470ec4",
+];
+
+impl Harness {
+    async fn create_sized(
+        &self,
+        name: &str,
+        required: i64,
+    ) -> std::result::Result<Volume, tonic::Status> {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![cap()],
+            capacity_range: Some(CapacityRange {
+                required_bytes: required,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        Ok(self
+            .clients
+            .controller
+            .clone()
+            .create_volume(req)
+            .await?
+            .into_inner()
+            .volume
+            .unwrap())
+    }
+    async fn delete(&self, id: &str) -> std::result::Result<(), tonic::Status> {
+        self.clients
+            .controller
+            .clone()
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+    async fn listed(&self) -> Vec<String> {
+        self.clients
+            .controller
+            .clone()
+            .list_volumes(ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .into_iter()
+            .filter_map(|e| e.volume.map(|v| v.volume_id))
+            .collect()
+    }
+}
+
+/// The device part of `blk:<device-id>:<allocation>:<node-id>`.
+fn device_part(volume_id: &str) -> &str {
+    volume_id.split(':').nth(1).unwrap()
+}
+
+#[tokio::test]
+async fn volume_ids_carry_the_documented_wwid_device_id() {
+    let h = harness(1).await;
+    let v = h.create("pinned").await.unwrap();
+    let parts: Vec<&str> = v.volume_id.split(':').collect();
+    assert_eq!(parts.len(), 4, "{}", v.volume_id);
+    assert_eq!(parts[0], "blk");
+    assert_eq!(parts[1], FIXTURE_DEVICE_IDS[0], "{}", v.volume_id);
+    assert_eq!(parts[2].len(), 8, "allocation: 8 hex digits");
+    assert!(parts[2].chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(parts[3], "node-a");
+}
+
+#[tokio::test]
+async fn create_volume_picks_the_smallest_device_that_fits() {
+    const GIB: u64 = 1 << 30;
+    // Listed out of size order, so neither sysfs order nor naming can pass for smallest-fit.
+    let h = harness_sized(&[4 * GIB, GIB, 2 * GIB]).await;
+    let cases = [
+        // (name, required bytes, device it must get, capacity reported)
+        ("one-and-a-half", 3 * GIB / 2, 2, 2 * GIB),
+        ("half", GIB / 2, 1, GIB),
+        ("three", 3 * GIB, 0, 4 * GIB),
+    ];
+    for (name, required, want, capacity) in cases {
+        let v = h.create_sized(name, required as i64).await.unwrap();
+        assert_eq!(
+            device_part(&v.volume_id),
+            FIXTURE_DEVICE_IDS[want],
+            "{name}: {}",
+            v.volume_id
+        );
+        assert_eq!(v.capacity_bytes, capacity as i64, "{name}");
+    }
+    // Everything is taken now: a claim that would fit an empty pool is exhausted.
+    let err = h.create_sized("more", GIB as i64).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+}
+
+#[tokio::test]
+async fn a_probe_that_fails_is_a_refusal_never_an_empty_device() {
+    // CreateVolume: the only fitting device cannot be probed, so nothing is allocated.
+    let h = harness(1).await;
+    h.host
+        .probe_fails
+        .lock()
+        .unwrap()
+        .push(h.devices[0].clone());
+    let err = h.create("unprobed").await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("I/O error"), "{}", err.message());
+    assert!(h.listed().await.is_empty(), "nothing allocated");
+
+    // NodeStageVolume: the probe fails after allocation: no mkfs, no mount.
+    let h = harness(1).await;
+    let v = h.create("v").await.unwrap();
+    h.host
+        .probe_fails
+        .lock()
+        .unwrap()
+        .push(h.devices[0].clone());
+    let err = h.stage(&v.volume_id, "v").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("I/O error"), "{}", err.message());
+    assert_eq!(h.host.calls("mkfs"), 0, "no mkfs after a failed probe");
+    assert_eq!(h.host.mounts_at(&h.staging("v")), 0);
+    // Once the device answers again, the same call formats it (exactly once).
+    h.host.probe_fails.lock().unwrap().clear();
+    h.stage(&v.volume_id, "v").await.unwrap();
+    assert_eq!(h.host.calls("mkfs"), 1);
+}
+
+#[tokio::test]
+async fn a_late_delete_retry_never_touches_the_devices_next_volume() {
+    let h = harness(1).await;
+    let old = h.create("old").await.unwrap();
+    h.stage(&old.volume_id, "old").await.unwrap();
+    h.clients
+        .node
+        .clone()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: old.volume_id.clone(),
+            staging_target_path: h.staging("old").display().to_string(),
+        })
+        .await
+        .unwrap();
+    h.delete(&old.volume_id).await.unwrap();
+
+    // The one device goes to the next volume, under a new allocation.
+    let new = h.create("new").await.unwrap();
+    assert_eq!(device_part(&new.volume_id), device_part(&old.volume_id));
+    assert_ne!(new.volume_id, old.volume_id);
+    h.stage(&new.volume_id, "new").await.unwrap();
+    let wipes = h.host.calls("wipe");
+    let mkfs = h.host.calls("mkfs");
+
+    // A retry of the old DeleteVolume arrives late (a provisioner restart, a lost reply).
+    h.delete(&old.volume_id).await.unwrap();
+    assert_eq!(
+        h.host.calls("wipe"),
+        wipes,
+        "the next volume's device was wiped"
+    );
+    assert_eq!(h.host.calls("umount"), 1, "only the old unstage unmounted");
+    assert_eq!(h.listed().await, vec![new.volume_id.clone()]);
+    assert_eq!(h.host.mounts_at(&h.staging("new")), 1);
+    // The next volume is still whole: restaging finds its filesystem, no second mkfs.
+    h.stage(&new.volume_id, "new").await.unwrap();
+    assert_eq!(h.host.calls("mkfs"), mkfs);
+    let sigs = h.host.state.lock().unwrap().signatures[&h.devices[0]].clone();
+    assert_eq!(sigs.len(), 1, "the new volume's filesystem is intact");
+}
+
+#[tokio::test]
+async fn a_live_socket_is_refused_and_keeps_serving() {
+    let h = harness(1).await;
+    let socket = h.dir.path().join("csi.sock");
+    let err = gds_csi::server::bind(&socket, 0o600).unwrap_err();
+    assert!(
+        err.to_string().contains(&socket.display().to_string()),
+        "{err}"
+    );
+    // The first server still answers on it.
+    let ready = h
+        .clients
+        .identity
+        .clone()
+        .probe(ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .ready;
+    assert_eq!(ready, Some(true));
+    // A stale socket (nobody listening) is replaced.
+    let stale = h.dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    gds_csi::server::bind(&stale, 0o600).expect("a stale socket is removed and rebound");
 }

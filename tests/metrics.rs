@@ -86,12 +86,16 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     (head.to_owned(), body.to_owned())
 }
 
-/// The value of the sample line that starts with `prefix ` (0 when absent).
+/// The value of the sample line that starts with `prefix `; a missing sample fails the test
+/// (a metric that disappears must not read as 0).
 fn sample(text: &str, prefix: &str) -> f64 {
+    sample_opt(text, prefix).unwrap_or_else(|| panic!("no sample {prefix} in:\n{text}"))
+}
+
+fn sample_opt(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(prefix).and_then(|v| v.strip_prefix(' ')))
         .map(|v| v.parse().unwrap())
-        .unwrap_or(0.0)
 }
 
 async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
@@ -160,13 +164,14 @@ async fn exposition_is_valid_and_csi_calls_are_counted() {
 
     let (_, after) = http_get(addr, "/metrics").await;
     check_exposition(&after);
+    // A labelled counter appears with its first call: absent before is 0, absent after fails.
     assert_eq!(
-        sample(&after, probes) - sample(&before, probes),
+        sample(&after, probes) - sample_opt(&before, probes).unwrap_or(0.0),
         3.0,
         "{after}"
     );
     assert_eq!(
-        sample(&after, invalid) - sample(&before, invalid),
+        sample(&after, invalid) - sample_opt(&before, invalid).unwrap_or(0.0),
         1.0,
         "{after}"
     );

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # csi-sanity (the CSI conformance suite) against the real driver binary on a pool of
-# real loop devices, with real mkfs and real mounts. Cleans up on any exit.
+# real loop devices, with real mkfs and real mounts. Fails on csi-sanity's failure and on
+# anything left behind: a mount under the work dir or of a pool device, a loop device
+# that cannot be detached. Cleans up on any exit.
 set -euo pipefail
 . "$(dirname "$0")/../scripts/lib.sh"
 need_root
@@ -13,14 +15,16 @@ POOL_SIZE=8
 start_workdir sanity
 
 args=()
+LOOPS=()
 for i in $(seq 1 "$POOL_SIZE"); do
-  args+=(--pool-device "$(make_loop "$WORK/dev$i.img" "$VOLUME_SIZE")")
+  LOOPS+=("$(make_loop "$WORK/dev$i.img" "$VOLUME_SIZE")")
+  args+=(--pool-device "${LOOPS[-1]}")
 done
 "$GDS_CSI" serve --endpoint "unix://$WORK/csi.sock" --mode all --node-id sanity-node \
   --state-dir "$WORK/state" --allowed-path-root "$WORK" "${args[@]}" 2>"$WORK/driver.log" &
 DRIVER_PID=$!
 wait_for_socket "$WORK/csi.sock"
-sleep 1
+sleep 1 # not a readiness wait: idle RSS is read once the pool scan has settled
 RSS_IDLE=$(rss_kib "$DRIVER_PID")
 
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
@@ -42,7 +46,32 @@ if [ $status -ne 0 ]; then
   echo "--- driver log (tail) ---"; tail -n 40 "$WORK/driver.log"
 fi
 echo "sanity wall time: ${elapsed}s; driver RSS idle ${RSS_IDLE} KiB, after sanity ${RSS_AFTER} KiB"
-leftover=$(grep -c " $WORK" /proc/self/mountinfo || true)
-echo "mounts left under the work dir before cleanup: $leftover"
 cp "$WORK/sanity.out" "$WORK/driver.log" /tmp/ 2>/dev/null || true
+
+# Nothing may outlive csi-sanity's own cleanup: no mount under the work dir, none of a pool
+# device anywhere, and (after the driver stops and the work dir is torn down) no loop
+# device still bound: the kernel defers the detach of a device that is still mounted or
+# open (drivers/block/loop.c, loop_clr_fd: autoclear), so a leak elsewhere shows here.
+leaks=()
+while read -r m; do leaks+=("mount left at $m"); done < <(awk -v d="$WORK/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo)
+for dev in "${LOOPS[@]}"; do
+  while read -r m; do leaks+=("$dev still mounted at $m"); done < <(findmnt -rn -o TARGET --source "$dev" || true)
+done
+kill "$DRIVER_PID" 2>/dev/null || true
+wait "$DRIVER_PID" 2>/dev/null || true
+DRIVER_PID=
+cleanup_dir_and_loops "$WORK"
+while read -r dev file; do
+  leaks+=("loop device $dev still bound to $file")
+done < <(losetup --list --noheadings -O NAME,BACK-FILE | awk -v d="$WORK/" 'index($2, d) == 1')
+echo "leaked mounts and loop devices: ${#leaks[@]}"
+if [ ${#leaks[@]} -gt 0 ]; then
+  printf '  LEAK: %s\n' "${leaks[@]}"
+  # Unmount what the check found outside the work dir, so the next run starts clean.
+  for dev in "${LOOPS[@]}"; do
+    findmnt -rn -o TARGET --source "$dev" 2>/dev/null | sort -r | while read -r m; do umount -l "$m" || true; done
+    losetup -d "$dev" 2>/dev/null || true
+  done
+  [ $status -ne 0 ] || status=1
+fi
 exit $status

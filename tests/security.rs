@@ -136,6 +136,7 @@ fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
 }
 
 /// One hostile request to one RPC.
+#[derive(Debug)]
 enum Call {
     Create(CreateVolumeRequest),
     Delete(DeleteVolumeRequest),
@@ -169,7 +170,12 @@ struct Case {
     code: Code,
     /// Must appear in the error message: the field (or the value) at fault.
     names: &'static str,
+    /// And this too, when the message must also give the reason.
+    also: Option<&'static str>,
 }
+
+/// The number of distinct hostile requests (the README quotes it).
+const HOSTILE_REQUESTS: usize = 184;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_are_rejected_before_the_host_is_touched() {
@@ -262,6 +268,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         call,
         code,
         names,
+        also: None,
     };
     use Code::{FailedPrecondition as FP, InvalidArgument as IA, NotFound as NF};
 
@@ -435,18 +442,15 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         ("a 4100-byte path", p(&"d/".repeat(2048)), "at most 4095"),
     ];
     for (what, path, why) in &bad_paths {
-        cases.push(case(
-            &format!("NodeStage staging path {what}"),
-            stage(&id, path, Some(rw())),
-            IA,
-            "staging_target_path",
-        ));
-        cases.push(case(
-            &format!("NodeStage staging path {what} (reason)"),
-            stage(&id, path, Some(rw())),
-            IA,
-            why,
-        ));
+        cases.push(Case {
+            also: Some(why),
+            ..case(
+                &format!("NodeStage staging path {what}"),
+                stage(&id, path, Some(rw())),
+                IA,
+                "staging_target_path",
+            )
+        });
         cases.push(case(
             &format!("NodePublish target path {what}"),
             publish(&id, &staging, path, Some(rw())),
@@ -767,7 +771,20 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
     // Run them all. The host and the filesystem must not move.
     let calls_before = host.calls();
     let files_before = snapshot(dir.path());
+    // Every case is a different request: a duplicate would count twice and prove nothing new.
+    let mut seen = std::collections::HashSet::new();
+    for c in &cases {
+        assert!(
+            seen.insert(format!("{:?}", c.call)),
+            "duplicate request: {}",
+            c.what
+        );
+    }
     let tried = cases.len();
+    assert_eq!(
+        tried, HOSTILE_REQUESTS,
+        "update HOSTILE_REQUESTS and the README"
+    );
     let mut rejected = 0;
     let mut failures = Vec::new();
     for Case {
@@ -775,6 +792,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         call,
         code,
         names,
+        also,
     } in cases
     {
         let result = send(&c, call).await;
@@ -785,13 +803,14 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             Err(s)
                 if s.code() == code
                     && s.message().contains(names)
+                    && also.is_none_or(|a| s.message().contains(a))
                     && touched.is_empty()
                     && !files_changed =>
             {
                 rejected += 1
             }
             other => failures.push(format!(
-                "{what}: want {code:?} naming {names:?}; got {:?}; host calls {touched:?}; files changed: {files_changed}",
+                "{what}: want {code:?} naming {names:?} {also:?}; got {:?}; host calls {touched:?}; files changed: {files_changed}",
                 other.map_err(|s| (s.code(), s.message().to_owned()))
             )),
         }

@@ -58,15 +58,37 @@ pub fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Set by scripts/test.sh: there a test that cannot run (no root, no block device, no C
+/// compiler) is a failure, not a skip that reports ok.
+pub const NO_SKIP_ENV: &str = "GDS_CSI_NO_SKIP";
+
+/// Reports a skip, or fails the test under `GDS_CSI_NO_SKIP=1`.
+pub fn skip(reason: &str) {
+    if std::env::var_os(NO_SKIP_ENV).is_some_and(|v| v == "1") {
+        panic!("{reason}, and {NO_SKIP_ENV}=1 turns this skip into a failure");
+    }
+    eprintln!("skipped: {reason}");
+}
+
+/// Whether we are root; without root the callers skip, so this reports the skip (or, under
+/// `GDS_CSI_NO_SKIP=1`, fails the test) itself.
 pub fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
+    let root = nix::unistd::Uid::effective().is_root();
+    if !root {
+        skip("needs root for loop devices and mounts");
+    }
+    root
 }
 
 impl Rig {
     /// `None` (and a skip notice) without root.
     pub fn new(devices: usize) -> Option<Rig> {
+        Rig::with_size(devices, SIZE)
+    }
+
+    /// Like `new`, with loop devices of `size` bytes (sparse backing files).
+    pub fn with_size(devices: usize, size: u64) -> Option<Rig> {
         if !is_root() {
-            eprintln!("skipped: needs root for loop devices and mounts");
             return None;
         }
         let dir = tempfile::Builder::new()
@@ -76,7 +98,7 @@ impl Rig {
         let mut loops = Vec::new();
         for i in 0..devices {
             let img = dir.path().join(format!("dev{i}.img"));
-            fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
+            fs::File::create(&img).unwrap().set_len(size).unwrap();
             loops.push(PathBuf::from(run(
                 "losetup",
                 &["--find", "--show", img.to_str().unwrap()],
@@ -197,7 +219,7 @@ impl Drop for Rig {
         let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter_map(|l| l.split(' ').nth(4).map(unescape_mountinfo))
             .filter(|m| m.starts_with(&prefix))
             .collect();
         mounts.sort();
@@ -208,6 +230,28 @@ impl Drop for Rig {
             let _ = Command::new("losetup").arg("-d").arg(dev).status();
         }
     }
+}
+
+/// A mountinfo path field as the path it names: the kernel writes space, tab, newline and
+/// backslash as `\040`, `\011`, `\012`, `\134` (fs/proc_namespace.c, show_mountinfo ->
+/// seq_path_root(..., " \t\n\\")), so a path holding them cannot be unmounted by its field.
+pub fn unescape_mountinfo(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub fn killed_by_sigkill(status: &ExitStatus) -> bool {
@@ -229,7 +273,7 @@ pub fn mounts_at(path: &Path) -> usize {
     fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        .filter(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(p.as_str()))
         .count()
 }
 

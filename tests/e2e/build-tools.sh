@@ -21,11 +21,16 @@ K8S_STAMP="$K8S_VERSION-versioned"
 
 stamp_ok() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.version" 2>/dev/null)" = "$2" ]; }
 stamp() { echo "$2" > "$BIN/.$1.version"; }
+# Each build says how long it took: the README's cold build times come from these lines.
+timed() { local t0=$SECONDS; "$@"; echo "built in $((SECONDS - t0)) s"; }
 
 if ! stamp_ok kube-apiserver "$K8S_STAMP"; then
   echo "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $K8S_VERSION"
-  (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  build() {
+    (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  }
+  timed build
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do stamp "$b" "$K8S_STAMP"; done
 fi
 # The node side (kubelet, kube-proxy) and the stand-ins for node-driver-registrar and
@@ -34,17 +39,22 @@ fi
 NODE_STAMP="$K8S_STAMP-$(cat "$HERE"/tools/k8s/{registrar,livenessprobe}/main.go | sha256sum | cut -c1-12)"
 if ! stamp_ok kubelet "$NODE_STAMP" || ! stamp_ok kube-proxy "$NODE_STAMP"; then
   echo "building kubelet and kube-proxy $K8S_VERSION, and the registrar and livenessprobe helpers"
-  (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy &&
-    go build -o "$BIN/gds-csi-registrar" ./registrar && go build -o "$BIN/gds-csi-livenessprobe" ./livenessprobe)
+  build() {
+    (cd "$HERE/tools/k8s" && go build -ldflags "$K8S_LDFLAGS" -o "$BIN/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy &&
+      go build -o "$BIN/gds-csi-registrar" ./registrar && go build -o "$BIN/gds-csi-livenessprobe" ./livenessprobe)
+  }
+  timed build
   for b in kubelet kube-proxy; do stamp "$b" "$NODE_STAMP"; done
 fi
 if ! stamp_ok etcd "$ETCD_VERSION"; then
   echo "building etcd $ETCD_VERSION"
-  (cd "$HERE/tools/etcd" && go build -o "$BIN/etcd" go.etcd.io/etcd/server/v3)
+  build() { (cd "$HERE/tools/etcd" && go build -o "$BIN/etcd" go.etcd.io/etcd/server/v3); }
+  timed build
   stamp etcd "$ETCD_VERSION"
 fi
 if ! stamp_ok csi-provisioner "$PROVISIONER_VERSION"; then
   echo "building csi-provisioner $PROVISIONER_VERSION"
-  (cd "$HERE/tools/provisioner" && go build -o "$BIN/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner)
+  build() { (cd "$HERE/tools/provisioner" && go build -o "$BIN/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner); }
+  timed build
   stamp csi-provisioner "$PROVISIONER_VERSION"
 fi

@@ -259,10 +259,29 @@ if [ "$DEPLOY" = chart ]; then
     [ "$(curl -fsS --max-time 10 "http://$pod_ip:9818/healthz")" = ok ]
   # The node check deploy/README.md tells operators to run (kubectl exec: API server ->
   # kubelet -> containerd's streaming server).
-  doctor=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor 2>&1 || true)
+  # Exit status 1 is "not GDS-ready"; kubectl exec passes it on and says so on stderr (a
+  # failure of kubectl itself would also exit 1, but without that line or the report).
+  doctor_rc=0
+  doctor=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor 2>&1) || doctor_rc=$?
   echo "$doctor" | head -3 | sed 's/^/     /'
-  check "gds-csi doctor runs in the driver container and finds this node not GDS-ready" \
-    grep -q "NOT GDS-ready" <<<"$doctor"
+  doctor_not_ready() {
+    [ "$doctor_rc" -eq 1 ] && grep -q "NOT GDS-ready" <<<"$doctor" &&
+      grep -q "command terminated with exit code 1" <<<"$doctor"
+  }
+  check "gds-csi doctor runs in the driver container, finds this node not GDS-ready and exits 1 (got $doctor_rc)" \
+    doctor_not_ready
+  doctor_json_rc=0
+  doctor_json=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor --json 2>/dev/null) ||
+    doctor_json_rc=$?
+  doctor_json_not_ready() {
+    [ "$doctor_json_rc" -eq 1 ] && python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvidia_fs.module") for f in d["failed"]), d
+' "$doctor_json"
+  }
+  check "gds-csi doctor --json says ready: false, names nvidia_fs.module and exits 1 (got $doctor_json_rc)" \
+    doctor_json_not_ready
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
@@ -376,8 +395,14 @@ refused() { [[ "$(events_of gated)" =~ FailedMount.*FailedPrecondition.*nvidia_f
 check "gdsPolicy=required: the kubelet reports FailedMount naming the failed GDS check" wait_for 120 refused
 events_of gated | grep FailedMount | head -1 | cut -c1-400 | sed 's/^/     /'
 check "the refused pod never started" [ "$(pod_phase gated)" = Pending ]
+# NodeStage succeeded before the gate refused NodePublish: the volume is staged, not published.
+staged_only() { [ "$(staged_mounts)" -eq 1 ] && [ "$(published_mounts)" -eq 0 ]; }
+check "the refused pod's volume is staged, not published" staged_only
 "$KUBECTL" delete pod gated --wait=false >/dev/null
-check "deleting the refused pod unstages its volume" wait_for 90 pod_gone gated
+check "the refused pod is deleted" wait_for 90 pod_gone gated
+gated_unstaged() { [ "$(staged_mounts)" -eq 0 ] && called NodeUnstageVolume; }
+check "deleting the refused pod unstages its volume (NodeUnstageVolume ran, no staging mount left)" \
+  wait_for 60 gated_unstaged
 "$KUBECTL" delete pvc gated --wait=false >/dev/null
 
 # --- gdsPolicy=preferred: write, delete the pod, read back from a new pod ----------------

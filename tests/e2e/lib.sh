@@ -21,6 +21,10 @@ check() { # check NAME COMMAND...
   if "${@:2}"; then passed=$((passed + 1)); echo "ok   - $1"; else failed=$((failed + 1)); echo "FAIL - $1"; fi
 }
 
+# succeeded METHOD LOG: the driver's text log records METHOD answered OK at least once
+# (`call method=M`; a refusal is logged as `call failed method=M`, which does not match).
+succeeded() { grep -qE "(^|[[:space:]])call method=$1( |\$)" "$2"; }
+
 wait_for() { # wait_for SECONDS COMMAND...
   local deadline=$((SECONDS + $1)); shift
   until "$@" >/dev/null 2>&1; do

@@ -98,23 +98,23 @@ echo "     pod on $node, PV $pv affinity $affinity, handle $handle"
 check "the scheduler placed the pod on the node with a fitting device (node-b)" [ "$node" = node-b ]
 check "the PV has that node's affinity" [ "$affinity" = "$node" ]
 check "the volume handle names that node" [ "${handle##*:}" = "$node" ]
-check "CreateVolume ran on that node's plugin" grep -q "CreateVolume" "$WORK/$node/driver.log"
+check "CreateVolume succeeded on that node's plugin" succeeded CreateVolume "$WORK/$node/driver.log"
 check "node-b's capacity dropped to 0" wait_for 30 has_capacity node-b 0
 
 # --- a PVC larger than any free device stays pending with a clear event ----------------
 pvc_and_pod huge 1Gi
-sleep 10
+huge_events() { "$KUBECTL" get events -n default --field-selector involvedObject.name=huge -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
+says_why() { grep -qiE "storage|capacity|OutOfRange|device" <<<"$(huge_events)"; }
+check "an event says why" wait_for 60 says_why
+huge_events | sed 's/^/     /' | head -5
 check "PVC huge stays Pending" [ "$(pvc_phase huge)" = Pending ]
-events=$("$KUBECTL" get events -n default --field-selector involvedObject.name=huge -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
-echo "$events" | sed 's/^/     /' | head -5
-check "an event says why" grep -qiE "storage|capacity|OutOfRange|device" <<<"$events"
 
 # --- deleting the PVC deletes the volume; the device returns to the pool ----------------
 "$KUBECTL" delete pod data huge --grace-period=0 --force >/dev/null 2>&1 || true
 "$KUBECTL" delete pvc data huge --wait=false >/dev/null
 pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the PVC" wait_for 60 pv_gone
-check "DeleteVolume ran on $node" grep -q "DeleteVolume" "$WORK/$node/driver.log"
+check "DeleteVolume succeeded on $node" succeeded DeleteVolume "$WORK/$node/driver.log"
 check "node-b's capacity is back to 128 MiB" wait_for 60 has_capacity node-b 128
 
 echo "e2e wall time: $((SECONDS - start)) s"
