@@ -175,7 +175,7 @@ struct Case {
 }
 
 /// The number of distinct hostile requests (the README quotes it).
-const HOSTILE_REQUESTS: usize = 184;
+const HOSTILE_REQUESTS: usize = 215;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_are_rejected_before_the_host_is_touched() {
