@@ -1,5 +1,5 @@
-//! Test-only stand-ins placed first on the driver's PATH (never shipped): an `mkfs.ext4`
-//! that records every call and every real run and can be held at a gate, and a `wipefs`
+//! Test-only stand-ins placed first on the driver's PATH (never shipped): `mkfs.ext4` and `mkfs.xfs`
+//! that record every call and every real run and can be held at a gate, and a `wipefs`
 //! that can write a foreign filesystem right after the driver's first probe.
 
 use std::fs;
@@ -38,16 +38,20 @@ impl Tools {
         let d = dir.display();
         let mkfs = real("mkfs.ext4");
         let wipefs = real("wipefs");
-        // `calls`: one line per invocation (its pid); `runs`: one per real mkfs started.
-        // While `gate` exists the call waits (readiness-driven tests open it).
-        script(
-            &bin.join("mkfs.ext4"),
-            &format!(
-                "#!/bin/sh\necho $$ >> {d}/mkfs.calls\n\
-                 while [ -e {d}/gate ]; do sleep 0.05; done\n\
-                 echo $$ >> {d}/mkfs.runs\nexec {mkfs} \"$@\"\n"
-            ),
-        );
+        // `calls`: one line per invocation (its pid); `runs`: one per real mkfs started,
+        // of either filesystem. While `gate` exists the call waits (readiness-driven tests
+        // open it).
+        for program in ["mkfs.ext4", "mkfs.xfs"] {
+            let real_mkfs = real(program);
+            script(
+                &bin.join(program),
+                &format!(
+                    "#!/bin/sh\necho $$ >> {d}/mkfs.calls\n\
+                     while [ -e {d}/gate ]; do sleep 0.05; done\n\
+                     echo $$ >> {d}/mkfs.runs\nexec {real_mkfs} \"$@\"\n"
+                ),
+            );
+        }
         script(
             &bin.join("wipefs"),
             &format!(
