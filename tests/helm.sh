@@ -256,7 +256,7 @@ check(set(scs) == {"nvme-gds"}, f"default StorageClasses: {sorted(scs)}")
 nv = scs.get("nvme-gds", {})
 check(nv.get("provisioner") == driver, "nvme-gds provisioner")
 check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be WaitForFirstConsumer")
-check(nv.get("parameters") == {"fsType": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
+check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
 # NFS enabled
@@ -297,7 +297,7 @@ check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidire
 check(not any(a.startswith("--cufile-json") for a in vdrv["args"]), "variant: no --cufile-json without the mount")
 check("/etc/cufile.json" not in {m["mountPath"] for m in vdrv["volumeMounts"]}, "variant: no cufile mount")
 vsc = {s["metadata"]["name"]: s for s in v if s["kind"] == "StorageClass"}
-check(vsc.get("nvme-gds", {}).get("parameters", {}).get("fsType") == "xfs", "variant: xfs")
+check(vsc.get("nvme-gds", {}).get("parameters", {}).get("csi.storage.k8s.io/fstype") == "xfs", "variant: xfs")
 
 if errors:
     print("\n".join(errors))
@@ -318,6 +318,80 @@ if render --set storageClasses.nvme.create=false "${NFS_SET[@]}" --set storageCl
   fail "storageClasses.*.create=false renders no StorageClass"
 else
   pass "storageClasses.*.create=false renders no StorageClass"
+fi
+
+# --- chart conventions (issue 16 item 3) -------------------------------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  render "${NFS_SET[@]}" --set imageRegistry=mirror.example.com/k8s --set logLevel=debug \
+    --set sidecars.logLevel=5 --set revisionHistoryLimit=3 --set seLinuxMount=true \
+    --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true >"$tmp/conv.yaml" 2>"$tmp/err" \
+    || fail "helm template (conventions variant)" "$(cat "$tmp/err")"
+  render --set serviceAccount.create=false --set serviceAccount.name.node=existing-sa >"$tmp/sa.yaml" 2>"$tmp/err" \
+    || fail "helm template (existing ServiceAccount)" "$(cat "$tmp/err")"
+  if out=$(python3 - "$tmp/default.yaml" "$tmp/nfs.yaml" "$tmp/conv.yaml" "$tmp/sa.yaml" 2>&1 <<'PY'
+import sys, yaml
+default, nfs, conv, sa = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:5])
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def kinds(docs, kind): return [x for x in docs if x["kind"] == kind]
+def pods(docs): return [x for x in docs if x["kind"] in ("DaemonSet", "Deployment")]
+def arg(c, prefix): return [a for a in c.get("args", []) if a.startswith(prefix)]
+for w in pods(default) + pods(nfs):
+    name, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    check(spec.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"},
+          f"{name}: pod seccompProfile RuntimeDefault")
+    check(w["spec"].get("revisionHistoryLimit") == 10, f"{name}: revisionHistoryLimit 10")
+    cs = {c["name"]: c for c in spec["containers"]}
+    check("liveness-probe" in cs, f"{name}: a liveness-probe sidecar")
+    check(cs["gds-csi"].get("livenessProbe", {}).get("httpGet", {}).get("port") == "healthz",
+          f"{name}: the driver's livenessProbe uses the sidecar's healthz")
+    env = {e["name"]: e.get("value") for e in cs["gds-csi"].get("env", [])}
+    check(env.get("RUST_LOG") == "info", f"{name}: driver RUST_LOG from logLevel")
+    for c in spec["containers"]:
+        if c["name"] != "gds-csi":
+            check(arg(c, "--v=") == ["--v=2"], f"{name}/{c['name']}: --v from sidecars.logLevel")
+for w in pods(conv):
+    name, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    check(w["spec"].get("revisionHistoryLimit") == 3, f"{name}: revisionHistoryLimit override")
+    for c in spec["containers"]:
+        check(c["image"].startswith("mirror.example.com/k8s/"), f"{name}/{c['name']}: imageRegistry override: {c['image']}")
+        if c["name"] == "gds-csi":
+            check({"name": "RUST_LOG", "value": "debug"} in c["env"], f"{name}: logLevel override")
+        else:
+            check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
+for docs, label in ((default, "defaults"), (conv, "conventions")):
+    svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]
+    check(len(svcs) == 1 and svcs[0]["spec"]["ports"][0]["targetPort"] == "metrics", f"{label}: metrics Service")
+check(not kinds(default, "ServiceMonitor") and not kinds(default, "PodMonitor"), "no monitors by default")
+check(len(kinds(conv, "ServiceMonitor")) == 1 and len(kinds(conv, "PodMonitor")) == 1, "ServiceMonitor and PodMonitor when enabled")
+check("seLinuxMount" not in kinds(default, "CSIDriver")[0]["spec"], "seLinuxMount off by default")
+check(kinds(conv, "CSIDriver")[0]["spec"].get("seLinuxMount") is True, "seLinuxMount when enabled")
+check(not kinds(sa, "ServiceAccount"), "serviceAccount.create=false renders no ServiceAccount")
+check([x for x in kinds(sa, "DaemonSet")][0]["spec"]["template"]["spec"]["serviceAccountName"] == "existing-sa",
+      "serviceAccount.name.node is used")
+check(any(s["name"] == "existing-sa" for b in kinds(sa, "ClusterRoleBinding") + kinds(sa, "RoleBinding") for s in b["subjects"]),
+      "RBAC binds the named ServiceAccount")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "chart conventions: seccomp, logLevel, serviceAccount.create/name, metrics Service and monitors, seLinuxMount, imageRegistry, revisionHistoryLimit, liveness sidecars"
+  else
+    fail "chart conventions" "$out"
+  fi
+fi
+expect_render_error "values.schema.json rejects unknown top-level keys" "additional properties" --set nosuchkey=1
+expect_render_error "values.schema.json checks types" "revisionHistoryLimit" --set revisionHistoryLimit=many
+# NOTES.txt is never in `helm template` output: render it through a copy of the chart.
+cp -r "$CHART" "$tmp/notes-chart"
+printf 'notes: |\n{{ include "gds-csi/templates/NOTES.txt" . | indent 2 }}\n' >"$tmp/notes-chart/templates/notes-check.yaml"
+notes=$("$HELM" template gds-csi "$tmp/notes-chart" --namespace gds-csi --kube-version "$KUBE_VERSION" \
+  --show-only templates/notes-check.yaml 2>&1)
+if grep -qF -- "kubectl get nodes -L $DRIVER/gds-nvme" <<<"$notes" && grep -qF "gds-csi doctor" <<<"$notes"; then
+  pass "NOTES.txt shows GDS readiness labels and how to run doctor"
+else
+  fail "NOTES.txt shows GDS readiness labels and how to run doctor" "$notes"
 fi
 
 # --- rendered manifests in sync --------------------------------------------------
