@@ -394,6 +394,46 @@ else
   fail "NOTES.txt shows GDS readiness labels and how to run doctor" "$notes"
 fi
 
+# --- the cuFile probe inside the node pod (issue 16 item 1) ---------------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  render --set gds.runtimeClassName= >"$tmp/noruntime.yaml" 2>"$tmp/err" || fail "helm template (no runtime class)" "$(cat "$tmp/err")"
+  if out=$(python3 - "$tmp/default.yaml" "$tmp/noruntime.yaml" 2>&1 <<'PY'
+import sys, yaml
+default, noruntime = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:3])
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def node(docs): return [x for x in docs if x["kind"] == "DaemonSet"][0]["spec"]["template"]["spec"]
+spec = node(default)
+check(spec.get("runtimeClassName") == "nvidia", "node pods use the nvidia RuntimeClass (libcuda, /dev/nvidia*)")
+check("runtimeClassName" not in node(noruntime), "gds.runtimeClassName empty: no runtimeClassName")
+drv = [c for c in spec["containers"] if c["name"] == "gds-csi"][0]
+env = {e["name"]: e.get("value") for e in drv["env"]}
+check(env.get("NVIDIA_VISIBLE_DEVICES") == "all", "NVIDIA_VISIBLE_DEVICES=all")
+check("compute" in (env.get("NVIDIA_DRIVER_CAPABILITIES") or "").split(","), "NVIDIA_DRIVER_CAPABILITIES has compute (libcuda)")
+mounts = {m["mountPath"]: m for m in drv["volumeMounts"]}
+vols = {v["name"]: v for v in spec["volumes"]}
+for path, host, typ in (("/run/udev", "/run/udev", "Directory"), ("/etc/cufile.json", "/etc/cufile.json", "File")):
+    m = mounts.get(path, {})
+    check(m.get("readOnly") is True, f"{path} mounted read-only")
+    hp = vols.get(m.get("name"), {}).get("hostPath", {})
+    check(hp.get("path") == host and hp.get("type") == typ, f"{path} from the host's {host} ({typ}): {hp}")
+check("--cufile-json=/etc/cufile.json" in drv["args"], "--cufile-json points at the mounted file")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "node pod gets libcuda and devices (runtime class, NVIDIA_* env), the host's /run/udev and cufile.json"
+  else
+    fail "node pod cuFile environment" "$out"
+  fi
+fi
+if grep -q 'nvidia-cufile==' Dockerfile && grep -q 'libcufile' Dockerfile && grep -q 'ldconfig' Dockerfile; then
+  pass "the image ships NVIDIA's packaged libcufile on the loader path"
+else
+  fail "the image ships NVIDIA's packaged libcufile on the loader path"
+fi
+
 # --- rendered manifests in sync --------------------------------------------------
 if out=$(HELM=$HELM scripts/render-manifests.sh "$tmp/manifests" 2>&1); then
   if out=$(diff -ru deploy/manifests "$tmp/manifests" 2>&1); then
