@@ -434,6 +434,48 @@ else
   fail "the image ships NVIDIA's packaged libcufile on the loader path"
 fi
 
+# --- GDS workload examples are least-privilege (issue 16 item 8) -----------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
+import sys, yaml
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+for f in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(f)) if d]
+    pods = [d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Pod", "Job")]
+    check(len(pods) == 1, f"{f}: one pod spec")
+    for spec in pods:
+        check(not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), f"{f}: no host namespaces")
+        check(spec.get("securityContext", {}).get("runAsNonRoot") is True, f"{f}: runAsNonRoot")
+        check(spec.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"}, f"{f}: seccomp RuntimeDefault")
+        check(spec.get("runtimeClassName") == "nvidia", f"{f}: nvidia runtime class")
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            sc = c.get("securityContext", {})
+            check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, f"{f}: not privileged")
+            check(sc.get("capabilities") == {"drop": ["ALL"]}, f"{f}: drops every capability, adds none")
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            check(env.get("NVIDIA_GDS") == "enabled", f"{f}: NVIDIA_GDS=enabled (nvidia-fs device nodes)")
+            check("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}), f"{f}: requests a GPU")
+            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+            for path in ("/run/udev", "/etc/cufile.json"):
+                m = mounts.get(path, {})
+                check(m.get("readOnly") is True and vols.get(m.get("name"), {}).get("hostPath", {}).get("path") == path,
+                      f"{f}: {path} from the host, read-only")
+            hostpaths = [vols[m["name"]]["hostPath"]["path"] for m in c["volumeMounts"] if "hostPath" in vols[m["name"]]]
+            check(sorted(hostpaths) == ["/etc/cufile.json", "/run/udev"], f"{f}: no other host paths: {hostpaths}")
+            check(any("persistentVolumeClaim" in vols[m["name"]] for m in c["volumeMounts"]), f"{f}: the data volume is a PVC")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "GDS workload examples: unprivileged, no capabilities, nvidia-fs via NVIDIA_GDS, /run/udev and cufile.json read-only"
+  else
+    fail "GDS workload examples are least-privilege" "$out"
+  fi
+fi
+
 # --- rendered manifests in sync --------------------------------------------------
 if out=$(HELM=$HELM scripts/render-manifests.sh "$tmp/manifests" 2>&1); then
   if out=$(diff -ru deploy/manifests "$tmp/manifests" 2>&1); then
