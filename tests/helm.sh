@@ -348,6 +348,10 @@ for w in pods(default) + pods(nfs):
           f"{name}: the driver's livenessProbe uses the sidecar's healthz")
     env = {e["name"]: e.get("value") for e in cs["gds-csi"].get("env", [])}
     check(env.get("RUST_LOG") == "info", f"{name}: driver RUST_LOG from logLevel")
+    prov = cs.get("csi-provisioner", {})
+    check("--http-endpoint=:9820" in prov.get("args", []) and
+          any(p.get("name") == "provisioner-metrics" and p.get("containerPort") == 9820 for p in prov.get("ports", [])),
+          f"{name}: the provisioner's metrics endpoint on a named port")
     for c in spec["containers"]:
         if c["name"] != "gds-csi":
             check(arg(c, "--v=") == ["--v=2"], f"{name}/{c['name']}: --v from sidecars.logLevel")
@@ -362,7 +366,8 @@ for w in pods(conv):
             check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
 for docs, label in ((default, "defaults"), (conv, "conventions")):
     svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]
-    check(len(svcs) == 1 and svcs[0]["spec"]["ports"][0]["targetPort"] == "metrics", f"{label}: metrics Service")
+    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == ["metrics", "provisioner-metrics"],
+          f"{label}: metrics Service over the driver's and the provisioner's metrics")
 check(not kinds(default, "ServiceMonitor") and not kinds(default, "PodMonitor"), "no monitors by default")
 check(len(kinds(conv, "ServiceMonitor")) == 1 and len(kinds(conv, "PodMonitor")) == 1, "ServiceMonitor and PodMonitor when enabled")
 check("seLinuxMount" not in kinds(default, "CSIDriver")[0]["spec"], "seLinuxMount off by default")
