@@ -348,9 +348,12 @@ for w in pods(default) + pods(nfs):
           f"{name}: the driver's livenessProbe uses the sidecar's healthz")
     env = {e["name"]: e.get("value") for e in cs["gds-csi"].get("env", [])}
     check(env.get("RUST_LOG") == "info", f"{name}: driver RUST_LOG from logLevel")
+    for c in spec["containers"]:
+        for p in c.get("ports", []):
+            check(len(p["name"]) <= 15, f"{name}/{c['name']}: port name {p['name']} longer than 15 (IANA_SVC_NAME)")
     prov = cs.get("csi-provisioner", {})
     check("--http-endpoint=:9820" in prov.get("args", []) and
-          any(p.get("name") == "provisioner-metrics" and p.get("containerPort") == 9820 for p in prov.get("ports", [])),
+          any(p.get("name") == "prov-metrics" and p.get("containerPort") == 9820 for p in prov.get("ports", [])),
           f"{name}: the provisioner's metrics endpoint on a named port")
     for c in spec["containers"]:
         if c["name"] != "gds-csi":
@@ -366,7 +369,7 @@ for w in pods(conv):
             check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
 for docs, label in ((default, "defaults"), (conv, "conventions")):
     svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]
-    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == ["metrics", "provisioner-metrics"],
+    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == ["metrics", "prov-metrics"],
           f"{label}: metrics Service over the driver's and the provisioner's metrics")
 check(not kinds(default, "ServiceMonitor") and not kinds(default, "PodMonitor"), "no monitors by default")
 check(len(kinds(conv, "ServiceMonitor")) == 1 and len(kinds(conv, "PodMonitor")) == 1, "ServiceMonitor and PodMonitor when enabled")
