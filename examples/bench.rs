@@ -490,9 +490,9 @@ async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let want = |k: &str| only.is_empty() || only.split(',').any(|o| o == k);
 
-    let mut c = Clients::connect(&socket).await?;
+    // Ready means the pool is scanned: the idle figure below is after the scan.
+    let mut c = Clients::connect_ready(&socket, Duration::from_secs(60)).await?;
     let mut t = Table(Vec::new());
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_kib(pid)?;
     t.row(
         "c. node plugin RSS, idle (pool scanned)",

@@ -11,6 +11,9 @@ use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
 
+/// How long the driver may take to scan its pool (slow on a loaded machine).
+const READY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn step(what: &str, started: Instant) {
@@ -26,7 +29,8 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let socket = PathBuf::from(args.next().ok_or("usage: demo SOCKET WORK_DIR")?);
     let work = PathBuf::from(args.next().ok_or("usage: demo SOCKET WORK_DIR")?);
-    let mut c = Clients::connect(&socket).await?;
+    // Ready, not merely listening: the pool scan runs after the socket appears.
+    let mut c = Clients::connect_ready(&socket, READY_DEADLINE).await?;
     let info = c
         .identity
         .get_plugin_info(GetPluginInfoRequest {})

@@ -20,6 +20,8 @@ use tonic::Code;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// How long a (re)started driver may take to scan its pool.
+const READY_DEADLINE: Duration = Duration::from_secs(60);
 const MIB: i64 = 1 << 20;
 
 fn cap(mode: Mode) -> VolumeCapability {
@@ -380,7 +382,7 @@ async fn s_nfs(r: &mut Rig, n: &Vol) -> Result<String> {
 /// `vols`: each published volume with a file written on it before the kill and its content.
 async fn s_restart(r: &mut Rig, vols: &[(&Vol, &str, String)]) -> Result<String> {
     r.helper("restart-driver")?;
-    r.c = Clients::connect(&r.socket).await?;
+    r.c = Clients::connect_ready(&r.socket, READY_DEADLINE).await?;
     let mut checked = 0;
     let read_back = |v: &Vol, file: &str, want: &str, when: &str| -> Result<()> {
         let got = std::fs::read(v.target.join(file))
@@ -503,7 +505,7 @@ async fn main() -> Result<()> {
     let socket = PathBuf::from(args.next().ok_or("usage: vm_scenarios SOCKET WORK_DIR")?);
     let work = PathBuf::from(args.next().ok_or("usage: vm_scenarios SOCKET WORK_DIR")?);
     let env = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
-    let c = Clients::connect(&socket).await?;
+    let c = Clients::connect_ready(&socket, READY_DEADLINE).await?;
     let mut r = Rig {
         socket,
         work,

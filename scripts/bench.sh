@@ -33,7 +33,7 @@ METRICS=127.0.0.1:${BENCH_METRICS_PORT:-9808}
   --state-dir "$WORK/state" --allowed-path-root "$WORK/kubelet" --metrics-address "$METRICS" \
   "${pool[@]}" 2>"$WORK/driver.log" &
 DRIVER_PID=$!
-wait_for_socket "$WORK/csi.sock"
+wait_for_ready "$WORK/csi.sock"
 if ! "$REPO_ROOT/target/release/examples/bench" "$WORK/csi.sock" "$WORK" "$DRIVER_PID" "$ROUNDS" "$STORM"; then
   echo "--- driver log (last 50 lines) ---"; tail -n 50 "$WORK/driver.log"; exit 1
 fi

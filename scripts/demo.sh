@@ -19,7 +19,7 @@ echo "pool: ${pool[*]}"
   --state-dir "$WORK/state" --allowed-path-root "$WORK/kubelet" "${pool[@]}" 2>"$WORK/driver.log" &
 # shellcheck disable=SC2034 # stop_driver_and_clean (scripts/lib.sh) stops it
 DRIVER_PID=$!
-wait_for_socket "$WORK/csi.sock"
+wait_for_ready "$WORK/csi.sock"
 if ! "$REPO_ROOT/target/release/examples/demo" "$WORK/csi.sock" "$WORK"; then
   echo "--- driver log ---"; cat "$WORK/driver.log"; exit 1
 fi

@@ -123,3 +123,9 @@ wait_for_socket() {
   echo "driver socket $1 did not appear" >&2
   return 1
 }
+
+# wait_for_ready SOCKET [SECONDS]: until the driver answers Probe ready (its pool scanned),
+# as the sidecars wait; a socket that exists still answers Unavailable while the scan runs.
+wait_for_ready() {
+  "$GDS_CSI" probe --endpoint "unix://$1" --timeout "${2:-60}s"
+}

@@ -22,6 +22,13 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Check whether this node (and, with --path, a mounted volume) can do GPUDirect Storage.
     Doctor(DoctorArgs),
+    /// Wait until the driver at --endpoint answers Probe ready (for scripts); exit 1 after --timeout.
+    Probe {
+        #[arg(long, default_value = "unix:///csi/csi.sock")]
+        endpoint: String,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        timeout: Duration,
+    },
     /// The cuFile probe child (runs libcufile in its own process); used by `serve` and `doctor`.
     #[command(hide = true)]
     CufileProbe {

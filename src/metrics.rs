@@ -36,6 +36,14 @@ pub struct CallLabels {
     pub grpc_code: String,
 }
 
+/// csi-lib-utils' plugin labels (metrics/metrics.go: `labelCSIOperationName = "method_name"`,
+/// `labelGrpcStatusCode = "grpc_status_code"`); `driver_name` is added per registry.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginCallLabels {
+    pub method_name: String,
+    pub grpc_status_code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: String,
@@ -53,6 +61,15 @@ pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,
     pub call_duration: HistogramFamily<MethodLabels>,
     pub host_duration: HistogramFamily<OperationLabels>,
+    /// `csi_plugin_operations_seconds`, the shape CSI dashboards read.
+    pub plugin_operations: HistogramFamily<PluginCallLabels>,
+}
+
+fn csi_lib_utils_buckets() -> Histogram {
+    // csi-lib-utils metrics/metrics.go: operationsLatencyBuckets.
+    Histogram::new([
+        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+    ])
 }
 
 fn latency_buckets() -> Histogram {
@@ -69,6 +86,7 @@ impl Default for Metrics {
             calls: Family::default(),
             call_duration: Family::new_with_constructor(latency_buckets),
             host_duration: Family::new_with_constructor(latency_buckets),
+            plugin_operations: Family::new_with_constructor(csi_lib_utils_buckets),
         }
     }
 }
@@ -88,9 +106,30 @@ pub fn code_name(grpc_status: &str) -> String {
     }
 }
 
+/// The full gRPC method of a CSI call (`/csi.v1.Controller/CreateVolume`), as csi-lib-utils
+/// labels it; CSI method names are unique across the three services.
+pub fn full_method(method: &str) -> String {
+    let service = match method {
+        "GetPluginInfo" | "GetPluginCapabilities" | "Probe" => "Identity",
+        m if m.starts_with("Node") => "Node",
+        _ => "Controller",
+    };
+    format!("/csi.v1.{service}/{method}")
+}
+
 /// One finished CSI call; `grpc_code` is a name from [`code_name`].
 pub fn record_call(method: &str, grpc_code: &str, elapsed: Duration) {
     let m = global();
+    m.plugin_operations
+        .get_or_create(&PluginCallLabels {
+            method_name: full_method(method),
+            // Go's codes.Code.String() spelling, which csi-lib-utils records.
+            grpc_status_code: match grpc_code {
+                "Cancelled" => "Canceled".to_owned(),
+                c => c.to_owned(),
+            },
+        })
+        .observe(elapsed.as_secs_f64());
     m.calls
         .get_or_create(&CallLabels {
             method: method.to_owned(),
@@ -147,6 +186,17 @@ pub fn registry(driver: Option<Arc<Driver>>, host_proc: PathBuf) -> Registry {
         "Duration of host operations (mkfs.ext4, mkfs.xfs, mount, bind_mount, unmount, probe_signatures, wipe_signatures, zero_device)",
         m.host_duration.clone(),
     );
+    r.register_collector(Box::new(BuildInfo));
+    let driver_name = driver.as_ref().map_or_else(String::new, |d| d.name.clone());
+    r.sub_registry_with_label((
+        std::borrow::Cow::Borrowed("driver_name"),
+        std::borrow::Cow::Owned(driver_name),
+    ))
+    .register(
+        "csi_plugin_operations_seconds",
+        "Container Storage Interface operation duration with gRPC error code status total",
+        m.plugin_operations.clone(),
+    );
     if let Some(driver) = driver {
         r.register_collector(Box::new(PoolCollector { driver }));
     }
@@ -196,6 +246,24 @@ fn counter(
 ) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(v);
     c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// `gds_csi_build_info{version} 1`: which build a scrape came from.
+#[derive(Debug)]
+struct BuildInfo;
+
+impl Collector for BuildInfo {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let g = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor(
+            "gds_csi_build_info",
+            "The driver's build (always 1), by version",
+            None,
+            g.metric_type(),
+        )?;
+        let labels = [("version", env!("CARGO_PKG_VERSION"))];
+        g.encode(family.encode_family(&labels)?)
+    }
 }
 
 /// Pool gauges, computed from the driver's pool at each scrape.

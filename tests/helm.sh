@@ -261,7 +261,7 @@ check(set(scs) == {"nvme-gds"}, f"default StorageClasses: {sorted(scs)}")
 nv = scs.get("nvme-gds", {})
 check(nv.get("provisioner") == driver, "nvme-gds provisioner")
 check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be WaitForFirstConsumer")
-check(nv.get("parameters") == {"fsType": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
+check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
 # NFS enabled
@@ -302,7 +302,7 @@ check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidire
 check(not any(a.startswith("--cufile-json") for a in vdrv["args"]), "variant: no --cufile-json without the mount")
 check("/etc/cufile.json" not in {m["mountPath"] for m in vdrv["volumeMounts"]}, "variant: no cufile mount")
 vsc = {s["metadata"]["name"]: s for s in v if s["kind"] == "StorageClass"}
-check(vsc.get("nvme-gds", {}).get("parameters", {}).get("fsType") == "xfs", "variant: xfs")
+check(vsc.get("nvme-gds", {}).get("parameters", {}).get("csi.storage.k8s.io/fstype") == "xfs", "variant: xfs")
 
 if errors:
     print("\n".join(errors))
@@ -326,6 +326,170 @@ elif grep -q '^kind: StorageClass' "$tmp/no-sc.yaml"; then
   fail "storageClasses.*.create=false renders no StorageClass"
 else
   pass "storageClasses.*.create=false renders no StorageClass"
+fi
+
+# --- chart conventions (issue 16 item 3) -------------------------------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  render "${NFS_SET[@]}" --set imageRegistry=mirror.example.com/k8s --set logLevel=debug \
+    --set sidecars.logLevel=5 --set revisionHistoryLimit=3 --set seLinuxMount=true \
+    --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true >"$tmp/conv.yaml" 2>"$tmp/err" \
+    || fail "helm template (conventions variant)" "$(cat "$tmp/err")"
+  render --set serviceAccount.create=false --set serviceAccount.name.node=existing-sa >"$tmp/sa.yaml" 2>"$tmp/err" \
+    || fail "helm template (existing ServiceAccount)" "$(cat "$tmp/err")"
+  if out=$(python3 - "$tmp/default.yaml" "$tmp/nfs.yaml" "$tmp/conv.yaml" "$tmp/sa.yaml" 2>&1 <<'PY'
+import sys, yaml
+default, nfs, conv, sa = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:5])
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def kinds(docs, kind): return [x for x in docs if x["kind"] == kind]
+def pods(docs): return [x for x in docs if x["kind"] in ("DaemonSet", "Deployment")]
+def arg(c, prefix): return [a for a in c.get("args", []) if a.startswith(prefix)]
+for w in pods(default) + pods(nfs):
+    name, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    check(spec.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"},
+          f"{name}: pod seccompProfile RuntimeDefault")
+    check(w["spec"].get("revisionHistoryLimit") == 10, f"{name}: revisionHistoryLimit 10")
+    cs = {c["name"]: c for c in spec["containers"]}
+    check("liveness-probe" in cs, f"{name}: a liveness-probe sidecar")
+    check(cs["gds-csi"].get("livenessProbe", {}).get("httpGet", {}).get("port") == "healthz",
+          f"{name}: the driver's livenessProbe uses the sidecar's healthz")
+    env = {e["name"]: e.get("value") for e in cs["gds-csi"].get("env", [])}
+    check(env.get("RUST_LOG") == "info", f"{name}: driver RUST_LOG from logLevel")
+    for c in spec["containers"]:
+        for p in c.get("ports", []):
+            check(len(p["name"]) <= 15, f"{name}/{c['name']}: port name {p['name']} longer than 15 (IANA_SVC_NAME)")
+    prov = cs.get("csi-provisioner", {})
+    check("--http-endpoint=:9820" in prov.get("args", []) and
+          any(p.get("name") == "prov-metrics" and p.get("containerPort") == 9820 for p in prov.get("ports", [])),
+          f"{name}: the provisioner's metrics endpoint on a named port")
+    for c in spec["containers"]:
+        if c["name"] != "gds-csi":
+            check(arg(c, "--v=") == ["--v=2"], f"{name}/{c['name']}: --v from sidecars.logLevel")
+for w in pods(conv):
+    name, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    check(w["spec"].get("revisionHistoryLimit") == 3, f"{name}: revisionHistoryLimit override")
+    for c in spec["containers"]:
+        check(c["image"].startswith("mirror.example.com/k8s/"), f"{name}/{c['name']}: imageRegistry override: {c['image']}")
+        if c["name"] == "gds-csi":
+            check({"name": "RUST_LOG", "value": "debug"} in c["env"], f"{name}: logLevel override")
+        else:
+            check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
+for docs, label in ((default, "defaults"), (conv, "conventions")):
+    svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]
+    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == ["metrics", "prov-metrics"],
+          f"{label}: metrics Service over the driver's and the provisioner's metrics")
+check(not kinds(default, "ServiceMonitor") and not kinds(default, "PodMonitor"), "no monitors by default")
+check(len(kinds(conv, "ServiceMonitor")) == 1 and len(kinds(conv, "PodMonitor")) == 1, "ServiceMonitor and PodMonitor when enabled")
+check("seLinuxMount" not in kinds(default, "CSIDriver")[0]["spec"], "seLinuxMount off by default")
+check(kinds(conv, "CSIDriver")[0]["spec"].get("seLinuxMount") is True, "seLinuxMount when enabled")
+check(not kinds(sa, "ServiceAccount"), "serviceAccount.create=false renders no ServiceAccount")
+check([x for x in kinds(sa, "DaemonSet")][0]["spec"]["template"]["spec"]["serviceAccountName"] == "existing-sa",
+      "serviceAccount.name.node is used")
+check(any(s["name"] == "existing-sa" for b in kinds(sa, "ClusterRoleBinding") + kinds(sa, "RoleBinding") for s in b["subjects"]),
+      "RBAC binds the named ServiceAccount")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "chart conventions: seccomp, logLevel, serviceAccount.create/name, metrics Service and monitors, seLinuxMount, imageRegistry, revisionHistoryLimit, liveness sidecars"
+  else
+    fail "chart conventions" "$out"
+  fi
+fi
+expect_render_error "values.schema.json rejects unknown top-level keys" "additional properties" --set nosuchkey=1
+expect_render_error "values.schema.json checks types" "revisionHistoryLimit" --set revisionHistoryLimit=many
+# NOTES.txt is never in `helm template` output: render it through a copy of the chart.
+cp -r "$CHART" "$tmp/notes-chart"
+printf 'notes: |\n{{ include "gds-csi/templates/NOTES.txt" . | indent 2 }}\n' >"$tmp/notes-chart/templates/notes-check.yaml"
+notes=$("$HELM" template gds-csi "$tmp/notes-chart" --namespace gds-csi --kube-version "$KUBE_VERSION" \
+  --show-only templates/notes-check.yaml 2>&1)
+if grep -qF -- "kubectl get nodes -L $DRIVER/gds-nvme" <<<"$notes" && grep -qF "gds-csi doctor" <<<"$notes"; then
+  pass "NOTES.txt shows GDS readiness labels and how to run doctor"
+else
+  fail "NOTES.txt shows GDS readiness labels and how to run doctor" "$notes"
+fi
+
+# --- the cuFile probe inside the node pod (issue 16 item 1) ---------------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  render --set gds.runtimeClassName= >"$tmp/noruntime.yaml" 2>"$tmp/err" || fail "helm template (no runtime class)" "$(cat "$tmp/err")"
+  if out=$(python3 - "$tmp/default.yaml" "$tmp/noruntime.yaml" 2>&1 <<'PY'
+import sys, yaml
+default, noruntime = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:3])
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def node(docs): return [x for x in docs if x["kind"] == "DaemonSet"][0]["spec"]["template"]["spec"]
+spec = node(default)
+check(spec.get("runtimeClassName") == "nvidia", "node pods use the nvidia RuntimeClass (libcuda, /dev/nvidia*)")
+check("runtimeClassName" not in node(noruntime), "gds.runtimeClassName empty: no runtimeClassName")
+drv = [c for c in spec["containers"] if c["name"] == "gds-csi"][0]
+env = {e["name"]: e.get("value") for e in drv["env"]}
+check(env.get("NVIDIA_VISIBLE_DEVICES") == "all", "NVIDIA_VISIBLE_DEVICES=all")
+check("compute" in (env.get("NVIDIA_DRIVER_CAPABILITIES") or "").split(","), "NVIDIA_DRIVER_CAPABILITIES has compute (libcuda)")
+mounts = {m["mountPath"]: m for m in drv["volumeMounts"]}
+vols = {v["name"]: v for v in spec["volumes"]}
+for path, host, typ in (("/run/udev", "/run/udev", "Directory"), ("/etc/cufile.json", "/etc/cufile.json", "File")):
+    m = mounts.get(path, {})
+    check(m.get("readOnly") is True, f"{path} mounted read-only")
+    hp = vols.get(m.get("name"), {}).get("hostPath", {})
+    check(hp.get("path") == host and hp.get("type") == typ, f"{path} from the host's {host} ({typ}): {hp}")
+check("--cufile-json=/etc/cufile.json" in drv["args"], "--cufile-json points at the mounted file")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "node pod gets libcuda and devices (runtime class, NVIDIA_* env), the host's /run/udev and cufile.json"
+  else
+    fail "node pod cuFile environment" "$out"
+  fi
+fi
+if grep -q 'nvidia-cufile==' Dockerfile && grep -q 'libcufile' Dockerfile && grep -q 'ldconfig' Dockerfile; then
+  pass "the image ships NVIDIA's packaged libcufile on the loader path"
+else
+  fail "the image ships NVIDIA's packaged libcufile on the loader path"
+fi
+
+# --- GDS workload examples are least-privilege (issue 16 item 8) -----------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
+import sys, yaml
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+for f in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(f)) if d]
+    pods = [d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Pod", "Job")]
+    check(len(pods) == 1, f"{f}: one pod spec")
+    for spec in pods:
+        check(not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), f"{f}: no host namespaces")
+        check(spec.get("securityContext", {}).get("runAsNonRoot") is True, f"{f}: runAsNonRoot")
+        check(spec.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"}, f"{f}: seccomp RuntimeDefault")
+        check(spec.get("runtimeClassName") == "nvidia", f"{f}: nvidia runtime class")
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            sc = c.get("securityContext", {})
+            check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, f"{f}: not privileged")
+            check(sc.get("capabilities") == {"drop": ["ALL"]}, f"{f}: drops every capability, adds none")
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            check(env.get("NVIDIA_GDS") == "enabled", f"{f}: NVIDIA_GDS=enabled (nvidia-fs device nodes)")
+            check("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}), f"{f}: requests a GPU")
+            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+            for path in ("/run/udev", "/etc/cufile.json"):
+                m = mounts.get(path, {})
+                check(m.get("readOnly") is True and vols.get(m.get("name"), {}).get("hostPath", {}).get("path") == path,
+                      f"{f}: {path} from the host, read-only")
+            hostpaths = [vols[m["name"]]["hostPath"]["path"] for m in c["volumeMounts"] if "hostPath" in vols[m["name"]]]
+            check(sorted(hostpaths) == ["/etc/cufile.json", "/run/udev"], f"{f}: no other host paths: {hostpaths}")
+            check(any("persistentVolumeClaim" in vols[m["name"]] for m in c["volumeMounts"]), f"{f}: the data volume is a PVC")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "GDS workload examples: unprivileged, no capabilities, nvidia-fs via NVIDIA_GDS, /run/udev and cufile.json read-only"
+  else
+    fail "GDS workload examples are least-privilege" "$out"
+  fi
 fi
 
 # --- rendered manifests in sync --------------------------------------------------

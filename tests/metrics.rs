@@ -197,3 +197,50 @@ fn the_line_checker_rejects_malformed_lines() {
     assert!(!is_sample("9a 1"));
     assert!(!is_sample("a 1 2"));
 }
+
+/// The csi-lib-utils shape CSI dashboards read (`csi_plugin_operations_seconds` with
+/// driver_name, method_name as the full gRPC method, grpc_status_code as Go spells it) and
+/// a build_info gauge, beside the driver's own families.
+#[tokio::test]
+async fn csi_lib_utils_operations_and_build_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, addr) = start_driver(dir.path()).await;
+    let count = "csi_plugin_operations_seconds_count{driver_name=\"gds.csi.gds-csi.io\",\
+                 method_name=\"/csi.v1.Node/NodeUnstageVolume\",grpc_status_code=\"InvalidArgument\"}";
+    let probe = "csi_plugin_operations_seconds_count{driver_name=\"gds.csi.gds-csi.io\",\
+                 method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"}";
+    let (_, before) = http_get(addr, "/metrics").await;
+    // Methods the other test here does not count: the families are process-wide.
+    c.identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap();
+    let err = c
+        .node
+        .node_unstage_volume(NodeUnstageVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let (_, after) = http_get(addr, "/metrics").await;
+    check_exposition(&after);
+    assert_eq!(
+        sample(&after, count) - sample(&before, count),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        sample(&after, probe) - sample(&before, probe) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        after.contains("# TYPE csi_plugin_operations_seconds histogram"),
+        "{after}"
+    );
+    // csi-lib-utils' buckets: 0.1 .. 600 s.
+    assert!(after.contains("le=\"600.0\""), "{after}");
+    let build = format!(
+        "gds_csi_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&after, &build), 1.0, "{after}");
+}

@@ -1,5 +1,6 @@
 //! The node's pool of whole block devices, and the allocation domain operations.
 
+pub mod fs_min;
 pub mod inventory;
 pub mod state;
 

@@ -10,7 +10,7 @@ use crate::csi::*;
 use crate::error::{Error, Result};
 use crate::nfs;
 use crate::os::FsType;
-use crate::pool::{AllocationRequest, VolumeRecord};
+use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, PARAM_FS_TYPE};
 use crate::volume_id::{self, BlockVolumeId};
 
@@ -113,19 +113,38 @@ impl ControllerService {
                 )));
             }
         }
+        // A device that the node's mkfs refuses would never stage: round up or refuse here.
+        let fs_type = fs_types.first().copied().unwrap_or(FsType::Ext4);
+        let min = fs_min::min_bytes(fs_type).await?;
+        let required_bytes = fs_min::fit(
+            fs_type,
+            min,
+            range.required_bytes as u64,
+            range.limit_bytes as u64,
+        )?;
         let _guard = self.driver.locks.try_lock(&format!("name:{name}"))?;
         let alloc = AllocationRequest {
             name,
-            required_bytes: range.required_bytes as u64,
+            required_bytes,
             limit_bytes: range.limit_bytes as u64,
-            fs_type: fs_types.first().copied().unwrap_or(FsType::Ext4),
+            fs_type,
             parameters: params.stored,
         };
         let (id, rec) = self
             .driver
             .pool
             .allocate(self.driver.host.as_ref(), &alloc)
-            .await?;
+            .await
+            .map_err(|e| match e {
+                Error::OutOfRange(m) if required_bytes > range.required_bytes as u64 => {
+                    Error::OutOfRange(format!(
+                        "{m}; the request was raised to {min} bytes, the smallest {} the \
+                         node's mkfs makes",
+                        fs_type.as_str()
+                    ))
+                }
+                e => e,
+            })?;
         Ok(self.volume(&id.to_string(), &rec))
     }
 

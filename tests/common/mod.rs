@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use gds_csi::client::Clients;
 use gds_csi::config::Mode;
-use gds_csi::csi::ProbeRequest;
 use gds_csi::service::Driver;
 use sha2::{Digest, Sha256};
 
@@ -150,20 +149,13 @@ impl Rig {
             cmd.arg("--pool-device").arg(dev);
         }
         self.child = Some(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
-        for _ in 0..150 {
-            if let Ok(mut c) = Clients::connect(&self.socket()).await {
-                if let Ok(r) = c.identity.probe(ProbeRequest {}).await {
-                    if r.into_inner().ready == Some(true) {
-                        return c;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        match Clients::connect_ready(&self.socket(), Duration::from_secs(15)).await {
+            Ok(c) => c,
+            Err(e) => panic!(
+                "{e}: {}",
+                fs::read_to_string(self.log_path(self.starts)).unwrap_or_default()
+            ),
         }
-        panic!(
-            "driver did not become ready: {}",
-            fs::read_to_string(self.log_path(self.starts)).unwrap_or_default()
-        );
     }
 
     pub fn kill9(&mut self) {

@@ -238,7 +238,7 @@ if [ "$DEPLOY" = chart ]; then
   # The chart mounts the host's udev database read-only; this machine runs no udev.
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
   helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
-    --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
+    --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false --set gds.runtimeClassName=
     --set "node.poolDevices={${DEVICES[0]},${DEVICES[1]}}" --set sidecars.provisioner.capacityPollInterval=5s)
   for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe; do
     helm_set+=(--set "sidecars.${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"

@@ -26,6 +26,12 @@ start_control_plane '*,-nodelifecycle'
 echo "control plane up in $((SECONDS - start)) s"
 apply_chart
 check "rendered CSIDriver, RBAC and StorageClass applied" "$KUBECTL" get "csidriver/$DRIVER" storageclass/nvme-gds -o name
+# The GDS workload examples (deploy/examples/) as the API server admits them (the nvidia
+# RuntimeClass they name is what the GPU Operator installs).
+printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: nvidia\nhandler: nvidia\n' |
+  "$KUBECTL" apply -f - >/dev/null
+check "GDS workload pod template and read job pass a server-side dry run" \
+  "$KUBECTL" apply --dry-run=server -f "$E2E_DIR/../../deploy/examples/"
 
 # --- two nodes, each with a plugin, a pool and a provisioner ---------------------------
 MiB=$((1024 * 1024))

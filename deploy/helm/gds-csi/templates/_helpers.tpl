@@ -39,20 +39,32 @@ app.kubernetes.io/name: {{ include "gds-csi.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "gds-csi.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{/* repository with .Values.imageRegistry in front when set. Call with (list $ repository). */}}
+{{- define "gds-csi.repository" -}}
+{{- $root := index . 0 -}}{{- $repo := index . 1 -}}
+{{- if $root.Values.imageRegistry -}}
+{{- printf "%s/%s" (trimSuffix "/" $root.Values.imageRegistry) $repo -}}
+{{- else -}}
+{{- $repo -}}
+{{- end -}}
 {{- end -}}
 
+{{- define "gds-csi.image" -}}
+{{- printf "%s:%s" (include "gds-csi.repository" (list . .Values.image.repository)) (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* A sidecar's image. Call with (list $ .Values.sidecars.<name>.image). */}}
 {{- define "gds-csi.sidecarImage" -}}
-{{- printf "%s:%s" .repository .tag -}}
+{{- $img := index . 1 -}}
+{{- printf "%s:%s" (include "gds-csi.repository" (list (index . 0) $img.repository)) $img.tag -}}
 {{- end -}}
 
 {{- define "gds-csi.nodeServiceAccount" -}}
-{{- printf "%s-node" (include "gds-csi.fullname" .) -}}
+{{- default (printf "%s-node" (include "gds-csi.fullname" .)) .Values.serviceAccount.name.node -}}
 {{- end -}}
 
 {{- define "gds-csi.controllerServiceAccount" -}}
-{{- printf "%s-nfs-controller" (include "gds-csi.fullname" .) -}}
+{{- default (printf "%s-nfs-controller" (include "gds-csi.fullname" .)) .Values.serviceAccount.name.controller -}}
 {{- end -}}
 
 {{/* node.hostNetwork: null means "only when NFS is enabled". */}}

@@ -1,0 +1,153 @@
+//! The smallest device each filesystem's installed mkfs accepts, so that CreateVolume never
+//! makes a volume that NodeStage cannot format. Read from the mkfs itself, not a constant
+//! that drifts between versions: dry runs on a sparse file (`mkfs.xfs -N`, `mke2fs -n`),
+//! a binary search once per filesystem at first use, cached for the process's life.
+//! xfsprogs 5.19+ refuses data sections under 300 MiB (mkfs/xfs_mkfs.c: `sb_dblocks <
+//! MEGABYTES(300, ...)` -> "Filesystem must be larger than 300MB", skipped when fstests'
+//! TEST_DIR, TEST_DEV and QA_CHECK_FS are all set: the dry run sees the driver's environment,
+//! as the real mkfs does); e2fsprogs' floor is some 60 KiB.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use crate::error::{Error, Result};
+use crate::os::{runner, FsType};
+
+/// Search step and floor: mkfs sizes are in 4 KiB blocks at most.
+const STEP: u64 = 4096;
+/// Above this every mkfs is expected to succeed; a refusal here means mkfs is broken.
+const CEILING: u64 = 64 << 30;
+/// Deadline of one dry run (they take milliseconds).
+const DRY_RUN_TIMEOUT: Duration = Duration::from_secs(20);
+
+static EXT4: OnceCell<u64> = OnceCell::const_new();
+static XFS: OnceCell<u64> = OnceCell::const_new();
+
+/// The smallest size in bytes that the installed mkfs of `fs` accepts (a multiple of 4 KiB).
+pub async fn min_bytes(fs: FsType) -> Result<u64> {
+    let cell = match fs {
+        FsType::Ext4 => &EXT4,
+        FsType::Xfs => &XFS,
+    };
+    cell.get_or_try_init(|| search(fs)).await.copied()
+}
+
+async fn search(fs: FsType) -> Result<u64> {
+    let file = Scratch(std::env::temp_dir().join(format!(
+        "gds-csi-fs-min-{}-{}",
+        std::process::id(),
+        fs.as_str()
+    )));
+    let _ = std::fs::remove_file(&file.0);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file.0)
+        .map_err(|e| {
+            Error::FailedPrecondition(format!(
+                "cannot make a scratch file {} to read the smallest {} from its mkfs: {e}",
+                file.0.display(),
+                fs.as_str()
+            ))
+        })?;
+    let path = file.0.as_path();
+    if !accepts(fs, path, CEILING).await? {
+        return Err(Error::FailedPrecondition(format!(
+            "the installed mkfs for {} refuses even a {} GiB device in a dry run; check the node image",
+            fs.as_str(),
+            CEILING >> 30
+        )));
+    }
+    // Invariant: `hi` accepted, `lo` refused (or the floor).
+    let (mut lo, mut hi) = (0u64, CEILING / STEP);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if accepts(fs, path, mid * STEP).await? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let min = hi * STEP;
+    tracing::info!(
+        fs = fs.as_str(),
+        min_bytes = min,
+        "smallest filesystem read from mkfs"
+    );
+    Ok(min)
+}
+
+/// The sparse dry-run file, removed when the search ends.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One dry run on a sparse file of `bytes`: nothing is written by mkfs.
+async fn accepts(fs: FsType, file: &Path, bytes: u64) -> Result<bool> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .and_then(|f| f.set_len(bytes))
+        .map_err(|e| Error::Io {
+            context: "sizing the mkfs dry-run file",
+            path: file.to_owned(),
+            source: e,
+        })?;
+    let f = file.as_os_str();
+    // mke2fs is the program that mkfs.ext4 links to (`-t ext4` picks the same profile);
+    // -n: "do not actually create a filesystem" (mke2fs(8)). mkfs.xfs -N: "print out the
+    // filesystem parameters without really creating" (mkfs.xfs(8)); both still check size.
+    let (program, args): (&str, Vec<&OsStr>) = match fs {
+        FsType::Ext4 => (
+            "mke2fs",
+            vec![OsStr::new("-t"), OsStr::new("ext4"), OsStr::new("-n"), f],
+        ),
+        FsType::Xfs => ("mkfs.xfs", vec![OsStr::new("-N"), f]),
+    };
+    let out = runner::run_raw(program, &args, DRY_RUN_TIMEOUT)
+        .await
+        .map_err(|e| {
+            Error::FailedPrecondition(format!(
+                "cannot read the smallest {} from {program}: {e}",
+                fs.as_str()
+            ))
+        })?;
+    Ok(out.status.success())
+}
+
+/// The capacity range with `required_bytes` raised to the filesystem's minimum, or
+/// OutOfRange when `limit_bytes` forbids a device that mkfs would accept.
+pub fn fit(fs: FsType, min: u64, required: u64, limit: u64) -> Result<u64> {
+    if limit > 0 && limit < min {
+        return Err(Error::OutOfRange(format!(
+            "capacity_range: limit_bytes {limit} is below the smallest {} the node's mkfs makes \
+             ({min} bytes, {} MiB); raise the limit to at least that, or ask for ext4",
+            fs.as_str(),
+            min.div_ceil(1 << 20)
+        )));
+    }
+    Ok(required.max(min))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_rounds_up_or_refuses_with_the_limit() {
+        let min = 300 << 20;
+        assert_eq!(fit(FsType::Xfs, min, 100 << 20, 0).unwrap(), min);
+        assert_eq!(fit(FsType::Xfs, min, 400 << 20, 0).unwrap(), 400 << 20);
+        assert_eq!(fit(FsType::Xfs, min, 0, 1 << 30).unwrap(), min);
+        let e = fit(FsType::Xfs, min, 100 << 20, 200 << 20).unwrap_err();
+        assert!(matches!(e, Error::OutOfRange(_)));
+        assert!(e.to_string().contains("limit_bytes") && e.to_string().contains("xfs"));
+    }
+}
