@@ -216,6 +216,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
             driver.pool.verify_identity(&raw_id, dev, &vol.record)?;
             let job = format_job(
                 Arc::clone(&driver.host),
+                vol.id.to_string(),
                 dev.path.clone(),
                 vol.record.clone(),
                 fs,
@@ -249,6 +250,7 @@ pub async fn stage(driver: &Driver, vol: &Located, staging: &Path, cap: &Capabil
 /// running and the retry joins it.
 async fn format_job(
     host: Arc<dyn Host>,
+    volume_id: String,
     device: PathBuf,
     record: VolumeRecord,
     fs: FsType,
@@ -260,7 +262,7 @@ async fn format_job(
         FormatDecision::UseExisting { .. } => return Ok(()),
         FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
     }
-    info!(device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
+    info!(%volume_id, device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
     host.mkfs(&device, fs, &record.fs_uuid).await?;
     faults::reached(KillPoint::AfterMkfs);
     Ok(())
