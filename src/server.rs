@@ -253,6 +253,52 @@ impl AsyncWrite for Conn {
     }
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What a layer does around one call. `Around` supplies the tower plumbing once
+/// for every such layer.
+pub trait AroundCall: Clone + Send + 'static {
+    fn around<S, B, RB>(
+        &self,
+        inner: S,
+        req: http::Request<B>,
+    ) -> BoxFuture<Result<S::Response, S::Error>>
+    where
+        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
+        S::Future: Send + 'static,
+        B: Send + 'static;
+}
+
+/// The service a layer of `AroundCall` `hook` builds around `inner`.
+#[derive(Clone)]
+pub struct Around<H, S> {
+    hook: H,
+    inner: S,
+}
+
+impl<H, S, B, RB> Service<http::Request<B>> for Around<H, S>
+where
+    H: AroundCall,
+    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The clone that was polled ready is the one that must be called.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        self.hook.around(inner, req)
+    }
+}
+
 /// At most `limit` Controller and Node calls at once over all connections; a call
 /// waits for its turn before its body is read. Identity calls pass freely.
 #[derive(Clone)]
@@ -269,41 +315,28 @@ impl InFlightLayer {
 }
 
 impl<S> Layer<S> for InFlightLayer {
-    type Service = InFlight<S>;
+    type Service = Around<Self, S>;
     fn layer(&self, inner: S) -> Self::Service {
-        InFlight {
+        Around {
+            hook: self.clone(),
             inner,
-            permits: Arc::clone(&self.permits),
         }
     }
 }
 
-#[derive(Clone)]
-pub struct InFlight<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
-
-impl<S, B, RB> Service<http::Request<B>> for InFlight<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+impl AroundCall for InFlightLayer {
+    fn around<S, B, RB>(
+        &self,
+        mut inner: S,
+        req: http::Request<B>,
+    ) -> BoxFuture<Result<S::Response, S::Error>>
+    where
+        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
+        S::Future: Send + 'static,
+        B: Send + 'static,
+    {
         let counted = !req.uri().path().starts_with("/csi.v1.Identity/");
         let permits = Arc::clone(&self.permits);
-        // The clone that was polled ready is the one that must be called.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let _permit = if counted {
                 Some(permits.acquire_owned().await.expect("never closed"))
@@ -321,34 +354,23 @@ where
 pub struct RequestLogLayer;
 
 impl<S> Layer<S> for RequestLogLayer {
-    type Service = RequestLog<S>;
+    type Service = Around<Self, S>;
     fn layer(&self, inner: S) -> Self::Service {
-        RequestLog { inner }
+        Around { hook: *self, inner }
     }
 }
 
-#[derive(Clone)]
-pub struct RequestLog<S> {
-    inner: S,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, RB> Service<http::Request<B>> for RequestLog<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+impl AroundCall for RequestLogLayer {
+    fn around<S, B, RB>(
+        &self,
+        mut inner: S,
+        req: http::Request<B>,
+    ) -> BoxFuture<Result<S::Response, S::Error>>
+    where
+        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
+        S::Future: Send + 'static,
+        B: Send + 'static,
+    {
         let method = req
             .uri()
             .path()
@@ -357,9 +379,6 @@ where
             .unwrap_or_default()
             .to_owned();
         let start = Instant::now();
-        // The clone that was polled ready is the one that must be called.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let response = inner.call(req).await;
             let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
