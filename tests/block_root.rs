@@ -12,42 +12,18 @@ use sha2::{Digest, Sha256};
 use tonic::Code;
 
 mod common;
-use common::{digest_file, Rig, SIZE};
-
-fn mount_cap(mode: Mode) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
-}
+use common::{digest_file, requests, Rig, SIZE};
 
 fn create_req(name: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
-        // No GPU here: the GDS gate (on by default) is turned off explicitly.
-        parameters: HashMap::from([("gdsPolicy".to_string(), "disabled".to_string())]),
-        ..Default::default()
-    }
+    requests::create_without_gds(name, requests::single_writer_mount())
 }
 
 fn stage_req(id: &str, staging: &Path) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
-        ..Default::default()
-    }
+    requests::stage_request(id, staging, requests::single_writer_mount())
 }
 
 fn publish_req(id: &str, staging: &Path, target: &Path) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        target_path: target.to_str().unwrap().into(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
-        ..Default::default()
-    }
+    requests::publish_request(id, staging, target, requests::single_writer_mount())
 }
 
 fn mountinfo_line(path: &Path) -> Option<String> {

@@ -2,69 +2,24 @@
 //! a published raw-block volume counts as in use. The real `gds-csi` binary on real loop
 //! devices (issue 11, items 1, 3, 4 and 15). Without root they report a skip.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use tonic::Code;
 
 mod common;
-use common::{blkid_code, digest_file, run, Rig, SIZE};
+use common::{blkid_code, digest_file, requests, run, Rig, SIZE};
 
-fn cap(mode: Mode, block: bool) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume::default())
-        }),
-    }
-}
+use common::requests::{
+    capability as cap, delete_request as delete_req, publish_request as publish_req,
+    stage_request as stage_req,
+};
 
 fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![cap(Mode::SingleNodeWriter, block)],
-        parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-        ..Default::default()
-    }
-}
-
-fn stage_req(id: &str, staging: &Path, c: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(c),
-        ..Default::default()
-    }
-}
-
-fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    c: VolumeCapability,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        target_path: target.to_str().unwrap().into(),
-        volume_capability: Some(c),
-        ..Default::default()
-    }
-}
-
-fn delete_req(id: &str) -> DeleteVolumeRequest {
-    DeleteVolumeRequest {
-        volume_id: id.into(),
-        secrets: HashMap::new(),
-    }
+    requests::create_without_gds(name, cap(Mode::SingleNodeWriter, block))
 }
 
 /// A sparse image of `size` bytes whose first MiB holds a recognisable pattern.

@@ -16,50 +16,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::tools::{blkid_tag, process_ended, reads_back_zeros, Tools, FOREIGN_UUID};
-use common::{mounts_at, Rig};
+use common::{mounts_at, requests, Rig};
 use gds_csi::client::Clients;
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use tonic::Code;
 
 fn cap(block: bool) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume::default())
-        }),
-    }
+    requests::capability(Mode::SingleNodeWriter, block)
 }
 
 async fn create(c: &mut Clients, name: &str, block: bool) -> String {
-    c.controller
-        .create_volume(CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![cap(block)],
-            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
+    requests::create_volume_id(c, name, cap(block)).await
 }
 
 fn stage_request(id: &str, staging: &std::path::Path) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(cap(false)),
-        ..Default::default()
-    }
+    requests::stage_request(id, staging, cap(false))
 }
 
 async fn stage(c: &mut Clients, id: &str, staging: &std::path::Path) -> Result<(), tonic::Status> {

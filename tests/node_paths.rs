@@ -21,45 +21,23 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Rig;
+use common::{requests, Rig};
 use gds_csi::client::Clients;
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use gds_csi::os::mountinfo;
 use tonic::Code;
 
 fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
+    requests::single_writer_mount()
 }
 
 fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        ..mount_cap()
-    }
+    requests::capability(Mode::SingleNodeWriter, true)
 }
 
 async fn create(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
-    c.controller
-        .create_volume(CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![cap],
-            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
+    requests::create_volume_id(c, name, cap).await
 }
 
 async fn stage(
@@ -69,22 +47,14 @@ async fn stage(
     cap: VolumeCapability,
 ) -> Result<(), tonic::Status> {
     c.node
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        })
+        .node_stage_volume(requests::stage_request(id, staging, cap))
         .await
         .map(drop)
 }
 
 async fn unstage(c: &mut Clients, id: &str, staging: &Path) -> Result<(), tonic::Status> {
     c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
+        .node_unstage_volume(requests::unstage_request(id, staging))
         .await
         .map(drop)
 }
@@ -97,23 +67,14 @@ async fn publish(
     cap: VolumeCapability,
 ) -> Result<(), tonic::Status> {
     c.node
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            target_path: target.to_str().unwrap().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        })
+        .node_publish_volume(requests::publish_request(id, staging, target, cap))
         .await
         .map(drop)
 }
 
 async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {
     c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.into(),
-            target_path: target.to_str().unwrap().into(),
-        })
+        .node_unpublish_volume(requests::unpublish_request(id, target))
         .await
         .map(drop)
 }
