@@ -255,18 +255,15 @@ impl AsyncWrite for Conn {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// What a layer does around one call. `Around` supplies the tower plumbing once
-/// for every such layer.
+/// What a layer does before and after each call. `Around` supplies the tower plumbing
+/// once for every such layer.
 pub trait AroundCall: Clone + Send + 'static {
-    fn around<S, B, RB>(
-        &self,
-        inner: S,
-        req: http::Request<B>,
-    ) -> BoxFuture<Result<S::Response, S::Error>>
-    where
-        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
-        S::Future: Send + 'static,
-        B: Send + 'static;
+    /// Lives from before the call until its response is back.
+    type Guard: Send + 'static;
+    /// Runs before the call's body is read; the call waits for the guard.
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard>;
+    /// Sees the response of a call that reached the service.
+    fn after<RB>(&self, guard: Self::Guard, response: &http::Response<RB>);
 }
 
 /// The service a layer of `AroundCall` `hook` builds around `inner`.
@@ -294,8 +291,17 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         // The clone that was polled ready is the one that must be called.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        self.hook.around(inner, req)
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let hook = self.hook.clone();
+        let before = hook.before(req.uri());
+        Box::pin(async move {
+            let guard = before.await;
+            let response = inner.call(req).await;
+            if let Ok(resp) = &response {
+                hook.after(guard, resp);
+            }
+            response
+        })
     }
 }
 
@@ -325,27 +331,21 @@ impl<S> Layer<S> for InFlightLayer {
 }
 
 impl AroundCall for InFlightLayer {
-    fn around<S, B, RB>(
-        &self,
-        mut inner: S,
-        req: http::Request<B>,
-    ) -> BoxFuture<Result<S::Response, S::Error>>
-    where
-        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
-        S::Future: Send + 'static,
-        B: Send + 'static,
-    {
-        let counted = !req.uri().path().starts_with("/csi.v1.Identity/");
+    type Guard = Option<OwnedSemaphorePermit>;
+
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
+        let counted = !uri.path().starts_with("/csi.v1.Identity/");
         let permits = Arc::clone(&self.permits);
         Box::pin(async move {
-            let _permit = if counted {
+            if counted {
                 Some(permits.acquire_owned().await.expect("never closed"))
             } else {
                 None
-            };
-            inner.call(req).await
+            }
         })
     }
+
+    fn after<RB>(&self, _permit: Self::Guard, _response: &http::Response<RB>) {}
 }
 
 /// Logs each call's method, gRPC code and latency; never the request, which may
@@ -361,52 +361,33 @@ impl<S> Layer<S> for RequestLogLayer {
 }
 
 impl AroundCall for RequestLogLayer {
-    fn around<S, B, RB>(
-        &self,
-        mut inner: S,
-        req: http::Request<B>,
-    ) -> BoxFuture<Result<S::Response, S::Error>>
-    where
-        S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
-        S::Future: Send + 'static,
-        B: Send + 'static,
-    {
-        let method = req
-            .uri()
-            .path()
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let start = Instant::now();
-        Box::pin(async move {
-            let response = inner.call(req).await;
-            let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
-            if let Ok(resp) = &response {
-                let header = |name: &str| {
-                    resp.headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(|s| s.to_owned())
-                };
-                let code = header("grpc-status").unwrap_or_else(|| "0".into());
-                crate::metrics::record_call(
-                    &method,
-                    &crate::metrics::code_name(&code),
-                    start.elapsed(),
-                );
-                if code != "0" {
-                    let message = header("grpc-message").unwrap_or_default();
-                    let message = percent_decode(&message);
-                    warn!(%method, code = ?tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
-                } else if method == "Probe" {
-                    debug!(%method, elapsed_ms, "call");
-                } else {
-                    info!(%method, elapsed_ms, "call");
-                }
-            }
-            response
-        })
+    /// The method's name and when the call came in.
+    type Guard = (String, Instant);
+
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
+        let method = uri.path().rsplit('/').next().unwrap_or_default().to_owned();
+        Box::pin(std::future::ready((method, Instant::now())))
+    }
+
+    fn after<RB>(&self, (method, start): Self::Guard, resp: &http::Response<RB>) {
+        let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.to_owned())
+        };
+        let code = header("grpc-status").unwrap_or_else(|| "0".into());
+        crate::metrics::record_call(&method, &crate::metrics::code_name(&code), start.elapsed());
+        if code != "0" {
+            let message = header("grpc-message").unwrap_or_default();
+            let message = percent_decode(&message);
+            warn!(%method, code = ?tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
+        } else if method == "Probe" {
+            debug!(%method, elapsed_ms, "call");
+        } else {
+            info!(%method, elapsed_ms, "call");
+        }
     }
 }
 
