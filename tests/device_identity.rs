@@ -12,6 +12,7 @@ use tonic::Code;
 
 mod common;
 use common::{blkid_code, digest_file, requests, run, Rig, SIZE};
+use gds_csi::client::Clients;
 
 use common::requests::{
     capability as cap, delete_request as delete_req, publish_request as publish_req,
@@ -20,6 +21,17 @@ use common::requests::{
 
 fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
     requests::create_without_gds(name, cap(Mode::SingleNodeWriter, block))
+}
+
+/// Stages `id` as a mount, which must be refused as FailedPrecondition; returns the error.
+async fn stage_refused(c: &mut Clients, id: &str, staging: &Path) -> tonic::Status {
+    let err = c
+        .node
+        .node_stage_volume(stage_req(id, staging, requests::single_writer_mount()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    err
 }
 
 /// A sparse image of `size` bytes whose first MiB holds a recognisable pattern.
@@ -54,14 +66,7 @@ async fn a_published_raw_block_volume_is_in_use() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
     let block = cap(Mode::SingleNodeSingleWriter, true);
-    let vol = c
-        .controller
-        .create_volume(create_req("raw", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("raw", true)).await;
     let id = vol.volume_id;
     let staging = rig.path("staging/raw");
     let target = rig.path("pods/p1/dev");
@@ -149,10 +154,7 @@ async fn a_published_raw_block_volume_is_in_use() {
 
     // Unpublished, it can be deleted.
     c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
+        .node_unpublish_volume(requests::unpublish_request(&id, &target))
         .await
         .unwrap();
     c.controller.delete_volume(delete_req(&id)).await.unwrap();
@@ -216,14 +218,7 @@ async fn one_device_listed_twice_is_one_pool_device() {
         capacity.available_capacity as u64, SIZE,
         "one device, counted once"
     );
-    let vol = c
-        .controller
-        .create_volume(create_req("a", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("a", false)).await;
     let err = c
         .controller
         .create_volume(create_req("b", false))
@@ -277,14 +272,7 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     std::os::unix::fs::symlink(mine.path(), &link).unwrap();
     let link_arg = link.to_str().unwrap().to_owned();
     let mut c = rig.start_with(&[], &["--pool-device", &link_arg]).await;
-    let vol = c
-        .controller
-        .create_volume(create_req("v", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("v", false)).await;
     let id = vol.volume_id;
 
     // The link now names another device, bigger and holding data.
@@ -292,18 +280,12 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     std::os::unix::fs::symlink(other.path(), &link).unwrap();
     let staging = rig.path("staging/v");
     fs::create_dir_all(&staging).unwrap();
-    let mount = cap(Mode::SingleNodeWriter, false);
     for restart in [false, true] {
         if restart {
             rig.kill9();
             c = rig.start_with(&[], &["--pool-device", &link_arg]).await;
         }
-        let err = c
-            .node
-            .node_stage_volume(stage_req(&id, &staging, mount.clone()))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        let err = stage_refused(&mut c, &id, &staging).await;
         let msg = err.message();
         assert!(msg.contains(&link_arg), "names the device: {msg}");
         assert!(
@@ -329,7 +311,7 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(mine.path(), &link).unwrap();
     c.node
-        .node_stage_volume(stage_req(&id, &staging, mount.clone()))
+        .node_stage_volume(stage_req(&id, &staging, requests::single_writer_mount()))
         .await
         .unwrap();
     assert_eq!(rig.mkfs_count(), 1);
@@ -339,14 +321,8 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
 async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let id = c
-        .controller
-        .create_volume(create_req("v", false))
+    let id = requests::create_volume(&mut c, create_req("v", false))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     // The same /dev/loopN now shows another, bigger file whose first MiB holds data.
     let img = rig.path("other.img");
@@ -365,18 +341,12 @@ async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
     let _reattached = Loop(Some(dev.clone()));
     let staging = rig.path("staging/v");
     fs::create_dir_all(&staging).unwrap();
-    let mount = cap(Mode::SingleNodeWriter, false);
     for restart in [false, true] {
         if restart {
             rig.kill9();
             c = rig.start_with(&[], &["--pool-device", &dev_arg]).await;
         }
-        let err = c
-            .node
-            .node_stage_volume(stage_req(&id, &staging, mount.clone()))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        let err = stage_refused(&mut c, &id, &staging).await;
         assert!(err.message().contains(&dev_arg), "{}", err.message());
     }
     assert_eq!(rig.mkfs_count(), 0);
@@ -391,14 +361,7 @@ async fn a_pool_device_detached_after_start_is_not_allocated() {
     let mut c = rig.start().await;
     let gone = detach(&mut rig, 0);
     let kept = rig.loops[0].clone();
-    let vol = c
-        .controller
-        .create_volume(create_req("a", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("a", false)).await;
     let key = rig.state()["volumes"][&vol.volume_id]["device_key"].clone();
     assert_eq!(
         key,

@@ -14,14 +14,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use common::tools::{blkid_tag, reads_back_zeros, Tools};
-use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, Rig, SIZE};
+use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, requests, Rig, SIZE};
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
@@ -168,10 +167,7 @@ async fn do_step(c: &mut Clients, ctx: &mut Ctx, step: Step) -> Result<(), tonic
         }
         Step::Delete => {
             c.controller
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: ctx.id.clone(),
-                    secrets: HashMap::new(),
-                })
+                .delete_volume(requests::delete_request(&ctx.id))
                 .await?;
         }
         Step::WriteA => {

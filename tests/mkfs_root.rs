@@ -30,15 +30,38 @@ async fn create(c: &mut Clients, name: &str, block: bool) -> String {
     requests::create_volume_id(c, name, cap(block)).await
 }
 
-fn stage_request(id: &str, staging: &std::path::Path) -> NodeStageVolumeRequest {
-    requests::stage_request(id, staging, cap(false))
+async fn stage(c: &mut Clients, id: &str, staging: &std::path::Path) -> Result<(), tonic::Status> {
+    requests::stage(c, id, staging, cap(false)).await
 }
 
-async fn stage(c: &mut Clients, id: &str, staging: &std::path::Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_stage_volume(stage_request(id, staging))
-        .await
-        .map(|_| ())
+/// Closes the mkfs stand-in's gate and stages `id` in a task; returns once mkfs has been
+/// called and waits at the gate.
+async fn stage_held_in_mkfs(
+    c: &Clients,
+    tools: &Tools,
+    id: &str,
+    staging: &std::path::Path,
+) -> tokio::task::JoinHandle<Result<(), tonic::Status>> {
+    tools.close_gate();
+    let call = tokio::spawn({
+        let mut c = c.clone();
+        let (id, staging) = (id.to_owned(), staging.to_owned());
+        async move { stage(&mut c, &id, &staging).await }
+    });
+    wait_until("mkfs to be called", Duration::from_secs(10), || {
+        !tools.mkfs_calls().is_empty()
+    })
+    .await;
+    call
+}
+
+/// Runs `flock --nonblock --exclusive DEV true`: fails while another process holds
+/// the block-device lock.
+fn try_lock(dev: &std::path::Path) -> std::process::ExitStatus {
+    Command::new("flock")
+        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
+        .status()
+        .unwrap()
 }
 
 async fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
@@ -90,28 +113,13 @@ async fn mkfs_runs_under_the_block_device_lock() {
     let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
-    tools.close_gate();
-    let call = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
-    let locked = Command::new("flock")
-        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
-        .status()
-        .unwrap();
+    let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
+    let locked = try_lock(&dev);
     assert_eq!(locked.code(), Some(1), "the device is locked during mkfs");
     tools.open_gate();
     call.await.unwrap().expect("stage after the gate opened");
     assert_eq!(tools.mkfs_runs(), 1);
-    let free = Command::new("flock")
-        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
-        .status()
-        .unwrap();
+    let free = try_lock(&dev);
     assert!(free.success(), "the lock is released after mkfs");
 }
 
@@ -124,16 +132,7 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
     };
     let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
-    tools.close_gate();
-    let call = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
+    let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     let orphan = tools.mkfs_calls()[0];
     rig.kill9();
     assert!(
@@ -195,16 +194,7 @@ async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
     };
     let mut c = rig.start().await;
     let id = create(&mut c, "v", false).await;
-    tools.close_gate();
-    let first = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
+    let first = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     // The client cancels: the request future is dropped and the stream reset.
     first.abort();
     let _ = first.await;
@@ -264,10 +254,6 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     };
     let mut c = rig.start().await;
     let dev = rig.loops[0].clone();
-    let delete = |id: String| DeleteVolumeRequest {
-        volume_id: id,
-        secrets: Default::default(),
-    };
 
     // Written through the staged filesystem.
     let id = create(&mut c, "fs", false).await;
@@ -275,15 +261,12 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     let file = staging.join("secret.bin");
     fs::File::create(&file).unwrap();
     pattern_write(&file, 8 << 20);
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    assert!(!reads_back_zeros(&dev), "the pattern is on the device");
+    c.controller
+        .delete_volume(requests::delete_request(&id))
         .await
         .unwrap();
-    assert!(!reads_back_zeros(&dev), "the pattern is on the device");
-    c.controller.delete_volume(delete(id)).await.unwrap();
     assert!(
         reads_back_zeros(&dev),
         "the deleted filesystem volume's blocks are zeros"
@@ -293,7 +276,10 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     let id = create(&mut c, "raw", true).await;
     pattern_write(&dev, 4 << 20);
     assert!(!reads_back_zeros(&dev));
-    c.controller.delete_volume(delete(id)).await.unwrap();
+    c.controller
+        .delete_volume(requests::delete_request(&id))
+        .await
+        .unwrap();
     assert!(
         reads_back_zeros(&dev),
         "the deleted raw volume's blocks are zeros"
@@ -364,10 +350,7 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
     .unwrap();
     let delete = |mut c: Clients, id: String| async move {
         c.controller
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: id,
-                secrets: Default::default(),
-            })
+            .delete_volume(requests::delete_request(&id))
             .await
             .map(|_| ())
     };

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{requests, Rig};
+use common::requests::{self, publish, stage, unpublish, unstage};
+use common::Rig;
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
@@ -38,45 +39,6 @@ fn block_cap() -> VolumeCapability {
 
 async fn create(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
     requests::create_volume_id(c, name, cap).await
-}
-
-async fn stage(
-    c: &mut Clients,
-    id: &str,
-    staging: &Path,
-    cap: VolumeCapability,
-) -> Result<(), tonic::Status> {
-    c.node
-        .node_stage_volume(requests::stage_request(id, staging, cap))
-        .await
-        .map(drop)
-}
-
-async fn unstage(c: &mut Clients, id: &str, staging: &Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_unstage_volume(requests::unstage_request(id, staging))
-        .await
-        .map(drop)
-}
-
-async fn publish(
-    c: &mut Clients,
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    cap: VolumeCapability,
-) -> Result<(), tonic::Status> {
-    c.node
-        .node_publish_volume(requests::publish_request(id, staging, target, cap))
-        .await
-        .map(drop)
-}
-
-async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_unpublish_volume(requests::unpublish_request(id, target))
-        .await
-        .map(drop)
 }
 
 fn code(r: &Result<(), tonic::Status>) -> Code {

@@ -36,15 +36,21 @@ pub fn create_without_gds(name: &str, cap: VolumeCapability) -> CreateVolumeRequ
     }
 }
 
-/// Sends `create_without_gds` and returns the new volume's id.
-pub async fn create_volume_id(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
+/// Sends `req`, which must succeed, and returns the new volume.
+pub async fn create_volume(c: &mut Clients, req: CreateVolumeRequest) -> Volume {
     c.controller
-        .create_volume(create_without_gds(name, cap))
+        .create_volume(req)
         .await
         .unwrap()
         .into_inner()
         .volume
         .unwrap()
+}
+
+/// Sends `create_without_gds` and returns the new volume's id.
+pub async fn create_volume_id(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
+    create_volume(c, create_without_gds(name, cap))
+        .await
         .volume_id
 }
 
@@ -91,4 +97,44 @@ pub fn delete_request(id: &str) -> DeleteVolumeRequest {
         volume_id: id.into(),
         ..Default::default()
     }
+}
+
+/// The node calls, for tests that look only at success or the error.
+pub async fn stage(
+    c: &mut Clients,
+    id: &str,
+    staging: &Path,
+    cap: VolumeCapability,
+) -> Result<(), tonic::Status> {
+    c.node
+        .node_stage_volume(stage_request(id, staging, cap))
+        .await
+        .map(drop)
+}
+
+pub async fn unstage(c: &mut Clients, id: &str, staging: &Path) -> Result<(), tonic::Status> {
+    c.node
+        .node_unstage_volume(unstage_request(id, staging))
+        .await
+        .map(drop)
+}
+
+pub async fn publish(
+    c: &mut Clients,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+) -> Result<(), tonic::Status> {
+    c.node
+        .node_publish_volume(publish_request(id, staging, target, cap))
+        .await
+        .map(drop)
+}
+
+pub async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {
+    c.node
+        .node_unpublish_volume(unpublish_request(id, target))
+        .await
+        .map(drop)
 }
