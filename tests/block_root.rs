@@ -90,16 +90,7 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         stage(&mut c, &id, &staging).await.unwrap();
         publish(&mut c, &id, &staging, &target).await.unwrap();
     }
-    let stats = c
-        .node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
-            volume_path: target.to_str().unwrap().into(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = requests::published_stats(&mut c, &id, &target).await;
     assert!(!stats.volume_condition.unwrap().abnormal);
     assert!(stats.usage[0].used >= 1 << 20, "{:?}", stats.usage);
     assert_eq!(rig.mkfs_count(), 1, "mkfs ran exactly once");
@@ -124,12 +115,7 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         .status()
         .unwrap();
     assert_eq!(probe.code(), Some(2), "no signature left after delete");
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(&mut c).await;
     assert_eq!(cap.available_capacity as u64, SIZE);
 }
 
@@ -161,12 +147,7 @@ async fn foreign_signatures_are_never_allocated_formatted_or_changed() {
     write_partition_table(&rig.loops[0]);
     let before0 = device_digest(&rig.loops[0]);
     let mut c = rig.start().await;
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(&mut c).await;
     assert_eq!(
         cap.available_capacity as u64, SIZE,
         "only the clean device counts"

@@ -109,16 +109,7 @@ async fn a_published_raw_block_volume_is_in_use() {
     );
 
     // Stats of a published raw-block volume: normal, with the device's size.
-    let stats = c
-        .node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
-            volume_path: target.to_str().unwrap().into(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = requests::published_stats(&mut c, &id, &target).await;
     let condition = stats.volume_condition.unwrap();
     assert!(!condition.abnormal, "{}", condition.message);
     assert_eq!(stats.usage[0].total as u64, SIZE, "{:?}", stats.usage);
@@ -208,12 +199,7 @@ async fn one_device_listed_twice_is_one_pool_device() {
     let mut c = rig
         .start_with(&[], &["--pool-device", &dev.arg(), "--pool-device", &alias])
         .await;
-    let capacity = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let capacity = requests::capacity(&mut c).await;
     assert_eq!(
         capacity.available_capacity as u64, SIZE,
         "one device, counted once"

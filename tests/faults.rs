@@ -228,12 +228,7 @@ async fn check_allocation(rig: &Rig, c: &mut Clients, volumes: usize) {
         .unwrap()
         .into_inner();
     assert_eq!(list.entries.len(), volumes, "ListVolumes");
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(c).await;
     assert_eq!(
         cap.available_capacity as u64,
         (rig.loops.len() - volumes) as u64 * SIZE,

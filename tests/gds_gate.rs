@@ -905,6 +905,31 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
     ]
 }
 
+/// `gds-csi doctor --probe` on `vol` for `backend`, against the host laid out in `tree`
+/// and the cuFile library `lib`.
+fn doctor_args(
+    backend: gds_check::Backend,
+    tree: &Tree,
+    vol: &Path,
+    lib: &Path,
+) -> gds_csi::config::DoctorArgs {
+    gds_csi::config::DoctorArgs {
+        backend,
+        path: Some(vol.to_owned()),
+        json: false,
+        probe: true,
+        host_proc: tree.paths.proc_root.clone(),
+        host_sys: tree.paths.sys_root.clone(),
+        host_dev: tree.paths.dev_root.clone(),
+        gds: gds_csi::config::GdsArgs {
+            cufile_json: tree.paths.cufile_json.clone(),
+            udev_data_dir: tree.paths.udev_data_dir.clone(),
+            cufile_library: Some(lib.to_owned()),
+            probe_timeout: Duration::from_secs(20),
+        },
+    }
+}
+
 /// Lays out a state; returns the double (kept alive for the checks) and the probe command.
 fn lay_out(
     st: &NodeState,
@@ -1017,21 +1042,7 @@ async fn node_state_table_gate_and_doctor_agree() {
         }
 
         // doctor, the same way.
-        let args = gds_csi::config::DoctorArgs {
-            backend: gds_check::Backend::Nvme,
-            path: Some(vol.clone()),
-            json: false,
-            probe: true,
-            host_proc: tree.paths.proc_root.clone(),
-            host_sys: tree.paths.sys_root.clone(),
-            host_dev: tree.paths.dev_root.clone(),
-            gds: gds_csi::config::GdsArgs {
-                cufile_json: tree.paths.cufile_json.clone(),
-                udev_data_dir: tree.paths.udev_data_dir.clone(),
-                cufile_library: Some(lib.clone()),
-                probe_timeout: Duration::from_secs(20),
-            },
-        };
+        let args = doctor_args(gds_check::Backend::Nvme, &tree, &vol, &lib);
         let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
         assert_eq!(
             d.ready(),
@@ -1177,21 +1188,7 @@ async fn nfs_node_states_gate_and_doctor_agree() {
             }
             (want, got) => panic!("{name}: wanted refused={want:?}, got {got:?}"),
         }
-        let args = gds_csi::config::DoctorArgs {
-            backend: gds_check::Backend::NfsRdma,
-            path: Some(vol.clone()),
-            json: false,
-            probe: true,
-            host_proc: tree.paths.proc_root.clone(),
-            host_sys: tree.paths.sys_root.clone(),
-            host_dev: tree.paths.dev_root.clone(),
-            gds: gds_csi::config::GdsArgs {
-                cufile_json: tree.paths.cufile_json.clone(),
-                udev_data_dir: tree.paths.udev_data_dir.clone(),
-                cufile_library: Some(lib.clone()),
-                probe_timeout: Duration::from_secs(20),
-            },
-        };
+        let args = doctor_args(gds_check::Backend::NfsRdma, &tree, &vol, &lib);
         let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
         assert_eq!(
             d.ready(),

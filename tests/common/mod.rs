@@ -40,6 +40,26 @@ pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
     Clients::connect(&socket).await.unwrap()
 }
 
+/// Adds `serve --mode all` for node-a with its socket (`csi.sock`), state and allowed
+/// path root in `dir`, without any fault injection from this test's environment.
+pub fn serve_in<'a>(cmd: &'a mut Command, dir: &Path) -> &'a mut Command {
+    cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
+        .arg("--endpoint")
+        .arg(format!("unix://{}", dir.join("csi.sock").display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--allowed-path-root")
+        .arg(dir)
+        .env_remove(gds_csi::faults::ENV)
+}
+
+/// Clients connected to `socket` once Probe answers ready; `None` before that.
+pub async fn ready_clients(socket: &Path) -> Option<Clients> {
+    let mut c = Clients::connect(socket).await.ok()?;
+    let r = c.identity.probe(ProbeRequest {}).await.ok()?;
+    (r.into_inner().ready == Some(true)).then_some(c)
+}
+
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub loops: Vec<PathBuf>,
@@ -136,15 +156,8 @@ impl Rig {
         self.starts += 1;
         let log = fs::File::create(self.log_path(self.starts)).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gds-csi"));
-        cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", self.socket().display()))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--allowed-path-root")
-            .arg(self.dir.path())
+        serve_in(&mut cmd, self.dir.path())
             .args(args)
-            .env_remove(gds_csi::faults::ENV)
             .env("PATH", self.tools.path_env())
             .envs(env.iter().copied());
         for dev in &self.loops {
@@ -152,12 +165,8 @@ impl Rig {
         }
         self.child = Some(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
         for _ in 0..150 {
-            if let Ok(mut c) = Clients::connect(&self.socket()).await {
-                if let Ok(r) = c.identity.probe(ProbeRequest {}).await {
-                    if r.into_inner().ready == Some(true) {
-                        return c;
-                    }
-                }
+            if let Some(c) = ready_clients(&self.socket()).await {
+                return c;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -138,3 +138,29 @@ pub async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), t
         .await
         .map(drop)
 }
+
+/// GetCapacity with no parameters: what the whole pool has free.
+pub async fn capacity(c: &mut Clients) -> GetCapacityResponse {
+    c.controller
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// NodeGetVolumeStats of `id` published at `target`.
+pub async fn published_stats(
+    c: &mut Clients,
+    id: &str,
+    target: &Path,
+) -> NodeGetVolumeStatsResponse {
+    c.node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: target.to_str().unwrap().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
