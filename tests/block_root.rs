@@ -372,12 +372,8 @@ async fn the_rig_tears_down_mounts_whose_paths_mountinfo_escapes() {
         (rig.dir.path().to_owned(), dev)
     };
     let prefix = dir.to_string_lossy().to_string();
-    let left: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(common::unescape_mountinfo))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
+    let left =
+        common::mount_points_under(&fs::read_to_string("/proc/self/mountinfo").unwrap(), &dir);
     assert!(left.is_empty(), "mounts left: {left:?}");
     let bound = common::run(
         "losetup",

@@ -11,7 +11,7 @@ use gds_csi::csi::*;
 use tonic::Code;
 
 mod common;
-use common::{blkid_code, digest_file, requests, run, Rig, SIZE};
+use common::{blkid_code, digest_file, requests, run, LoopDevice, Rig, SIZE};
 use gds_csi::client::Clients;
 
 use common::requests::{
@@ -151,33 +151,6 @@ async fn a_published_raw_block_volume_is_in_use() {
     c.controller.delete_volume(delete_req(&id)).await.unwrap();
 }
 
-/// A loop device this test attached itself, detached when dropped (after the rig's
-/// mounts are gone: declare it before the rig).
-struct Loop(Option<PathBuf>);
-
-impl Loop {
-    fn attach(img: &Path) -> Loop {
-        Loop(Some(PathBuf::from(run(
-            "losetup",
-            &["--find", "--show", img.to_str().unwrap()],
-        ))))
-    }
-    fn path(&self) -> &Path {
-        self.0.as_deref().unwrap()
-    }
-    fn arg(&self) -> String {
-        self.path().to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        if let Some(dev) = self.0.take() {
-            let _ = Command::new("losetup").arg("-d").arg(dev).status();
-        }
-    }
-}
-
 fn blank_image(dir: &Path, name: &str) -> PathBuf {
     let img = dir.join(name);
     fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
@@ -187,11 +160,10 @@ fn blank_image(dir: &Path, name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_device_listed_twice_is_one_pool_device() {
     if !common::is_root() {
-        eprintln!("skipped: needs root for loop devices and mounts");
         return;
     }
     let images = tempfile::tempdir().unwrap();
-    let dev = Loop::attach(&blank_image(images.path(), "d.img"));
+    let dev = LoopDevice::attach(&blank_image(images.path(), "d.img"));
     let Some(mut rig) = Rig::new(0) else { return };
     let alias = rig.path("disk-alias");
     std::os::unix::fs::symlink(dev.path(), &alias).unwrap();
@@ -244,14 +216,13 @@ async fn one_device_listed_twice_is_one_pool_device() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     if !common::is_root() {
-        eprintln!("skipped: needs root for loop devices and mounts");
         return;
     }
     let images = tempfile::tempdir().unwrap();
-    let mine = Loop::attach(&blank_image(images.path(), "mine.img"));
+    let mine = LoopDevice::attach(&blank_image(images.path(), "mine.img"));
     let other_img = images.path().join("other.img");
     let other_digest = image_with_data(&other_img, 2 * SIZE);
-    let other = Loop::attach(&other_img);
+    let other = LoopDevice::attach(&other_img);
     let Some(mut rig) = Rig::new(0) else { return };
     // The pool device is listed through a symlink, as /dev/disk/by-id paths are.
     let link = rig.path("disk0");
@@ -324,7 +295,7 @@ async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
         eprintln!("skipped: {dev_arg} was taken by someone else between detach and attach");
         return;
     }
-    let _reattached = Loop(Some(dev.clone()));
+    let _reattached = LoopDevice(Some(dev.clone()));
     let staging = rig.path("staging/v");
     fs::create_dir_all(&staging).unwrap();
     for restart in [false, true] {
