@@ -80,15 +80,22 @@ fn setup() -> Option<(Rig, Tools, PathBuf)> {
     Some((rig, tools, staging))
 }
 
+/// `setup`, the driver started, and a mount volume "v" created: (rig, tools, staging,
+/// clients, volume id).
+async fn started_with_volume() -> Option<(Rig, Tools, PathBuf, Clients, String)> {
+    let (mut rig, tools, staging) = setup()?;
+    let mut c = rig.start().await;
+    let id = create(&mut c, "v", false).await;
+    Some((rig, tools, staging, c, id))
+}
+
 /// Issue 11 item 5: a foreign ext4 written after the first probe is found by the probe
 /// taken again under the device hold; mkfs.ext4 (no tty) would have overwritten it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     tools.inject_foreign_after_probe(&dev);
     let err = stage(&mut c, &id, &staging).await.unwrap_err();
@@ -107,11 +114,9 @@ async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
 /// so cooperating tools (sfdisk/wipefs --lock, flock(1), udev) keep off it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mkfs_runs_under_the_block_device_lock() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     let locked = try_lock(&dev);
@@ -127,11 +132,9 @@ async fn mkfs_runs_under_the_block_device_lock() {
 /// death signal), and its restarted self formats once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((mut rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     let orphan = tools.mkfs_calls()[0];
     rig.kill9();
@@ -163,11 +166,9 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
 /// by an earlier driver process, a mount in another namespace) is not taken for blank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_held_by_another_program_is_not_formatted() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     let holder = fs::OpenOptions::new()
         .read(true)
@@ -189,11 +190,9 @@ async fn a_device_held_by_another_program_is_not_formatted() {
 /// goes on, the retry joins it, and it runs once; start and end are logged with the time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let first = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     // The client cancels: the request future is dropped and the stream reset.
     first.abort();
@@ -292,11 +291,9 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
 /// crash right after mount) checks `data=ordered` again instead of answering OK unseen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_stage_checks_the_mount_options_again() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     stage(&mut c, &id, &staging).await.unwrap();
     let dev = rig.loops[0].clone();
     let staging_arg = staging.to_str().unwrap();
