@@ -253,6 +253,58 @@ impl AsyncWrite for Conn {
     }
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What a layer does before and after each call. `Around` supplies the tower plumbing
+/// once for every such layer.
+pub trait AroundCall: Clone + Send + 'static {
+    /// Lives from before the call until its response is back.
+    type Guard: Send + 'static;
+    /// Runs before the call's body is read; the call waits for the guard.
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard>;
+    /// Sees the response of a call that reached the service.
+    fn after<RB>(&self, guard: Self::Guard, response: &http::Response<RB>);
+}
+
+/// The service a layer of `AroundCall` `hook` builds around `inner`.
+#[derive(Clone)]
+pub struct Around<H, S> {
+    hook: H,
+    inner: S,
+}
+
+impl<H, S, B, RB> Service<http::Request<B>> for Around<H, S>
+where
+    H: AroundCall,
+    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The clone that was polled ready is the one that must be called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let hook = self.hook.clone();
+        let before = hook.before(req.uri());
+        Box::pin(async move {
+            let guard = before.await;
+            let response = inner.call(req).await;
+            if let Ok(resp) = &response {
+                hook.after(guard, resp);
+            }
+            response
+        })
+    }
+}
+
 /// At most `limit` Controller and Node calls at once over all connections; a call
 /// waits for its turn before its body is read. Identity calls pass freely.
 #[derive(Clone)]
@@ -269,50 +321,31 @@ impl InFlightLayer {
 }
 
 impl<S> Layer<S> for InFlightLayer {
-    type Service = InFlight<S>;
+    type Service = Around<Self, S>;
     fn layer(&self, inner: S) -> Self::Service {
-        InFlight {
+        Around {
+            hook: self.clone(),
             inner,
-            permits: Arc::clone(&self.permits),
         }
     }
 }
 
-#[derive(Clone)]
-pub struct InFlight<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
+impl AroundCall for InFlightLayer {
+    type Guard = Option<OwnedSemaphorePermit>;
 
-impl<S, B, RB> Service<http::Request<B>> for InFlight<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let counted = !req.uri().path().starts_with("/csi.v1.Identity/");
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
+        let counted = !uri.path().starts_with("/csi.v1.Identity/");
         let permits = Arc::clone(&self.permits);
-        // The clone that was polled ready is the one that must be called.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let _permit = if counted {
+            if counted {
                 Some(permits.acquire_owned().await.expect("never closed"))
             } else {
                 None
-            };
-            inner.call(req).await
+            }
         })
     }
+
+    fn after<RB>(&self, _permit: Self::Guard, _response: &http::Response<RB>) {}
 }
 
 /// Logs each call's method, gRPC code and latency; never the request, which may
@@ -321,73 +354,40 @@ where
 pub struct RequestLogLayer;
 
 impl<S> Layer<S> for RequestLogLayer {
-    type Service = RequestLog<S>;
+    type Service = Around<Self, S>;
     fn layer(&self, inner: S) -> Self::Service {
-        RequestLog { inner }
+        Around { hook: *self, inner }
     }
 }
 
-#[derive(Clone)]
-pub struct RequestLog<S> {
-    inner: S,
-}
+impl AroundCall for RequestLogLayer {
+    /// The method's name and when the call came in.
+    type Guard = (String, Instant);
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, RB> Service<http::Request<B>> for RequestLog<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
+        let method = uri.path().rsplit('/').next().unwrap_or_default().to_owned();
+        Box::pin(std::future::ready((method, Instant::now())))
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let method = req
-            .uri()
-            .path()
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let start = Instant::now();
-        // The clone that was polled ready is the one that must be called.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let response = inner.call(req).await;
-            let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
-            if let Ok(resp) = &response {
-                let header = |name: &str| {
-                    resp.headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(|s| s.to_owned())
-                };
-                let code = header("grpc-status").unwrap_or_else(|| "0".into());
-                crate::metrics::record_call(
-                    &method,
-                    &crate::metrics::code_name(&code),
-                    start.elapsed(),
-                );
-                if code != "0" {
-                    let message = header("grpc-message").unwrap_or_default();
-                    let message = percent_decode(&message);
-                    warn!(%method, code = ?tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
-                } else if method == "Probe" {
-                    debug!(%method, elapsed_ms, "call");
-                } else {
-                    info!(%method, elapsed_ms, "call");
-                }
-            }
-            response
-        })
+    fn after<RB>(&self, (method, start): Self::Guard, resp: &http::Response<RB>) {
+        let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.to_owned())
+        };
+        let code = header("grpc-status").unwrap_or_else(|| "0".into());
+        crate::metrics::record_call(&method, &crate::metrics::code_name(&code), start.elapsed());
+        if code != "0" {
+            let message = header("grpc-message").unwrap_or_default();
+            let message = percent_decode(&message);
+            warn!(%method, code = ?tonic::Code::from_bytes(code.as_bytes()), elapsed_ms, %message, "call failed");
+        } else if method == "Probe" {
+            debug!(%method, elapsed_ms, "call");
+        } else {
+            info!(%method, elapsed_ms, "call");
+        }
     }
 }
 

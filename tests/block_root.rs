@@ -12,42 +12,29 @@ use sha2::{Digest, Sha256};
 use tonic::Code;
 
 mod common;
-use common::{digest_file, Rig, SIZE};
-
-fn mount_cap(mode: Mode) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
-}
+use common::{digest_file, requests, Rig, SIZE};
+use gds_csi::client::Clients;
 
 fn create_req(name: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
-        // No GPU here: the GDS gate (on by default) is turned off explicitly.
-        parameters: HashMap::from([("gdsPolicy".to_string(), "disabled".to_string())]),
-        ..Default::default()
-    }
+    requests::create_without_gds(name, requests::single_writer_mount())
 }
 
 fn stage_req(id: &str, staging: &Path) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
-        ..Default::default()
-    }
+    requests::stage_request(id, staging, requests::single_writer_mount())
 }
 
-fn publish_req(id: &str, staging: &Path, target: &Path) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        target_path: target.to_str().unwrap().into(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
-        ..Default::default()
-    }
+/// Stages `id` as the single-writer mount this file's volumes are.
+async fn stage(c: &mut Clients, id: &str, staging: &Path) -> Result<(), tonic::Status> {
+    requests::stage(c, id, staging, requests::single_writer_mount()).await
+}
+
+async fn publish(
+    c: &mut Clients,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+) -> Result<(), tonic::Status> {
+    requests::publish(c, id, staging, target, requests::single_writer_mount()).await
 }
 
 fn mountinfo_line(path: &Path) -> Option<String> {
@@ -63,31 +50,18 @@ fn mountinfo_line(path: &Path) -> Option<String> {
 async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let vol = c
-        .controller
-        .create_volume(create_req("data"))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("data")).await;
     assert_eq!(vol.capacity_bytes as u64, SIZE);
     let id = vol.volume_id;
     let (staging, target) = (rig.path("staging/v"), rig.path("pods/p1/mount"));
     fs::create_dir_all(&staging).unwrap();
-    c.node
-        .node_stage_volume(stage_req(&id, &staging))
-        .await
-        .unwrap();
+    stage(&mut c, &id, &staging).await.unwrap();
     let line = mountinfo_line(&staging).expect("staged");
     assert!(
         line.contains(" - ext4 ") && line.contains("data=ordered"),
         "{line}"
     );
-    c.node
-        .node_publish_volume(publish_req(&id, &staging, &target))
-        .await
-        .unwrap();
+    publish(&mut c, &id, &staging, &target).await.unwrap();
 
     let payload: Vec<u8> = (0..(1 << 20))
         .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
@@ -96,30 +70,12 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
     let want = Sha256::digest(&payload).to_vec();
 
     // Unpublish, unstage, stage and publish again: same data, no second mkfs.
-    c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
     assert!(!target.exists(), "unpublish removes the target");
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
     assert!(mountinfo_line(&staging).is_none());
-    c.node
-        .node_stage_volume(stage_req(&id, &staging))
-        .await
-        .unwrap();
-    c.node
-        .node_publish_volume(publish_req(&id, &staging, &target))
-        .await
-        .unwrap();
+    stage(&mut c, &id, &staging).await.unwrap();
+    publish(&mut c, &id, &staging, &target).await.unwrap();
     assert_eq!(digest_file(&target.join("weights.bin")), want);
 
     // SIGKILL the plugin while the volume is published, then restart it.
@@ -131,25 +87,10 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         "mounts outlive the plugin"
     );
     for _ in 0..3 {
-        c.node
-            .node_stage_volume(stage_req(&id, &staging))
-            .await
-            .unwrap();
-        c.node
-            .node_publish_volume(publish_req(&id, &staging, &target))
-            .await
-            .unwrap();
+        stage(&mut c, &id, &staging).await.unwrap();
+        publish(&mut c, &id, &staging, &target).await.unwrap();
     }
-    let stats = c
-        .node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
-            volume_path: target.to_str().unwrap().into(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = requests::published_stats(&mut c, &id, &target).await;
     assert!(!stats.volume_condition.unwrap().abnormal);
     assert!(stats.usage[0].used >= 1 << 20, "{:?}", stats.usage);
     assert_eq!(rig.mkfs_count(), 1, "mkfs ran exactly once");
@@ -157,33 +98,15 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
     // A staged volume cannot be deleted.
     let err = c
         .controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: HashMap::new(),
-        })
+        .delete_volume(requests::delete_request(&id))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
 
-    c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
     c.controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: HashMap::new(),
-        })
+        .delete_volume(requests::delete_request(&id))
         .await
         .unwrap();
     // The device went back to the pool, wiped of the volume's filesystem.
@@ -192,12 +115,7 @@ async fn data_survives_restage_and_a_killed_plugin_and_mkfs_runs_once() {
         .status()
         .unwrap();
     assert_eq!(probe.code(), Some(2), "no signature left after delete");
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(&mut c).await;
     assert_eq!(cap.available_capacity as u64, SIZE);
 }
 
@@ -229,35 +147,19 @@ async fn foreign_signatures_are_never_allocated_formatted_or_changed() {
     write_partition_table(&rig.loops[0]);
     let before0 = device_digest(&rig.loops[0]);
     let mut c = rig.start().await;
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(&mut c).await;
     assert_eq!(
         cap.available_capacity as u64, SIZE,
         "only the clean device counts"
     );
 
     // The clean device is allocated; then someone writes a partition table onto it.
-    let vol = c
-        .controller
-        .create_volume(create_req("first"))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("first")).await;
     write_partition_table(&rig.loops[1]);
     let before1 = device_digest(&rig.loops[1]);
     let staging = rig.path("staging/first");
     fs::create_dir_all(&staging).unwrap();
-    let err = c
-        .node
-        .node_stage_volume(stage_req(&vol.volume_id, &staging))
-        .await
-        .unwrap_err();
+    let err = stage(&mut c, &vol.volume_id, &staging).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(
         err.message().contains(rig.loops[1].to_str().unwrap()) && err.message().contains("dos"),
@@ -292,14 +194,7 @@ async fn foreign_signatures_are_never_allocated_formatted_or_changed() {
 async fn hostile_requests_are_refused_and_change_nothing() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let vol = c
-        .controller
-        .create_volume(create_req("h"))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("h")).await;
     let staging = rig.path("staging/h");
     let long_id = "x".repeat(4096);
     let cases: Vec<(&str, NodeStageVolumeRequest, Code)> = vec![
@@ -401,14 +296,7 @@ async fn xfs_is_formatted_once_mounted_and_wiped_on_real_devices() {
     let mut c = rig.start().await;
     let mut req = create_req("xfs-vol");
     req.parameters.insert("fsType".into(), "xfs".into());
-    let vol = c
-        .controller
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, req).await;
     let id = vol.volume_id;
     let fs_uuid = rig.state()["volumes"][&id]["fs_uuid"]
         .as_str()
@@ -417,10 +305,7 @@ async fn xfs_is_formatted_once_mounted_and_wiped_on_real_devices() {
     let (staging, target) = (rig.path("staging/x"), rig.path("pods/px/mount"));
     fs::create_dir_all(&staging).unwrap();
     for _ in 0..2 {
-        c.node
-            .node_stage_volume(stage_req(&id, &staging))
-            .await
-            .unwrap();
+        stage(&mut c, &id, &staging).await.unwrap();
     }
     assert_eq!(common::mounts_at(&staging), 1, "staged once");
     let line = mountinfo_line(&staging).expect("staged");
@@ -441,59 +326,23 @@ async fn xfs_is_formatted_once_mounted_and_wiped_on_real_devices() {
         "mkfs.xfs used the allocation's UUID"
     );
 
-    c.node
-        .node_publish_volume(publish_req(&id, &staging, &target))
-        .await
-        .unwrap();
+    publish(&mut c, &id, &staging, &target).await.unwrap();
     let payload: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
     fs::write(target.join("x.bin"), &payload).unwrap();
     let want = Sha256::digest(&payload).to_vec();
-    c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
     assert!(mountinfo_line(&staging).is_none());
-    c.node
-        .node_stage_volume(stage_req(&id, &staging))
-        .await
-        .unwrap();
-    c.node
-        .node_publish_volume(publish_req(&id, &staging, &target))
-        .await
-        .unwrap();
+    stage(&mut c, &id, &staging).await.unwrap();
+    publish(&mut c, &id, &staging, &target).await.unwrap();
     assert_eq!(digest_file(&target.join("x.bin")), want, "data kept");
     assert_eq!(rig.mkfs_count(), 1, "mkfs.xfs ran once");
     assert_eq!(probe("UUID"), fs_uuid);
 
-    c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await
-        .unwrap();
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
     c.controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
+        .delete_volume(requests::delete_request(&id))
         .await
         .unwrap();
     assert_eq!(
@@ -523,12 +372,8 @@ async fn the_rig_tears_down_mounts_whose_paths_mountinfo_escapes() {
         (rig.dir.path().to_owned(), dev)
     };
     let prefix = dir.to_string_lossy().to_string();
-    let left: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(common::unescape_mountinfo))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
+    let left =
+        common::mount_points_under(&fs::read_to_string("/proc/self/mountinfo").unwrap(), &dir);
     assert!(left.is_empty(), "mounts left: {left:?}");
     let bound = common::run(
         "losetup",

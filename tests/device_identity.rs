@@ -2,69 +2,36 @@
 //! a published raw-block volume counts as in use. The real `gds-csi` binary on real loop
 //! devices (issue 11, items 1, 3, 4 and 15). Without root they report a skip.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use tonic::Code;
 
 mod common;
-use common::{blkid_code, digest_file, run, Rig, SIZE};
+use common::{blkid_code, digest_file, requests, run, LoopDevice, Rig, SIZE};
+use gds_csi::client::Clients;
 
-fn cap(mode: Mode, block: bool) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume::default())
-        }),
-    }
-}
+use common::requests::{
+    capability as cap, delete_request as delete_req, publish_request as publish_req,
+    stage_request as stage_req,
+};
 
 fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![cap(Mode::SingleNodeWriter, block)],
-        parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-        ..Default::default()
-    }
+    requests::create_without_gds(name, cap(Mode::SingleNodeWriter, block))
 }
 
-fn stage_req(id: &str, staging: &Path, c: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(c),
-        ..Default::default()
-    }
-}
-
-fn publish_req(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    c: VolumeCapability,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        target_path: target.to_str().unwrap().into(),
-        volume_capability: Some(c),
-        ..Default::default()
-    }
-}
-
-fn delete_req(id: &str) -> DeleteVolumeRequest {
-    DeleteVolumeRequest {
-        volume_id: id.into(),
-        secrets: HashMap::new(),
-    }
+/// Stages `id` as a mount, which must be refused as FailedPrecondition; returns the error.
+async fn stage_refused(c: &mut Clients, id: &str, staging: &Path) -> tonic::Status {
+    let err = c
+        .node
+        .node_stage_volume(stage_req(id, staging, requests::single_writer_mount()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    err
 }
 
 /// A sparse image of `size` bytes whose first MiB holds a recognisable pattern.
@@ -99,14 +66,7 @@ async fn a_published_raw_block_volume_is_in_use() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
     let block = cap(Mode::SingleNodeSingleWriter, true);
-    let vol = c
-        .controller
-        .create_volume(create_req("raw", true))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("raw", true)).await;
     let id = vol.volume_id;
     let staging = rig.path("staging/raw");
     let target = rig.path("pods/p1/dev");
@@ -149,16 +109,7 @@ async fn a_published_raw_block_volume_is_in_use() {
     );
 
     // Stats of a published raw-block volume: normal, with the device's size.
-    let stats = c
-        .node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
-            volume_path: target.to_str().unwrap().into(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = requests::published_stats(&mut c, &id, &target).await;
     let condition = stats.volume_condition.unwrap();
     assert!(!condition.abnormal, "{}", condition.message);
     assert_eq!(stats.usage[0].total as u64, SIZE, "{:?}", stats.usage);
@@ -194,40 +145,10 @@ async fn a_published_raw_block_volume_is_in_use() {
 
     // Unpublished, it can be deleted.
     c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
+        .node_unpublish_volume(requests::unpublish_request(&id, &target))
         .await
         .unwrap();
     c.controller.delete_volume(delete_req(&id)).await.unwrap();
-}
-
-/// A loop device this test attached itself, detached when dropped (after the rig's
-/// mounts are gone: declare it before the rig).
-struct Loop(Option<PathBuf>);
-
-impl Loop {
-    fn attach(img: &Path) -> Loop {
-        Loop(Some(PathBuf::from(run(
-            "losetup",
-            &["--find", "--show", img.to_str().unwrap()],
-        ))))
-    }
-    fn path(&self) -> &Path {
-        self.0.as_deref().unwrap()
-    }
-    fn arg(&self) -> String {
-        self.path().to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        if let Some(dev) = self.0.take() {
-            let _ = Command::new("losetup").arg("-d").arg(dev).status();
-        }
-    }
 }
 
 fn blank_image(dir: &Path, name: &str) -> PathBuf {
@@ -239,11 +160,10 @@ fn blank_image(dir: &Path, name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_device_listed_twice_is_one_pool_device() {
     if !common::is_root() {
-        eprintln!("skipped: needs root for loop devices and mounts");
         return;
     }
     let images = tempfile::tempdir().unwrap();
-    let dev = Loop::attach(&blank_image(images.path(), "d.img"));
+    let dev = LoopDevice::attach(&blank_image(images.path(), "d.img"));
     let Some(mut rig) = Rig::new(0) else { return };
     let alias = rig.path("disk-alias");
     std::os::unix::fs::symlink(dev.path(), &alias).unwrap();
@@ -251,24 +171,12 @@ async fn one_device_listed_twice_is_one_pool_device() {
     let mut c = rig
         .start_with(&[], &["--pool-device", &dev.arg(), "--pool-device", &alias])
         .await;
-    let capacity = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let capacity = requests::capacity(&mut c).await;
     assert_eq!(
         capacity.available_capacity as u64, SIZE,
         "one device, counted once"
     );
-    let vol = c
-        .controller
-        .create_volume(create_req("a", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("a", false)).await;
     let err = c
         .controller
         .create_volume(create_req("b", false))
@@ -308,28 +216,20 @@ async fn one_device_listed_twice_is_one_pool_device() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     if !common::is_root() {
-        eprintln!("skipped: needs root for loop devices and mounts");
         return;
     }
     let images = tempfile::tempdir().unwrap();
-    let mine = Loop::attach(&blank_image(images.path(), "mine.img"));
+    let mine = LoopDevice::attach(&blank_image(images.path(), "mine.img"));
     let other_img = images.path().join("other.img");
     let other_digest = image_with_data(&other_img, 2 * SIZE);
-    let other = Loop::attach(&other_img);
+    let other = LoopDevice::attach(&other_img);
     let Some(mut rig) = Rig::new(0) else { return };
     // The pool device is listed through a symlink, as /dev/disk/by-id paths are.
     let link = rig.path("disk0");
     std::os::unix::fs::symlink(mine.path(), &link).unwrap();
     let link_arg = link.to_str().unwrap().to_owned();
     let mut c = rig.start_with(&[], &["--pool-device", &link_arg]).await;
-    let vol = c
-        .controller
-        .create_volume(create_req("v", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("v", false)).await;
     let id = vol.volume_id;
 
     // The link now names another device, bigger and holding data.
@@ -337,18 +237,12 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     std::os::unix::fs::symlink(other.path(), &link).unwrap();
     let staging = rig.path("staging/v");
     fs::create_dir_all(&staging).unwrap();
-    let mount = cap(Mode::SingleNodeWriter, false);
     for restart in [false, true] {
         if restart {
             rig.kill9();
             c = rig.start_with(&[], &["--pool-device", &link_arg]).await;
         }
-        let err = c
-            .node
-            .node_stage_volume(stage_req(&id, &staging, mount.clone()))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        let err = stage_refused(&mut c, &id, &staging).await;
         let msg = err.message();
         assert!(msg.contains(&link_arg), "names the device: {msg}");
         assert!(
@@ -374,7 +268,7 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
     fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(mine.path(), &link).unwrap();
     c.node
-        .node_stage_volume(stage_req(&id, &staging, mount.clone()))
+        .node_stage_volume(stage_req(&id, &staging, requests::single_writer_mount()))
         .await
         .unwrap();
     assert_eq!(rig.mkfs_count(), 1);
@@ -384,14 +278,8 @@ async fn a_path_that_now_points_elsewhere_is_not_formatted_or_mounted() {
 async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
     let Some(mut rig) = Rig::new(1) else { return };
     let mut c = rig.start().await;
-    let id = c
-        .controller
-        .create_volume(create_req("v", false))
+    let id = requests::create_volume(&mut c, create_req("v", false))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     // The same /dev/loopN now shows another, bigger file whose first MiB holds data.
     let img = rig.path("other.img");
@@ -407,21 +295,15 @@ async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
         eprintln!("skipped: {dev_arg} was taken by someone else between detach and attach");
         return;
     }
-    let _reattached = Loop(Some(dev.clone()));
+    let _reattached = LoopDevice(Some(dev.clone()));
     let staging = rig.path("staging/v");
     fs::create_dir_all(&staging).unwrap();
-    let mount = cap(Mode::SingleNodeWriter, false);
     for restart in [false, true] {
         if restart {
             rig.kill9();
             c = rig.start_with(&[], &["--pool-device", &dev_arg]).await;
         }
-        let err = c
-            .node
-            .node_stage_volume(stage_req(&id, &staging, mount.clone()))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        let err = stage_refused(&mut c, &id, &staging).await;
         assert!(err.message().contains(&dev_arg), "{}", err.message());
     }
     assert_eq!(rig.mkfs_count(), 0);
@@ -436,14 +318,7 @@ async fn a_pool_device_detached_after_start_is_not_allocated() {
     let mut c = rig.start().await;
     let gone = detach(&mut rig, 0);
     let kept = rig.loops[0].clone();
-    let vol = c
-        .controller
-        .create_volume(create_req("a", false))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = requests::create_volume(&mut c, create_req("a", false)).await;
     let key = rig.state()["volumes"][&vol.volume_id]["device_key"].clone();
     assert_eq!(
         key,

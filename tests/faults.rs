@@ -14,14 +14,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use common::tools::{blkid_tag, reads_back_zeros, Tools};
-use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, Rig, SIZE};
+use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, requests, Rig, SIZE};
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
@@ -168,10 +167,7 @@ async fn do_step(c: &mut Clients, ctx: &mut Ctx, step: Step) -> Result<(), tonic
         }
         Step::Delete => {
             c.controller
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: ctx.id.clone(),
-                    secrets: HashMap::new(),
-                })
+                .delete_volume(requests::delete_request(&ctx.id))
                 .await?;
         }
         Step::WriteA => {
@@ -232,12 +228,7 @@ async fn check_allocation(rig: &Rig, c: &mut Clients, volumes: usize) {
         .unwrap()
         .into_inner();
     assert_eq!(list.entries.len(), volumes, "ListVolumes");
-    let cap = c
-        .controller
-        .get_capacity(GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let cap = requests::capacity(c).await;
     assert_eq!(
         cap.available_capacity as u64,
         (rig.loops.len() - volumes) as u64 * SIZE,

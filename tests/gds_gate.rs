@@ -905,6 +905,107 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
     ]
 }
 
+/// A laid-out node state, with the cuFile library and the probe command both the gate
+/// and doctor run.
+struct LaidOut<'a> {
+    tree: &'a Tree,
+    vol: &'a Path,
+    lib: &'a Path,
+    exe: &'a Path,
+    prefix: &'a [String],
+}
+
+impl LaidOut<'_> {
+    /// The gate under `Required` publishes `volume_id` exactly when `refused` is `None`,
+    /// and otherwise names each of its check ids.
+    async fn gate_agrees(
+        &self,
+        name: &str,
+        volume_id: &str,
+        backend: gds_check::Backend,
+        refused: Option<&[&str]>,
+    ) {
+        let gate = GdsGate::new(GateConfig {
+            paths: self.tree.paths.clone(),
+            probe_exe: self.exe.to_owned(),
+            probe_prefix: self.prefix.to_vec(),
+            cufile_library: Some(self.lib.to_owned()),
+            probe_timeout: Duration::from_secs(20),
+            cache_ttl: Duration::ZERO,
+        });
+        let got = gate
+            .check_publish(
+                volume_id,
+                backend,
+                gds_csi::gds_gate::Policy::Required,
+                Some(self.vol),
+            )
+            .await;
+        match (refused, &got) {
+            (None, Ok(o)) => assert_eq!(
+                o.verdict,
+                gds_csi::gds_gate::Verdict::Ready,
+                "{name}: {}",
+                o.report.to_text()
+            ),
+            (Some(ids), Err(e)) => {
+                let msg = e.to_string();
+                for id in ids {
+                    assert!(
+                        msg.contains(&format!("\n{id}: ")),
+                        "{name}: {id} not named:\n{msg}"
+                    );
+                }
+            }
+            (want, got) => panic!("{name}: wanted refused={want:?}, got {got:?}"),
+        }
+    }
+
+    /// `doctor --probe` finds the node ready exactly when `refused` is `None`; returns its
+    /// diagnosis.
+    fn doctor_agrees(
+        &self,
+        name: &str,
+        backend: gds_check::Backend,
+        refused: Option<&[&str]>,
+    ) -> gds_csi::doctor::Diagnosis {
+        let args = doctor_args(backend, self.tree, self.vol, self.lib);
+        let d = gds_csi::doctor::diagnose(&args, self.exe, self.prefix);
+        assert_eq!(
+            d.ready(),
+            refused.is_none(),
+            "{name}: doctor says\n{}",
+            d.to_text()
+        );
+        d
+    }
+}
+
+/// `gds-csi doctor --probe` on `vol` for `backend`, against the host laid out in `tree`
+/// and the cuFile library `lib`.
+fn doctor_args(
+    backend: gds_check::Backend,
+    tree: &Tree,
+    vol: &Path,
+    lib: &Path,
+) -> gds_csi::config::DoctorArgs {
+    gds_csi::config::DoctorArgs {
+        backend,
+        path: Some(vol.to_owned()),
+        json: false,
+        probe: true,
+        host_proc: tree.paths.proc_root.clone(),
+        host_sys: tree.paths.sys_root.clone(),
+        host_dev: tree.paths.dev_root.clone(),
+        gds: gds_csi::config::GdsArgs {
+            cufile_json: tree.paths.cufile_json.clone(),
+            udev_data_dir: tree.paths.udev_data_dir.clone(),
+            cufile_library: Some(lib.to_owned()),
+            probe_timeout: Duration::from_secs(20),
+        },
+    }
+}
+
 /// Lays out a state; returns the double (kept alive for the checks) and the probe command.
 fn lay_out(
     st: &NodeState,
@@ -978,68 +1079,17 @@ async fn node_state_table_gate_and_doctor_agree() {
         let st = node_states(&vol).remove(i);
         let (double, exe, prefix) = lay_out(&st, &tree, &vol);
 
-        // The gate.
-        let gate = GdsGate::new(GateConfig {
-            paths: tree.paths.clone(),
-            probe_exe: exe.clone(),
-            probe_prefix: prefix.clone(),
-            cufile_library: Some(lib.clone()),
-            probe_timeout: Duration::from_secs(20),
-            cache_ttl: Duration::ZERO,
-        });
-        let got = gate
-            .check_publish(
-                "vol-t",
-                gds_check::Backend::Nvme,
-                gds_csi::gds_gate::Policy::Required,
-                Some(&vol),
-            )
-            .await;
-        match (st.refused, &got) {
-            (None, Ok(o)) => assert_eq!(
-                o.verdict,
-                gds_csi::gds_gate::Verdict::Ready,
-                "{}: {}",
-                st.name,
-                o.report.to_text()
-            ),
-            (Some(ids), Err(e)) => {
-                let msg = e.to_string();
-                for id in ids {
-                    assert!(
-                        msg.contains(&format!("\n{id}: ")),
-                        "{}: {id} not named:\n{msg}",
-                        st.name
-                    );
-                }
-            }
-            (want, got) => panic!("{}: wanted refused={want:?}, got {got:?}", st.name),
-        }
-
-        // doctor, the same way.
-        let args = gds_csi::config::DoctorArgs {
-            backend: gds_check::Backend::Nvme,
-            path: Some(vol.clone()),
-            json: false,
-            probe: true,
-            host_proc: tree.paths.proc_root.clone(),
-            host_sys: tree.paths.sys_root.clone(),
-            host_dev: tree.paths.dev_root.clone(),
-            gds: gds_csi::config::GdsArgs {
-                cufile_json: tree.paths.cufile_json.clone(),
-                udev_data_dir: tree.paths.udev_data_dir.clone(),
-                cufile_library: Some(lib.clone()),
-                probe_timeout: Duration::from_secs(20),
-            },
+        let node = LaidOut {
+            tree: &tree,
+            vol: &vol,
+            lib: &lib,
+            exe: &exe,
+            prefix: &prefix,
         };
-        let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
-        assert_eq!(
-            d.ready(),
-            st.refused.is_none(),
-            "{}: doctor says\n{}",
-            st.name,
-            d.to_text()
-        );
+        node.gate_agrees(st.name, "vol-t", gds_check::Backend::Nvme, st.refused)
+            .await;
+        // doctor, the same way.
+        let d = node.doctor_agrees(st.name, gds_check::Backend::Nvme, st.refused);
         if let Some(ids) = st.refused {
             let failed: Vec<&str> = d.report.failures().iter().map(|c| c.id).collect();
             for id in ids {
@@ -1143,62 +1193,16 @@ async fn nfs_node_states_gate_and_doctor_agree() {
             PathBuf::from("/bin/sh"),
             vec!["-c".to_string(), script, "sh".into()],
         );
-        let gate = GdsGate::new(GateConfig {
-            paths: tree.paths.clone(),
-            probe_exe: exe.clone(),
-            probe_prefix: prefix.clone(),
-            cufile_library: Some(lib.clone()),
-            probe_timeout: Duration::from_secs(20),
-            cache_ttl: Duration::ZERO,
-        });
-        let got = gate
-            .check_publish(
-                "nfs-t",
-                gds_check::Backend::NfsRdma,
-                gds_csi::gds_gate::Policy::Required,
-                Some(&vol),
-            )
-            .await;
-        match (refused, &got) {
-            (None, Ok(o)) => assert_eq!(
-                o.verdict,
-                gds_csi::gds_gate::Verdict::Ready,
-                "{name}: {}",
-                o.report.to_text()
-            ),
-            (Some(ids), Err(e)) => {
-                let msg = e.to_string();
-                for id in ids {
-                    assert!(
-                        msg.contains(&format!("\n{id}: ")),
-                        "{name}: {id} not named:\n{msg}"
-                    );
-                }
-            }
-            (want, got) => panic!("{name}: wanted refused={want:?}, got {got:?}"),
-        }
-        let args = gds_csi::config::DoctorArgs {
-            backend: gds_check::Backend::NfsRdma,
-            path: Some(vol.clone()),
-            json: false,
-            probe: true,
-            host_proc: tree.paths.proc_root.clone(),
-            host_sys: tree.paths.sys_root.clone(),
-            host_dev: tree.paths.dev_root.clone(),
-            gds: gds_csi::config::GdsArgs {
-                cufile_json: tree.paths.cufile_json.clone(),
-                udev_data_dir: tree.paths.udev_data_dir.clone(),
-                cufile_library: Some(lib.clone()),
-                probe_timeout: Duration::from_secs(20),
-            },
+        let node = LaidOut {
+            tree: &tree,
+            vol: &vol,
+            lib: &lib,
+            exe: &exe,
+            prefix: &prefix,
         };
-        let d = gds_csi::doctor::diagnose(&args, &exe, &prefix);
-        assert_eq!(
-            d.ready(),
-            refused.is_none(),
-            "{name}: doctor says\n{}",
-            d.to_text()
-        );
+        node.gate_agrees(name, "nfs-t", gds_check::Backend::NfsRdma, refused)
+            .await;
+        node.doctor_agrees(name, gds_check::Backend::NfsRdma, refused);
         println!(
             "{name}: {}",
             if refused.is_none() {

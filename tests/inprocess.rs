@@ -261,12 +261,11 @@ fn cap() -> VolumeCapability {
 }
 
 impl Harness {
-    async fn create(&self, name: &str) -> std::result::Result<Volume, tonic::Status> {
-        let req = CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![cap()],
-            ..Default::default()
-        };
+    /// Sends CreateVolume; the new volume, or the call's error.
+    async fn send_create(
+        &self,
+        req: CreateVolumeRequest,
+    ) -> std::result::Result<Volume, tonic::Status> {
         Ok(self
             .clients
             .controller
@@ -276,6 +275,14 @@ impl Harness {
             .into_inner()
             .volume
             .unwrap())
+    }
+    async fn create(&self, name: &str) -> std::result::Result<Volume, tonic::Status> {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![cap()],
+            ..Default::default()
+        };
+        self.send_create(req).await
     }
     fn staging(&self, name: &str) -> PathBuf {
         self.dir.path().join("kubelet/staging").join(name)
@@ -475,15 +482,7 @@ impl Harness {
             }),
             ..Default::default()
         };
-        Ok(self
-            .clients
-            .controller
-            .clone()
-            .create_volume(req)
-            .await?
-            .into_inner()
-            .volume
-            .unwrap())
+        self.send_create(req).await
     }
     async fn delete(&self, id: &str) -> std::result::Result<(), tonic::Status> {
         self.clients

@@ -16,57 +16,52 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::tools::{blkid_tag, process_ended, reads_back_zeros, Tools, FOREIGN_UUID};
-use common::{mounts_at, Rig};
+use common::{mounts_at, requests, Rig};
 use gds_csi::client::Clients;
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use tonic::Code;
 
 fn cap(block: bool) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume::default())
-        }),
-    }
+    requests::capability(Mode::SingleNodeWriter, block)
 }
 
 async fn create(c: &mut Clients, name: &str, block: bool) -> String {
-    c.controller
-        .create_volume(CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![cap(block)],
-            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
-}
-
-fn stage_request(id: &str, staging: &std::path::Path) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_str().unwrap().into(),
-        volume_capability: Some(cap(false)),
-        ..Default::default()
-    }
+    requests::create_volume_id(c, name, cap(block)).await
 }
 
 async fn stage(c: &mut Clients, id: &str, staging: &std::path::Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_stage_volume(stage_request(id, staging))
-        .await
-        .map(|_| ())
+    requests::stage(c, id, staging, cap(false)).await
+}
+
+/// Closes the mkfs stand-in's gate and stages `id` in a task; returns once mkfs has been
+/// called and waits at the gate.
+async fn stage_held_in_mkfs(
+    c: &Clients,
+    tools: &Tools,
+    id: &str,
+    staging: &std::path::Path,
+) -> tokio::task::JoinHandle<Result<(), tonic::Status>> {
+    tools.close_gate();
+    let call = tokio::spawn({
+        let mut c = c.clone();
+        let (id, staging) = (id.to_owned(), staging.to_owned());
+        async move { stage(&mut c, &id, &staging).await }
+    });
+    wait_until("mkfs to be called", Duration::from_secs(10), || {
+        !tools.mkfs_calls().is_empty()
+    })
+    .await;
+    call
+}
+
+/// Runs `flock --nonblock --exclusive DEV true`: fails while another process holds
+/// the block-device lock.
+fn try_lock(dev: &std::path::Path) -> std::process::ExitStatus {
+    Command::new("flock")
+        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
+        .status()
+        .unwrap()
 }
 
 async fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
@@ -85,15 +80,22 @@ fn setup() -> Option<(Rig, Tools, PathBuf)> {
     Some((rig, tools, staging))
 }
 
+/// `setup`, the driver started, and a mount volume "v" created: (rig, tools, staging,
+/// clients, volume id).
+async fn started_with_volume() -> Option<(Rig, Tools, PathBuf, Clients, String)> {
+    let (mut rig, tools, staging) = setup()?;
+    let mut c = rig.start().await;
+    let id = create(&mut c, "v", false).await;
+    Some((rig, tools, staging, c, id))
+}
+
 /// Issue 11 item 5: a foreign ext4 written after the first probe is found by the probe
 /// taken again under the device hold; mkfs.ext4 (no tty) would have overwritten it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     tools.inject_foreign_after_probe(&dev);
     let err = stage(&mut c, &id, &staging).await.unwrap_err();
@@ -112,34 +114,17 @@ async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
 /// so cooperating tools (sfdisk/wipefs --lock, flock(1), udev) keep off it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mkfs_runs_under_the_block_device_lock() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
-    tools.close_gate();
-    let call = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
-    let locked = Command::new("flock")
-        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
-        .status()
-        .unwrap();
+    let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
+    let locked = try_lock(&dev);
     assert_eq!(locked.code(), Some(1), "the device is locked during mkfs");
     tools.open_gate();
     call.await.unwrap().expect("stage after the gate opened");
     assert_eq!(tools.mkfs_runs(), 1);
-    let free = Command::new("flock")
-        .args(["--nonblock", "--exclusive", dev.to_str().unwrap(), "true"])
-        .status()
-        .unwrap();
+    let free = try_lock(&dev);
     assert!(free.success(), "the lock is released after mkfs");
 }
 
@@ -147,21 +132,10 @@ async fn mkfs_runs_under_the_block_device_lock() {
 /// death signal), and its restarted self formats once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((mut rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
-    tools.close_gate();
-    let call = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
+    let call = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     let orphan = tools.mkfs_calls()[0];
     rig.kill9();
     assert!(
@@ -192,11 +166,9 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
 /// by an earlier driver process, a mount in another namespace) is not taken for blank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_held_by_another_program_is_not_formatted() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     let dev = rig.loops[0].clone();
     let holder = fs::OpenOptions::new()
         .read(true)
@@ -218,21 +190,10 @@ async fn a_device_held_by_another_program_is_not_formatted() {
 /// goes on, the retry joins it, and it runs once; start and end are logged with the time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
-    tools.close_gate();
-    let first = tokio::spawn({
-        let mut c = c.clone();
-        let (id, staging) = (id.clone(), staging.clone());
-        async move { stage(&mut c, &id, &staging).await }
-    });
-    wait_until("mkfs to be called", Duration::from_secs(10), || {
-        !tools.mkfs_calls().is_empty()
-    })
-    .await;
+    let first = stage_held_in_mkfs(&c, &tools, &id, &staging).await;
     // The client cancels: the request future is dropped and the stream reset.
     first.abort();
     let _ = first.await;
@@ -292,10 +253,6 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     };
     let mut c = rig.start().await;
     let dev = rig.loops[0].clone();
-    let delete = |id: String| DeleteVolumeRequest {
-        volume_id: id,
-        secrets: Default::default(),
-    };
 
     // Written through the staged filesystem.
     let id = create(&mut c, "fs", false).await;
@@ -303,15 +260,12 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     let file = staging.join("secret.bin");
     fs::File::create(&file).unwrap();
     pattern_write(&file, 8 << 20);
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    assert!(!reads_back_zeros(&dev), "the pattern is on the device");
+    c.controller
+        .delete_volume(requests::delete_request(&id))
         .await
         .unwrap();
-    assert!(!reads_back_zeros(&dev), "the pattern is on the device");
-    c.controller.delete_volume(delete(id)).await.unwrap();
     assert!(
         reads_back_zeros(&dev),
         "the deleted filesystem volume's blocks are zeros"
@@ -321,7 +275,10 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     let id = create(&mut c, "raw", true).await;
     pattern_write(&dev, 4 << 20);
     assert!(!reads_back_zeros(&dev));
-    c.controller.delete_volume(delete(id)).await.unwrap();
+    c.controller
+        .delete_volume(requests::delete_request(&id))
+        .await
+        .unwrap();
     assert!(
         reads_back_zeros(&dev),
         "the deleted raw volume's blocks are zeros"
@@ -334,11 +291,9 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
 /// crash right after mount) checks `data=ordered` again instead of answering OK unseen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_stage_checks_the_mount_options_again() {
-    let Some((mut rig, tools, staging)) = setup() else {
+    let Some((rig, tools, staging, mut c, id)) = started_with_volume().await else {
         return;
     };
-    let mut c = rig.start().await;
-    let id = create(&mut c, "v", false).await;
     stage(&mut c, &id, &staging).await.unwrap();
     let dev = rig.loops[0].clone();
     let staging_arg = staging.to_str().unwrap();
@@ -392,10 +347,7 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
     .unwrap();
     let delete = |mut c: Clients, id: String| async move {
         c.controller
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: id,
-                secrets: Default::default(),
-            })
+            .delete_volume(requests::delete_request(&id))
             .await
             .map(|_| ())
     };

@@ -21,101 +21,24 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::requests::{self, publish, stage, unpublish, unstage};
 use common::Rig;
 use gds_csi::client::Clients;
-use gds_csi::csi::volume_capability::{
-    access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
-};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use gds_csi::os::mountinfo;
 use tonic::Code;
 
 fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
+    requests::single_writer_mount()
 }
 
 fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        ..mount_cap()
-    }
+    requests::capability(Mode::SingleNodeWriter, true)
 }
 
 async fn create(c: &mut Clients, name: &str, cap: VolumeCapability) -> String {
-    c.controller
-        .create_volume(CreateVolumeRequest {
-            name: name.into(),
-            volume_capabilities: vec![cap],
-            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
-}
-
-async fn stage(
-    c: &mut Clients,
-    id: &str,
-    staging: &Path,
-    cap: VolumeCapability,
-) -> Result<(), tonic::Status> {
-    c.node
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
-}
-
-async fn unstage(c: &mut Clients, id: &str, staging: &Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await
-        .map(drop)
-}
-
-async fn publish(
-    c: &mut Clients,
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    cap: VolumeCapability,
-) -> Result<(), tonic::Status> {
-    c.node
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            target_path: target.to_str().unwrap().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
-}
-
-async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {
-    c.node
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.into(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await
-        .map(drop)
+    requests::create_volume_id(c, name, cap).await
 }
 
 fn code(r: &Result<(), tonic::Status>) -> Code {

@@ -116,15 +116,8 @@ impl Dir {
             }
             None => Command::new(BIN),
         };
-        cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", self.socket().display()))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--allowed-path-root")
-            .arg(self.dir.path())
+        common::serve_in(&mut cmd, self.dir.path())
             .args(args)
-            .env_remove(gds_csi::faults::ENV)
             .env("RUST_LOG", "info");
         let child = cmd
             .stdout(Stdio::null())
@@ -145,12 +138,8 @@ async fn ready(socket: &Path, proc: &mut Proc, within: Duration) -> Clients {
                 proc.log()
             );
         }
-        if let Ok(mut c) = Clients::connect(socket).await {
-            if let Ok(r) = c.identity.probe(ProbeRequest {}).await {
-                if r.into_inner().ready == Some(true) {
-                    return c;
-                }
-            }
+        if let Some(c) = common::ready_clients(socket).await {
+            return c;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -5,6 +5,7 @@
 //! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
 
+pub mod requests;
 pub mod tools;
 
 use std::fs;
@@ -36,6 +37,26 @@ pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
         std::future::pending(),
     ));
     Clients::connect(&socket).await.unwrap()
+}
+
+/// Adds `serve --mode all` for node-a with its socket (`csi.sock`), state and allowed
+/// path root in `dir`, without any fault injection from this test's environment.
+pub fn serve_in<'a>(cmd: &'a mut Command, dir: &Path) -> &'a mut Command {
+    cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
+        .arg("--endpoint")
+        .arg(format!("unix://{}", dir.join("csi.sock").display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--allowed-path-root")
+        .arg(dir)
+        .env_remove(gds_csi::faults::ENV)
+}
+
+/// Clients connected to `socket` once Probe answers ready; `None` before that.
+pub async fn ready_clients(socket: &Path) -> Option<Clients> {
+    let mut c = Clients::connect(socket).await.ok()?;
+    let r = c.identity.probe(gds_csi::csi::ProbeRequest {}).await.ok()?;
+    (r.into_inner().ready == Some(true)).then_some(c)
 }
 
 pub struct Rig {
@@ -98,10 +119,7 @@ impl Rig {
         for i in 0..devices {
             let img = dir.path().join(format!("dev{i}.img"));
             fs::File::create(&img).unwrap().set_len(size).unwrap();
-            loops.push(PathBuf::from(run(
-                "losetup",
-                &["--find", "--show", img.to_str().unwrap()],
-            )));
+            loops.push(attach_loop(&img));
         }
         let tools = tools::Tools::install(dir.path());
         Some(Rig {
@@ -134,15 +152,8 @@ impl Rig {
         self.starts += 1;
         let log = fs::File::create(self.log_path(self.starts)).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gds-csi"));
-        cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", self.socket().display()))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--allowed-path-root")
-            .arg(self.dir.path())
+        serve_in(&mut cmd, self.dir.path())
             .args(args)
-            .env_remove(gds_csi::faults::ENV)
             .env("PATH", self.tools.path_env())
             .envs(env.iter().copied());
         for dev in &self.loops {
@@ -207,19 +218,59 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         self.kill9();
-        let prefix = self.dir.path().to_string_lossy().to_string();
-        let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(unescape_mountinfo))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts = mount_points_under(&mountinfo, self.dir.path());
         mounts.sort();
         for m in mounts.iter().rev() {
             let _ = Command::new("umount").arg("-l").arg(m).status();
         }
         for dev in &self.loops {
-            let _ = Command::new("losetup").arg("-d").arg(dev).status();
+            detach_loop(dev);
+        }
+    }
+}
+
+/// Mount points (unescaped) in `mountinfo` whose path starts with `prefix`'s text.
+pub fn mount_points_under(mountinfo: &str, prefix: &Path) -> Vec<String> {
+    let prefix = prefix.to_string_lossy();
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(unescape_mountinfo))
+        .filter(|m| m.starts_with(prefix.as_ref()))
+        .collect()
+}
+
+/// Attaches `img` to the first free loop device and returns that device.
+pub fn attach_loop(img: &Path) -> PathBuf {
+    PathBuf::from(run("losetup", &["--find", "--show", img.to_str().unwrap()]))
+}
+
+/// Detaches `dev`, for clean-up: a failure is ignored.
+pub fn detach_loop(dev: &Path) {
+    let _ = Command::new("losetup").arg("-d").arg(dev).status();
+}
+
+/// A loop device a test attached itself, detached when dropped (after the rig's
+/// mounts are gone: declare it before the rig).
+pub struct LoopDevice(pub Option<PathBuf>);
+
+impl LoopDevice {
+    pub fn attach(img: &Path) -> LoopDevice {
+        LoopDevice(Some(attach_loop(img)))
+    }
+    pub fn path(&self) -> &Path {
+        self.0.as_deref().unwrap()
+    }
+    /// The device's path as a command-line argument.
+    pub fn arg(&self) -> String {
+        self.path().to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Some(dev) = self.0.take() {
+            detach_loop(&dev);
         }
     }
 }
