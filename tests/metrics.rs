@@ -223,15 +223,10 @@ async fn csi_lib_utils_operations_and_build_info() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     let (_, after) = http_get(addr, "/metrics").await;
     check_exposition(&after);
-    assert_eq!(
-        sample(&after, count) - sample(&before, count),
-        1.0,
-        "{after}"
-    );
-    assert!(
-        sample(&after, probe) - sample(&before, probe) >= 1.0,
-        "{after}"
-    );
+    // Before its first call a label set has no sample yet; after it, it must have one.
+    let was = |prefix: &str| sample_opt(&before, prefix).unwrap_or(0.0);
+    assert_eq!(sample(&after, count) - was(count), 1.0, "{after}");
+    assert!(sample(&after, probe) - was(probe) >= 1.0, "{after}");
     assert!(
         after.contains("# TYPE csi_plugin_operations_seconds histogram"),
         "{after}"

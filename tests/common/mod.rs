@@ -36,7 +36,11 @@ pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
         Mode::All,
         std::future::pending(),
     ));
-    Clients::connect(&socket).await.unwrap()
+    // Ready, as every client waits: the Probe round trip also brings the server's HTTP/2
+    // SETTINGS (its stream limit), so a burst of calls right after is queued, not refused.
+    Clients::connect_ready(&socket, Duration::from_secs(30))
+        .await
+        .unwrap()
 }
 
 /// Adds `serve --mode all` for node-a with its socket (`csi.sock`), state and allowed
