@@ -754,11 +754,30 @@ async fn s_unmount_dead(r: &mut Rig, v: &Vol) -> Result<String> {
     ))
 }
 
+/// Kernel stacks of the driver's threads that wait in NFS or RPC code (where a call hangs).
+fn nfs_stacks(work: &Path) -> String {
+    let cmd = format!(
+        "pid=$(cat {}/driver.pid); for t in /proc/$pid/task/*; do \
+         s=$(cat $t/stack 2>/dev/null | awk '{{print $2}}' | tr '\n' ' '); \
+         case \"$s\" in *nfs*|*rpc*) echo \"$(cat $t/comm): $s\";; esac; done",
+        work.display()
+    );
+    sh(&cmd)
+        .unwrap_or_else(|e| e.to_string())
+        .replace('\n', " | ")
+}
+
 /// The two calls against the stopped server, each bounded by the kubelet's deadline.
 async fn unmount_dead(r: &mut Rig, v: &Vol, bound: Duration) -> Result<(Duration, Duration)> {
     let t = Instant::now();
     match tokio::time::timeout(bound, r.unpublish(v)).await {
-        Err(_) => return Err(format!("NodeUnpublishVolume: no answer within {bound:?}").into()),
+        Err(_) => {
+            return Err(format!(
+                "NodeUnpublishVolume: no answer within {bound:?}; driver threads in NFS: {}",
+                nfs_stacks(&r.work)
+            )
+            .into())
+        }
         Ok(res) => res.map_err(|e| format!("NodeUnpublishVolume: {e}"))?,
     }
     let took_unpub = t.elapsed();
@@ -768,7 +787,13 @@ async fn unmount_dead(r: &mut Rig, v: &Vol, bound: Duration) -> Result<(Duration
     )?;
     let t = Instant::now();
     match tokio::time::timeout(bound, r.unstage(v)).await {
-        Err(_) => return Err(format!("NodeUnstageVolume: no answer within {bound:?}").into()),
+        Err(_) => {
+            return Err(format!(
+                "NodeUnstageVolume: no answer within {bound:?}; driver threads in NFS: {}",
+                nfs_stacks(&r.work)
+            )
+            .into())
+        }
         Ok(res) => res.map_err(|e| format!("NodeUnstageVolume: {e}"))?,
     }
     let took_unstage = t.elapsed();
