@@ -39,6 +39,10 @@ struct Rig {
     driver_log: PathBuf,
     nfs_server: String,
     export_dir: PathBuf,
+    /// Where the driver's log stood when the scenarios began.
+    log_start: usize,
+    /// CreateVolume's accessible_topology, by volume name.
+    topology: HashMap<String, Vec<Topology>>,
 }
 
 struct Vol {
@@ -99,6 +103,24 @@ impl Rig {
         limit: i64,
         cap: VolumeCapability,
     ) -> std::result::Result<Vol, tonic::Status> {
+        // The VM has no GPU: the GDS gate (on by default) is turned off explicitly.
+        let params: Vec<(&str, &str)> = params
+            .iter()
+            .copied()
+            .chain([("gdsPolicy", "disabled")])
+            .collect();
+        self.create_raw(name, &params, required, limit, cap).await
+    }
+
+    /// CreateVolume with exactly these parameters (no gdsPolicy added).
+    async fn create_raw(
+        &mut self,
+        name: &str,
+        params: &[(&str, &str)],
+        required: i64,
+        limit: i64,
+        cap: VolumeCapability,
+    ) -> std::result::Result<Vol, tonic::Status> {
         let v = self
             .c
             .controller
@@ -109,10 +131,8 @@ impl Rig {
                     limit_bytes: limit,
                 }),
                 volume_capabilities: vec![cap.clone()],
-                // The VM has no GPU: the GDS gate (on by default) is turned off explicitly.
                 parameters: params
                     .iter()
-                    .chain(&[("gdsPolicy", "disabled")])
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 ..Default::default()
@@ -121,6 +141,7 @@ impl Rig {
             .into_inner()
             .volume
             .ok_or_else(|| tonic::Status::internal("no volume"))?;
+        self.topology.insert(name.to_owned(), v.accessible_topology);
         Ok(Vol {
             id: v.volume_id,
             ctx: v.volume_context,
@@ -215,12 +236,18 @@ impl Rig {
         ensure(status.success(), format!("guest helper {what} failed"))
     }
 
-    fn mkfs_count(&self, volume_id: &str) -> usize {
-        std::fs::read_to_string(&self.driver_log)
-            .unwrap_or_default()
+    /// mkfs runs on the volume's namespace, from the driver's log. The format runs as a job
+    /// outside the request's span, so its line names the device (`device=/dev/nvmeXnY`), not
+    /// the volume.
+    fn mkfs_count(&self, volume_id: &str) -> Result<usize> {
+        let (dev, _) = namespace_of(volume_id)?;
+        let field = format!("device={dev} ");
+        let log = std::fs::read_to_string(&self.driver_log)?;
+        // Only this run's lines: csi-sanity before it formats namespaces too.
+        Ok(log[self.log_start.min(log.len())..]
             .lines()
-            .filter(|l| l.contains("formatting fresh device") && l.contains(volume_id))
-            .count()
+            .filter(|l| l.contains("formatting fresh device") && l.contains(&field))
+            .count())
     }
 }
 
@@ -310,7 +337,7 @@ async fn s_restage(r: &mut Rig, a: &Vol) -> Result<String> {
     ensure(back == payload, "data differs after restage")?;
     let uuid_after = sh(&format!("blkid -p -o value -s UUID {dev}"))?;
     ensure(uuid_before == uuid_after, "filesystem uuid changed")?;
-    let mkfs = r.mkfs_count(&a.id);
+    let mkfs = r.mkfs_count(&a.id)?;
     ensure(mkfs == 1, format!("mkfs ran {mkfs} times"))?;
     Ok(format!(
         "4096 bytes intact, fs uuid {uuid_after} unchanged, mkfs ran {mkfs} time"
@@ -432,7 +459,7 @@ async fn s_restart(r: &mut Rig, vols: &[(&Vol, &str, String)]) -> Result<String>
     for v in &vols {
         ensure(ids.contains(&v.id), format!("{} not listed", v.id))?;
     }
-    let mkfs = r.mkfs_count(&vols[0].id);
+    let mkfs = r.mkfs_count(&vols[0].id)?;
     ensure(mkfs == 1, format!("mkfs ran {mkfs} times"))?;
     Ok(format!(
         "SIGKILL + restart: {checked} published volumes still mounted, their files read back \
@@ -489,6 +516,296 @@ async fn s_dead_server(r: &mut Rig, n2: &Vol, b: &Vol) -> Result<String> {
     ))
 }
 
+/// The driver binary beside this example (target/release/examples/.. -> target/release).
+fn driver_exe() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().and_then(Path::parent).ok_or("no target dir")?;
+    Ok(dir.join("gds-csi"))
+}
+
+/// NodeGetVolumeStats' condition for a published volume.
+async fn condition(r: &mut Rig, v: &Vol) -> Result<VolumeCondition> {
+    let resp =
+        r.c.node
+            .node_get_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: v.id.clone(),
+                volume_path: v.target.display().to_string(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+    Ok(resp.volume_condition.ok_or("no volume_condition")?)
+}
+
+/// Issue 17 point 7 on a real kernel: NFS volumes follow GDS readiness. The VM has NFS over
+/// RDMA for real but no GPU and no nvidia_fs, so the node is not ready for gds-nfs-rdma.
+/// `req`: gdsPolicy absent (required), `pref`: preferred, `off`: disabled.
+async fn s_gate_nfs(r: &mut Rig, req: &Vol, pref: &Vol, off: &Vol) -> Result<String> {
+    let name =
+        r.c.identity
+            .get_plugin_info(GetPluginInfoRequest {})
+            .await?
+            .into_inner()
+            .name;
+    let key = format!("{name}/gds-nfs-rdma");
+    // CreateVolume: only the required volume is confined to ready nodes.
+    let topo = |v: &Vol| -> Vec<HashMap<String, String>> {
+        let name = v
+            .staging
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        r.topology[&name]
+            .iter()
+            .map(|t| t.segments.clone())
+            .collect()
+    };
+    let want = vec![HashMap::from([(key.clone(), "true".to_owned())])];
+    ensure(
+        topo(req) == want,
+        format!("required volume's topology {:?}, want {want:?}", topo(req)),
+    )?;
+    ensure(
+        !req.ctx.contains_key("gdsPolicy"),
+        "gdsPolicy was not absent",
+    )?;
+    for v in [pref, off] {
+        ensure(
+            topo(v).is_empty(),
+            format!("{} has topology {:?}", v.id, topo(v)),
+        )?;
+    }
+    // NodeGetInfo: this node is not ready for NFS over RDMA GDS.
+    let info =
+        r.c.node
+            .node_get_info(NodeGetInfoRequest {})
+            .await?
+            .into_inner();
+    let segs = info
+        .accessible_topology
+        .map(|t| t.segments)
+        .unwrap_or_default();
+    ensure(
+        segs.get(&key).map(String::as_str) == Some("false"),
+        format!("NodeGetInfo topology {segs:?}, want {key}=false"),
+    )?;
+
+    // Required: staged over real RDMA, publish refused naming the failed checks.
+    r.stage(req).await?;
+    let (_, _, opts) = mountinfo(&req.staging).ok_or("required volume not staged")?;
+    ensure(
+        opts.split(',').any(|o| o == "proto=rdma"),
+        format!("staged without RDMA: {opts}"),
+    )?;
+    let err = match r.publish(req).await {
+        Ok(()) => return Err("NodePublishVolume of a required NFS volume succeeded".into()),
+        Err(e) => e,
+    };
+    let msg = err.message();
+    ensure(
+        err.code() == Code::FailedPrecondition,
+        format!("{:?}: {msg}", err.code()),
+    )?;
+    // No GPU: these fail here; the mount and the RDMA device pass, so they are not named.
+    for id in ["gpu.driver", "nvidia_fs."] {
+        ensure(
+            msg.contains(id),
+            format!("refusal does not name {id}: {msg}"),
+        )?;
+    }
+    for id in ["volume.filesystem", "volume.mount", "rdma.devices"] {
+        ensure(!msg.contains(id), format!("refusal names {id}: {msg}"))?;
+    }
+    ensure(
+        mountinfo(&req.target).is_none(),
+        "the refused volume is mounted at its target",
+    )?;
+    let failed: Vec<&str> = msg
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    // What the gate's checks say about the mount (doctor runs the same checks).
+    let out = std::process::Command::new(driver_exe()?)
+        .args(["doctor", "--backend", "nfs-rdma", "--json", "--path"])
+        .arg(&req.staging)
+        .output()?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "doctor --json: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let check = |id: &str| -> Option<(String, String)> {
+        doc["checks"].as_array()?.iter().find_map(|c| {
+            (c["id"] == id).then(|| {
+                (
+                    c["status"].as_str().unwrap_or("").to_owned(),
+                    c["evidence"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+        })
+    };
+    let (st, fs_ev) = check("volume.filesystem").ok_or("doctor: no volume.filesystem")?;
+    ensure(
+        st == "pass" && fs_ev.contains("proto=rdma"),
+        format!("doctor volume.filesystem {st}: {fs_ev}"),
+    )?;
+    let (st, rdma_ev) = check("rdma.devices").ok_or("doctor: no rdma.devices")?;
+    ensure(st == "pass", format!("doctor rdma.devices {st}: {rdma_ev}"))?;
+    ensure(
+        doc["ready"] == false,
+        "doctor says the node is ready for NFS GDS",
+    )?;
+
+    // Preferred: published in compat mode, reported abnormal.
+    r.stage(pref).await?;
+    r.publish(pref).await?;
+    ensure(mountinfo(&pref.target).is_some(), "preferred not mounted")?;
+    let c = condition(r, pref).await?;
+    ensure(
+        c.abnormal && c.message.contains("compat mode"),
+        format!("preferred volume condition {c:?}"),
+    )?;
+    // Disabled: published, normal.
+    r.stage(off).await?;
+    r.publish(off).await?;
+    let c_off = condition(r, off).await?;
+    ensure(
+        !c_off.abnormal,
+        format!("disabled volume condition {c_off:?}"),
+    )?;
+    Ok(format!(
+        "CreateVolume topology {key}=true (required), none (preferred, disabled); NodeGetInfo \
+         {key}=false; required publish {:?} naming {}; mount judged by the gate's checks: \
+         volume.filesystem pass ({}), rdma.devices pass; preferred published, condition \
+         abnormal \"{}\"; disabled published, condition \"{}\"",
+        err.code(),
+        failed.join(","),
+        fs_ev
+            .split([' ', ','])
+            .filter(|o| o.starts_with("proto=") || o.starts_with("vers="))
+            .collect::<Vec<_>>()
+            .join(","),
+        c.message.chars().take(80).collect::<String>(),
+        c_off.message
+    ))
+}
+
+/// Issue 11: unpublish and unstage of an NFS volume whose server is gone answer OK within
+/// the kubelet's 2-minute deadline, leave no mount, and the driver logs the escalation.
+async fn s_unmount_dead(r: &mut Rig, v: &Vol) -> Result<String> {
+    const KUBELET: Duration = Duration::from_secs(120);
+    const STEP: Duration = Duration::from_secs(20);
+    r.stage(v).await?;
+    r.publish(v).await?;
+    let file = v.target.join(NFS_FILE);
+    std::fs::write(&file, NFS_PAYLOAD)?;
+    sh(&format!("sync -f {}", file.display()))?;
+    let log_before = std::fs::read_to_string(&r.driver_log)?.len();
+    r.helper("nfs-stop")?;
+    let res = unmount_dead(r, v, KUBELET).await;
+    // Later scenarios and the teardown need the server.
+    let started = r.helper("nfs-start");
+    let (took_unpub, took_unstage) = res?;
+    started?;
+    let log = std::fs::read_to_string(&r.driver_log)?;
+    let log = &log[log_before.min(log.len())..];
+    let steps = |path: &Path| -> Vec<&'static str> {
+        let p = path.display().to_string();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(&p)).collect();
+        [
+            ("forcing it (umount -f)", "umount timed out"),
+            ("force-unmounted", "umount -f done"),
+            ("detaching it lazily (umount -l)", "umount -f not enough"),
+            ("detached lazily", "umount -l done"),
+        ]
+        .into_iter()
+        .filter(|(needle, _)| lines.iter().any(|l| l.contains(needle)))
+        .map(|(_, step)| step)
+        .collect()
+    };
+    let (s_pub, s_stage) = (steps(&v.target), steps(&v.staging));
+    // A call that outlasted the plain unmount's deadline (--mount-timeout 20s) must have
+    // escalated, and said so.
+    for (call, took, logged) in [
+        ("unpublish", took_unpub, &s_pub),
+        ("unstage", took_unstage, &s_stage),
+    ] {
+        ensure(
+            took < STEP || logged.first() == Some(&"umount timed out"),
+            format!("{call} took {took:?} and logged no escalation"),
+        )?;
+    }
+    Ok(format!(
+        "server stopped: NodeUnpublishVolume OK in {:.1} s (logged: {}), NodeUnstageVolume OK \
+         in {:.1} s (logged: {}), both < 120 s; no mount left at target or staging",
+        took_unpub.as_secs_f64(),
+        if s_pub.is_empty() {
+            "plain umount".into()
+        } else {
+            s_pub.join(" -> ")
+        },
+        took_unstage.as_secs_f64(),
+        if s_stage.is_empty() {
+            "plain umount".into()
+        } else {
+            s_stage.join(" -> ")
+        },
+    ))
+}
+
+/// Kernel stacks of the driver's threads that wait in NFS or RPC code (where a call hangs).
+fn nfs_stacks(work: &Path) -> String {
+    let cmd = format!(
+        "pid=$(cat {}/driver.pid); for t in /proc/$pid/task/*; do \
+         s=$(cat $t/stack 2>/dev/null | awk '{{print $2}}' | tr '\n' ' '); \
+         case \"$s\" in *nfs*|*rpc*) echo \"$(cat $t/comm): $s\";; esac; done",
+        work.display()
+    );
+    sh(&cmd)
+        .unwrap_or_else(|e| e.to_string())
+        .replace('\n', " | ")
+}
+
+/// The two calls against the stopped server, each bounded by the kubelet's deadline.
+async fn unmount_dead(r: &mut Rig, v: &Vol, bound: Duration) -> Result<(Duration, Duration)> {
+    let t = Instant::now();
+    match tokio::time::timeout(bound, r.unpublish(v)).await {
+        Err(_) => {
+            return Err(format!(
+                "NodeUnpublishVolume: no answer within {bound:?}; driver threads in NFS: {}",
+                nfs_stacks(&r.work)
+            )
+            .into())
+        }
+        Ok(res) => res.map_err(|e| format!("NodeUnpublishVolume: {e}"))?,
+    }
+    let took_unpub = t.elapsed();
+    ensure(
+        mountinfo(&v.target).is_none(),
+        "target still mounted after unpublish",
+    )?;
+    let t = Instant::now();
+    match tokio::time::timeout(bound, r.unstage(v)).await {
+        Err(_) => {
+            return Err(format!(
+                "NodeUnstageVolume: no answer within {bound:?}; driver threads in NFS: {}",
+                nfs_stacks(&r.work)
+            )
+            .into())
+        }
+        Ok(res) => res.map_err(|e| format!("NodeUnstageVolume: {e}"))?,
+    }
+    let took_unstage = t.elapsed();
+    ensure(
+        mountinfo(&v.staging).is_none(),
+        "staging still mounted after unstage",
+    )?;
+    Ok((took_unpub, took_unstage))
+}
+
 fn report(name: &str, res: Result<String>, failed: &mut usize) {
     match res {
         Ok(detail) => println!("PASS {name}: {detail}"),
@@ -514,7 +831,10 @@ async fn main() -> Result<()> {
         driver_log: env("DRIVER_LOG")?.into(),
         nfs_server: env("NFS_SERVER")?,
         export_dir: env("NFS_EXPORT_DIR")?.into(),
+        topology: HashMap::new(),
+        log_start: 0,
     };
+    r.log_start = std::fs::read_to_string(&r.driver_log)?.len();
     let started = Instant::now();
     let mut failed = 0;
     let server = r.nfs_server.clone();
@@ -577,8 +897,45 @@ async fn main() -> Result<()> {
         &mut failed,
     );
 
+    let nfs_only = [("server", server.as_str()), ("share", "/")];
+    let gated = [
+        ("vm-gate-required", None),
+        ("vm-gate-preferred", Some("preferred")),
+        ("vm-gate-disabled", Some("disabled")),
+    ];
+    let mut g = Vec::new();
+    for (name, policy) in gated {
+        let mut p = nfs_only.to_vec();
+        p.extend(policy.map(|v| ("gdsPolicy", v)));
+        g.push(
+            r.create_raw(name, &p, 0, 0, cap(Mode::MultiNodeMultiWriter))
+                .await?,
+        );
+    }
+    let res = s_gate_nfs(&mut r, &g[0], &g[1], &g[2]).await;
+    report(
+        "NFS GDS gate: required refused on a node without GPU, preferred compat, disabled normal",
+        res,
+        &mut failed,
+    );
+    for v in &g {
+        if let Err(e) = r.teardown(v).await {
+            report("NFS gate volumes torn down", Err(e), &mut failed);
+        }
+    }
+
+    let n3 = r
+        .create("vm-nfs-3", &nfs_params, 0, 0, cap(Mode::SingleNodeWriter))
+        .await?;
+    let res = s_unmount_dead(&mut r, &n3).await;
+    report(
+        "NFS server stopped: unpublish and unstage OK within 2 min, no mount left",
+        res,
+        &mut failed,
+    );
+
     let mut cleanup = Ok(());
-    for v in [&a, &b, &n2] {
+    for v in [&a, &b, &n2, &n3] {
         if let Err(e) = r.teardown(v).await {
             cleanup = Err(format!("{}: {e}", v.id));
             break;

@@ -289,6 +289,29 @@ const NAME_MAX: usize = 255;
 /// the whole kubelet directory), and no existing component a symlink. Returned normalised
 /// (no `.`, no doubled or trailing `/`). This is the early, clear refusal; what is mounted
 /// is resolved again without a window by `os::safepath`.
+/// lstat's "is it a symlink", from the attributes the kernel has cached: a plain lstat of an
+/// NFS mount whose server is gone asks the server and hangs (nfs_getattr, fs/nfs/inode.c;
+/// kernel stack seen in the VM rig's s_unmount_dead). A type never changes, so the cached one
+/// is exact. Errors count as "not a symlink", as the lstat's did.
+fn is_symlink_cached(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statx writes only into `stx`, which lives for the call; `c` is NUL-terminated.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE,
+            &mut stx,
+        )
+    };
+    rc == 0 && (u32::from(stx.stx_mode) & libc::S_IFMT) == libc::S_IFLNK
+}
+
 pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
     if raw.is_empty() {
         return Err(Error::invalid(field, "required"));
@@ -351,13 +374,11 @@ pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<Pa
     let mut walked = PathBuf::new();
     for component in path.components() {
         walked.push(component);
-        if let Ok(meta) = std::fs::symlink_metadata(&walked) {
-            if meta.file_type().is_symlink() {
-                return Err(Error::invalid(
-                    field,
-                    format!("{} is a symlink; pass the real path", walked.display()),
-                ));
-            }
+        if is_symlink_cached(&walked) {
+            return Err(Error::invalid(
+                field,
+                format!("{} is a symlink; pass the real path", walked.display()),
+            ));
         }
     }
     Ok(path)

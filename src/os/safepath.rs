@@ -406,8 +406,8 @@ pub fn open(
         Err(e) => return Err(refused(field, path, e)),
     };
     // O_PATH | O_NOFOLLOW opens a trailing symlink itself (openat2(2), RESOLVE_NO_SYMLINKS).
-    let st = fstat(fd.as_raw_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
-    if kind(&st) == SFlag::S_IFLNK {
+    let file_type = cached_type(fd.as_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
+    if file_type == SFlag::S_IFLNK {
         return Err(refused(field, path, Errno::ELOOP));
     }
     Ok(Some(Anchored {
@@ -627,6 +627,30 @@ pub fn bind(source: &Anchored, target: &Anchored, options: &[&str]) -> Result<()
     };
     Errno::result(rc).map_err(|e| fail("bind mounting onto", e))?;
     Ok(())
+}
+
+/// The file type of what `fd` holds, from the attributes the kernel has cached. A plain
+/// fstat of an NFS mount's root asks the server when they are stale, and hangs while the
+/// server is gone; AT_STATX_DONT_SYNC skips that (fs/nfs/inode.c nfs_getattr, ~l. 850 in
+/// 6.1: `if ((query_flags & AT_STATX_DONT_SYNC) && !force_sync) goto out_no_revalidate`).
+/// The type of an inode never changes, so the cached one is exact.
+fn cached_type(fd: BorrowedFd<'_>) -> nix::Result<SFlag> {
+    // SAFETY: statx writes only into `stx`, which lives for the call; "" with AT_EMPTY_PATH
+    // names `fd` itself.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE,
+            &mut stx,
+        )
+    };
+    Errno::result(rc)?;
+    Ok(SFlag::from_bits_truncate(
+        libc::mode_t::from(stx.stx_mode) & SFlag::S_IFMT.bits(),
+    ))
 }
 
 /// Unmounts the topmost mount at the pinned `target`: its name looked up in the pinned
