@@ -14,6 +14,10 @@ use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The metric families are process-wide and every driver start probes for readiness, so
+/// the tests here that count calls run one at a time (the test harness runs them on threads).
+static ONE_DRIVER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `name` or `name{k="v",...}` followed by one value; label values may hold escaped quotes.
 fn is_sample(line: &str) -> bool {
     let name_end = line.find(['{', ' ']).unwrap_or(line.len());
@@ -129,6 +133,7 @@ async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
 
 #[tokio::test]
 async fn exposition_is_valid_and_csi_calls_are_counted() {
+    let _alone = ONE_DRIVER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let (mut c, addr) = start_driver(dir.path()).await;
 
@@ -203,6 +208,7 @@ fn the_line_checker_rejects_malformed_lines() {
 /// a build_info gauge, beside the driver's own families.
 #[tokio::test]
 async fn csi_lib_utils_operations_and_build_info() {
+    let _alone = ONE_DRIVER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let (mut c, addr) = start_driver(dir.path()).await;
     let count = "csi_plugin_operations_seconds_count{driver_name=\"gds.csi.gds-csi.io\",\
@@ -210,7 +216,6 @@ async fn csi_lib_utils_operations_and_build_info() {
     let probe = "csi_plugin_operations_seconds_count{driver_name=\"gds.csi.gds-csi.io\",\
                  method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"}";
     let (_, before) = http_get(addr, "/metrics").await;
-    // Methods the other test here does not count: the families are process-wide.
     c.identity
         .get_plugin_info(GetPluginInfoRequest {})
         .await
