@@ -764,8 +764,10 @@ impl Drop for GpuBuf {
 
 /// Bytes of the file the read check covers: up to READ_BYTES, whole 4 KiB pages (O_DIRECT).
 fn read_len(fd: c_int) -> u64 {
-    // SAFETY: fstat on our fd into a zeroed struct.
+    // SAFETY: `libc::stat` is plain old data; all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes at most one `stat` into `st`, which lives across the call; a bad
+    // fd only makes it return -1.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return 0;
     }
@@ -1288,6 +1290,7 @@ fn spawn_and_wait(
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(_) => {
+                // SAFETY: kill(2) takes no pointers; -pgid is our child's own process group.
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 break child.wait().ok();
             }

@@ -152,6 +152,7 @@ impl NvfsDouble {
         }
         for d in &devs {
             let c = std::ffi::CString::new(d.as_os_str().as_bytes()).unwrap();
+            // SAFETY: `fan` is our fanotify fd and `c` a NUL-terminated path alive for the call.
             let r = unsafe {
                 libc::fanotify_mark(
                     fan,
@@ -163,6 +164,7 @@ impl NvfsDouble {
             };
             if r < 0 {
                 let e = io::Error::last_os_error();
+                // SAFETY: `fan` is ours and not used after this.
                 unsafe { libc::close(fan) };
                 return Err(e);
             }
@@ -182,9 +184,11 @@ impl NvfsDouble {
                     events: libc::POLLIN,
                     revents: 0,
                 };
+                // SAFETY: one valid pollfd, alive for the call.
                 if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
                     continue;
                 }
+                // SAFETY: reads at most buf.len() bytes into buf, which we own.
                 let n = unsafe { libc::read(fan, buf.as_mut_ptr().cast(), buf.len()) };
                 if n <= 0 {
                     continue;
@@ -205,6 +209,7 @@ impl NvfsDouble {
                             fd: ev.fd,
                             response: libc::FAN_ALLOW,
                         };
+                        // SAFETY: writes one fanotify_response from a live local.
                         unsafe {
                             libc::write(
                                 fan,
@@ -220,11 +225,13 @@ impl NvfsDouble {
                         }
                     }
                     if ev.fd >= 0 {
+                        // SAFETY: the kernel handed us this event fd; we close it once.
                         unsafe { libc::close(ev.fd) };
                     }
                     off += ev.event_len as usize;
                 }
             }
+            // SAFETY: the thread owns `fan` and stops using it here.
             unsafe { libc::close(fan) };
         }));
         Ok(self)
