@@ -17,7 +17,7 @@ pub struct ProbeArgs {
     /// Run with compat mode off (private cufile.json with `allow_compat_mode: false`), so a
     /// successful registration cannot be a silent POSIX fallback. On by default: the only
     /// per-file answer cuFile gives (`cuFileDriverGetProperties` is driver-wide). When the
-    /// strict run finds no GDS path, [`run_probe`] runs a second, compat-allowed child to tell
+    /// strict run finds no GDS path, [`run_probe`](super::run_probe) runs a second, compat-allowed child to tell
     /// compat mode from "cuFile does not work here".
     pub strict: bool,
     /// libcuda for the read check (GPU memory); default `libcuda.so.1` from the loader path.
