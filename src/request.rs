@@ -298,8 +298,9 @@ fn is_symlink_cached(path: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
     };
-    // SAFETY: statx writes only into `stx`, which lives for the call; `c` is NUL-terminated.
+    // SAFETY: `libc::statx` is plain old data; all zeroes is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx writes only into `stx`, which lives for the call; `c` is NUL-terminated.
     let rc = unsafe {
         libc::statx(
             libc::AT_FDCWD,

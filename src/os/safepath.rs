@@ -635,9 +635,10 @@ pub fn bind(source: &Anchored, target: &Anchored, options: &[&str]) -> Result<()
 /// 6.1: `if ((query_flags & AT_STATX_DONT_SYNC) && !force_sync) goto out_no_revalidate`).
 /// The type of an inode never changes, so the cached one is exact.
 fn cached_type(fd: BorrowedFd<'_>) -> nix::Result<SFlag> {
+    // SAFETY: `libc::statx` is plain old data; all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: statx writes only into `stx`, which lives for the call; "" with AT_EMPTY_PATH
     // names `fd` itself.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe {
         libc::statx(
             fd.as_raw_fd(),

@@ -7,6 +7,9 @@
 //! - a cuFile probe that runs libcufile in a child process under a deadline ([`probe`]),
 //!   because libcufile can hang or crash and must never take the plugin down with it.
 
+// Request paths (the gate runs these per NodePublish) return outcomes, never panic.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -99,6 +99,10 @@ impl Host {
     }
 }
 
+fn remedy(c: &Check) -> &str {
+    c.remedy.as_deref().unwrap_or("")
+}
+
 fn get<'a>(checks: &'a [Check], id: &str) -> &'a Check {
     checks
         .iter()
@@ -460,8 +464,9 @@ fn device_mapper_and_md() {
 /// Issue 17 #8: a volume on md RAID0 needs mdadm's udev rule to export the members (NVIDIA's
 /// "Adding udev Rules for RAID Volumes"); mdadm's stock rule runs `--no-devices`, so MD_LEVEL
 /// is there but no member is. ID_FS_USAGE alone is not enough.
-#[test]
-fn md_raid0_needs_the_members_in_its_udev_entry() {
+/// md0 (RAID0) over nvme0n1 and nvme1n1, mounted at /mnt/md0; the members known to udev.
+/// Also md0's udev entry, with blkid's keys only, and that text.
+fn md0_over_two_namespaces() -> (Host, PathBuf, String) {
     let h = Host::new();
     let ctrl = "sys/devices/pci0000:00/0000:00:01.0/nvme";
     h.write("etc/cufile.json", CUFILE_OK)
@@ -482,38 +487,36 @@ fn md_raid0_needs_the_members_in_its_udev_entry() {
         .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
         .mountinfo(&["301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw"])
         .udev("259:0", false)
-        .udev("259:2", false);
-    let md_check = |h: &Host| {
-        let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
-        (get(&c, "volume.md_udev").clone(), Report::new(c).ready())
-    };
+        .udev("259:2", false)
+        .udev("9:0", true);
+    let p = h.root.join("run/udev/data/b9:0");
+    let blkid_only = fs::read_to_string(&p).unwrap();
+    (h, p, blkid_only)
+}
+
+/// The md udev check of /mnt/md0, and whether the whole report is ready.
+fn md_check(h: &Host) -> (Check, bool) {
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/md0"));
+    (get(&c, "volume.md_udev").clone(), Report::new(c).ready())
+}
+
+#[test]
+fn md_raid0_needs_the_members_in_its_udev_entry() {
+    let (h, p, blkid_only) = md0_over_two_namespaces();
 
     // blkid's keys only (what the stock rules give after `--no-devices`, minus MD_*): refused.
-    h.udev("9:0", true);
     let (c, ready) = md_check(&h);
     assert_eq!(c.status, Status::Fail, "{c:#?}");
     assert!(!ready);
     assert!(c.evidence.contains("MD_LEVEL"), "{}", c.evidence);
     assert!(
-        c.remedy
-            .as_deref()
-            .unwrap_or("")
-            .contains("mdadm --detail --export"),
+        remedy(&c).contains("mdadm --detail --export"),
         "{:?}",
         c.remedy
     );
-    assert!(
-        c.remedy
-            .as_deref()
-            .unwrap_or("")
-            .contains("udevadm trigger"),
-        "{:?}",
-        c.remedy
-    );
+    assert!(remedy(&c).contains("udevadm trigger"), "{:?}", c.remedy);
 
     // mdadm's stock rule (`--detail --no-devices --export`): level and count, no members.
-    let p = h.root.join("run/udev/data/b9:0");
-    let blkid_only = fs::read_to_string(&p).unwrap();
     fs::write(
         &p,
         format!("{blkid_only}E:MD_LEVEL=raid0\nE:MD_DEVICES=2\nE:MD_METADATA=1.2\n"),
@@ -535,6 +538,13 @@ fn md_raid0_needs_the_members_in_its_udev_entry() {
         "{}",
         c.evidence
     );
+}
+
+#[test]
+fn md_raid0_members_must_be_nvme_and_known_to_udev() {
+    let (h, p, blkid_only) = md0_over_two_namespaces();
+    h.md_rule_keys("9:0", "raid0", &["nvme0n1", "nvme1n1"]);
+    assert_eq!(md_check(&h).0.status, Status::Pass);
 
     // A member without its own udev entry is named.
     fs::remove_file(h.root.join("run/udev/data/b259:2")).unwrap();
@@ -545,11 +555,7 @@ fn md_raid0_needs_the_members_in_its_udev_entry() {
         "{}",
         c.evidence
     );
-    assert!(
-        !c.remedy.as_deref().unwrap_or("").contains("mdadm --detail"),
-        "{:?}",
-        c.remedy
-    );
+    assert!(!remedy(&c).contains("mdadm --detail"), "{:?}", c.remedy);
     h.udev("259:2", false);
 
     // A stale entry (a member added after the last udev event) names the missing key.
@@ -579,14 +585,7 @@ fn md_raid0_needs_the_members_in_its_udev_entry() {
         "{}",
         c.evidence
     );
-    assert!(
-        c.remedy
-            .as_deref()
-            .unwrap_or("")
-            .contains("NVMe namespaces"),
-        "{:?}",
-        c.remedy
-    );
+    assert!(remedy(&c).contains("NVMe namespaces"), "{:?}", c.remedy);
 
     // Not md: no such check.
     h.mountinfo(&["302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw"]);

@@ -140,93 +140,15 @@ impl NvfsDouble {
     }
 
     fn watch(mut self, devs: Vec<PathBuf>) -> io::Result<NvfsDouble> {
-        // SAFETY: plain syscalls with valid arguments.
-        let fan = unsafe {
-            libc::fanotify_init(
-                libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
-                (libc::O_RDONLY | libc::O_CLOEXEC) as u32,
-            )
+        let tracker = Tracker {
+            fan: fanotify_on(&devs)?,
+            modules: self.root.join("proc/driver/nvidia-fs/modules"),
+            count: Arc::clone(&self.open_count),
+            seen: Arc::clone(&self.opens_seen),
+            stop: Arc::clone(&self.stop),
+            registrable: self.registrable.clone(),
         };
-        if fan < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for d in &devs {
-            let c = std::ffi::CString::new(d.as_os_str().as_bytes()).unwrap();
-            let r = unsafe {
-                libc::fanotify_mark(
-                    fan,
-                    libc::FAN_MARK_ADD,
-                    libc::FAN_OPEN_PERM | libc::FAN_CLOSE_WRITE | libc::FAN_CLOSE_NOWRITE,
-                    libc::AT_FDCWD,
-                    c.as_ptr(),
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                unsafe { libc::close(fan) };
-                return Err(e);
-            }
-        }
-        let modules = self.root.join("proc/driver/nvidia-fs/modules");
-        let (count, seen, stop) = (
-            Arc::clone(&self.open_count),
-            Arc::clone(&self.opens_seen),
-            Arc::clone(&self.stop),
-        );
-        let registrable = self.registrable.clone();
-        self.thread = Some(std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            while !stop.load(Ordering::Relaxed) {
-                let mut pfd = libc::pollfd {
-                    fd: fan,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
-                    continue;
-                }
-                let n = unsafe { libc::read(fan, buf.as_mut_ptr().cast(), buf.len()) };
-                if n <= 0 {
-                    continue;
-                }
-                let mut off = 0usize;
-                let meta = std::mem::size_of::<libc::fanotify_event_metadata>();
-                while off + meta <= n as usize {
-                    // SAFETY: the kernel wrote whole events; read_unaligned copes with the buffer.
-                    let ev: libc::fanotify_event_metadata =
-                        unsafe { std::ptr::read_unaligned(buf.as_ptr().add(off).cast()) };
-                    if ev.mask & libc::FAN_OPEN_PERM != 0 {
-                        // nvfs_open: register what can be found, then let open() return.
-                        if count.fetch_add(1, Ordering::SeqCst) == 0 {
-                            write_atomic(&modules, &listing(&registrable));
-                        }
-                        seen.fetch_add(1, Ordering::SeqCst);
-                        let resp = libc::fanotify_response {
-                            fd: ev.fd,
-                            response: libc::FAN_ALLOW,
-                        };
-                        unsafe {
-                            libc::write(
-                                fan,
-                                (&resp as *const libc::fanotify_response).cast(),
-                                std::mem::size_of::<libc::fanotify_response>(),
-                            )
-                        };
-                    }
-                    if ev.mask & (libc::FAN_CLOSE_WRITE | libc::FAN_CLOSE_NOWRITE) != 0 {
-                        // nvfs_close: the last close unregisters.
-                        if count.fetch_sub(1, Ordering::SeqCst) == 1 {
-                            write_atomic(&modules, &listing(&[]));
-                        }
-                    }
-                    if ev.fd >= 0 {
-                        unsafe { libc::close(ev.fd) };
-                    }
-                    off += ev.event_len as usize;
-                }
-            }
-            unsafe { libc::close(fan) };
-        }));
+        self.thread = Some(std::thread::spawn(move || tracker.run()));
         Ok(self)
     }
 
@@ -246,6 +168,115 @@ impl Drop for NvfsDouble {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// A fanotify group holding every open of `devs` until it is answered, and reporting closes.
+fn fanotify_on(devs: &[PathBuf]) -> io::Result<i32> {
+    // SAFETY: plain syscalls with valid arguments.
+    let fan = unsafe {
+        libc::fanotify_init(
+            libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
+            (libc::O_RDONLY | libc::O_CLOEXEC) as u32,
+        )
+    };
+    if fan < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for d in devs {
+        let c = std::ffi::CString::new(d.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `fan` is our fanotify fd and `c` a NUL-terminated path alive for the call.
+        let r = unsafe {
+            libc::fanotify_mark(
+                fan,
+                libc::FAN_MARK_ADD,
+                libc::FAN_OPEN_PERM | libc::FAN_CLOSE_WRITE | libc::FAN_CLOSE_NOWRITE,
+                libc::AT_FDCWD,
+                c.as_ptr(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: `fan` is ours and not used after this.
+            unsafe { libc::close(fan) };
+            return Err(e);
+        }
+    }
+    Ok(fan)
+}
+
+/// The thread that plays nvfs_open/nvfs_close on the listing.
+struct Tracker {
+    fan: i32,
+    modules: PathBuf,
+    count: Arc<AtomicUsize>,
+    seen: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    registrable: Vec<String>,
+}
+
+impl Tracker {
+    fn run(self) {
+        let mut buf = vec![0u8; 64 * 1024];
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut pfd = libc::pollfd {
+                fd: self.fan,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, alive for the call.
+            if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+                continue;
+            }
+            // SAFETY: reads at most buf.len() bytes into buf, which we own.
+            let n = unsafe { libc::read(self.fan, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                continue;
+            }
+            let mut off = 0usize;
+            let meta = std::mem::size_of::<libc::fanotify_event_metadata>();
+            while off + meta <= n as usize {
+                // SAFETY: the kernel wrote whole events; read_unaligned copes with the buffer.
+                let ev: libc::fanotify_event_metadata =
+                    unsafe { std::ptr::read_unaligned(buf.as_ptr().add(off).cast()) };
+                self.event(&ev);
+                off += ev.event_len as usize;
+            }
+        }
+        // SAFETY: the thread owns `fan` and stops using it here.
+        unsafe { libc::close(self.fan) };
+    }
+
+    fn event(&self, ev: &libc::fanotify_event_metadata) {
+        if ev.mask & libc::FAN_OPEN_PERM != 0 {
+            // nvfs_open: register what can be found, then let open() return.
+            if self.count.fetch_add(1, Ordering::SeqCst) == 0 {
+                write_atomic(&self.modules, &listing(&self.registrable));
+            }
+            self.seen.fetch_add(1, Ordering::SeqCst);
+            let resp = libc::fanotify_response {
+                fd: ev.fd,
+                response: libc::FAN_ALLOW,
+            };
+            // SAFETY: writes one fanotify_response from a live local.
+            unsafe {
+                libc::write(
+                    self.fan,
+                    (&resp as *const libc::fanotify_response).cast(),
+                    std::mem::size_of::<libc::fanotify_response>(),
+                )
+            };
+        }
+        if ev.mask & (libc::FAN_CLOSE_WRITE | libc::FAN_CLOSE_NOWRITE) != 0 {
+            // nvfs_close: the last close unregisters.
+            if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+                write_atomic(&self.modules, &listing(&[]));
+            }
+        }
+        if ev.fd >= 0 {
+            // SAFETY: the kernel handed us this event fd; we close it once.
+            unsafe { libc::close(ev.fd) };
         }
     }
 }

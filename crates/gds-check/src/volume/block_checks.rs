@@ -1,0 +1,226 @@
+//! Checks on the block device stack: supported layers, the NVMe transport, P2PDMA's limits,
+//! and the udev entry cuFile identifies the device by.
+
+use super::stack::{describe, Layer};
+use crate::node::{p2pdma_route, registered_drivers};
+use crate::parse::parse_udev_db;
+use crate::{Backend, Check, HostPaths};
+use std::fs;
+
+pub(super) fn block_checks(paths: &HostPaths, backend: Backend, layers: &[Layer]) -> Vec<Check> {
+    let stack = describe(layers);
+    let mut out = vec![
+        stack_check(layers, &stack),
+        transport_check(paths, layers, &stack),
+    ];
+    // P2PDMA mode serves NVMe over PCIe only: "RAID0 over NVMe and NVMEoF are not supported"
+    // (NVIDIA, "GDS Support for NVMe Drives Using Linux PCI P2PDMA", 1 Intro; GDS release notes,
+    // Known Limitations: "not supported with RAID0 and multipath NVMe").
+    if backend == Backend::Nvme && p2pdma_route(paths) {
+        out.push(p2pdma_check(layers, &stack));
+    }
+    out
+}
+
+fn stack_check(layers: &[Layer], stack: &str) -> Check {
+    let title = "block device stack supported";
+    let dm = layers.iter().any(|l| matches!(l, Layer::Dm(_)));
+    let bad_md = layers.iter().find_map(|l| match l {
+        Layer::Md(md) if md.level != "raid0" => Some(format!("{} is {}", md.name, md.level)),
+        _ => None,
+    });
+    if dm {
+        Check::fail(
+            "volume.block_stack",
+            title,
+            format!("{stack}: device-mapper (LVM, dm-crypt, multipath) is not supported by GDS"),
+            "put the filesystem directly on the NVMe namespace (or md RAID0 over namespaces)",
+        )
+    } else if let Some(md) = bad_md {
+        Check::fail(
+            "volume.block_stack",
+            title,
+            format!("{stack}: {md}; GDS supports md RAID0 only"),
+            "use md RAID0 or a single namespace",
+        )
+    } else {
+        Check::pass("volume.block_stack", title, stack.to_string())
+    }
+}
+
+const TRANSPORT_TITLE: &str = "NVMe transport supports GDS";
+
+fn transport_check(paths: &HostPaths, layers: &[Layer], stack: &str) -> Check {
+    let nvme: Vec<(&str, Option<&str>)> = layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Nvme { name, transport } => Some((name.as_str(), transport.as_deref())),
+            _ => None,
+        })
+        .collect();
+    let others: Vec<&str> = layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Other(n) => Some(n.as_str()),
+            _ => None,
+        })
+        .collect();
+    if nvme.is_empty() {
+        return not_nvme_check(&others);
+    }
+    let (mut problems, fail) = transport_problems(paths, &nvme);
+    if !others.is_empty() {
+        problems.push(format!("non-NVMe members: {}", others.join(" ")));
+    }
+    let ev = if problems.is_empty() {
+        stack.to_string()
+    } else {
+        format!("{stack}: {}", problems.join("; "))
+    };
+    if fail {
+        Check::fail(
+            "volume.nvme_transport",
+            TRANSPORT_TITLE,
+            ev,
+            "load nvme_rdma after nvidia_fs (GDS-enabled MOFED driver)",
+        )
+    } else if problems.is_empty() {
+        Check::pass("volume.nvme_transport", TRANSPORT_TITLE, ev)
+    } else {
+        Check::warn(
+            "volume.nvme_transport",
+            TRANSPORT_TITLE,
+            ev,
+            "use NVMe over PCIe or NVMe-oF over RDMA for true GDS",
+        )
+    }
+}
+
+/// No NVMe namespace in the stack: compat mode, with what each device is instead.
+fn not_nvme_check(others: &[&str]) -> Check {
+    let kind = |n: &str| {
+        if n.starts_with("loop") {
+            "loop device"
+        } else if n.starts_with("sd") {
+            "SCSI/SATA disk"
+        } else if n.starts_with("vd") {
+            "virtio disk"
+        } else {
+            "non-NVMe device"
+        }
+    };
+    let what = others
+        .iter()
+        .map(|n| format!("{n} is not an NVMe namespace ({})", kind(n)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check::warn(
+        "volume.nvme_transport",
+        TRANSPORT_TITLE,
+        format!("{what}; cuFile uses compat mode for it"),
+        "back the volume with an NVMe namespace for true GDS",
+    )
+}
+
+/// What is wrong with each namespace's transport, and whether any of it is a failure.
+fn transport_problems(paths: &HostPaths, nvme: &[(&str, Option<&str>)]) -> (Vec<String>, bool) {
+    // Read as a cuFile process sees it: the idle listing never shows nvme_rdma.
+    let modules = registered_drivers(paths);
+    let mut problems = Vec::new();
+    let mut fail = false;
+    for (n, t) in nvme {
+        match *t {
+            Some("pcie") => {}
+            Some("rdma") => {
+                if let Some(m) = &modules {
+                    if !m.iter().any(|m| m.name == "nvme_rdma") {
+                        fail = true;
+                        problems.push(format!(
+                            "{n} is NVMe-oF/RDMA but nvme_rdma is not registered with nvidia_fs"
+                        ));
+                    }
+                }
+            }
+            Some(other) => problems.push(format!("{n}: transport {other} has no GDS DMA path")),
+            None => problems.push(format!("{n}: transport unknown")),
+        }
+    }
+    (problems, fail)
+}
+
+fn p2pdma_check(layers: &[Layer], stack: &str) -> Check {
+    let title = "volume supported in NVMe P2PDMA mode";
+    let mut bad: Vec<String> = layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Md(md) => Some(format!("{} is md {}", md.name, md.level)),
+            Layer::Nvme { name, transport } if transport.as_deref() != Some("pcie") => {
+                Some(format!(
+                    "{name} is NVMe over {}",
+                    transport.as_deref().unwrap_or("an unknown transport")
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    bad.dedup();
+    if bad.is_empty() {
+        Check::pass("volume.p2pdma", title, format!("{stack}: NVMe over PCIe"))
+    } else {
+        Check::fail(
+            "volume.p2pdma",
+            title,
+            format!(
+                "{stack}: {}; this node has no nvidia_fs, and P2PDMA mode does not serve md \
+                 RAID, multipath or NVMe-oF",
+                bad.join("; ")
+            ),
+            "put the filesystem on one NVMe namespace over PCIe, or load nvidia_fs with a \
+             GDS-enabled nvme driver for RAID0 and NVMe-oF",
+        )
+    }
+}
+
+pub(super) fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
+    let id = "volume.udev";
+    let title = "udev database identifies the block device";
+    let p = paths.udev_data_dir.join(format!("b{majmin}"));
+    let remedy = "run udevd on the node (or `udevadm trigger --action=change` for the device) and \
+                  give workload pods /run/udev read-only (CDI device nvidia.com/gds=all does)";
+    match fs::read_to_string(&p) {
+        Err(e) => Check::fail(
+            id,
+            title,
+            format!(
+                "{}: {e}; without it cuFileHandleRegister fails with 5027 \
+                 HANDLE_NOT_REGISTERED, even in compat mode",
+                p.display()
+            ),
+            remedy,
+        ),
+        Ok(t) => {
+            let props = parse_udev_db(&t);
+            match props.get("ID_FS_USAGE").map(String::as_str) {
+                Some("filesystem") => Check::pass(
+                    id,
+                    title,
+                    format!(
+                        "{}: ID_FS_USAGE=filesystem ID_FS_TYPE={}",
+                        p.display(),
+                        props.get("ID_FS_TYPE").map_or("?", |s| s.as_str())
+                    ),
+                ),
+                other => Check::fail(
+                    id,
+                    title,
+                    format!(
+                        "{}: ID_FS_USAGE is {}; cuFileHandleRegister fails with 5027",
+                        p.display(),
+                        other.unwrap_or("missing")
+                    ),
+                    remedy,
+                ),
+            }
+        }
+    }
+}
