@@ -1,0 +1,270 @@
+//! A device's label as read from disk: blank, ours (carvable) or foreign (never
+//! touched), and the writes that change it. Writes go through the page cache and are
+//! flushed with fsync; partitions may be mounted meanwhile (their data lies in other
+//! blocks, 1 MiB aligned, and the whole-disk cache never holds them).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::gpt::{self, Entry, Header, Label, Mbr, ENTRIES, ENTRY_SIZE, TYPE_GUID};
+use super::{Error, Result};
+
+/// Proof that the full signature probe of a device found nothing on it. The only way to
+/// get a new label written: the caller probes (the host port's `probe_signatures`) and
+/// hands its result here; [`create`] checks again for a partition table itself.
+#[derive(Debug)]
+pub struct Blank {
+    device: PathBuf,
+}
+
+impl Blank {
+    /// `Some` when the probe of `device` found no signature at all.
+    pub fn from_signature_probe<S>(device: &Path, found: &[S]) -> Option<Blank> {
+        found.is_empty().then(|| Blank {
+            device: device.to_owned(),
+        })
+    }
+}
+
+/// What a device holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnDisk {
+    /// No MBR boot signature and no GPT header at either end.
+    Blank,
+    /// A label gds-csi wrote; `repair` says why one copy is stale or damaged (the next
+    /// write rewrites both).
+    Ours { label: Label, repair: Option<String> },
+    /// Anything else, with the reason; never changed.
+    Foreign(String),
+}
+
+/// A device's logical sector size and size in bytes.
+pub fn geometry(file: &File, device: &Path) -> Result<(u64, u64)> {
+    let mut sector: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int (block/ioctl.c: put_int(argp,
+    // bdev_logical_block_size(bdev))); `sector` is a live, writable int.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::BLKSSZGET, &mut sector) };
+    if rc != 0 {
+        return Err(Error::io(
+            "reading the sector size (BLKSSZGET) of",
+            device,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let mut f = file;
+    let size = f
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::io("measuring", device, e))?;
+    Ok((sector as u64, size))
+}
+
+fn open(device: &Path, write: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(device)
+        .map_err(|e| Error::io("opening", device, e))
+}
+
+/// Reads and classifies the label of a block device.
+pub fn read(device: &Path) -> Result<OnDisk> {
+    let file = open(device, false)?;
+    let (sector, size) = geometry(&file, device)?;
+    read_image(&file, sector, size).map_err(|e| Error::io("reading the label of", device, e))
+}
+
+/// Reads and classifies the label of an image (a device or a regular file) of `size`
+/// bytes in sectors of `sector` bytes.
+pub fn read_image(file: &File, sector: u64, size: u64) -> std::io::Result<OnDisk> {
+    let sectors = size / sector;
+    if sectors < 3 {
+        return Ok(OnDisk::Foreign(format!("{size} bytes is too small for GPT")));
+    }
+    let at = |lba: u64, len: u64| -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, lba * sector)?;
+        Ok(buf)
+    };
+    let mbr = gpt::mbr_kind(&at(0, sector)?);
+    let last = sectors - 1;
+    let (s1, sl) = (at(1, sector)?, at(last, sector)?);
+    let signed = |s: &[u8]| &s[0..8] == gpt::SIGNATURE;
+    if mbr == Mbr::Absent && !signed(&s1) && !signed(&sl) {
+        return Ok(OnDisk::Blank);
+    }
+    if mbr == Mbr::Other {
+        return Ok(OnDisk::Foreign(
+            "LBA 0 holds an MBR partition table or boot code, not a protective MBR".into(),
+        ));
+    }
+    let copy = |s: &[u8], lba: u64| -> std::io::Result<std::result::Result<Copy, String>> {
+        let h = match gpt::decode_header(s, lba) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(e)),
+        };
+        if h.entries_lba >= sectors || h.array_bytes().div_ceil(sector) > sectors - h.entries_lba
+        {
+            return Ok(Err(format!("the entry array of LBA {lba} lies beyond the end")));
+        }
+        let array = at(h.entries_lba, h.array_bytes())?;
+        if crc32fast::hash(&array) != h.entries_crc {
+            return Ok(Err(format!("the entry array of LBA {lba} fails its CRC32")));
+        }
+        let slots = gpt::decode_entries(&array, h.entry_size as usize);
+        Ok(Ok(Copy { header: h, slots }))
+    };
+    let primary = copy(&s1, 1)?;
+    let backup = copy(&sl, last)?;
+    Ok(judge(primary, backup, mbr, sector, sectors))
+}
+
+/// One decoded header with its CRC-checked entry array.
+struct Copy {
+    header: Header,
+    slots: Vec<Option<Entry>>,
+}
+
+/// Picks the copy to trust (the primary when valid) and decides whether it is ours.
+fn judge(
+    primary: std::result::Result<Copy, String>,
+    backup: std::result::Result<Copy, String>,
+    mbr: Mbr,
+    sector: u64,
+    sectors: u64,
+) -> OnDisk {
+    let (chosen, mut repair) = match (primary, backup) {
+        (Ok(p), Ok(b)) => {
+            let same = p.header.disk_guid == b.header.disk_guid
+                && p.header.entries_crc == b.header.entries_crc;
+            let why = (!same).then(|| "the backup GPT differs from the primary".to_owned());
+            (p, why)
+        }
+        (Ok(p), Err(e)) | (Err(e), Ok(p)) => (p, Some(e)),
+        (Err(a), Err(b)) => return OnDisk::Foreign(format!("damaged GPT: {a}; {b}")),
+    };
+    if mbr == Mbr::Absent {
+        repair.get_or_insert_with(|| "the protective MBR is missing".into());
+    }
+    match ours(chosen, sector, sectors) {
+        Ok(label) => OnDisk::Ours { label, repair },
+        Err(why) => OnDisk::Foreign(why),
+    }
+}
+
+/// The label, if `c` is one gds-csi wrote for a device of this geometry.
+fn ours(c: Copy, sector: u64, sectors: u64) -> std::result::Result<Label, String> {
+    let h = &c.header;
+    if !gpt::is_ours(&h.disk_guid) {
+        return Err(format!(
+            "a GPT written by another tool (disk GUID {})",
+            h.disk_guid
+        ));
+    }
+    let fresh = Label::new(sector, sectors, h.disk_guid)?;
+    if h.entry_count as usize != ENTRIES
+        || h.entry_size as usize != ENTRY_SIZE
+        || h.first_usable != fresh.first_usable
+        || h.last_usable != fresh.last_usable
+    {
+        return Err(format!(
+            "a gds-csi GPT for a device of another size or format (usable LBAs {}..={}, \
+             expected {}..={}); was the device resized?",
+            h.first_usable, h.last_usable, fresh.first_usable, fresh.last_usable
+        ));
+    }
+    let label = Label {
+        slots: c.slots,
+        ..fresh
+    };
+    check_entries(&label)?;
+    Ok(label)
+}
+
+/// Every entry ours, inside the usable range, none overlapping.
+fn check_entries(label: &Label) -> std::result::Result<(), String> {
+    let mut spans: Vec<(u64, u64, u32)> = Vec::new();
+    for (n, e) in label.partitions() {
+        if e.type_guid != TYPE_GUID {
+            return Err(format!(
+                "partition {n} ({:?}) has type GUID {}, not gds-csi's",
+                e.name, e.type_guid
+            ));
+        }
+        if e.first_lba < label.first_usable
+            || e.last_lba > label.last_usable
+            || e.first_lba > e.last_lba
+        {
+            return Err(format!("partition {n} lies outside the usable range"));
+        }
+        spans.push((e.first_lba, e.last_lba, n));
+    }
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 <= w[0].1 {
+            return Err(format!("partitions {} and {} overlap", w[0].2, w[1].2));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `label` to an image (a device or a regular file) in [`Label::regions`] order,
+/// each region flushed before the next, so every crash leaves one valid copy.
+pub fn write_image(file: &File, label: &Label) -> std::io::Result<()> {
+    for (offset, bytes) in label.regions() {
+        file.write_all_at(&bytes, offset)?;
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Writes `label` to `device` after checking that the device holds our label of the same
+/// disk GUID, so a device swapped under the path is never overwritten.
+pub fn write(device: &Path, label: &Label) -> Result<()> {
+    let file = open(device, true)?;
+    let (sector, size) = geometry(&file, device)?;
+    match read_image(&file, sector, size).map_err(|e| Error::io("reading", device, e))? {
+        OnDisk::Ours { label: on_disk, .. } if on_disk.disk_guid == label.disk_guid => {}
+        OnDisk::Ours { label: other, .. } => {
+            return Err(Error::foreign(
+                device,
+                format!("it holds another gds-csi label (disk GUID {})", other.disk_guid),
+            ))
+        }
+        OnDisk::Blank => return Err(Error::foreign(device, "it holds no label")),
+        OnDisk::Foreign(why) => return Err(Error::foreign(device, why)),
+    }
+    write_image(&file, label).map_err(|e| Error::io("writing the label of", device, e))
+}
+
+/// Writes a new, empty label on a device proven blank, after checking again that it
+/// holds no partition table and that the kernel shows no partitions of it.
+pub fn create(device: &Path, proof: Blank) -> Result<Label> {
+    if proof.device != device {
+        return Err(Error::Invalid(format!(
+            "the blank proof is for {}, not {}",
+            proof.device.display(),
+            device.display()
+        )));
+    }
+    let file = open(device, true)?;
+    let (sector, size) = geometry(&file, device)?;
+    let not_blank = |why: String| Error::NotBlank {
+        device: device.to_owned(),
+        why,
+    };
+    match read_image(&file, sector, size).map_err(|e| Error::io("reading", device, e))? {
+        OnDisk::Blank => {}
+        OnDisk::Ours { .. } => return Err(not_blank("it already holds a gds-csi label".into())),
+        OnDisk::Foreign(why) => return Err(not_blank(why)),
+    }
+    let shown = super::kernel::list(device)?;
+    if let Some(p) = shown.first() {
+        return Err(not_blank(format!("the kernel shows partition {}", p.name)));
+    }
+    let label = Label::new(sector, size / sector, gpt::new_disk_guid()).map_err(not_blank)?;
+    write_image(&file, &label).map_err(|e| Error::io("writing the label of", device, e))?;
+    Ok(label)
+}
