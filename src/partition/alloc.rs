@@ -231,3 +231,7 @@ fn check_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "alloc_tests.rs"]
+mod tests;
