@@ -260,6 +260,20 @@ pub fn create(device: &Path, proof: Blank) -> Result<Label> {
         OnDisk::Ours { .. } => return Err(not_blank("it already holds a gds-csi label".into())),
         OnDisk::Foreign(why) => return Err(not_blank(why)),
     }
+    // What the label overwrites at the start must be zeros: every common signature
+    // the caller's probe might have missed sits there (MBR, ext4 at 1024, xfs, LVM,
+    // LUKS, swap, md 1.1/1.2), so a wrong proof still destroys nothing.
+    let head = gpt::array_sectors(sector) + 2;
+    let mut bytes = vec![0u8; (head * sector) as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| Error::io("reading", device, e))?;
+    if let Some(at) = bytes.iter().position(|&b| b != 0) {
+        return Err(not_blank(format!(
+            "byte {at} of the first {} bytes, which the label would overwrite, is not zero \
+             (zero them, e.g. `blkdiscard -z -l 1MiB`, if the old contents are not needed)",
+            bytes.len()
+        )));
+    }
     let shown = super::kernel::list(device)?;
     if let Some(p) = shown.first() {
         return Err(not_blank(format!("the kernel shows partition {}", p.name)));
