@@ -26,7 +26,13 @@ fn have(tool: &str) -> bool {
 
 fn image(dir: &Path) -> (File, std::path::PathBuf) {
     let path = dir.join("disk.img");
-    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
     f.set_len(SIZE).unwrap();
     (f, path)
 }
@@ -37,7 +43,10 @@ fn read(f: &File) -> OnDisk {
 
 fn ours(f: &File) -> Label {
     match read(f) {
-        OnDisk::Ours { label, repair: None } => label,
+        OnDisk::Ours {
+            label,
+            repair: None,
+        } => label,
         other => panic!("expected our label, clean: {other:?}"),
     }
 }
@@ -53,7 +62,8 @@ fn three() -> Label {
 
 fn out(cmd: &str, args: &[&str]) -> (bool, String) {
     let o = Command::new(cmd).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     (o.status.success(), text)
 }
 
@@ -68,14 +78,20 @@ fn sgdisk_verifies_our_label_and_sfdisk_reads_it_back() {
     write_image(&f, &label).unwrap();
     let p = path.to_str().unwrap();
     let (ok, text) = out("sgdisk", &["-v", p]);
-    assert!(ok && text.contains("No problems found"), "sgdisk -v: {text}");
+    assert!(
+        ok && text.contains("No problems found"),
+        "sgdisk -v: {text}"
+    );
 
     let (ok, json) = out("sfdisk", &["--json", p]);
     assert!(ok, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let table = &v["partitiontable"];
     assert_eq!(table["label"], "gpt");
-    assert_eq!(table["id"].as_str().unwrap().to_lowercase(), label.disk_guid.to_string());
+    assert_eq!(
+        table["id"].as_str().unwrap().to_lowercase(),
+        label.disk_guid.to_string()
+    );
     assert_eq!(table["sectorsize"], 512);
     let parts = table["partitions"].as_array().unwrap();
     assert_eq!(parts.len(), 3);
@@ -83,8 +99,14 @@ fn sgdisk_verifies_our_label_and_sfdisk_reads_it_back() {
         assert_eq!(sf["node"], format!("{p}{n}"));
         assert_eq!(sf["start"], e.first_lba);
         assert_eq!(sf["size"], e.last_lba - e.first_lba + 1);
-        assert_eq!(sf["type"].as_str().unwrap().to_lowercase(), TYPE_GUID.to_string());
-        assert_eq!(sf["uuid"].as_str().unwrap().to_lowercase(), e.guid.to_string());
+        assert_eq!(
+            sf["type"].as_str().unwrap().to_lowercase(),
+            TYPE_GUID.to_string()
+        );
+        assert_eq!(
+            sf["uuid"].as_str().unwrap().to_lowercase(),
+            e.guid.to_string()
+        );
         assert_eq!(sf["name"], e.name.as_str());
         assert_eq!(e.first_lba * 512 % ALIGN, 0, "1 MiB aligned");
     }
@@ -102,11 +124,17 @@ fn a_label_sgdisk_wrote_is_foreign_even_with_our_type() {
     let (ok, text) = out("sgdisk", &["-o", p]);
     assert!(ok, "{text}");
     let empty = read(&f);
-    assert!(matches!(&empty, OnDisk::Foreign(why) if why.contains("another tool")), "{empty:?}");
+    assert!(
+        matches!(&empty, OnDisk::Foreign(why) if why.contains("another tool")),
+        "{empty:?}"
+    );
     let code = format!("1:{TYPE_GUID}");
     let (ok, text) = out("sgdisk", &["-n", "1:2048:+8M", "-t", &code, p]);
     assert!(ok, "{text}");
-    assert!(matches!(read(&f), OnDisk::Foreign(_)), "our type GUID alone is no proof");
+    assert!(
+        matches!(read(&f), OnDisk::Foreign(_)),
+        "our type GUID alone is no proof"
+    );
 }
 
 #[test]
@@ -118,10 +146,16 @@ fn a_foreign_partition_in_our_label_makes_it_foreign() {
     let (f, path) = image(dir.path());
     write_image(&f, &three()).unwrap();
     // sgdisk keeps the disk GUID (our mark) and adds a Linux filesystem partition.
-    let (ok, text) = out("sgdisk", &["-n", "4:0:+2M", "-t", "4:8300", path.to_str().unwrap()]);
+    let (ok, text) = out(
+        "sgdisk",
+        &["-n", "4:0:+2M", "-t", "4:8300", path.to_str().unwrap()],
+    );
     assert!(ok, "{text}");
     let got = read(&f);
-    assert!(matches!(&got, OnDisk::Foreign(why) if why.contains("partition 4")), "{got:?}");
+    assert!(
+        matches!(&got, OnDisk::Foreign(why) if why.contains("partition 4")),
+        "{got:?}"
+    );
 }
 
 #[test]
@@ -155,7 +189,10 @@ fn blank_image_is_blank_and_a_damaged_primary_is_repaired_from_the_backup() {
     f.read_exact_at(&mut b, 2 * 512 + 60).unwrap();
     f.write_all_at(&[b[0] ^ 0xff], 2 * 512 + 60).unwrap();
     match read(&f) {
-        OnDisk::Ours { label: got, repair: Some(why) } => {
+        OnDisk::Ours {
+            label: got,
+            repair: Some(why),
+        } => {
             assert_eq!(got, label);
             assert!(why.contains("CRC32"), "{why}");
         }
@@ -204,14 +241,21 @@ fn an_interrupted_write_leaves_the_old_or_the_new_label() {
             OnDisk::Ours { label, .. } => label,
             other => panic!("after {k} regions: {other:?}"),
         };
-        assert_eq!(got, if k >= 3 { changed.clone() } else { new.clone() }, "after {k} regions");
+        assert_eq!(
+            got,
+            if k >= 3 { changed.clone() } else { new.clone() },
+            "after {k} regions"
+        );
     }
     write_image(&f, &new).unwrap();
     write_prefix(&f, &changed, 2);
     let (offset, bytes) = &changed.regions()[2];
     f.write_all_at(&bytes[..bytes.len() / 2], *offset).unwrap();
     match read(&f) {
-        OnDisk::Ours { label, repair: Some(_) } => assert_eq!(label, changed),
+        OnDisk::Ours {
+            label,
+            repair: Some(_),
+        } => assert_eq!(label, changed),
         other => panic!("{other:?}"),
     }
 }
@@ -225,7 +269,10 @@ fn a_4k_sector_label_round_trips() {
     write_image(&f, &l).unwrap();
     assert_eq!(l.first_usable, 6, "array of 4 sectors after LBA 1");
     match read_image(&f, 4096, SIZE).unwrap() {
-        OnDisk::Ours { label, repair: None } => assert_eq!(label, l),
+        OnDisk::Ours {
+            label,
+            repair: None,
+        } => assert_eq!(label, l),
         other => panic!("{other:?}"),
     }
     // Read as 512-byte sectors, it is not a label for this geometry.

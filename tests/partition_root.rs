@@ -13,7 +13,6 @@ use std::time::Duration;
 use gds_csi::os::{Host, RealHost};
 use gds_csi::partition::label::{self, Blank, OnDisk};
 use gds_csi::partition::{kernel, Error, Label, ALIGN};
-use sha2::{Digest, Sha256};
 
 const MIB: u64 = ALIGN;
 const SIZE: u64 = 128 << 20;
@@ -30,7 +29,10 @@ impl Loop {
         if !common::is_root() {
             return None;
         }
-        let dir = tempfile::Builder::new().prefix("gds-part-").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("gds-part-")
+            .tempdir_in("/tmp")
+            .unwrap();
         let img = dir.path().join("dev.img");
         fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
         let dev = common::attach_loop(&img);
@@ -41,8 +43,9 @@ impl Loop {
         self.dev.file_name().unwrap().to_string_lossy().into_owned()
     }
 
-    fn sha(&self) -> Vec<u8> {
-        Sha256::digest(fs::read(&self.dev).unwrap()).to_vec()
+    /// The device's SHA-256 (sha256sum: the debug build's own hashing is slow).
+    fn sha(&self) -> String {
+        common::run("sha256sum", &[self.dev.to_str().unwrap()])
     }
 }
 
@@ -70,20 +73,38 @@ async fn probe(dev: &Path) -> Option<Blank> {
 
 /// What sysfs shows for partition `n` of `l`: (start, size) in bytes.
 fn sysfs(l: &Loop, n: u32) -> Option<(u64, u64)> {
-    let dir = Path::new("/sys/class/block").join(l.name()).join(format!("{}p{n}", l.name()));
-    let read = |f: &str| fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok();
+    let dir = Path::new("/sys/class/block")
+        .join(l.name())
+        .join(format!("{}p{n}", l.name()));
+    let read = |f: &str| {
+        fs::read_to_string(dir.join(f))
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
     Some((read("start")? * 512, read("size")? * 512))
 }
 
 fn dd(args: &[&str]) -> Vec<u8> {
-    let out = Command::new("dd").args(args).arg("status=none").output().unwrap();
-    assert!(out.status.success(), "dd {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("dd")
+        .args(args)
+        .arg("status=none")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "dd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
 /// One MiB of bytes particular to `seed`.
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..MIB as usize).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..MIB as usize)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// Writes `data` at MiB `mib` of `node`, bypassing the page cache.
@@ -101,7 +122,13 @@ fn write_mib(node: &Path, mib: u64, data: &[u8]) {
 }
 
 fn read_mib(node: &Path, mib: u64) -> Vec<u8> {
-    dd(&[&format!("if={}", node.display()), "bs=1M", "count=1", &format!("skip={mib}"), "iflag=direct"])
+    dd(&[
+        &format!("if={}", node.display()),
+        "bs=1M",
+        "count=1",
+        &format!("skip={mib}"),
+        "iflag=direct",
+    ])
 }
 
 /// Carves `sizes` (MiB) on blank `l`: label written first, then the kernel told.
@@ -125,20 +152,43 @@ async fn carved_partitions_come_back_with_their_data_after_the_kernel_drops_them
     let mut nodes = Vec::new();
     for (n, _) in label.partitions() {
         let span = label.extent(n).unwrap();
-        assert_eq!(sysfs(&l, n), Some((span.start, span.len)), "the kernel shows partition {n}");
+        assert_eq!(
+            sysfs(&l, n),
+            Some((span.start, span.len)),
+            "the kernel shows partition {n}"
+        );
         let node = kernel::node(&l.dev, n).unwrap();
         assert_eq!(node, Path::new("/dev").join(format!("{}p{n}", l.name())));
         let data = pattern(n as u8);
         write_mib(&node, span.len / MIB - 1, &data);
         // The kernel maps the partition where the label says: read it via the parent.
-        assert_eq!(read_mib(&l.dev, span.end() / MIB - 1), data, "partition {n} offset");
+        assert_eq!(
+            read_mib(&l.dev, span.end() / MIB - 1),
+            data,
+            "partition {n} offset"
+        );
         nodes.push((n, node, span));
     }
-    let run = Command::new("partx").arg("-d").arg(&l.dev).output().unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(kernel::list(&l.dev).unwrap().is_empty(), "partx -d dropped them");
+    let run = Command::new("partx")
+        .arg("-d")
+        .arg(&l.dev)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        kernel::list(&l.dev).unwrap().is_empty(),
+        "partx -d dropped them"
+    );
 
-    let OnDisk::Ours { label: read, repair: None } = label::read(&l.dev).unwrap() else {
+    let OnDisk::Ours {
+        label: read,
+        repair: None,
+    } = label::read(&l.dev).unwrap()
+    else {
         panic!("our label")
     };
     assert_eq!(read, label);
@@ -146,20 +196,36 @@ async fn carved_partitions_come_back_with_their_data_after_the_kernel_drops_them
     assert_eq!(done.added, vec![1, 2, 3]);
     for (n, node, span) in &nodes {
         assert_eq!(sysfs(&l, *n), Some((span.start, span.len)));
-        assert_eq!(read_mib(node, span.len / MIB - 1), pattern(*n as u8), "data of {n} intact");
+        assert_eq!(
+            read_mib(node, span.len / MIB - 1),
+            pattern(*n as u8),
+            "data of {n} intact"
+        );
         let (_, e) = read.partitions().find(|(m, _)| m == n).unwrap();
-        let found = kernel::find_by_partuuid(std::slice::from_ref(&l.dev), &e.guid).unwrap().unwrap();
+        let found = kernel::find_by_partuuid(std::slice::from_ref(&l.dev), &e.guid)
+            .unwrap()
+            .unwrap();
         assert_eq!((found.number, found.span), (*n, *span));
     }
-    assert_eq!(kernel::resync(&l.dev, &read).unwrap(), kernel::Resync::default(), "idempotent");
+    assert_eq!(
+        kernel::resync(&l.dev, &read).unwrap(),
+        kernel::Resync::default(),
+        "idempotent"
+    );
 }
 
 #[tokio::test]
 async fn a_foreign_gpt_is_refused_and_left_byte_identical() {
     let Some(l) = Loop::new() else { return };
-    common::run("sgdisk", &["-o", "-n", "1:2048:+8M", l.dev.to_str().unwrap()]);
+    common::run(
+        "sgdisk",
+        &["-o", "-n", "1:2048:+8M", l.dev.to_str().unwrap()],
+    );
     let before = l.sha();
-    assert!(probe(&l.dev).await.is_none(), "the probe sees the partition table");
+    assert!(
+        probe(&l.dev).await.is_none(),
+        "the probe sees the partition table"
+    );
     assert!(matches!(label::read(&l.dev).unwrap(), OnDisk::Foreign(_)));
     // Even with a proof made wrongly, nothing is written.
     let forged = Blank::from_signature_probe::<()>(&l.dev, &[]).unwrap();
@@ -167,7 +233,10 @@ async fn a_foreign_gpt_is_refused_and_left_byte_identical() {
     assert!(matches!(err, Error::NotBlank { .. }), "{err}");
     let mut ours = Label::new(512, SIZE / 512, gds_csi::partition::gpt::new_disk_guid()).unwrap();
     ours.allocate("x", MIB).unwrap();
-    assert!(matches!(label::write(&l.dev, &ours), Err(Error::Foreign { .. })));
+    assert!(matches!(
+        label::write(&l.dev, &ours),
+        Err(Error::Foreign { .. })
+    ));
     assert_eq!(l.sha(), before, "not one byte changed");
 }
 
@@ -208,52 +277,87 @@ async fn grow_in_place_keeps_the_data_and_names_the_neighbour() {
     assert_eq!(sysfs(&l, 1).unwrap().1, 12 * MIB);
     let mut f = &held;
     use std::io::Seek;
-    assert_eq!(f.seek(std::io::SeekFrom::End(0)).unwrap(), 12 * MIB, "the open node sees it");
+    assert_eq!(
+        f.seek(std::io::SeekFrom::End(0)).unwrap(),
+        12 * MIB,
+        "the open node sees it"
+    );
     assert_eq!(read_mib(&a, 0), pattern(7), "data kept");
     let err = label.grow(1, 13 * MIB).unwrap_err();
-    assert!(err.to_string().contains("partition 3 (\"alloc2\")"), "{err}");
+    assert!(
+        err.to_string().contains("partition 3 (\"alloc2\")"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn delete_discards_and_zeroes_only_that_partition() {
     let Some(l) = Loop::new() else { return };
     let mut label = carve(&l, &[4, 4]).await;
-    let (one, two) = (kernel::node(&l.dev, 1).unwrap(), kernel::node(&l.dev, 2).unwrap());
+    let (one, two) = (
+        kernel::node(&l.dev, 1).unwrap(),
+        kernel::node(&l.dev, 2).unwrap(),
+    );
     for mib in 0..4 {
         write_mib(&one, mib, &pattern(1));
         write_mib(&two, mib, &pattern(2));
     }
     // In use: neither discarded nor removed from the kernel.
     let held = fs::OpenOptions::new().read(true).custom_flags_excl(&one);
-    assert!(kernel::discard(&one, Duration::from_secs(30)).is_err(), "O_EXCL refuses");
+    assert!(
+        kernel::discard(&one, Duration::from_secs(30)).is_err(),
+        "O_EXCL refuses"
+    );
     let err = kernel::delete(&l.dev, 1).unwrap_err();
     assert!(err.to_string().contains("it is open"), "{err}");
     drop(held);
 
-    assert_eq!(kernel::discard(&one, Duration::from_secs(30)).unwrap(), kernel::Discarded::Done);
+    assert_eq!(
+        kernel::discard(&one, Duration::from_secs(30)).unwrap(),
+        kernel::Discarded::Done
+    );
     host().zero_device(&one).await.unwrap();
     for mib in 0..4 {
-        assert!(read_mib(&one, mib).iter().all(|&b| b == 0), "MiB {mib} of 1 reads zeros");
+        assert!(
+            read_mib(&one, mib).iter().all(|&b| b == 0),
+            "MiB {mib} of 1 reads zeros"
+        );
         assert_eq!(read_mib(&two, mib), pattern(2), "partition 2 untouched");
     }
     kernel::delete(&l.dev, 1).unwrap();
     kernel::delete(&l.dev, 1).unwrap(); // done already: still fine
     label.remove(1);
     label::write(&l.dev, &label).unwrap();
-    assert_eq!(kernel::list(&l.dev).unwrap().iter().map(|p| p.number).collect::<Vec<_>>(), vec![2]);
-    assert_eq!(kernel::resync(&l.dev, &label).unwrap(), kernel::Resync::default());
+    assert_eq!(
+        kernel::list(&l.dev)
+            .unwrap()
+            .iter()
+            .map(|p| p.number)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert_eq!(
+        kernel::resync(&l.dev, &label).unwrap(),
+        kernel::Resync::default()
+    );
 }
 
 #[tokio::test]
 async fn resync_leaves_a_partition_it_does_not_know() {
     let Some(l) = Loop::new() else { return };
     let label = carve(&l, &[4]).await;
-    let tail = gds_csi::partition::Extent { start: 100 * MIB, len: 4 * MIB };
+    let tail = gds_csi::partition::Extent {
+        start: 100 * MIB,
+        len: 4 * MIB,
+    };
     kernel::add(&l.dev, 9, tail).unwrap();
     kernel::delete(&l.dev, 1).unwrap();
     let done = kernel::resync(&l.dev, &label).unwrap();
     assert_eq!(done.added, vec![1]);
-    assert_eq!(done.unknown.iter().map(|p| p.number).collect::<Vec<_>>(), vec![9]);
+    assert_eq!(
+        done.unknown.iter().map(|p| p.number).collect::<Vec<_>>(),
+        vec![9]
+    );
     assert_eq!(sysfs(&l, 9), Some((100 * MIB, 4 * MIB)), "left alone");
 }
 

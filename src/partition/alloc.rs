@@ -155,20 +155,28 @@ impl Label {
     pub fn allocate(&mut self, name: &str, size: u64) -> Result<u32> {
         check_name(name)?;
         if size == 0 || size % ALIGN != 0 {
-            return Err(Error::Invalid(format!("size {size} is not a positive multiple of {ALIGN}")));
+            return Err(Error::Invalid(format!(
+                "size {size} is not a positive multiple of {ALIGN}"
+            )));
         }
         if let Some((n, _)) = self.by_name(name) {
-            return Err(Error::Invalid(format!("partition {n} is already named {name:?}")));
+            return Err(Error::Invalid(format!(
+                "partition {n} is already named {name:?}"
+            )));
         }
         let free = self.free_extents();
         let at = best_fit(&free, size).ok_or(Error::NoSpace {
             wanted: size,
             largest: free.iter().map(|e| e.len).max().unwrap_or(0),
         })?;
-        let slot = self.slots.iter().position(Option::is_none).ok_or(Error::NoSpace {
-            wanted: size,
-            largest: 0,
-        })?;
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .ok_or(Error::NoSpace {
+                wanted: size,
+                largest: 0,
+            })?;
         self.slots[slot] = Some(Entry {
             type_guid: TYPE_GUID,
             guid: Uuid::new_v4(),
@@ -184,7 +192,9 @@ impl Label {
     /// at least that large. Blocked, naming the neighbour, when the space after it is used.
     pub fn grow(&mut self, number: u32, size: u64) -> Result<bool> {
         if size % ALIGN != 0 {
-            return Err(Error::Invalid(format!("size {size} is not a multiple of {ALIGN}")));
+            return Err(Error::Invalid(format!(
+                "size {size} is not a multiple of {ALIGN}"
+            )));
         }
         let now = self
             .extent(number)

@@ -20,21 +20,39 @@ fn size_for_a_capacity_range() {
     assert_eq!(range(1, 0).size(GIB).unwrap(), MIB);
     // No aligned size in [required, limit]: OutOfRange naming the fix.
     let e = range(MIB + 1, MIB + 2).size(GIB).unwrap_err();
-    assert!(matches!(&e, Error::OutOfRange(m) if m.contains("multiple of 1048576")), "{e}");
-    assert!(matches!(range(3 * MIB, 2 * MIB).size(GIB), Err(Error::OutOfRange(_))));
+    assert!(
+        matches!(&e, Error::OutOfRange(m) if m.contains("multiple of 1048576")),
+        "{e}"
+    );
+    assert!(matches!(
+        range(3 * MIB, 2 * MIB).size(GIB),
+        Err(Error::OutOfRange(_))
+    ));
     // Unset: the default, capped at a limit, rounded down into it.
     assert_eq!(range(0, 0).size(GIB).unwrap(), GIB);
     assert_eq!(range(0, 10 * MIB + 7).size(GIB).unwrap(), 10 * MIB);
     assert_eq!(range(0, 3 * MIB / 2).size(GIB).unwrap(), MIB);
-    assert!(matches!(range(0, MIB - 1).size(GIB), Err(Error::OutOfRange(_))));
-    assert!(matches!(range(u64::MAX, 0).size(GIB), Err(Error::OutOfRange(_))));
+    assert!(matches!(
+        range(0, MIB - 1).size(GIB),
+        Err(Error::OutOfRange(_))
+    ));
+    assert!(matches!(
+        range(u64::MAX, 0).size(GIB),
+        Err(Error::OutOfRange(_))
+    ));
 }
 
 #[test]
 fn an_empty_label_has_one_aligned_extent() {
     let l = label(64);
     // GPT needs 34 sectors at the start and 33 at the end: the first and last MiB go.
-    assert_eq!(l.free_extents(), vec![Extent { start: MIB, len: 62 * MIB }]);
+    assert_eq!(
+        l.free_extents(),
+        vec![Extent {
+            start: MIB,
+            len: 62 * MIB
+        }]
+    );
     assert_eq!(l.capacity(), (62 * MIB, 62 * MIB));
 }
 
@@ -48,14 +66,27 @@ fn best_fit_takes_the_smallest_hole_that_holds_it() {
     l.remove(a); // a 4 MiB hole at 1 MiB
     l.remove(c); // an 8 MiB hole at 7 MiB
     let e = l.allocate("e", 3 * MIB).unwrap();
-    assert_eq!(l.extent(e).unwrap().start, MIB, "the 4 MiB hole, not the 8 MiB one");
+    assert_eq!(
+        l.extent(e).unwrap().start,
+        MIB,
+        "the 4 MiB hole, not the 8 MiB one"
+    );
     assert_eq!(e, 1, "the lowest free slot");
     let f = l.allocate("f", 6 * MIB).unwrap();
     assert_eq!(l.extent(f).unwrap().start, 7 * MIB);
     let err = l.allocate("g", 60 * MIB).unwrap_err();
-    assert!(matches!(err, Error::NoSpace { wanted, largest } if wanted == 60 * MIB && largest == 46 * MIB), "{err}");
-    assert!(matches!(l.allocate("f", MIB), Err(Error::Invalid(_))), "names are unique");
-    assert!(matches!(l.allocate("x".repeat(37).as_str(), MIB), Err(Error::Invalid(_))));
+    assert!(
+        matches!(err, Error::NoSpace { wanted, largest } if wanted == 60 * MIB && largest == 46 * MIB),
+        "{err}"
+    );
+    assert!(
+        matches!(l.allocate("f", MIB), Err(Error::Invalid(_))),
+        "names are unique"
+    );
+    assert!(matches!(
+        l.allocate("x".repeat(37).as_str(), MIB),
+        Err(Error::Invalid(_))
+    ));
     assert!(matches!(l.allocate("h", MIB + 512), Err(Error::Invalid(_))));
 }
 
@@ -67,14 +98,31 @@ fn grow_in_place_or_name_the_neighbour() {
     let c = l.allocate("c", 50 * MIB).unwrap();
     assert_eq!(l.extent(c).unwrap().start, 9 * MIB);
     let err = l.grow(a, 5 * MIB).unwrap_err();
-    assert!(err.to_string().contains("partition 2 (\"b\") starts at byte 5242880"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("partition 2 (\"b\") starts at byte 5242880"),
+        "{err}"
+    );
     l.remove(b);
     assert!(l.grow(a, 8 * MIB).unwrap(), "4 free MiB follow a");
-    assert!(!l.grow(a, 8 * MIB).unwrap(), "already that large: nothing to do");
+    assert!(
+        !l.grow(a, 8 * MIB).unwrap(),
+        "already that large: nothing to do"
+    );
     assert!(!l.grow(a, 2 * MIB).unwrap(), "never shrinks");
-    assert_eq!(l.extent(a).unwrap(), Extent { start: MIB, len: 8 * MIB });
+    assert_eq!(
+        l.extent(a).unwrap(),
+        Extent {
+            start: MIB,
+            len: 8 * MIB
+        }
+    );
     let err = l.grow(a, 9 * MIB).unwrap_err();
-    assert!(err.to_string().contains("partition 3 (\"c\") starts at byte 9437184"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("partition 3 (\"c\") starts at byte 9437184"),
+        "{err}"
+    );
     let err = l.grow(c, 60 * MIB).unwrap_err();
     assert!(err.to_string().contains("usable space ends"), "{err}");
     assert!(l.grow(c, 54 * MIB).unwrap());
@@ -116,7 +164,11 @@ fn check_invariants(l: &Label) {
     assert_eq!(total + used_bytes, usable.len);
     assert_eq!(largest, free.iter().map(|e| e.len).max().unwrap_or(0));
     for f in &free {
-        assert!(used.iter().all(|u| f.end() <= u.start || u.end() <= f.start), "free overlaps used");
+        assert!(
+            used.iter()
+                .all(|u| f.end() <= u.start || u.end() <= f.start),
+            "free overlaps used"
+        );
     }
 }
 
@@ -141,7 +193,10 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
                             assert_eq!(got.len, size);
                         }
                         Err(Error::NoSpace { .. }) => {
-                            assert!(fits.is_empty() || numbers.len() == 128, "seed {seed} step {step}")
+                            assert!(
+                                fits.is_empty() || numbers.len() == 128,
+                                "seed {seed} step {step}"
+                            )
                         }
                         Err(e) => panic!("{e}"),
                     }

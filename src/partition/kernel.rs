@@ -61,7 +61,10 @@ pub struct KernelPartition {
 fn sysfs_dir(device: &Path) -> Result<PathBuf> {
     let meta = fs::metadata(device).map_err(|e| Error::io("stat", device, e))?;
     if !meta.file_type().is_block_device() {
-        return Err(Error::Invalid(format!("{} is not a block device", device.display())));
+        return Err(Error::Invalid(format!(
+            "{} is not a block device",
+            device.display()
+        )));
     }
     let rdev = meta.rdev();
     let link = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
@@ -89,7 +92,8 @@ pub fn list(device: &Path) -> Result<Vec<KernelPartition>> {
             continue;
         };
         // sysfs `start` and `size` count 512-byte sectors whatever the block size.
-        let (Some(start), Some(size)) = (read_u64(&path.join("start")), read_u64(&path.join("size")))
+        let (Some(start), Some(size)) =
+            (read_u64(&path.join("start")), read_u64(&path.join("size")))
         else {
             continue;
         };
@@ -99,7 +103,10 @@ pub fn list(device: &Path) -> Result<Vec<KernelPartition>> {
             number: number as u32,
             start: start * 512,
             len: size * 512,
-            name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             dev: (maj.parse().unwrap_or(0), min.parse().unwrap_or(0)),
         });
     }
@@ -197,7 +204,9 @@ pub fn resync(device: &Path, label: &Label) -> Result<Resync> {
     let shown = list(device)?;
     let mut done = Resync::default();
     for (n, _) in label.partitions() {
-        let Some(want) = label.extent(n) else { continue };
+        let Some(want) = label.extent(n) else {
+            continue;
+        };
         match shown.iter().find(|k| k.number == n) {
             None => {
                 add(device, n, want)?;
@@ -230,7 +239,12 @@ pub fn node(device: &Path, number: u32) -> Result<PathBuf> {
     let part = list(device)?
         .into_iter()
         .find(|k| k.number == number)
-        .ok_or_else(|| Error::NotFound(format!("{number} in the kernel's view of {}", device.display())))?;
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "{number} in the kernel's view of {}",
+                device.display()
+            ))
+        })?;
     let path = Path::new("/dev").join(&part.name);
     let meta = fs::metadata(&path).map_err(|e| Error::io("stat", &path, e))?;
     let rdev = meta.rdev();
@@ -263,8 +277,14 @@ pub fn find_by_partuuid(parents: &[PathBuf], guid: &uuid::Uuid) -> Result<Option
         match label::read(parent) {
             Ok(OnDisk::Ours { label, .. }) => {
                 if let Some((number, _)) = label.by_guid(guid) {
-                    let span = label.extent(number).ok_or_else(|| Error::NotFound(number.to_string()))?;
-                    return Ok(Some(Located { parent: parent.clone(), number, span }));
+                    let span = label
+                        .extent(number)
+                        .ok_or_else(|| Error::NotFound(number.to_string()))?;
+                    return Ok(Some(Located {
+                        parent: parent.clone(),
+                        number,
+                        span,
+                    }));
                 }
             }
             Ok(_) => {}
@@ -298,7 +318,9 @@ pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
         .open(node)
         .map_err(|e| Error::io("opening (exclusively)", node, e))?;
     let mut f = &file;
-    let size = f.seek(SeekFrom::End(0)).map_err(|e| Error::io("measuring", node, e))?;
+    let size = f
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::io("measuring", node, e))?;
     let mut start = 0;
     while start < size {
         let range = [start, DISCARD_CHUNK.min(size - start)];
@@ -314,7 +336,12 @@ pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
             return Err(Error::io("discarding (BLKDISCARD)", node, e));
         }
         if began.elapsed() > per_chunk {
-            return Err(Error::Timeout { what: "BLKDISCARD", device: node.to_owned(), at: start, after: per_chunk });
+            return Err(Error::Timeout {
+                what: "BLKDISCARD",
+                device: node.to_owned(),
+                at: start,
+                after: per_chunk,
+            });
         }
         start += range[1];
     }

@@ -36,7 +36,10 @@ pub enum OnDisk {
     Blank,
     /// A label gds-csi wrote; `repair` says why one copy is stale or damaged (the next
     /// write rewrites both).
-    Ours { label: Label, repair: Option<String> },
+    Ours {
+        label: Label,
+        repair: Option<String>,
+    },
     /// Anything else, with the reason; never changed.
     Foreign(String),
 }
@@ -81,7 +84,9 @@ pub fn read(device: &Path) -> Result<OnDisk> {
 pub fn read_image(file: &File, sector: u64, size: u64) -> std::io::Result<OnDisk> {
     let sectors = size / sector;
     if sectors < 3 {
-        return Ok(OnDisk::Foreign(format!("{size} bytes is too small for GPT")));
+        return Ok(OnDisk::Foreign(format!(
+            "{size} bytes is too small for GPT"
+        )));
     }
     let at = |lba: u64, len: u64| -> std::io::Result<Vec<u8>> {
         let mut buf = vec![0u8; len as usize];
@@ -105,9 +110,10 @@ pub fn read_image(file: &File, sector: u64, size: u64) -> std::io::Result<OnDisk
             Ok(h) => h,
             Err(e) => return Ok(Err(e)),
         };
-        if h.entries_lba >= sectors || h.array_bytes().div_ceil(sector) > sectors - h.entries_lba
-        {
-            return Ok(Err(format!("the entry array of LBA {lba} lies beyond the end")));
+        if h.entries_lba >= sectors || h.array_bytes().div_ceil(sector) > sectors - h.entries_lba {
+            return Ok(Err(format!(
+                "the entry array of LBA {lba} lies beyond the end"
+            )));
         }
         let array = at(h.entries_lba, h.array_bytes())?;
         if crc32fast::hash(&array) != h.entries_crc {
@@ -230,7 +236,10 @@ pub fn write(device: &Path, label: &Label) -> Result<()> {
         OnDisk::Ours { label: other, .. } => {
             return Err(Error::foreign(
                 device,
-                format!("it holds another gds-csi label (disk GUID {})", other.disk_guid),
+                format!(
+                    "it holds another gds-csi label (disk GUID {})",
+                    other.disk_guid
+                ),
             ))
         }
         OnDisk::Blank => return Err(Error::foreign(device, "it holds no label")),
