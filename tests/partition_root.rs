@@ -371,3 +371,25 @@ impl OpenExcl for fs::OpenOptions {
         self.custom_flags(libc::O_EXCL).open(path).unwrap()
     }
 }
+
+#[tokio::test]
+async fn a_label_write_waits_for_another_programs_lock() {
+    let Some(l) = Loop::new() else { return };
+    let mut label = carve(&l, &[4]).await;
+    label.allocate("second", 4 * MIB).unwrap();
+    let other = fs::File::open(&l.dev).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&other), libc::LOCK_EX) };
+    assert_eq!(rc, 0);
+    let err = label::write(&l.dev, &label).unwrap_err();
+    assert!(
+        err.to_string().contains("another program holds its lock"),
+        "{err}"
+    );
+    drop(other);
+    label::write(&l.dev, &label).unwrap();
+    let OnDisk::Ours { label: read, .. } = label::read(&l.dev).unwrap() else {
+        panic!()
+    };
+    assert_eq!(read, label);
+}

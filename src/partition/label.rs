@@ -8,6 +8,7 @@ use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::gpt::{self, Entry, Header, Label, Mbr, ENTRIES, ENTRY_SIZE, TYPE_GUID};
 use super::{Error, Result};
@@ -64,12 +65,38 @@ pub fn geometry(file: &File, device: &Path) -> Result<(u64, u64)> {
     Ok((sector as u64, size))
 }
 
+/// How long a write waits for another program's lock on the device.
+const LOCK_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Opens `device`; for a write, takes the BSD lock that partitioning tools and udev
+/// honour (LOCK_EX on the whole disk: udev neither probes nor re-reads the partition
+/// table of a locked disk; sfdisk, wipefs and mkfs take it too; see systemd's
+/// docs/BLOCK_DEVICE_LOCKING.md). The lock goes with the descriptor.
 fn open(device: &Path, write: bool) -> Result<File> {
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(write)
         .open(device)
-        .map_err(|e| Error::io("opening", device, e))
+        .map_err(|e| Error::io("opening", device, e))?;
+    if !write {
+        return Ok(file);
+    }
+    let until = Instant::now() + LOCK_PATIENCE;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || Instant::now() > until {
+            return Err(Error::io(
+                "locking (another program holds its lock)",
+                device,
+                e,
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Reads and classifies the label of a block device.
@@ -79,9 +106,32 @@ pub fn read(device: &Path) -> Result<OnDisk> {
     read_image(&file, sector, size).map_err(|e| Error::io("reading the label of", device, e))
 }
 
-/// Reads and classifies the label of an image (a device or a regular file) of `size`
-/// bytes in sectors of `sector` bytes.
-pub fn read_image(file: &File, sector: u64, size: u64) -> std::io::Result<OnDisk> {
+/// Positioned reads from a device, a regular file, or bytes in memory (the fuzz target).
+pub trait ReadAt {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Reads and classifies the label of an image (a device, a regular file, bytes) of
+/// `size` bytes in sectors of `sector` bytes.
+pub fn read_image<R: ReadAt + ?Sized>(file: &R, sector: u64, size: u64) -> std::io::Result<OnDisk> {
     let sectors = size / sector;
     if sectors < 3 {
         return Ok(OnDisk::Foreign(format!(
@@ -274,8 +324,7 @@ pub fn create(device: &Path, proof: Blank) -> Result<Label> {
     // LUKS, swap, md 1.1/1.2), so a wrong proof still destroys nothing.
     let head = gpt::array_sectors(sector) + 2;
     let mut bytes = vec![0u8; (head * sector) as usize];
-    file.read_exact_at(&mut bytes, 0)
-        .map_err(|e| Error::io("reading", device, e))?;
+    FileExt::read_exact_at(&file, &mut bytes, 0).map_err(|e| Error::io("reading", device, e))?;
     if let Some(at) = bytes.iter().position(|&b| b != 0) {
         return Err(not_blank(format!(
             "byte {at} of the first {} bytes, which the label would overwrite, is not zero \
