@@ -278,3 +278,20 @@ fn a_4k_sector_label_round_trips() {
     // Read as 512-byte sectors, it is not a label for this geometry.
     assert!(!matches!(read(&f), OnDisk::Ours { .. }));
 }
+
+#[test]
+fn a_backup_is_not_trusted_over_something_else_at_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (f, _) = image(dir.path());
+    write_image(&f, &three()).unwrap();
+    // As a filesystem made on the whole disk later: LBA 0 and 1 zeroed, a superblock at
+    // byte 1024 (inside the primary array), the backup GPT left at the end.
+    f.write_all_at(&[0u8; 1024], 0).unwrap();
+    f.write_all_at(&[0x53, 0xef, 1, 2, 3, 4], 1024 + 0x38)
+        .unwrap();
+    let got = read(&f);
+    assert!(
+        matches!(&got, OnDisk::Foreign(why) if why.contains("overwritten")),
+        "{got:?}"
+    );
+}

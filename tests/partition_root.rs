@@ -51,8 +51,17 @@ impl Loop {
 
 impl Drop for Loop {
     fn drop(&mut self) {
+        // Another program (a probe of every block device) may hold one for a moment.
         for p in kernel::list(&self.dev).unwrap_or_default() {
-            let _ = kernel::delete(&self.dev, p.number);
+            let mut tries = 0;
+            while let Err(e) = kernel::delete(&self.dev, p.number) {
+                tries += 1;
+                if tries == 50 {
+                    eprintln!("cleanup of {}: {e}", self.dev.display());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         common::detach_loop(&self.dev);
     }
@@ -192,7 +201,7 @@ async fn carved_partitions_come_back_with_their_data_after_the_kernel_drops_them
         panic!("our label")
     };
     assert_eq!(read, label);
-    let done = kernel::resync(&l.dev, &read).unwrap();
+    let done = kernel::resync(&l.dev).unwrap();
     assert_eq!(done.added, vec![1, 2, 3]);
     for (n, node, span) in &nodes {
         assert_eq!(sysfs(&l, *n), Some((span.start, span.len)));
@@ -208,7 +217,7 @@ async fn carved_partitions_come_back_with_their_data_after_the_kernel_drops_them
         assert_eq!((found.number, found.span), (*n, *span));
     }
     assert_eq!(
-        kernel::resync(&l.dev, &read).unwrap(),
+        kernel::resync(&l.dev).unwrap(),
         kernel::Resync::default(),
         "idempotent"
     );
@@ -272,7 +281,7 @@ async fn grow_in_place_keeps_the_data_and_names_the_neighbour() {
     assert!(label.grow(1, 12 * MIB).unwrap());
     label::write(&l.dev, &label).unwrap();
     // A crash here leaves the kernel short; re-sync resizes it.
-    let done = kernel::resync(&l.dev, &label).unwrap();
+    let done = kernel::resync(&l.dev).unwrap();
     assert_eq!(done.resized, vec![1]);
     assert_eq!(sysfs(&l, 1).unwrap().1, 12 * MIB);
     let mut f = &held;
@@ -336,23 +345,20 @@ async fn delete_discards_and_zeroes_only_that_partition() {
             .collect::<Vec<_>>(),
         vec![2]
     );
-    assert_eq!(
-        kernel::resync(&l.dev, &label).unwrap(),
-        kernel::Resync::default()
-    );
+    assert_eq!(kernel::resync(&l.dev).unwrap(), kernel::Resync::default());
 }
 
 #[tokio::test]
 async fn resync_leaves_a_partition_it_does_not_know() {
     let Some(l) = Loop::new() else { return };
-    let label = carve(&l, &[4]).await;
+    carve(&l, &[4]).await;
     let tail = gds_csi::partition::Extent {
         start: 100 * MIB,
         len: 4 * MIB,
     };
     kernel::add(&l.dev, 9, tail).unwrap();
     kernel::delete(&l.dev, 1).unwrap();
-    let done = kernel::resync(&l.dev, &label).unwrap();
+    let done = kernel::resync(&l.dev).unwrap();
     assert_eq!(done.added, vec![1]);
     assert_eq!(
         done.unknown.iter().map(|p| p.number).collect::<Vec<_>>(),
@@ -392,4 +398,24 @@ async fn a_label_write_waits_for_another_programs_lock() {
         panic!()
     };
     assert_eq!(read, label);
+}
+
+#[tokio::test]
+async fn a_filesystem_made_over_a_carved_device_is_never_repaired_away() {
+    let Some(l) = Loop::new() else { return };
+    let label = carve(&l, &[4, 4]).await;
+    for (n, _) in label.partitions() {
+        kernel::delete(&l.dev, n).unwrap();
+    }
+    common::run("mkfs.ext4", &["-q", "-F", l.dev.to_str().unwrap()]);
+    let before = l.sha();
+    let got = label::read(&l.dev).unwrap();
+    assert!(!matches!(got, OnDisk::Ours { .. }), "{got:?}");
+    assert!(label::write(&l.dev, &label).is_err());
+    assert!(matches!(kernel::resync(&l.dev), Err(Error::Foreign { .. })));
+    assert!(
+        kernel::list(&l.dev).unwrap().is_empty(),
+        "the kernel was told of nothing"
+    );
+    assert_eq!(l.sha(), before, "the new filesystem is intact");
 }

@@ -197,10 +197,20 @@ pub struct Resync {
     pub unknown: Vec<KernelPartition>,
 }
 
-/// Makes the kernel's view of `device` show every partition of `label` at its span:
-/// adds the missing, resizes those of another length, re-adds those at another start.
-/// A partition the kernel shows that the label lacks is left alone and reported.
-pub fn resync(device: &Path, label: &Label) -> Result<Resync> {
+/// Makes the kernel's view of `device` show every partition of the gds-csi label on
+/// it, read now (never a label from memory): adds the missing, resizes those shorter,
+/// re-adds those at another start or longer (only when not open). A partition the
+/// kernel shows that the label lacks is left alone and reported. A device whose label
+/// is not ours is an error and nothing is changed.
+pub fn resync(device: &Path) -> Result<Resync> {
+    match label::read(device)? {
+        OnDisk::Ours { label, .. } => resync_to(device, &label),
+        OnDisk::Blank => Err(Error::foreign(device, "it holds no label")),
+        OnDisk::Foreign(why) => Err(Error::foreign(device, why)),
+    }
+}
+
+fn resync_to(device: &Path, label: &Label) -> Result<Resync> {
     let shown = list(device)?;
     let mut done = Resync::default();
     for (n, _) in label.partitions() {

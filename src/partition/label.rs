@@ -170,17 +170,62 @@ pub fn read_image<R: ReadAt + ?Sized>(file: &R, sector: u64, size: u64) -> std::
             return Ok(Err(format!("the entry array of LBA {lba} fails its CRC32")));
         }
         let slots = gpt::decode_entries(&array, h.entry_size as usize);
-        Ok(Ok(Copy { header: h, slots }))
+        Ok(Ok(Copy {
+            header: h,
+            slots,
+            array,
+        }))
     };
     let primary = copy(&s1, 1)?;
     let backup = copy(&sl, last)?;
+    if let (Err(_), Ok(b)) = (&primary, &backup) {
+        let area = at(2, gpt::array_sectors(sector).min(sectors - 3) * sector)?;
+        if let Err(why) = primary_area_ours(&s1, &area, b, sector as usize) {
+            return Ok(OnDisk::Foreign(why));
+        }
+    }
     Ok(judge(primary, backup, mbr, sector, sectors))
+}
+
+/// With the primary copy invalid, the backup is trusted only if where the primary
+/// belongs holds ours or nothing: a header of ours (its array torn by a crash), or a
+/// zero header over an array area each sector of which is zero or the backup's (a first
+/// label cut short). Anything else there, such as a filesystem made on the whole disk
+/// later, makes the device foreign, so a repair never overwrites it.
+fn primary_area_ours(
+    s1: &[u8],
+    area: &[u8],
+    backup: &Copy,
+    sector: usize,
+) -> std::result::Result<(), String> {
+    let foreign =
+        || Err("the primary GPT is overwritten by something else (the backup is gds-csi's)".into());
+    if let Ok(h) = gpt::decode_header(s1, 1) {
+        return if h.disk_guid == backup.header.disk_guid {
+            Ok(())
+        } else {
+            foreign()
+        };
+    }
+    let zero = |b: &[u8]| b.iter().all(|&x| x == 0);
+    if !zero(s1) {
+        return foreign();
+    }
+    let mut theirs = backup.array.chunks(sector);
+    for mine in area.chunks(sector) {
+        let expected = theirs.next().unwrap_or(&[]);
+        if !zero(mine) && mine != expected {
+            return foreign();
+        }
+    }
+    Ok(())
 }
 
 /// One decoded header with its CRC-checked entry array.
 struct Copy {
     header: Header,
     slots: Vec<Option<Entry>>,
+    array: Vec<u8>,
 }
 
 /// Picks the copy to trust (the primary when valid) and decides whether it is ours.
