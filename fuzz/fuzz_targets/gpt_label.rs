@@ -44,7 +44,8 @@ fuzz_target!(|input: Input| {
     let mut label = Label::new(sector, SIZE / sector, gpt::new_disk_guid()).unwrap();
     for (i, s) in input.sizes.iter().take(140).enumerate() {
         if *s == 0 {
-            if let Some((n, _)) = label.partitions().next() {
+            let first = label.partitions().next().map(|(n, _)| n);
+            if let Some(n) = first {
                 label.remove(n);
             }
         } else {
