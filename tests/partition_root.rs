@@ -419,3 +419,42 @@ async fn a_filesystem_made_over_a_carved_device_is_never_repaired_away() {
     );
     assert_eq!(l.sha(), before, "the new filesystem is intact");
 }
+
+#[tokio::test]
+async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
+    use gds_csi::partition::volume;
+    let Some(l) = Loop::new() else { return };
+    carve(&l, &[]).await;
+    let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB).unwrap();
+    // A retry (the state write never happened) finds the same partition.
+    assert_eq!(volume::carve(&l.dev, "aaaa1111", 8 * MIB).unwrap(), a);
+    assert!(matches!(
+        volume::carve(&l.dev, "aaaa1111", 9 * MIB),
+        Err(Error::Invalid(_))
+    ));
+    let b = volume::carve(&l.dev, "bbbb2222", 4 * MIB).unwrap();
+    write_mib(&a.node, 7, &pattern(3));
+    // Dropped from the kernel (a reboot on a kernel without a GPT parser): found again.
+    kernel::delete(&l.dev, a.number).unwrap();
+    let again = volume::locate(&l.dev, &a.partuuid).unwrap();
+    assert_eq!(again, a);
+    assert_eq!(read_mib(&again.node, 7), pattern(3));
+    // Grow is blocked by b; after b is removed it grows, and a retry is a no-op.
+    let err = volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap_err();
+    assert!(err.to_string().contains("\"bbbb2222\""), "{err}");
+    volume::remove(&l.dev, &b.partuuid).unwrap();
+    volume::remove(&l.dev, &b.partuuid).unwrap();
+    let grown = volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap();
+    assert_eq!(grown.span.len, 12 * MIB);
+    assert_eq!(volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap(), grown);
+    assert_eq!(sysfs(&l, a.number), Some((a.span.start, 12 * MIB)));
+    assert_eq!(read_mib(&grown.node, 7), pattern(3), "data kept");
+    // Remove refuses while open and leaves label and kernel as they were.
+    let held = fs::File::open(&grown.node).unwrap();
+    assert!(volume::remove(&l.dev, &a.partuuid).is_err());
+    assert!(volume::locate(&l.dev, &a.partuuid).is_ok());
+    drop(held);
+    volume::remove(&l.dev, &a.partuuid).unwrap();
+    assert!(kernel::list(&l.dev).unwrap().is_empty());
+    assert_eq!(volume::ours(&l.dev).unwrap().partitions().count(), 0);
+}

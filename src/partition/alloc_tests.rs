@@ -215,3 +215,24 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
         }
     }
 }
+
+#[test]
+fn choose_picks_the_best_hole_across_devices() {
+    use crate::partition::volume::choose;
+    use std::path::PathBuf;
+    let mut small = label(64);
+    small.allocate("x", 58 * MIB).unwrap(); // leaves 4 MiB
+    let big = label(256);
+    let labels = vec![
+        (PathBuf::from("/dev/a"), big),
+        (PathBuf::from("/dev/b"), small),
+    ];
+    let (dev, at) = choose(&labels, 3 * MIB).unwrap();
+    assert_eq!(
+        (dev, at.start),
+        (PathBuf::from("/dev/b").as_path(), 59 * MIB)
+    );
+    let (dev, _) = choose(&labels, 5 * MIB).unwrap();
+    assert_eq!(dev, PathBuf::from("/dev/a").as_path());
+    assert!(choose(&labels, 300 * MIB).is_none());
+}

@@ -217,23 +217,11 @@ fn resync_to(device: &Path, label: &Label) -> Result<Resync> {
         let Some(want) = label.extent(n) else {
             continue;
         };
-        match shown.iter().find(|k| k.number == n) {
-            None => {
-                add(device, n, want)?;
-                done.added.push(n);
-            }
-            Some(k) if k.start == want.start && k.len == want.len => {}
-            Some(k) if k.start == want.start && k.len < want.len => {
-                resize(device, n, want)?;
-                done.resized.push(n);
-            }
-            // Shrinking or moving a partition in use would cut a filesystem short: only
-            // done once nothing has it open (BLKPG_DEL_PARTITION refuses then, EBUSY).
-            Some(_) => {
-                delete(device, n)?;
-                add(device, n, want)?;
-                done.moved.push(n);
-            }
+        match ensure(device, &shown, n, want)? {
+            Change::Added => done.added.push(n),
+            Change::Resized => done.resized.push(n),
+            Change::Moved => done.moved.push(n),
+            Change::None => {}
         }
     }
     done.unknown = shown
@@ -241,6 +229,37 @@ fn resync_to(device: &Path, label: &Label) -> Result<Resync> {
         .filter(|k| label.extent(k.number).is_none())
         .collect();
     Ok(done)
+}
+
+/// What [`ensure`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    None,
+    Added,
+    Resized,
+    Moved,
+}
+
+/// Makes the kernel show partition `number` at `want`, given what it shows now.
+pub fn ensure(
+    device: &Path,
+    shown: &[KernelPartition],
+    number: u32,
+    want: Extent,
+) -> Result<Change> {
+    match shown.iter().find(|k| k.number == number) {
+        None => add(device, number, want).map(|()| Change::Added),
+        Some(k) if k.start == want.start && k.len == want.len => Ok(Change::None),
+        Some(k) if k.start == want.start && k.len < want.len => {
+            resize(device, number, want).map(|()| Change::Resized)
+        }
+        // Shrinking or moving a partition in use would cut a filesystem short: only
+        // done once nothing has it open (BLKPG_DEL_PARTITION refuses then, EBUSY).
+        Some(_) => {
+            delete(device, number)?;
+            add(device, number, want).map(|()| Change::Moved)
+        }
+    }
 }
 
 /// The device node of partition `number` of `device` (`/dev/loop3p2`), checked to be

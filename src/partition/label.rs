@@ -326,6 +326,15 @@ pub fn write_image(file: &File, label: &Label) -> std::io::Result<()> {
 pub fn write(device: &Path, label: &Label) -> Result<()> {
     let file = open(device, true)?;
     let (sector, size) = geometry(&file, device)?;
+    if (label.sector, label.sectors) != (sector, size / sector) {
+        return Err(Error::Invalid(format!(
+            "the label is for {} sectors of {} bytes; {} has {} of {sector}",
+            label.sectors,
+            label.sector,
+            device.display(),
+            size / sector
+        )));
+    }
     match read_image(&file, sector, size).map_err(|e| Error::io("reading", device, e))? {
         OnDisk::Ours { label: on_disk, .. } if on_disk.disk_guid == label.disk_guid => {}
         OnDisk::Ours { label: other, .. } => {
@@ -344,7 +353,9 @@ pub fn write(device: &Path, label: &Label) -> Result<()> {
 }
 
 /// Writes a new, empty label on a device proven blank, after checking again that it
-/// holds no partition table and that the kernel shows no partitions of it.
+/// holds no partition table, that the bytes the label overwrites are zero and that the
+/// kernel shows no partitions of it. A create cut short by a crash leaves the device
+/// blank or holding our label (to repair): read first, create only on [`OnDisk::Blank`].
 pub fn create(device: &Path, proof: Blank) -> Result<Label> {
     if proof.device != device {
         return Err(Error::Invalid(format!(

@@ -9,6 +9,7 @@
 //! - [`label`]: reading a device's label and telling ours from foreign; writing it.
 //! - [`alloc`]: free extents, the size a CSI CapacityRange asks for, best fit, growth.
 //! - [`kernel`]: the kernel's partition table (BLKPG, sysfs), re-sync, nodes, discard.
+//! - [`volume`]: the layout's idempotent steps: choose, carve, grow, locate, remove.
 //!
 //! This module depends only on std, libc, uuid and crc32fast: the layout composes it
 //! with the host port (signature probe, wipe, zero-out) and the state store.
@@ -22,6 +23,7 @@ pub mod alloc;
 pub mod gpt;
 pub mod kernel;
 pub mod label;
+pub mod volume;
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +31,7 @@ pub use alloc::{Extent, SizeRange, ALIGN};
 pub use gpt::{Entry, Label, TYPE_GUID};
 pub use kernel::{Discarded, KernelPartition, Located, Resync};
 pub use label::{Blank, OnDisk};
+pub use volume::Carved;
 
 /// What went wrong, by cause; the service maps each to a gRPC code.
 #[derive(Debug, thiserror::Error)]
