@@ -35,7 +35,7 @@ pub fn ours(device: &Path) -> Result<Label> {
 
 /// The pool device and extent that fit `size` best among the carved devices' labels
 /// (smallest hole that holds it; the first device on a tie).
-pub fn choose<'a>(labels: &'a [(PathBuf, Label)], size: u64) -> Option<(&'a Path, Extent)> {
+pub fn choose(labels: &[(PathBuf, Label)], size: u64) -> Option<(&Path, Extent)> {
     labels
         .iter()
         .filter_map(|(dev, l)| best_fit(&l.free_extents(), size).map(|e| (dev, l, e)))
