@@ -19,6 +19,20 @@
 //! delete = kernel delete, then label write. So the kernel never shows a partition our
 //! label lacks, and a start-up [`kernel::resync`] brings back anything it misses.
 
+//!
+//! Kernel facts this relies on (6.18 on the dev machine, no CONFIG_EFI_PARTITION; Debian's
+//! kernel in the VM rig has it):
+//! - BLKPG works on every loop device; partscan (`losetup -P`) is not needed. Loop
+//!   partitions get minors of the extended major 259 (loop's max_part is 0 and, built
+//!   in, cannot change without a reboot).
+//! - Without a GPT parser a re-read (BLKRRPART) drops every partition: on a partscan
+//!   loop device at once, on a plain one it fails (EINVAL) and they stay. A plain loop
+//!   device keeps its partitions after `losetup -d`; delete them first.
+//! - systemd-udevd watches disks and re-reads a disk's table after a writer closes it
+//!   (unless a partition is open or the disk is BSD-locked). With a GPT parser that
+//!   rebuilds our partitions; without one it drops the unused ones, so the layout
+//!   locates (and so re-adds) a partition before each use.
+
 pub mod alloc;
 pub mod gpt;
 pub mod kernel;
