@@ -28,10 +28,13 @@
 //! - Without a GPT parser a re-read (BLKRRPART) drops every partition: on a partscan
 //!   loop device at once, on a plain one it fails (EINVAL) and they stay. A plain loop
 //!   device keeps its partitions after `losetup -d`; delete them first.
-//! - systemd-udevd watches disks and re-reads a disk's table after a writer closes it
-//!   (unless a partition is open or the disk is BSD-locked). With a GPT parser that
-//!   rebuilds our partitions; without one it drops the unused ones, so the layout
-//!   locates (and so re-adds) a partition before each use.
+//! - systemd-udevd watches disks and, after a writer closes one, re-reads its table:
+//!   `flock(LOCK_EX|LOCK_NB)` then BLKRRPART (systemd src/udev/udevd.c
+//!   synthesize_change), which the kernel refuses while a partition is open
+//!   (block/partitions/core.c bdev_disk_changed, `open_partitions`). With a GPT parser
+//!   that rebuilds our partitions; without one it drops the unused ones, so the layout
+//!   locates (and so re-adds) a partition before each use. Holding any BSD lock on the
+//!   disk for the driver's lifetime would stop that re-read.
 
 pub mod alloc;
 pub mod gpt;
