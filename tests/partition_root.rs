@@ -465,12 +465,21 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
     if !common::is_root() {
         return;
     }
-    let dir = tempfile::Builder::new().prefix("gds-part-").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("gds-part-")
+        .tempdir_in("/tmp")
+        .unwrap();
     let img = dir.path().join("dev.img");
     fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
     let dev = PathBuf::from(common::run(
         "losetup",
-        &["--find", "--show", "--sector-size", "4096", img.to_str().unwrap()],
+        &[
+            "--find",
+            "--show",
+            "--sector-size",
+            "4096",
+            img.to_str().unwrap(),
+        ],
     ));
     let l = Loop { _dir: dir, dev };
     let label = carve(&l, &[]).await;
@@ -480,10 +489,23 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
     assert_eq!(sysfs(&l, b.number), Some((b.span.start, 8 * MIB)));
     write_mib(&b.node, 0, &pattern(4));
     assert_eq!(read_mib(&l.dev, b.span.start / MIB), pattern(4));
-    let out = Command::new("sgdisk").arg("-v").arg(&l.dev).output().unwrap();
+    let out = Command::new("sgdisk")
+        .arg("-v")
+        .arg(&l.dev)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("No problems found"), "sgdisk -v: {text}");
-    let info = common::run("sgdisk", &["-i", &a.number.to_string(), l.dev.to_str().unwrap()]);
-    assert!(info.to_lowercase().contains(&a.partuuid.to_string()), "{info}");
-    assert!(info.contains("First sector: 256 "), "1 MiB in 4 KiB sectors: {info}");
+    let info = common::run(
+        "sgdisk",
+        &["-i", &a.number.to_string(), l.dev.to_str().unwrap()],
+    );
+    assert!(
+        info.to_lowercase().contains(&a.partuuid.to_string()),
+        "{info}"
+    );
+    assert!(
+        info.contains("First sector: 256 "),
+        "1 MiB in 4 KiB sectors: {info}"
+    );
 }

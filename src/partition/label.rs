@@ -131,18 +131,17 @@ impl ReadAt for [u8] {
 
 /// Reads and classifies the label of an image (a device, a regular file, bytes) of
 /// `size` bytes in sectors of `sector` bytes.
-pub fn read_image<R: ReadAt + ?Sized>(file: &R, sector: u64, size: u64) -> std::io::Result<OnDisk> {
+pub fn read_image<R>(file: &R, sector: u64, size: u64) -> std::io::Result<OnDisk>
+where
+    R: ReadAt + ?Sized,
+{
     let sectors = size / sector;
     if sectors < 3 {
         return Ok(OnDisk::Foreign(format!(
             "{size} bytes is too small for GPT"
         )));
     }
-    let at = |lba: u64, len: u64| -> std::io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, lba * sector)?;
-        Ok(buf)
-    };
+    let at = |lba: u64, len: u64| read_at(file, lba * sector, len);
     let mbr = gpt::mbr_kind(&at(0, sector)?);
     let last = sectors - 1;
     let (s1, sl) = (at(1, sector)?, at(last, sector)?);
@@ -155,29 +154,8 @@ pub fn read_image<R: ReadAt + ?Sized>(file: &R, sector: u64, size: u64) -> std::
             "LBA 0 holds an MBR partition table or boot code, not a protective MBR".into(),
         ));
     }
-    let copy = |s: &[u8], lba: u64| -> std::io::Result<std::result::Result<Copy, String>> {
-        let h = match gpt::decode_header(s, lba) {
-            Ok(h) => h,
-            Err(e) => return Ok(Err(e)),
-        };
-        if h.entries_lba >= sectors || h.array_bytes().div_ceil(sector) > sectors - h.entries_lba {
-            return Ok(Err(format!(
-                "the entry array of LBA {lba} lies beyond the end"
-            )));
-        }
-        let array = at(h.entries_lba, h.array_bytes())?;
-        if crc32fast::hash(&array) != h.entries_crc {
-            return Ok(Err(format!("the entry array of LBA {lba} fails its CRC32")));
-        }
-        let slots = gpt::decode_entries(&array, h.entry_size as usize);
-        Ok(Ok(Copy {
-            header: h,
-            slots,
-            array,
-        }))
-    };
-    let primary = copy(&s1, 1)?;
-    let backup = copy(&sl, last)?;
+    let primary = read_copy(file, &s1, 1, sector, sectors)?;
+    let backup = read_copy(file, &sl, last, sector, sectors)?;
     if let (Err(_), Ok(b)) = (&primary, &backup) {
         let area = at(2, gpt::array_sectors(sector).min(sectors - 3) * sector)?;
         if let Err(why) = primary_area_ours(&s1, &area, b, sector as usize) {
@@ -185,6 +163,42 @@ pub fn read_image<R: ReadAt + ?Sized>(file: &R, sector: u64, size: u64) -> std::
         }
     }
     Ok(judge(primary, backup, mbr, sector, sectors))
+}
+
+fn read_at<R: ReadAt + ?Sized>(file: &R, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
+/// The copy whose header sits in `s` (read from LBA `lba`), with its entry array; the
+/// inner error says why it is not valid.
+fn read_copy<R: ReadAt + ?Sized>(
+    file: &R,
+    s: &[u8],
+    lba: u64,
+    sector: u64,
+    sectors: u64,
+) -> std::io::Result<std::result::Result<Copy, String>> {
+    let h = match gpt::decode_header(s, lba) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    let array_sectors = h.array_bytes().div_ceil(sector);
+    if h.entries_lba >= sectors || array_sectors > sectors - h.entries_lba {
+        let why = format!("the entry array of LBA {lba} lies beyond the end");
+        return Ok(Err(why));
+    }
+    let array = read_at(file, h.entries_lba * sector, h.array_bytes())?;
+    if crc32fast::hash(&array) != h.entries_crc {
+        return Ok(Err(format!("the entry array of LBA {lba} fails its CRC32")));
+    }
+    let slots = gpt::decode_entries(&array, h.entry_size as usize);
+    Ok(Ok(Copy {
+        header: h,
+        slots,
+        array,
+    }))
 }
 
 /// With the primary copy invalid, the backup is trusted only if where the primary
