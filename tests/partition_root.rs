@@ -430,7 +430,7 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
     assert_eq!(volume::carve(&l.dev, "aaaa1111", 8 * MIB).unwrap(), a);
     assert!(matches!(
         volume::carve(&l.dev, "aaaa1111", 9 * MIB),
-        Err(Error::Invalid(_))
+        Err(Error::NameTaken { len, .. }) if len == 8 * MIB
     ));
     let b = volume::carve(&l.dev, "bbbb2222", 4 * MIB).unwrap();
     write_mib(&a.node, 7, &pattern(3));

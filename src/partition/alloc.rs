@@ -159,10 +159,12 @@ impl Label {
                 "size {size} is not a positive multiple of {ALIGN}"
             )));
         }
-        if let Some((n, _)) = self.by_name(name) {
-            return Err(Error::Invalid(format!(
-                "partition {n} is already named {name:?}"
-            )));
+        if let Some((number, _)) = self.by_name(name) {
+            return Err(Error::NameTaken {
+                name: name.to_owned(),
+                number,
+                len: self.extent(number).map_or(0, |e| e.len),
+            });
         }
         let free = self.free_extents();
         let at = best_fit(&free, size).ok_or(Error::NoSpace {

@@ -80,7 +80,10 @@ fn best_fit_takes_the_smallest_hole_that_holds_it() {
         "{err}"
     );
     assert!(
-        matches!(l.allocate("f", MIB), Err(Error::Invalid(_))),
+        matches!(
+            l.allocate("f", MIB),
+            Err(Error::NameTaken { number: 2, .. })
+        ),
         "names are unique"
     );
     assert!(matches!(

@@ -83,6 +83,9 @@ pub enum Error {
     /// A partition asked for by number or name is not in the label.
     #[error("no partition {0} in the gds-csi label")]
     NotFound(String),
+    /// The name is already carved with another size (CSI ALREADY_EXISTS).
+    #[error("partition {number} is already named {name:?}, with {len} bytes")]
+    NameTaken { name: String, number: u32, len: u64 },
     /// A bad argument from the caller (a name too long, a size not aligned).
     #[error("{0}")]
     Invalid(String),

@@ -56,10 +56,11 @@ pub fn carve(device: &Path, name: &str, size: u64) -> Result<Carved> {
                 .extent(n)
                 .ok_or_else(|| Error::NotFound(n.to_string()))?;
             if span.len != size {
-                return Err(Error::Invalid(format!(
-                    "partition {n} is already named {name:?} with {} bytes, not {size}",
-                    span.len
-                )));
+                return Err(Error::NameTaken {
+                    name: name.to_owned(),
+                    number: n,
+                    len: span.len,
+                });
             }
             n
         }
