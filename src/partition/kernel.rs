@@ -325,22 +325,59 @@ pub fn find_by_partuuid(parents: &[PathBuf], guid: &uuid::Uuid) -> Result<Option
     first_err.map_or(Ok(None), Err)
 }
 
-/// Whether [`discard`] released the blocks.
+/// Whether [`discard`] or [`zero_offloaded`] did the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Discarded {
     Done,
-    /// The device does not support discard (EOPNOTSUPP): zero it out instead.
+    /// The device cannot (EOPNOTSUPP): zero it out with writes instead.
     Unsupported,
 }
 
-const DISCARD_CHUNK: u64 = 1 << 30;
+const ERASE_CHUNK: u64 = 1 << 30;
 
-/// Discards every block of `node` (a partition node), in 1 GiB calls each within
-/// `per_chunk`. Opened O_EXCL, so nothing mounts it meanwhile (EBUSY if in use).
-/// Discarded blocks need not read back as zeros (queue/discard_zeroes_data is 0 since
-/// 4.12): the layout zeroes the partition after this (the host port's `zero_device`,
-/// BLKZEROOUT, works on a partition node); the discard releases the blocks first.
+/// Discards every block of `node` (BLKDISCARD). Discarded blocks need not read back as
+/// zeros (queue/discard_zeroes_data is 0 since 4.12): use it only to release blocks
+/// before a zero-out, or use [`zero_offloaded`], which does both.
 pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
+    chunked(node, "BLKDISCARD", per_chunk, |file, range| {
+        // SAFETY: `range` outlives the call; the kernel reads two u64 from it
+        // (block/ioctl.c blk_ioctl_discard copies `uint64_t range[2]` from user memory).
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    })
+}
+
+/// Makes every block of `node` read back as zeros through the device's offload only
+/// (NVMe Write Zeroes or Deallocate with zeroed reads; a loop device punches its backing
+/// file), releasing the blocks where it can: fallocate(PUNCH_HOLE | KEEP_SIZE) on a block
+/// device is blkdev_issue_zeroout(BLKDEV_ZERO_NOFALLBACK) (block/fops.c
+/// blkdev_fallocate). `Unsupported` when there is no offload: then write zeros (the
+/// host port's `zero_device`, BLKZEROOUT, works on a partition node).
+pub fn zero_offloaded(node: &Path, per_chunk: Duration) -> Result<Discarded> {
+    chunked(node, "fallocate(PUNCH_HOLE)", per_chunk, |file, range| {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let (start, len) = (range[0] as libc::off_t, range[1] as libc::off_t);
+        // SAFETY: fallocate on a descriptor the caller owns; no memory is passed.
+        if unsafe { libc::fallocate(file.as_raw_fd(), mode, start, len) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    })
+}
+
+/// Runs `op` over `node` in 1 GiB ranges, each within `per_chunk`. Opened O_EXCL, so
+/// nothing mounts it meanwhile (EBUSY if in use).
+fn chunked(
+    node: &Path,
+    what: &'static str,
+    per_chunk: Duration,
+    op: impl Fn(&File, [u64; 2]) -> std::io::Result<()>,
+) -> Result<Discarded> {
     let file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_EXCL)
@@ -352,21 +389,17 @@ pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
         .map_err(|e| Error::io("measuring", node, e))?;
     let mut start = 0;
     while start < size {
-        let range = [start, DISCARD_CHUNK.min(size - start)];
+        let range = [start, ERASE_CHUNK.min(size - start)];
         let began = Instant::now();
-        // SAFETY: `range` outlives the call; the kernel reads two u64 from it (block/ioctl.c
-        // blk_ioctl_discard copies `uint64_t range[2]` from user memory).
-        let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = op(&file, range) {
             if start == 0 && e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 return Ok(Discarded::Unsupported);
             }
-            return Err(Error::io("discarding (BLKDISCARD)", node, e));
+            return Err(Error::io(what, node, e));
         }
         if began.elapsed() > per_chunk {
             return Err(Error::Timeout {
-                what: "BLKDISCARD",
+                what,
                 device: node.to_owned(),
                 at: start,
                 after: per_chunk,
