@@ -1,8 +1,9 @@
 //! The steps the `partition` layout runs, each idempotent and in the order that keeps a
 //! crash harmless (see the module doc): a retry after a crash at any point finishes the
 //! job. The caller serialises the calls on one device (one lock per pool device) and
-//! runs the host steps between them: the signature wipe, the discard and the zero-out of
-//! a partition before [`remove`]; mkfs after [`carve`].
+//! runs the host steps between them: mkfs after [`carve`]; before [`remove`], the
+//! signature wipe, then [`kernel::zero_offloaded`] on the partition node, or the host
+//! port's `zero_device` where that is `Unsupported`, so the next tenant reads zeros.
 
 use std::path::{Path, PathBuf};
 
