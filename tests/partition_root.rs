@@ -517,3 +517,17 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
         "1 MiB in 4 KiB sectors: {info}"
     );
 }
+
+#[tokio::test]
+async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
+    use gds_csi::partition::volume;
+    let Some(l) = Loop::new() else { return };
+    carve(&l, &[]).await;
+    let a = volume::carve(&l.dev, "probe-me", 8 * MIB).unwrap();
+    // blkid -p prints the parent's PART_ENTRY_* for it and exits 0: not a signature.
+    let found = host().probe_signatures(&a.node).await.unwrap();
+    assert!(found.is_empty(), "{found:?}");
+    common::run("mkfs.ext4", &["-q", a.node.to_str().unwrap()]);
+    let found = host().probe_signatures(&a.node).await.unwrap();
+    assert!(found.iter().any(|s| s.kind == "ext4"), "{found:?}");
+}
