@@ -325,8 +325,8 @@ async fn delete_discards_and_zeroes_only_that_partition() {
     // else written zeros through the host port's BLKZEROOUT on the partition node.
     let t = Duration::from_secs(30);
     match kernel::zero_offloaded(&one, t).unwrap() {
-        kernel::Discarded::Done => {}
-        kernel::Discarded::Unsupported => host().zero_device(&one).await.unwrap(),
+        kernel::Erased::Done => {}
+        kernel::Erased::Unsupported => host().zero_device(&one).await.unwrap(),
     }
     for mib in 0..4 {
         assert!(
@@ -339,7 +339,7 @@ async fn delete_discards_and_zeroes_only_that_partition() {
     write_mib(&one, 1, &pattern(5));
     host().zero_device(&one).await.unwrap();
     assert!(read_mib(&one, 1).iter().all(|&b| b == 0));
-    assert_eq!(kernel::discard(&one, t).unwrap(), kernel::Discarded::Done);
+    assert_eq!(kernel::discard(&one, t).unwrap(), kernel::Erased::Done);
     assert_eq!(read_mib(&two, 0), pattern(2), "partition 2 untouched");
     kernel::delete(&l.dev, 1).unwrap();
     kernel::delete(&l.dev, 1).unwrap(); // done already: still fine

@@ -327,7 +327,7 @@ pub fn find_by_partuuid(parents: &[PathBuf], guid: &uuid::Uuid) -> Result<Option
 
 /// Whether [`discard`] or [`zero_offloaded`] did the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Discarded {
+pub enum Erased {
     Done,
     /// The device cannot (EOPNOTSUPP): zero it out with writes instead.
     Unsupported,
@@ -335,10 +335,10 @@ pub enum Discarded {
 
 const ERASE_CHUNK: u64 = 1 << 30;
 
-/// Discards every block of `node` (BLKDISCARD). Discarded blocks need not read back as
+/// Discards every block of `node` (BLKDISCARD). Erased blocks need not read back as
 /// zeros (queue/discard_zeroes_data is 0 since 4.12): use it only to release blocks
 /// before a zero-out, or use [`zero_offloaded`], which does both.
-pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
+pub fn discard(node: &Path, per_chunk: Duration) -> Result<Erased> {
     chunked(node, "BLKDISCARD", per_chunk, |file, range| {
         // SAFETY: `range` outlives the call; the kernel reads two u64 from it
         // (block/ioctl.c blk_ioctl_discard copies `uint64_t range[2]` from user memory).
@@ -357,7 +357,7 @@ pub fn discard(node: &Path, per_chunk: Duration) -> Result<Discarded> {
 /// device is blkdev_issue_zeroout(BLKDEV_ZERO_NOFALLBACK) (block/fops.c
 /// blkdev_fallocate). `Unsupported` when there is no offload: then write zeros (the
 /// host port's `zero_device`, BLKZEROOUT, works on a partition node).
-pub fn zero_offloaded(node: &Path, per_chunk: Duration) -> Result<Discarded> {
+pub fn zero_offloaded(node: &Path, per_chunk: Duration) -> Result<Erased> {
     chunked(node, "fallocate(PUNCH_HOLE)", per_chunk, |file, range| {
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         let (start, len) = (range[0] as libc::off_t, range[1] as libc::off_t);
@@ -377,7 +377,7 @@ fn chunked(
     what: &'static str,
     per_chunk: Duration,
     op: impl Fn(&File, [u64; 2]) -> std::io::Result<()>,
-) -> Result<Discarded> {
+) -> Result<Erased> {
     let file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_EXCL)
@@ -393,7 +393,7 @@ fn chunked(
         let began = Instant::now();
         if let Err(e) = op(&file, range) {
             if start == 0 && e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                return Ok(Discarded::Unsupported);
+                return Ok(Erased::Unsupported);
             }
             return Err(Error::io(what, node, e));
         }
@@ -407,5 +407,5 @@ fn chunked(
         }
         start += range[1];
     }
-    Ok(Discarded::Done)
+    Ok(Erased::Done)
 }

@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 
 pub use alloc::{Extent, SizeRange, ALIGN};
 pub use gpt::{Entry, Label, TYPE_GUID};
-pub use kernel::{Discarded, KernelPartition, Located, Resync};
+pub use kernel::{Erased, KernelPartition, Located, Resync};
 pub use label::{Blank, OnDisk};
 pub use volume::Carved;
 
