@@ -335,7 +335,7 @@ pub enum Erased {
 
 const ERASE_CHUNK: u64 = 1 << 30;
 
-/// Discards every block of `node` (BLKDISCARD). Erased blocks need not read back as
+/// Discards every block of `node` (BLKDISCARD). Discarded blocks need not read back as
 /// zeros (queue/discard_zeroes_data is 0 since 4.12): use it only to release blocks
 /// before a zero-out, or use [`zero_offloaded`], which does both.
 pub fn discard(node: &Path, per_chunk: Duration) -> Result<Erased> {
