@@ -12,7 +12,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Outside the checkout, so a fresh clone on the same machine (CI) reuses the long first build.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gds-csi/fuzz-target}"
 seconds=${FUZZ_SECONDS:-20}
-read -r -a targets <<<"${FUZZ_TARGETS:-mountinfo nvfs_procfs cufile_json volume_id request}"
+read -r -a targets <<<"${FUZZ_TARGETS:-mountinfo nvfs_procfs cufile_json volume_id request gpt_label}"
 
 if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install rustup (https://rustup.rs) first" >&2

@@ -24,6 +24,8 @@ install_host_tools() {
   command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
   command -v losetup >/dev/null || missing+=(util-linux)
   command -v sfdisk >/dev/null || missing+=(fdisk)
+  # tests/partition_*.rs: sgdisk checks the driver's GPT labels independently.
+  command -v sgdisk >/dev/null || missing+=(gdisk)
   command -v bc >/dev/null || missing+=(bc)
   command -v openssl >/dev/null || missing+=(openssl)
   command -v shellcheck >/dev/null || missing+=(shellcheck)

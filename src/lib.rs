@@ -16,6 +16,7 @@ pub mod locks;
 pub mod metrics;
 pub mod nfs;
 pub mod os;
+pub mod partition;
 pub mod pool;
 pub mod request;
 pub mod server;

@@ -157,6 +157,12 @@ fn os(s: &str) -> &OsStr {
 
 /// `blkid -p -o export`: KEY=VALUE lines for every superblock and partition table.
 fn parse_blkid_export(text: &str) -> Vec<Signature> {
+    // On a partition, blkid also prints (and exits 0 for) the parent's entry for it,
+    // PART_ENTRY_*: that is the partition table's, not a signature on the partition.
+    let own = |l: &&str| !(l.starts_with("DEVNAME=") || l.starts_with("PART_ENTRY_"));
+    if !text.lines().any(|l| own(&l)) {
+        return Vec::new();
+    }
     let mut kind = None;
     let mut uuid = None;
     let mut offset = None;
