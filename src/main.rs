@@ -28,9 +28,10 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// The GDS gate; its cuFile probe runs as a child of this same binary.
-fn gds_gate(args: &ServeArgs) -> GdsGate {
-    GdsGate::new(GateConfig {
+/// The GDS gate; its cuFile probe runs as a child of this same binary, and its compat
+/// marks are kept in the state dir.
+fn gds_gate(args: &ServeArgs) -> Result<GdsGate, String> {
+    let config = GateConfig {
         paths: args
             .gds
             .host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
@@ -39,7 +40,8 @@ fn gds_gate(args: &ServeArgs) -> GdsGate {
         cufile_library: args.gds.cufile_library.clone(),
         probe_timeout: args.gds.probe_timeout,
         cache_ttl: args.gds_cache_ttl,
-    })
+    };
+    GdsGate::open(config, &args.state_dir).map_err(|e| e.to_string())
 }
 
 /// Raises the soft limit on open files to the hard limit: every connection and every
@@ -86,7 +88,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             pool,
             host,
         )
-        .with_gds_gate(gds_gate(&args))
+        .with_gds_gate(gds_gate(&args)?)
         .with_nfs(
             gds_csi::nfs::NfsBackend::open(&args.state_dir, args.mount_timeout)
                 .map_err(|e| e.to_string())?,
