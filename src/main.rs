@@ -10,6 +10,8 @@ use tracing::{error, info, warn};
 
 use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::gds_gate::{GateConfig, GdsGate};
+use gds_csi::host_timing::TimedHost;
+use gds_csi::metrics::PoolGauges;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::server;
@@ -67,10 +69,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     // exiting is waited for; the socket check below then gets what is left of the wait.
     let started = Instant::now();
     let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
-    let host = Arc::new(RealHost {
+    // Host operations are timed for metrics by a wrapper around the real host.
+    let host = Arc::new(TimedHost::new(RealHost {
         command_timeout: args.command_timeout,
         mount_timeout: args.mount_timeout,
-    });
+    }));
     let pool = Pool::open(PoolConfig {
         node_id: args.node_id.clone(),
         host_sys: args.host_sys.clone(),
@@ -109,12 +112,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             error!(error = %e, "pool initialisation failed; Probe stays not ready");
         }
     });
-    gds_csi::metrics::start(
-        &args.metrics_address,
-        Some(Arc::clone(&driver)),
-        args.host_proc.clone(),
-    )
-    .await?;
+    let gauges: Arc<dyn PoolGauges> = driver.clone();
+    gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;

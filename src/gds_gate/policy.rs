@@ -8,7 +8,7 @@ use gds_check::{Check, Report};
 use crate::error::{Error, Result};
 
 /// The StorageClass parameter that selects the policy.
-pub const PARAM: &str = crate::request::PARAM_GDS_POLICY;
+pub const PARAM: &str = "gdsPolicy";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
