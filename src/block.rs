@@ -366,6 +366,39 @@ pub async fn unstage(driver: &Driver, vol: &Located, staging: &Path) -> Result<(
     .map(drop)
 }
 
+/// NodePublishVolume's GDS gate for a block volume: its policy from its record, and the
+/// volume as mounted (raw block volumes: no filesystem, so only the node checks and a
+/// driver-level probe run). A volume not staged from its device is left to [`publish`],
+/// which reports that.
+pub async fn gate_publish(
+    gate: Option<&crate::gds_gate::GdsGate>,
+    host: &dyn Host,
+    vol: &Located,
+    staging: &Path,
+    cap: &Capability,
+) -> Result<()> {
+    use crate::gds_gate::{MountedVolume, Policy};
+    let Some(gate) = gate else {
+        return Ok(());
+    };
+    let policy = Policy::from_parameters(&vol.record.parameters)?;
+    let dev = &vol.device;
+    let mount_path = match cap.access {
+        Access::Block => None,
+        Access::Mount => {
+            let mounts = host.mount_table()?;
+            let staged =
+                mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor));
+            if !staged && policy != Policy::Disabled {
+                return Ok(());
+            }
+            Some(staging)
+        }
+    };
+    let mounted = MountedVolume::block(vol.id.to_string(), mount_path, dev.major, dev.minor);
+    gate.check_publish(&mounted, policy).await.map(drop)
+}
+
 pub async fn publish(
     driver: &Driver,
     vol: &Located,

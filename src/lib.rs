@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod error;
 pub mod faults;
 pub mod gds_gate;
+pub mod host_timing;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;

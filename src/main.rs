@@ -10,6 +10,8 @@ use tracing::{error, info, warn};
 
 use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::gds_gate::{GateConfig, GdsGate};
+use gds_csi::host_timing::TimedHost;
+use gds_csi::metrics::PoolGauges;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::server;
@@ -28,9 +30,10 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// The GDS gate; its cuFile probe runs as a child of this same binary.
-fn gds_gate(args: &ServeArgs) -> GdsGate {
-    GdsGate::new(GateConfig {
+/// The GDS gate; its cuFile probe runs as a child of this same binary, and its compat
+/// marks are kept in the state dir.
+fn gds_gate(args: &ServeArgs) -> Result<GdsGate, String> {
+    let config = GateConfig {
         paths: args
             .gds
             .host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
@@ -39,7 +42,8 @@ fn gds_gate(args: &ServeArgs) -> GdsGate {
         cufile_library: args.gds.cufile_library.clone(),
         probe_timeout: args.gds.probe_timeout,
         cache_ttl: args.gds_cache_ttl,
-    })
+    };
+    GdsGate::open(config, &args.state_dir).map_err(|e| e.to_string())
 }
 
 /// Raises the soft limit on open files to the hard limit: every connection and every
@@ -65,10 +69,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     // exiting is waited for; the socket check below then gets what is left of the wait.
     let started = Instant::now();
     let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
-    let host = Arc::new(RealHost {
+    // Host operations are timed for metrics by a wrapper around the real host.
+    let host = Arc::new(TimedHost::new(RealHost {
         command_timeout: args.command_timeout,
         mount_timeout: args.mount_timeout,
-    });
+    }));
     let pool = Pool::open(PoolConfig {
         node_id: args.node_id.clone(),
         host_sys: args.host_sys.clone(),
@@ -86,7 +91,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             pool,
             host,
         )
-        .with_gds_gate(gds_gate(&args))
+        .with_gds_gate(gds_gate(&args)?)
         .with_nfs(
             gds_csi::nfs::NfsBackend::open(&args.state_dir, args.mount_timeout)
                 .map_err(|e| e.to_string())?,
@@ -107,12 +112,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             error!(error = %e, "pool initialisation failed; Probe stays not ready");
         }
     });
-    gds_csi::metrics::start(
-        &args.metrics_address,
-        Some(Arc::clone(&driver)),
-        args.host_proc.clone(),
-    )
-    .await?;
+    let gauges: Arc<dyn PoolGauges> = driver.clone();
+    gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;

@@ -13,7 +13,7 @@ use crate::volume_id::{self, BlockVolumeId};
 
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
-pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
+pub const PARAM_GDS_POLICY: &str = crate::gds_gate::PARAM;
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
 use crate::nfs::volume::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
 const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];

@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::process::Output;
 
-use gds_csi::gds_gate::fixture::Tree;
+mod common;
+use common::gds_fixture::Tree;
 
 fn doctor(root: &Path, extra: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_gds-csi"))

@@ -20,13 +20,15 @@ use gds_csi::csi::node_server::Node;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
 use gds_csi::error::Result as DResult;
-use gds_csi::gds_gate::fixture::Tree;
 use gds_csi::gds_gate::{GateConfig, GdsGate};
 use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::controller::ControllerService;
 use gds_csi::service::node::NodeService;
 use gds_csi::service::Driver;
+
+mod common;
+use common::gds_fixture::Tree;
 
 const DRIVER: &str = "gds.csi.gds-csi.io";
 
@@ -767,7 +769,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
         )
         .into_boxed_str(),
     );
-    let gds = gds_csi::gds_gate::fixture::CUFILE_STRICT;
+    let gds = common::gds_fixture::CUFILE_STRICT;
     vec![
         NodeState {
             name: "idle GDS node",
@@ -933,13 +935,14 @@ impl LaidOut<'_> {
             probe_timeout: Duration::from_secs(20),
             cache_ttl: Duration::ZERO,
         });
+        let vol = gds_csi::gds_gate::MountedVolume {
+            id: volume_id.into(),
+            backend,
+            mount_path: Some(self.vol.to_owned()),
+            device: None,
+        };
         let got = gate
-            .check_publish(
-                volume_id,
-                backend,
-                gds_csi::gds_gate::Policy::Required,
-                Some(self.vol),
-            )
+            .check_publish(&vol, gds_csi::gds_gate::Policy::Required)
             .await;
         match (refused, &got) {
             (None, Ok(o)) => assert_eq!(

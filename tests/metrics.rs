@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use gds_csi::client::Clients;
 use gds_csi::csi::*;
-use gds_csi::os::RealHost;
+use gds_csi::host_timing::TimedHost;
+use gds_csi::os::{FsType, Host, RealHost};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -102,6 +103,13 @@ fn sample_opt(text: &str, prefix: &str) -> Option<f64> {
         .map(|v| v.parse().unwrap())
 }
 
+fn real_host() -> RealHost {
+    RealHost {
+        command_timeout: std::time::Duration::from_secs(10),
+        mount_timeout: std::time::Duration::from_secs(10),
+    }
+}
+
 async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
@@ -112,10 +120,8 @@ async fn start_driver(dir: &Path) -> (Clients, std::net::SocketAddr) {
         state_dir: dir.join("state"),
     })
     .unwrap();
-    let host = Arc::new(RealHost {
-        command_timeout: std::time::Duration::from_secs(10),
-        mount_timeout: std::time::Duration::from_secs(10),
-    });
+    // As main sets it up: the real host inside the timing wrapper.
+    let host = Arc::new(TimedHost::new(real_host()));
     let driver = Arc::new(Driver::new(
         "gds.csi.gds-csi.io".into(),
         "node-a".into(),
@@ -243,4 +249,48 @@ async fn csi_lib_utils_operations_and_build_info() {
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(sample(&after, &build), 1.0, "{after}");
+}
+
+/// Host operations are timed by the wrapper main puts around the real host, under the
+/// `operation` labels the README lists, failures included; the real host alone records none.
+#[tokio::test]
+async fn host_operations_are_timed_by_the_wrapper_around_the_host() {
+    let _alone = ONE_DRIVER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file: blkid, wipefs and mkfs.ext4 work on it without root.
+    let img = dir.path().join("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let scrape = || gds_csi::metrics::encode(&gds_csi::metrics::registry(None, "/none".into()));
+    let count = |text: &str, op: &str| {
+        let prefix = format!("gds_csi_host_operation_duration_seconds_count{{operation=\"{op}\"}}");
+        sample_opt(text, &prefix).unwrap_or(0.0)
+    };
+    let before = scrape();
+    assert!(real_host().probe_signatures(&img).await.unwrap().is_empty());
+    assert_eq!(
+        count(&scrape(), "probe_signatures"),
+        count(&before, "probe_signatures")
+    );
+
+    let timed = TimedHost::new(real_host());
+    let uuid = "5e1f1a4c-0000-4000-8000-00000000000a";
+    assert!(timed.probe_signatures(&img).await.unwrap().is_empty());
+    timed.mkfs(&img, FsType::Ext4, uuid).await.unwrap();
+    assert!(!timed.probe_signatures(&img).await.unwrap().is_empty());
+    timed
+        .wipe_signatures(&dir.path().join("missing"))
+        .await
+        .unwrap_err();
+    let after = scrape();
+    check_exposition(&after);
+    for (op, n) in [
+        ("probe_signatures", 2.0),
+        ("mkfs.ext4", 1.0),
+        ("wipe_signatures", 1.0),
+    ] {
+        assert_eq!(count(&after, op) - count(&before, op), n, "{op}:\n{after}");
+    }
 }

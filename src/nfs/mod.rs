@@ -569,13 +569,8 @@ pub async fn publish(
     }
     if let Some(gate) = &driver.gds_gate {
         let policy = Policy::from_parameters(volume_context.iter())?;
-        gate.check_publish(
-            &id.to_string(),
-            gds_check::Backend::NfsRdma,
-            policy,
-            Some(staging),
-        )
-        .await?;
+        let mounted = crate::gds_gate::MountedVolume::nfs(id.to_string(), staging);
+        gate.check_publish(&mounted, policy).await?;
     }
     // Both ends pinned beneath the root: the source must still be this volume's mount.
     let pinned_staging = crate::os::safepath::open(
@@ -681,7 +676,7 @@ pub async fn stats(
     Ok(csi::NodeGetVolumeStatsResponse {
         usage,
         volume_condition: Some(crate::gds_gate::volume_condition(
-            driver,
+            driver.gds_gate.as_deref(),
             &id.to_string(),
             condition,
         )),

@@ -304,7 +304,6 @@ impl Host for RealHost {
     }
 
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
-        let _timer = crate::metrics::host_timer("probe_signatures");
         let dev = device.as_os_str();
         // Two independent low-level probes; either failing is a refusal.
         let blkid = runner::run_raw(
@@ -376,11 +375,6 @@ impl Host for RealHost {
     }
 
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
-        let _timer = crate::metrics::host_timer(if fs == FsType::Ext4 {
-            "mkfs.ext4"
-        } else {
-            "mkfs.xfs"
-        });
         let dev = device.as_os_str();
         // No force flags. mkfs.xfs then refuses an existing filesystem; mkfs.ext4 does not
         // when stdin is not a terminal (e2fsprogs misc/mke2fs.c lines 2912-2921 check for
@@ -418,7 +412,6 @@ impl Host for RealHost {
     }
 
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
-        let _timer = crate::metrics::host_timer("wipe_signatures");
         runner::run(
             "wipefs",
             &[os("--all"), device.as_os_str()],
@@ -429,7 +422,6 @@ impl Host for RealHost {
     }
 
     async fn zero_device(&self, device: &Path) -> Result<()> {
-        let _timer = crate::metrics::host_timer("zero_device");
         // BLKZEROOUT: the kernel uses the device's write-zeroes offload (NVMe Write
         // Zeroes; a loop device fallocates the range in its backing file) and falls back
         // to writing zero pages; it drops the page cache of the range (linux block/ioctl.c
@@ -464,7 +456,6 @@ impl Host for RealHost {
         fs: FsType,
         options: &[String],
     ) -> Result<()> {
-        let _timer = crate::metrics::host_timer("mount");
         let mut all: Vec<String> = fs
             .required_mount_options()
             .iter()
@@ -486,7 +477,6 @@ impl Host for RealHost {
         target: &Anchored,
         options: &[String],
     ) -> Result<()> {
-        let _timer = crate::metrics::host_timer("bind_mount");
         let what = format!("bind mount {}", target.path().display());
         let (source, target, options) =
             (source.try_clone()?, target.try_clone()?, options.to_vec());
@@ -498,7 +488,6 @@ impl Host for RealHost {
     }
 
     async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
-        let _timer = crate::metrics::host_timer("mount_nfs");
         let joined = options.join(",");
         let mut args = vec![os("-t"), os("nfs")];
         if !joined.is_empty() {
@@ -510,7 +499,6 @@ impl Host for RealHost {
     }
 
     async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
-        let _timer = crate::metrics::host_timer("unmount_forced");
         let flag = match how {
             ForceUnmount::Force => "-f",
             ForceUnmount::Lazy => "-l",
@@ -523,7 +511,6 @@ impl Host for RealHost {
     }
 
     async fn unmount(&self, target: &Anchored) -> Result<()> {
-        let _timer = crate::metrics::host_timer("unmount");
         if target.is_pinned() {
             let what = format!("umount {}", target.path().display());
             let pinned = target.try_clone()?.without_final();

@@ -1,6 +1,7 @@
 //! The node's pool of whole block devices, and the allocation domain operations.
 
 pub mod fs_min;
+mod gauges;
 pub mod inventory;
 pub mod state;
 

@@ -2,6 +2,7 @@
 //! guard, call the domain operation and let `From<Error> for Status` map the error.
 
 pub mod controller;
+mod gauges;
 pub mod identity;
 pub mod node;
 

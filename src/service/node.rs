@@ -141,7 +141,8 @@ impl NodeService {
         self.driver.check_ready()?;
         let _guard = self.driver.locks.try_lock(&volume.raw())?;
         let located = self.block_volume(&volume)?;
-        crate::gds_gate::gate_publish(&self.driver, &located, &staging, &cap).await?;
+        let gate = self.driver.gds_gate.as_deref();
+        block::gate_publish(gate, self.driver.host.as_ref(), &located, &staging, &cap).await?;
         let readonly = req.readonly || cap.read_only_mode;
         block::publish(&self.driver, &located, &staging, &target, readonly, &cap).await
     }
@@ -245,8 +246,11 @@ impl NodeService {
                 },
             ]
         };
-        let condition =
-            crate::gds_gate::volume_condition(&self.driver, &located.id.to_string(), condition);
+        let condition = crate::gds_gate::volume_condition(
+            self.driver.gds_gate.as_deref(),
+            &located.id.to_string(),
+            condition,
+        );
         Ok(NodeGetVolumeStatsResponse {
             usage,
             volume_condition: Some(condition),
@@ -343,7 +347,11 @@ impl Node for NodeService {
             node_id: self.driver.node_id.clone(),
             max_volumes_per_node: 0,
             accessible_topology: Some(Topology {
-                segments: crate::gds_gate::node_topology(&self.driver),
+                segments: crate::gds_gate::node_topology(
+                    self.driver.gds_gate.as_deref(),
+                    &self.driver.name,
+                    self.driver.node_segment(),
+                ),
             }),
         }))
     }

@@ -5,6 +5,7 @@
 //! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
 
+pub mod gds_fixture;
 pub mod requests;
 pub mod tools;
 

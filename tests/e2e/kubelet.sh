@@ -423,6 +423,15 @@ superblock() { dumpe2fs -h "$data_dev" 2>/dev/null | grep -E '^Filesystem (UUID|
 first_superblock=$(superblock)
 in_pool() { [ -n "$first_superblock" ] && [[ " ${DEVICES[*]} " == *" $data_dev "* ]]; }
 check "the staged filesystem is ext4 on one of the pool's devices ($data_dev)" in_pool
+# Published in compat mode (no GPU here): the gate's mark, which NodeGetVolumeStats reports,
+# is kept in the state dir, so the restarted plugin below still has it.
+handle=$("$KUBECTL" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
+compat_marked() {
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+sys.exit(0 if "compat mode" in d["volumes"].get(sys.argv[2], "") else 1)' "$WORK/driver-state/gds-compat.json" "$handle"
+}
+check "the gate's compat mark for $handle is in <state-dir>/gds-compat.json" compat_marked
 
 # A DaemonSet rollout or a crash: the plugin dies while the volume is in use. The pod
 # keeps its mount, and the new process must still unpublish and unstage it.
@@ -436,6 +445,7 @@ still_running() {
     [ "$(published_mounts)" -ge 1 ]
 }
 check "the writer keeps running, mounts intact, across a SIGKILL and restart of the plugin" still_running
+check "the compat mark survives the SIGKILL and restart" compat_marked
 
 "$KUBECTL" delete pod writer --wait=false >/dev/null
 unstaged() {
