@@ -113,6 +113,11 @@ impl Rig {
 
     /// Like `new`, with loop devices of `size` bytes (sparse backing files).
     pub fn with_size(devices: usize, size: u64) -> Option<Rig> {
+        Rig::with_sizes(&vec![size; devices])
+    }
+
+    /// One loop device per entry of `sizes`, in that order.
+    pub fn with_sizes(sizes: &[u64]) -> Option<Rig> {
         if !is_root() {
             return None;
         }
@@ -121,9 +126,9 @@ impl Rig {
             .tempdir_in("/tmp")
             .unwrap();
         let mut loops = Vec::new();
-        for i in 0..devices {
+        for (i, size) in sizes.iter().enumerate() {
             let img = dir.path().join(format!("dev{i}.img"));
-            fs::File::create(&img).unwrap().set_len(size).unwrap();
+            fs::File::create(&img).unwrap().set_len(*size).unwrap();
             loops.push(attach_loop(&img));
         }
         let tools = tools::Tools::install(dir.path());
