@@ -5,13 +5,19 @@
 # prints a markdown table. Every mount and loop device is removed on exit, even on failure.
 #
 # Usage: scripts/bench.sh [ROUNDS=25] [STORM=64]     (BENCH_ONLY=a,b,d,e runs a subset)
+# BENCH_DRIVER=/path/to/gds-csi benches that driver binary instead of building this
+# checkout's (an A/B of two builds; the bench client is still this checkout's).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
 install_host_tools
 ROUNDS=${1:-25}
 STORM=${2:-64}
-build_driver
+if [ -n "${BENCH_DRIVER:-}" ]; then
+  GDS_CSI=$BENCH_DRIVER
+else
+  build_driver
+fi
 (cd "$REPO_ROOT" && cargo build --release --quiet --example bench)
 
 start_workdir bench

@@ -186,6 +186,8 @@ pub struct ServeArgs {
     #[arg(long, env = "GDS_CSI_GDS_CACHE_TTL", value_parser = humantime::parse_duration, default_value = "60s")]
     pub gds_cache_ttl: Duration,
     /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/faults.rs). Never deploy it.
+    /// Exists only in a build with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, env = crate::faults::ENV, hide = true, value_parser = crate::faults::KillPoint::parse)]
     pub fault_kill_at: Option<crate::faults::KillPoint>,
 }

@@ -1,14 +1,18 @@
 //! Test-only fault injection: kill the plugin with SIGKILL at a named step, so the
 //! crash-recovery tests (`tests/faults.rs`) can prove every step is safe to die in.
 //!
-//! Armed only by `GDS_CSI_FAULT_KILL_AT=<point>` (or the hidden `--fault-kill-at`),
-//! read once at start-up into [`crate::config::ServeArgs`] and handed to [`arm`].
-//! NEVER set it in a deployment: the plugin kills itself the first time it reaches
-//! the point. Unarmed, [`reached`] costs one atomic load and an `Option` check.
+//! Compiled in only with the cargo feature `fault-injection`, which the release build and
+//! the image leave off: without it [`reached`] is an empty inline function and the
+//! environment variable is not read at all (`config.rs` has no such setting then).
+//! With it, armed only by `GDS_CSI_FAULT_KILL_AT=<point>` (or the hidden
+//! `--fault-kill-at`), read once at start-up into [`crate::config::ServeArgs`] and handed
+//! to [`arm`]: the plugin kills itself the first time it reaches the point. Unarmed,
+//! [`reached`] costs one atomic load and an `Option` check.
 
+#[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
 
-/// Environment variable that arms a kill point (test-only).
+/// Environment variable that arms a kill point (read only with `fault-injection`).
 pub const ENV: &str = "GDS_CSI_FAULT_KILL_AT";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,7 @@ impl KillPoint {
         }
     }
 
+    #[cfg(feature = "fault-injection")]
     pub fn parse(s: &str) -> Result<Self, String> {
         Self::ALL
             .into_iter()
@@ -59,9 +64,11 @@ impl KillPoint {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 static ARMED: OnceLock<KillPoint> = OnceLock::new();
 
 /// Arms `point` for the life of the process; called once from `main` with the config value.
+#[cfg(feature = "fault-injection")]
 pub fn arm(point: Option<KillPoint>) {
     if let Some(p) = point {
         if ARMED.set(p).is_ok() {
@@ -75,6 +82,7 @@ pub fn arm(point: Option<KillPoint>) {
 
 /// Marks a step. When it is the armed kill point, the process dies here with SIGKILL:
 /// no destructors, no flush, no reply, exactly like the OOM killer or a node crash.
+#[cfg(feature = "fault-injection")]
 #[inline]
 pub fn reached(point: KillPoint) {
     if let Some(&armed) = ARMED.get() {
@@ -84,6 +92,12 @@ pub fn reached(point: KillPoint) {
     }
 }
 
+/// Without `fault-injection`: nothing, whatever the environment says.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn reached(_point: KillPoint) {}
+
+#[cfg(feature = "fault-injection")]
 #[cold]
 fn die(point: KillPoint) -> ! {
     // stderr is unbuffered: the line is in the log before the signal lands.
@@ -92,7 +106,7 @@ fn die(point: KillPoint) -> ! {
     std::process::abort()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fault-injection"))]
 mod tests {
     use super::*;
 

@@ -62,6 +62,7 @@ fn raise_nofile_limit() {
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
+    #[cfg(feature = "fault-injection")]
     gds_csi::faults::arm(args.fault_kill_at);
     let socket = args.socket_path()?;
     raise_nofile_limit();

@@ -24,6 +24,10 @@ for i in $(seq 1 "$POOL_SIZE"); do
   LOOPS+=("$(make_loop "$WORK/dev$i.img" "$VOLUME_SIZE")")
   args+=(--pool-device "${LOOPS[-1]}")
 done
+# The kill switch of the test-only fault injection is set: the release binary is built
+# without the fault-injection feature, so it must ignore it (a build with the feature dies
+# at the first CreateVolume and the suite fails).
+GDS_CSI_FAULT_KILL_AT=after-allocate \
 "$GDS_CSI" serve --endpoint "unix://$WORK/csi.sock" --mode all --node-id sanity-node \
   --state-dir "$WORK/state" --allowed-path-root "$WORK" "${args[@]}" 2>"$WORK/driver.log" &
 DRIVER_PID=$!

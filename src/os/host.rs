@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::inflight;
 use super::mountinfo::{self, MountEntry};
 use super::runner;
 use super::safepath::{self, Anchored};
@@ -463,8 +464,9 @@ impl Host for RealHost {
             .collect();
         all.extend(options.iter().cloned());
         let what = format!("mount {}", target.path().display());
+        let at = target.path().to_owned();
         let (device, target) = (device.to_owned(), target.try_clone()?);
-        self.blocking(what, move || {
+        self.blocking(what, &at, move || {
             let all: Vec<&str> = all.iter().map(String::as_str).collect();
             safepath::mount_fs(&device, &target, fs.as_str(), &all)
         })
@@ -480,7 +482,8 @@ impl Host for RealHost {
         let what = format!("bind mount {}", target.path().display());
         let (source, target, options) =
             (source.try_clone()?, target.try_clone()?, options.to_vec());
-        self.blocking(what, move || {
+        let at = target.path().to_owned();
+        self.blocking(what, &at, move || {
             let options: Vec<&str> = options.iter().map(String::as_str).collect();
             safepath::bind(&source, &target, &options)
         })
@@ -515,9 +518,14 @@ impl Host for RealHost {
             let what = format!("umount {}", target.path().display());
             let pinned = target.try_clone()?.without_final();
             return self
-                .blocking(what, move || safepath::unmount(&pinned).map(drop))
+                .blocking(what, target.path(), move || {
+                    safepath::unmount(&pinned).map(drop)
+                })
                 .await;
         }
+        // Unpinned: only the shared mount of an NFS export in the state dir (nfs/mod.rs,
+        // after a mount without RDMA). It stays with umount(8) in its own process group,
+        // killable at the deadline like mount(8) for NFS: a dead server can hang it.
         let path = target.path();
         match runner::run("umount", &[path.as_os_str()], self.mount_timeout).await {
             Ok(_) => Ok(()),
@@ -528,16 +536,33 @@ impl Host for RealHost {
 }
 
 impl RealHost {
-    /// A mount syscall on the blocking pool under the mount deadline. On expiry the
-    /// call answers DeadlineExceeded; the thread stays in the kernel until it returns.
+    /// A mount syscall (`safepath`, through sys-mount or the new mount API) on the
+    /// blocking pool under the mount deadline. A syscall cannot be killed: at the deadline
+    /// the call answers DeadlineExceeded and returns, releasing its per-volume guard,
+    /// while the thread stays in the kernel and the mount may still land (or go) later.
+    /// So `at` is entered in `inflight` here, before the thread starts, and left by the
+    /// thread when the syscall returns: until then every call on `at` answers Aborted
+    /// (`safepath::open`), even when this call's future was dropped before the deadline.
     async fn blocking(
         &self,
         what: String,
+        at: &Path,
         f: impl FnOnce() -> Result<()> + Send + 'static,
     ) -> Result<()> {
-        match tokio::time::timeout(self.mount_timeout, tokio::task::spawn_blocking(f)).await {
+        let busy = inflight::InFlight::enter(at)?;
+        let (began, deadline, late) = (Instant::now(), self.mount_timeout, what.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            let r = f();
+            if began.elapsed() > deadline {
+                let error = r.as_ref().err().map(ToString::to_string);
+                tracing::warn!(call = %late, took = ?began.elapsed(), ?error, "mount syscall returned after its deadline; its path is free again");
+            }
+            drop(busy);
+            r
+        });
+        match tokio::time::timeout(self.mount_timeout, task).await {
             Err(_) => Err(Error::Command(CommandError::Timeout {
-                command: what,
+                command: format!("{what} (still in the kernel; its path is refused until done)"),
                 after: self.mount_timeout,
             })),
             Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
@@ -590,6 +615,46 @@ mod tests {
         release.await.unwrap();
         drop(hold);
         drop(lock(&file));
+    }
+
+    #[tokio::test]
+    async fn a_path_whose_mount_syscall_outlives_its_deadline_is_refused_until_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = vec![dir.path().to_owned()];
+        let path = dir.path().join("staging");
+        let host = RealHost {
+            command_timeout: Duration::from_secs(5),
+            mount_timeout: Duration::from_millis(50),
+        };
+        // A syscall that takes longer than the deadline (as a mount(2) stuck on a slow
+        // device does); the thread goes on after the call has answered.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let err = host
+            .blocking("mount staging".into(), &path, move || {
+                let _ = rx.recv();
+                Ok(())
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Command(CommandError::Timeout { .. })),
+            "{err}"
+        );
+        let open = || safepath::open("f", &roots, &path, safepath::Create::Dir, None);
+        let refused = open().unwrap_err();
+        assert!(matches!(refused, Error::Aborted(_)), "{refused}");
+        assert!(refused.to_string().contains("still running"), "{refused}");
+        let again = host.blocking("again".into(), &path, || Ok(())).await;
+        assert!(
+            matches!(again, Err(Error::Aborted(_))),
+            "no second syscall meanwhile"
+        );
+        tx.send(()).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while open().is_err() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(open().unwrap().is_some(), "free once the syscall returned");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod blockdev;
 pub mod host;
+pub mod inflight;
 pub mod mountinfo;
 pub mod runner;
 pub mod safepath;

@@ -297,6 +297,8 @@ pub fn open(
     create: Create,
     mark: Option<&str>,
 ) -> Result<Option<Anchored>> {
+    // A mount or unmount of this path that outlived its call may still land.
+    super::inflight::check(path)?;
     let root = roots
         .iter()
         .filter(|r| path.starts_with(r))
@@ -455,6 +457,12 @@ pub fn dir_is_empty(a: &Anchored) -> Result<bool> {
 
 // ------------------------------------------------------------------------------------
 // Mounts onto pinned paths, in this process (mount(8) would resolve the path again).
+// mount(2) and umount2(2) go through the sys-mount crate, handed `/proc/self/fd/...`
+// paths (it passes them to the kernel as they are). The bind mount stays on raw syscalls:
+// sys-mount wraps only mount(2)/umount2(2), and a bind through mount(2) would appear with
+// the source's attributes first and take `ro`/`nosuid`/... only from a second
+// MS_REMOUNT|MS_BIND call, a window in which a read-only publish is writable; the new
+// mount API below applies them before the mount is attached.
 
 /// Bits of `struct mount_attr` and the new mount API (include/uapi/linux/mount.h).
 const MOUNT_ATTR_RDONLY: u64 = 0x01;
@@ -477,48 +485,51 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-use nix::mount::MsFlags;
+use sys_mount::MountFlags;
+
+/// MS_LAZYTIME (include/uapi/linux/mount.h), which sys-mount's flags do not name.
+const MS_LAZYTIME: MountFlags = MountFlags::from_bits_retain(libc::MS_LAZYTIME);
 
 /// Mount options split as mount(8) does into `mount(2)` flags and the filesystem's own
 /// data string (util-linux libmount/src/optmap.c, `linux_flags_map`). Userspace-only
 /// options (`defaults`, `nofail`, `x-*`, ...) are dropped.
-pub fn split_options(options: &[&str]) -> (MsFlags, String) {
-    let mut flags = MsFlags::empty();
+pub fn split_options(options: &[&str]) -> (MountFlags, String) {
+    let mut flags = MountFlags::empty();
     let mut data = Vec::new();
     for &o in options {
         let (set, clear) = match o {
-            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
-            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
-            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
-            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
-            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
-            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
-            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
-            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
-            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
-            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
-            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
-            "noatime" => (MsFlags::MS_NOATIME, MsFlags::empty()),
-            "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
-            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
-            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
-            "relatime" => (MsFlags::MS_RELATIME, MsFlags::empty()),
-            "norelatime" => (MsFlags::empty(), MsFlags::MS_RELATIME),
-            "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::empty()),
-            "nostrictatime" => (MsFlags::empty(), MsFlags::MS_STRICTATIME),
-            "lazytime" => (MsFlags::MS_LAZYTIME, MsFlags::empty()),
-            "nolazytime" => (MsFlags::empty(), MsFlags::MS_LAZYTIME),
-            "silent" => (MsFlags::MS_SILENT, MsFlags::empty()),
-            "loud" => (MsFlags::empty(), MsFlags::MS_SILENT),
+            "ro" => (MountFlags::RDONLY, MountFlags::empty()),
+            "rw" => (MountFlags::empty(), MountFlags::RDONLY),
+            "nosuid" => (MountFlags::NOSUID, MountFlags::empty()),
+            "suid" => (MountFlags::empty(), MountFlags::NOSUID),
+            "nodev" => (MountFlags::NODEV, MountFlags::empty()),
+            "dev" => (MountFlags::empty(), MountFlags::NODEV),
+            "noexec" => (MountFlags::NOEXEC, MountFlags::empty()),
+            "exec" => (MountFlags::empty(), MountFlags::NOEXEC),
+            "sync" => (MountFlags::SYNCHRONOUS, MountFlags::empty()),
+            "async" => (MountFlags::empty(), MountFlags::SYNCHRONOUS),
+            "dirsync" => (MountFlags::DIRSYNC, MountFlags::empty()),
+            "noatime" => (MountFlags::NOATIME, MountFlags::empty()),
+            "atime" => (MountFlags::empty(), MountFlags::NOATIME),
+            "nodiratime" => (MountFlags::NODIRATIME, MountFlags::empty()),
+            "diratime" => (MountFlags::empty(), MountFlags::NODIRATIME),
+            "relatime" => (MountFlags::RELATIME, MountFlags::empty()),
+            "norelatime" => (MountFlags::empty(), MountFlags::RELATIME),
+            "strictatime" => (MountFlags::STRICTATIME, MountFlags::empty()),
+            "nostrictatime" => (MountFlags::empty(), MountFlags::STRICTATIME),
+            "lazytime" => (MS_LAZYTIME, MountFlags::empty()),
+            "nolazytime" => (MountFlags::empty(), MS_LAZYTIME),
+            "silent" => (MountFlags::SILENT, MountFlags::empty()),
+            "loud" => (MountFlags::empty(), MountFlags::SILENT),
             "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev" => {
-                (MsFlags::empty(), MsFlags::empty())
+                (MountFlags::empty(), MountFlags::empty())
             }
             other if other.starts_with("x-") || other.starts_with("X-") => {
-                (MsFlags::empty(), MsFlags::empty())
+                (MountFlags::empty(), MountFlags::empty())
             }
             other => {
                 data.push(other);
-                (MsFlags::empty(), MsFlags::empty())
+                (MountFlags::empty(), MountFlags::empty())
             }
         };
         flags = (flags | set) - clear;
@@ -557,12 +568,23 @@ fn bind_attrs(options: &[&str]) -> MountAttr {
     a
 }
 
-/// `mount(2)` of `device` onto the pinned `target`, through `/proc/self/fd/N`.
+/// `mount(2)` of `device` onto the pinned `target`, through `/proc/self/fd/N`: the kernel
+/// follows that magic link to the directory the descriptor holds, whatever the path's
+/// components hold by now.
 pub fn mount_fs(device: &Path, target: &Anchored, fs: &str, options: &[&str]) -> Result<()> {
     let (flags, data) = split_options(options);
-    let data = (!data.is_empty()).then_some(data.as_str());
-    nix::mount::mount(Some(device), &target.syscall_path(), Some(fs), flags, data)
-        .map_err(|e| Error::io("mounting", target.path(), e.into()))
+    // An explicit type: without one sys-mount tries every filesystem the kernel knows.
+    let mut mount = sys_mount::Mount::builder()
+        .fstype(sys_mount::FilesystemType::Manual(fs))
+        .flags(flags);
+    if !data.is_empty() {
+        mount = mount.data(&data);
+    }
+    // The returned handle unmounts nothing when dropped (only its UnmountDrop does).
+    mount
+        .mount(device, target.syscall_path())
+        .map(drop)
+        .map_err(|e| Error::io("mounting", target.path(), e))
 }
 
 /// A bind mount of `source` onto `target` that appears with its final attributes at
@@ -654,6 +676,14 @@ fn cached_type(fd: BorrowedFd<'_>) -> nix::Result<SFlag> {
     ))
 }
 
+/// UMOUNT_NOFOLLOW (8, include/linux/fs.h): a final component that is a symlink is not
+/// followed. NOT sys-mount's `UnmountFlags::NOFOLLOW`: sys-mount 3.1 defines that as
+/// O_NOFOLLOW (0x20000), which `ksys_umount` (fs/namespace.c) refuses with EINVAL as an
+/// unknown flag; read above as "nothing mounted", every unmount would have been skipped.
+fn umount_nofollow() -> sys_mount::UnmountFlags {
+    sys_mount::UnmountFlags::from_bits_retain(libc::UMOUNT_NOFOLLOW)
+}
+
 /// Unmounts the topmost mount at the pinned `target`: its name looked up in the pinned
 /// parent, not followed if it is a symlink. `Ok(false)`: nothing was mounted there.
 pub fn unmount(target: &Anchored) -> Result<bool> {
@@ -661,11 +691,11 @@ pub fn unmount(target: &Anchored) -> Result<bool> {
         return Ok(false);
     };
     let at = fd_path(pin.parent.as_fd()).join(OsStr::from_bytes(pin.name.as_bytes()));
-    match nix::mount::umount2(&at, nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
+    match sys_mount::unmount(&at, umount_nofollow()) {
         Ok(()) => Ok(true),
         // Not a mount root (fs/namespace.c path_umount -> can_umount): nothing mounted.
-        Err(Errno::EINVAL | Errno::ENOENT) => Ok(false),
-        Err(e) => Err(Error::io("unmounting", target.path(), e.into())),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => Ok(false),
+        Err(e) => Err(Error::io("unmounting", target.path(), e)),
     }
 }
 
@@ -686,12 +716,12 @@ mod tests {
         ]);
         assert_eq!(
             flags,
-            MsFlags::MS_RDONLY | MsFlags::MS_NOATIME | MsFlags::MS_NOSUID
+            MountFlags::RDONLY | MountFlags::NOATIME | MountFlags::NOSUID
         );
         assert_eq!(data, "data=ordered,discard");
         // The later option wins, as in mount(8).
         let (flags, data) = split_options(&["ro", "rw", "noexec", "exec"]);
-        assert_eq!(flags, MsFlags::empty());
+        assert_eq!(flags, MountFlags::empty());
         assert!(data.is_empty());
     }
 
