@@ -32,13 +32,18 @@ async fn the_smallest_device_that_fits_the_range_is_chosen() {
         return;
     };
     let mut c = rig.start().await;
+    let available = |r: GetCapacityResponse| (r.available_capacity as u64) / MIB;
+    assert_eq!(available(requests::capacity(&mut c).await), 448);
 
     let limited = create_req("limited", 10 * MIB, 100 * MIB);
     let v = requests::create_volume(&mut c, limited).await;
     assert_eq!(v.capacity_bytes, (64 * MIB) as i64, "{v:?}");
+    // An allocated device is no longer free.
+    assert_eq!(available(requests::capacity(&mut c).await), 384);
 
     let v = requests::create_volume(&mut c, create_req("at-least-100", 100 * MIB, 0)).await;
     assert_eq!(v.capacity_bytes, (128 * MIB) as i64, "{v:?}");
+    assert_eq!(available(requests::capacity(&mut c).await), 256);
 
     // Only the 256 MiB device is free now, and it is over the limit: nothing is created.
     let err = c
