@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib.sh"
 CHART=deploy/helm/gds-csi
-KUBE_VERSION=1.33.0
+KUBE_VERSION=1.34.3 # the kubelet e2e's release; the chart needs >= 1.34
 DRIVER=gds.csi.gds-csi.io
 NFS_SET=(--set nfs.enabled=true --set nfs.server=nfs.example.internal --set nfs.share=/export/gds)
 
@@ -219,12 +219,16 @@ for e in ("NAMESPACE", "POD_NAME"):
 reg = container(pod, "node-driver-registrar")
 check(f"--kubelet-registration-path=/var/lib/kubelet/plugins/{driver}/csi.sock" in reg["args"],
       "registrar registration path")
-# Its liveness probe looks for <dir of --kubelet-registration-path>/registration, which the
-# registrar writes inside its container: that directory must be a writable volume there.
-reg_mounts = {m["mountPath"]: m for m in reg.get("volumeMounts", [])}
-check(reg_mounts.get(f"/var/lib/kubelet/plugins/{driver}", {}).get("name") == "socket-dir"
-      and not reg_mounts[f"/var/lib/kubelet/plugins/{driver}"].get("readOnly"),
-      "registrar must mount socket-dir at the registration path's directory (probe file)")
+# The registrar's health is its /healthz (--http-endpoint), not the exec probe with
+# --mode=kubelet-registration-probe, a no-op since node-driver-registrar v2.9.0.
+check("--http-endpoint=:9821" in reg["args"], "registrar must serve /healthz (--http-endpoint=:9821)")
+reg_ports = {p.get("name"): p.get("containerPort") for p in reg.get("ports", [])}
+reg_probe = reg.get("livenessProbe", {}).get("httpGet", {})
+check(reg_probe.get("path") == "/healthz" and reg_ports.get(reg_probe.get("port")) == 9821,
+      f"registrar liveness probe must GET /healthz on its --http-endpoint port: {reg.get('livenessProbe')}")
+for doc in d + n:
+    if "kubelet-registration-probe" in yaml.safe_dump(doc):
+        errors.append(f"{doc['kind']} {doc['metadata']['name']} still uses --mode=kubelet-registration-probe")
 container(pod, "liveness-probe")
 for c in pod.get("containers", []):
     if c["name"] != "gds-csi":
@@ -238,7 +242,7 @@ for c in pod.get("containers", []):
 for img in list(images(d)) + list(images(n)):
     tag = img.rsplit(":", 1)[-1] if ":" in img.rsplit("/", 1)[-1] else ""
     check(tag and tag != "latest", f"image {img} is not pinned")
-for want in ("registry.k8s.io/sig-storage/csi-provisioner:v5.", "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.",
+for want in ("registry.k8s.io/sig-storage/csi-provisioner:v6.", "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.",
              "registry.k8s.io/sig-storage/livenessprobe:v2."):
     check(any(i.startswith(want) for i in images(d)), f"no image {want}*")
 
@@ -491,6 +495,28 @@ PY
     fail "GDS workload examples are least-privilege" "$out"
   fi
 fi
+
+# --- sidecars current, and the e2e runs what the chart names (issue 16 item 5) ----------
+# The provisioner the kubelet e2e builds (tests/e2e/build-tools.sh, from the Go module
+# proxy) must be the release the chart deploys. The registrar and livenessprobe are not on
+# the proxy (their v2 tags have no /v2 module path), so the e2e runs stand-ins
+# (tests/e2e/tools/k8s/{registrar,livenessprobe}); those two tags must be a released pair.
+chart_tag() { awk -v k="$1:" '$1 == k {f = 1} f && $1 == "tag:" {print $2; exit}' "$CHART/values.yaml"; }
+prov_tag=$(chart_tag provisioner)
+e2e_prov=$(sed -n 's/^PROVISIONER_VERSION=\(v[0-9.]*\).*/\1/p' tests/e2e/build-tools.sh)
+e2e_mod=$(sed -n 's|^require github.com/kubernetes-csi/external-provisioner/v[0-9]* \(v[0-9.]*\)$|\1|p' \
+  tests/e2e/tools/provisioner/go.mod)
+if [[ -n "$prov_tag" && "$prov_tag" == "$e2e_prov" && "$prov_tag" == "$e2e_mod" && "$prov_tag" == v6.* ]]; then
+  pass "the e2e builds the chart's external-provisioner ($prov_tag, the 6.x line)"
+else
+  fail "chart provisioner '$prov_tag', e2e build-tools '$e2e_prov', go.mod '$e2e_mod': must be one 6.x release"
+fi
+# Released together (node-driver-registrar and livenessprobe tags of one release wave).
+pair="$(chart_tag nodeDriverRegistrar)/$(chart_tag livenessProbe)"
+case $pair in
+  v2.18.0/v2.20.0 | v2.17.0/v2.19.0 | v2.16.0/v2.18.0) pass "registrar and livenessprobe tags are a released pair ($pair)" ;;
+  *) fail "registrar/livenessprobe '$pair' are not a released pair (v2.18.0/v2.20.0 is the newest)" ;;
+esac
 
 # --- rendered manifests in sync --------------------------------------------------
 if out=$(HELM=$HELM scripts/render-manifests.sh "$tmp/manifests" 2>&1); then

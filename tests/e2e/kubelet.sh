@@ -257,6 +257,7 @@ if [ "$DEPLOY" = chart ]; then
     grep -qx 'gds_csi_pool_devices{state="total"} 2' <<<"$metrics"
   check "the livenessprobe sidecar's /healthz answers ok (CSI Probe)" \
     [ "$(curl -fsS --max-time 10 "http://$pod_ip:9818/healthz")" = ok ]
+  REGISTRAR_HEALTH=$pod_ip:9821
   # The node check deploy/README.md tells operators to run (kubectl exec: API server ->
   # kubelet -> containerd's streaming server).
   # Exit status 1 is "not GDS-ready"; kubectl exec passes it on and says so on stderr (a
@@ -306,7 +307,9 @@ else
   }
   start_plugin
   "$CACHE_BIN/gds-csi-registrar" --csi-address "$SOCKET" --kubelet-registration-path "$SOCKET" \
-    --plugin-registration-path "$KUBELET_DIR/plugins_registry" >"$WORK/registrar.log" 2>&1 &
+    --plugin-registration-path "$KUBELET_DIR/plugins_registry" --http-endpoint 127.0.0.1:64454 \
+    >"$WORK/registrar.log" 2>&1 &
+  REGISTRAR_HEALTH=127.0.0.1:64454
   PIDS+=($!)
   start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
   PROVISIONER_PID=$!
@@ -335,8 +338,10 @@ print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
 csinode_keys() { "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
 csinode_driver() { [[ "$(csinode_keys)" == *"$DRIVER/node"* ]]; }
 check "the kubelet's plugin watcher registered the driver (CSINode with topology keys)" wait_for 60 csinode_driver
-check "the registrar's liveness-probe file exists (<kubeletDir>/plugins/<driver>/registration)" \
-  [ -f "$KUBELET_DIR/plugins/$DRIVER/registration" ]
+# What the registrar container's liveness probe reads (--http-endpoint; 200 while its
+# registration socket answers GetInfo).
+check "the registrar's /healthz answers 200 ($REGISTRAR_HEALTH)" \
+  curl -fsS --max-time 10 -o /dev/null "http://$REGISTRAR_HEALTH/healthz"
 node_label() { "$KUBECTL" get node "$NODE" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$1}"; }
 check "the kubelet labelled the node from NodeGetInfo ($DRIVER/node=$NODE)" [ "$(node_label node)" = "$NODE" ]
 check "the node's GDS label says no GDS here ($DRIVER/gds-nvme=false)" [ "$(node_label gds-nvme)" = false ]
