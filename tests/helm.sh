@@ -268,20 +268,32 @@ check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be W
 check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
-# NFS enabled
-dep = one(n, "Deployment")
-dpod = dep.get("spec", {}).get("template", {}).get("spec", {})
-check(dep.get("spec", {}).get("replicas") == 1, "NFS controller: one replica")
-cdrv = container(dpod, "gds-csi")
-check("--mode=controller" in cdrv["args"], "NFS controller runs --mode=controller")
-cprov = container(dpod, "csi-provisioner")
-check("--leader-election=true" in cprov["args"], "NFS provisioner uses leader election")
-check(not any(a.startswith("--node-deployment") for a in cprov["args"]), "NFS provisioner is not a node deployment")
-check(not any(a.startswith("--enable-capacity") for a in cprov["args"]), "NFS provisioner publishes no capacity")
+# NFS enabled (issue 16 item 4): the per-node provisioners are the driver's only ones, for
+# both backends, so a claim of one backend can never reach a provisioner meant for the
+# other. NVMe claims (WaitForFirstConsumer) go to the selected node's provisioner only; NFS
+# claims (Immediate) are taken by one node's provisioner (--node-deployment-immediate-binding).
+for docs, label in ((d, "defaults"), (n, "nfs enabled")):
+    check(not [x for x in docs if x["kind"] in ("Deployment", "StatefulSet")],
+          f"{label}: no central controller workload (it would act on every claim of the driver)")
+    for w in [x for x in docs if x["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]:
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if "csi-provisioner" in c["image"]:
+                check("--node-deployment=true" in c["args"],
+                      f"{label}: {w['metadata']['name']}/{c['name']} provisions without --node-deployment")
+nprov = container(one(n, "DaemonSet").get("spec", {}).get("template", {}).get("spec", {}), "csi-provisioner")
+check("--node-deployment-immediate-binding=true" in nprov["args"],
+      "nfs enabled: node provisioners take Immediate (NFS) claims")
+check("--node-deployment-base-delay=20s" in nprov["args"], "nfs enabled: --node-deployment-base-delay from values")
+check("--node-deployment-immediate-binding=false" in prov["args"],
+      "defaults: node provisioners take no Immediate claims without NFS")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}
-check("leases" in nroles, "leases Role for the NFS controller")
+check("leases" not in nroles, "nfs enabled: no leader-election Role (no central provisioner)")
 crb = one(n, "ClusterRoleBinding")
-check(len(crb.get("subjects", [])) == 2, "ClusterRoleBinding must bind node and controller accounts")
+check([s_["name"] for s_ in crb.get("subjects", [])] == ["gds-csi-node"], "ClusterRoleBinding binds the node account only")
+ncr = one(n, "ClusterRole")
+nres = {r: set(rule["verbs"]) for rule in ncr.get("rules", []) for r in rule["resources"]}
+check("update" in nres.get("persistentvolumeclaims", set()),
+      "node provisioners may update PVCs (selected-node annotation for Immediate claims)")
 nscs = {s["metadata"]["name"]: s for s in n if s["kind"] == "StorageClass"}
 nfs = nscs.get("nfs-rdma-gds", {})
 check(nfs.get("volumeBindingMode") == "Immediate", "nfs-rdma-gds binds Immediately")
