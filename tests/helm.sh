@@ -466,6 +466,21 @@ else
   fail "the image ships NVIDIA's packaged libcufile on the loader path"
 fi
 
+# The kubelet e2e's driver image is the Dockerfile's runtime stage built without a
+# container engine (tests/e2e/images/runtime-base.sh): the same Debian packages, and the
+# same libcufile, taken from the nvidia-cufile version the Dockerfile pins.
+docker_pkgs=$(sed -n '/apt-get install/,/rm -rf/p' Dockerfile | tr -s ' \\&' '\n' |
+  grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vxE 'apt-get|install|rm|rf' | sort | tr '\n' ' ')
+e2e_pkgs=$(sed -n 's/^PACKAGES=//p' tests/e2e/images/runtime-base.sh | tr ',' '\n' | sort | tr '\n' ' ')
+if [[ -n "$docker_pkgs" && "$docker_pkgs" == "$e2e_pkgs" ]] &&
+  grep -q 'ARG CUFILE_VERSION' tests/e2e/images/runtime-base.sh Dockerfile &&
+  grep -q 'nvidia-cufile==$CUFILE_VERSION' tests/e2e/images/runtime-base.sh &&
+  grep -q 'libcufile\*.so\*' tests/e2e/images/runtime-base.sh; then
+  pass "the e2e image has the Dockerfile's runtime packages and its libcufile ($e2e_pkgs)"
+else
+  fail "the e2e image and the Dockerfile's runtime stage differ" "Dockerfile: $docker_pkgs"$'\n'"e2e:        $e2e_pkgs"
+fi
+
 # --- GDS workload examples are least-privilege (issue 16 item 8) -----------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
