@@ -384,9 +384,11 @@ YAML
   selected_node() { "$KUBECTL" get pvc "$1" -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}'; }
   nfs_taken() { [ "$(selected_node shared)" = "$NODE" ]; }
   check "an NFS claim (Immediate) is taken by the node's own provisioner (selected-node=$NODE)" wait_for 60 nfs_taken
+  # No NVMe claim exists yet: any CreateVolume in the driver's log is this claim's.
   nfs_create_tried() {
-    driver_log | grep 'call failed' | grep -q '"method":"CreateVolume"' &&
-      [[ "$(events_of shared)" == *ProvisioningFailed*"rpc error"* ]]
+    local log
+    log=$(driver_log)
+    grep -q '"method":"CreateVolume"' <<<"$log" && [[ "$(events_of shared)" == *ProvisioningFailed*"rpc error"* ]]
   }
   check "its CreateVolume reached this node's driver, which got as far as mounting the share (no NFS client here)" \
     wait_for 90 nfs_create_tried
