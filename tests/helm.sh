@@ -284,6 +284,10 @@ nprov = container(one(n, "DaemonSet").get("spec", {}).get("template", {}).get("s
 check("--node-deployment-immediate-binding=true" in nprov["args"],
       "nfs enabled: node provisioners take Immediate (NFS) claims")
 check("--node-deployment-base-delay=20s" in nprov["args"], "nfs enabled: --node-deployment-base-delay from values")
+# The same provisioners serve NFS claims: a --default-fstype would reach NFS CreateVolume
+# as fs_type "ext4", which the driver refuses (found by tests/e2e/kubelet.sh).
+check(not any(a.startswith("--default-fstype") for a in nprov["args"] + prov["args"]),
+      "node provisioners must not set --default-fstype (NFS claims would get fs_type ext4)")
 check("--node-deployment-immediate-binding=false" in prov["args"],
       "defaults: node provisioners take no Immediate claims without NFS")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}

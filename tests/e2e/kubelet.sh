@@ -366,36 +366,6 @@ check "the node's GDS label says no GDS here ($DRIVER/gds-nvme=false)" [ "$(node
 check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
 echo "node and driver ready in $((SECONDS - start)) s"
 
-if [ "$DEPLOY" = chart ]; then
-  # --- NFS enabled: each backend's claims reach only the provisioner meant for them ---
-  # (issue 16 item 4). The chart runs no central provisioner, which would act on every
-  # claim of the driver, NVMe ones included.
-  no_central() { [ -z "$("$KUBECTL" -n "$NS" get deployments,statefulsets -o name)" ]; }
-  check "nfs.enabled: no central provisioner workload, only the node DaemonSet" no_central
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: shared, namespace: default}
-spec:
-  accessModes: [ReadWriteMany]
-  storageClassName: nfs-rdma-gds
-  resources: {requests: {storage: 1Gi}}
-YAML
-  selected_node() { "$KUBECTL" get pvc "$1" -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}'; }
-  nfs_taken() { [ "$(selected_node shared)" = "$NODE" ]; }
-  check "an NFS claim (Immediate) is taken by the node's own provisioner (selected-node=$NODE)" wait_for 60 nfs_taken
-  # No NVMe claim exists yet: any CreateVolume in the driver's log is this claim's.
-  nfs_create_tried() {
-    local log
-    log=$(driver_log)
-    grep -q '"method":"CreateVolume"' <<<"$log" && [[ "$(events_of shared)" == *ProvisioningFailed*"rpc error"* ]]
-  }
-  check "its CreateVolume reached this node's driver, which got as far as mounting the share (no NFS client here)" \
-    wait_for 90 nfs_create_tried
-  events_of shared | grep ProvisioningFailed | head -1 | cut -c1-300 | sed 's/^/     /'
-  "$KUBECTL" delete pvc shared --wait=false >/dev/null
-fi
-
 # pod NAME CLAIM SCRIPT: a run-once busybox pod on $NODE with CLAIM at /data. It runs as
 # an unprivileged user and writes through fsGroup, which the kubelet applies because the
 # CSIDriver says fsGroupPolicy: File (a fresh ext4 root is root-owned, mode 755).
@@ -440,6 +410,36 @@ staged_mounts() {
 published_mounts() {
   awk -v d="$KUBELET_DIR/pods/" 'index($5, d) == 1 && $5 ~ /\/volumes\/kubernetes.io~csi\//' /proc/self/mountinfo | wc -l
 }
+
+if [ "$DEPLOY" = chart ]; then
+  # --- NFS enabled: each backend's claims reach only the provisioner meant for them ---
+  # (issue 16 item 4). The chart runs no central provisioner, which would act on every
+  # claim of the driver, NVMe ones included.
+  no_central() { [ -z "$("$KUBECTL" -n "$NS" get deployments,statefulsets -o name)" ]; }
+  check "nfs.enabled: no central provisioner workload, only the node DaemonSet" no_central
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: shared, namespace: default}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: nfs-rdma-gds
+  resources: {requests: {storage: 1Gi}}
+YAML
+  selected_node() { "$KUBECTL" get pvc "$1" -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}'; }
+  nfs_taken() { [ "$(selected_node shared)" = "$NODE" ]; }
+  check "an NFS claim (Immediate) is taken by the node's own provisioner (selected-node=$NODE)" wait_for 60 nfs_taken
+  # No NVMe claim exists yet: any CreateVolume in the driver's log is this claim's.
+  nfs_create_tried() {
+    local log
+    log=$(driver_log)
+    grep -q '"method":"CreateVolume"' <<<"$log" && [[ "$(events_of shared)" == *ProvisioningFailed*"rpc error"* ]]
+  }
+  check "its CreateVolume reached this node's driver, which got as far as mounting the share (no NFS client here)" \
+    wait_for 90 nfs_create_tried
+  events_of shared | grep ProvisioningFailed | head -1 | cut -c1-300 | sed 's/^/     /'
+  "$KUBECTL" delete pvc shared --wait=false >/dev/null
+fi
 
 # --- gdsPolicy=required on a node without GDS: refused, with the reason -----------------
 pvc gated nvme-gds 32Mi
