@@ -19,7 +19,7 @@ RELEASE=gds-csi
 NAMESPACE=gds-csi
 # Capabilities.KubeVersion for the render. A `go install`ed helm has no
 # built-in version (it would claim v1.20) and must not decide the output.
-KUBE_VERSION=1.33.0
+KUBE_VERSION=1.34.3
 
 install_helm >&2
 

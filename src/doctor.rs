@@ -94,6 +94,17 @@ pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) ->
     }
 
     let mut notes = Vec::new();
+    let lib_dirs = crate::doctor_pod::loader_dirs();
+    let env = crate::doctor_pod::Env {
+        dev: Path::new("/dev"),
+        udev_data_dir: &paths.udev_data_dir,
+        cufile_json: &paths.cufile_json,
+        cufile_library: args.gds.cufile_library.as_deref(),
+        lib_dirs: &lib_dirs,
+    };
+    notes.extend(crate::doctor_pod::missing_note(&crate::doctor_pod::pieces(
+        &env,
+    )));
     if status_of(&report, "gpu.driver") == Some(Status::Fail) {
         notes.push("No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot work here.".into());
     }

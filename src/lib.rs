@@ -8,6 +8,7 @@ pub mod block;
 pub mod client;
 pub mod config;
 pub mod doctor;
+pub mod doctor_pod;
 pub mod error;
 pub mod faults;
 pub mod gds_gate;

@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib.sh"
 CHART=deploy/helm/gds-csi
-KUBE_VERSION=1.33.0
+KUBE_VERSION=1.34.3 # the kubelet e2e's release; the chart needs >= 1.34
 DRIVER=gds.csi.gds-csi.io
 NFS_SET=(--set nfs.enabled=true --set nfs.server=nfs.example.internal --set nfs.share=/export/gds)
 
@@ -219,12 +219,16 @@ for e in ("NAMESPACE", "POD_NAME"):
 reg = container(pod, "node-driver-registrar")
 check(f"--kubelet-registration-path=/var/lib/kubelet/plugins/{driver}/csi.sock" in reg["args"],
       "registrar registration path")
-# Its liveness probe looks for <dir of --kubelet-registration-path>/registration, which the
-# registrar writes inside its container: that directory must be a writable volume there.
-reg_mounts = {m["mountPath"]: m for m in reg.get("volumeMounts", [])}
-check(reg_mounts.get(f"/var/lib/kubelet/plugins/{driver}", {}).get("name") == "socket-dir"
-      and not reg_mounts[f"/var/lib/kubelet/plugins/{driver}"].get("readOnly"),
-      "registrar must mount socket-dir at the registration path's directory (probe file)")
+# The registrar's health is its /healthz (--http-endpoint), not the exec probe with
+# --mode=kubelet-registration-probe, a no-op since node-driver-registrar v2.9.0.
+check("--http-endpoint=:9821" in reg["args"], "registrar must serve /healthz (--http-endpoint=:9821)")
+reg_ports = {p.get("name"): p.get("containerPort") for p in reg.get("ports", [])}
+reg_probe = reg.get("livenessProbe", {}).get("httpGet", {})
+check(reg_probe.get("path") == "/healthz" and reg_ports.get(reg_probe.get("port")) == 9821,
+      f"registrar liveness probe must GET /healthz on its --http-endpoint port: {reg.get('livenessProbe')}")
+for doc in d + n:
+    if "kubelet-registration-probe" in yaml.safe_dump(doc):
+        errors.append(f"{doc['kind']} {doc['metadata']['name']} still uses --mode=kubelet-registration-probe")
 container(pod, "liveness-probe")
 for c in pod.get("containers", []):
     if c["name"] != "gds-csi":
@@ -238,7 +242,7 @@ for c in pod.get("containers", []):
 for img in list(images(d)) + list(images(n)):
     tag = img.rsplit(":", 1)[-1] if ":" in img.rsplit("/", 1)[-1] else ""
     check(tag and tag != "latest", f"image {img} is not pinned")
-for want in ("registry.k8s.io/sig-storage/csi-provisioner:v5.", "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.",
+for want in ("registry.k8s.io/sig-storage/csi-provisioner:v6.", "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.",
              "registry.k8s.io/sig-storage/livenessprobe:v2."):
     check(any(i.startswith(want) for i in images(d)), f"no image {want}*")
 
@@ -264,20 +268,36 @@ check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be W
 check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
-# NFS enabled
-dep = one(n, "Deployment")
-dpod = dep.get("spec", {}).get("template", {}).get("spec", {})
-check(dep.get("spec", {}).get("replicas") == 1, "NFS controller: one replica")
-cdrv = container(dpod, "gds-csi")
-check("--mode=controller" in cdrv["args"], "NFS controller runs --mode=controller")
-cprov = container(dpod, "csi-provisioner")
-check("--leader-election=true" in cprov["args"], "NFS provisioner uses leader election")
-check(not any(a.startswith("--node-deployment") for a in cprov["args"]), "NFS provisioner is not a node deployment")
-check(not any(a.startswith("--enable-capacity") for a in cprov["args"]), "NFS provisioner publishes no capacity")
+# NFS enabled (issue 16 item 4): the per-node provisioners are the driver's only ones, for
+# both backends, so a claim of one backend can never reach a provisioner meant for the
+# other. NVMe claims (WaitForFirstConsumer) go to the selected node's provisioner only; NFS
+# claims (Immediate) are taken by one node's provisioner (--node-deployment-immediate-binding).
+for docs, label in ((d, "defaults"), (n, "nfs enabled")):
+    check(not [x for x in docs if x["kind"] in ("Deployment", "StatefulSet")],
+          f"{label}: no central controller workload (it would act on every claim of the driver)")
+    for w in [x for x in docs if x["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]:
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if "csi-provisioner" in c["image"]:
+                check("--node-deployment=true" in c["args"],
+                      f"{label}: {w['metadata']['name']}/{c['name']} provisions without --node-deployment")
+nprov = container(one(n, "DaemonSet").get("spec", {}).get("template", {}).get("spec", {}), "csi-provisioner")
+check("--node-deployment-immediate-binding=true" in nprov["args"],
+      "nfs enabled: node provisioners take Immediate (NFS) claims")
+check("--node-deployment-base-delay=20s" in nprov["args"], "nfs enabled: --node-deployment-base-delay from values")
+# The same provisioners serve NFS claims: a --default-fstype would reach NFS CreateVolume
+# as fs_type "ext4", which the driver refuses (found by tests/e2e/kubelet.sh).
+check(not any(a.startswith("--default-fstype") for a in nprov["args"] + prov["args"]),
+      "node provisioners must not set --default-fstype (NFS claims would get fs_type ext4)")
+check("--node-deployment-immediate-binding=false" in prov["args"],
+      "defaults: node provisioners take no Immediate claims without NFS")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}
-check("leases" in nroles, "leases Role for the NFS controller")
+check("leases" not in nroles, "nfs enabled: no leader-election Role (no central provisioner)")
 crb = one(n, "ClusterRoleBinding")
-check(len(crb.get("subjects", [])) == 2, "ClusterRoleBinding must bind node and controller accounts")
+check([s_["name"] for s_ in crb.get("subjects", [])] == ["gds-csi-node"], "ClusterRoleBinding binds the node account only")
+ncr = one(n, "ClusterRole")
+nres = {r: set(rule["verbs"]) for rule in ncr.get("rules", []) for r in rule["resources"]}
+check("update" in nres.get("persistentvolumeclaims", set()),
+      "node provisioners may update PVCs (selected-node annotation for Immediate claims)")
 nscs = {s["metadata"]["name"]: s for s in n if s["kind"] == "StorageClass"}
 nfs = nscs.get("nfs-rdma-gds", {})
 check(nfs.get("volumeBindingMode") == "Immediate", "nfs-rdma-gds binds Immediately")
@@ -450,6 +470,21 @@ else
   fail "the image ships NVIDIA's packaged libcufile on the loader path"
 fi
 
+# The kubelet e2e's driver image is the Dockerfile's runtime stage built without a
+# container engine (tests/e2e/images/runtime-base.sh): the same Debian packages, and the
+# same libcufile, taken from the nvidia-cufile version the Dockerfile pins.
+docker_pkgs=$(sed -n '/apt-get install/,/rm -rf/p' Dockerfile | tr -s ' \\&' '\n' |
+  grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vxE 'apt-get|install|rm|rf' | sort | tr '\n' ' ')
+e2e_pkgs=$(sed -n 's/^PACKAGES=//p' tests/e2e/images/runtime-base.sh | tr ',' '\n' | sort | tr '\n' ' ')
+if [[ -n "$docker_pkgs" && "$docker_pkgs" == "$e2e_pkgs" ]] &&
+  grep -q 'ARG CUFILE_VERSION' tests/e2e/images/runtime-base.sh Dockerfile &&
+  grep -q 'nvidia-cufile==$CUFILE_VERSION' tests/e2e/images/runtime-base.sh &&
+  grep -q 'libcufile\*.so\*' tests/e2e/images/runtime-base.sh; then
+  pass "the e2e image has the Dockerfile's runtime packages and its libcufile ($e2e_pkgs)"
+else
+  fail "the e2e image and the Dockerfile's runtime stage differ" "Dockerfile: $docker_pkgs"$'\n'"e2e:        $e2e_pkgs"
+fi
+
 # --- GDS workload examples are least-privilege (issue 16 item 8) -----------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
@@ -491,6 +526,28 @@ PY
     fail "GDS workload examples are least-privilege" "$out"
   fi
 fi
+
+# --- sidecars current, and the e2e runs what the chart names (issue 16 item 5) ----------
+# The provisioner the kubelet e2e builds (tests/e2e/build-tools.sh, from the Go module
+# proxy) must be the release the chart deploys. The registrar and livenessprobe are not on
+# the proxy (their v2 tags have no /v2 module path), so the e2e runs stand-ins
+# (tests/e2e/tools/k8s/{registrar,livenessprobe}); those two tags must be a released pair.
+chart_tag() { awk -v k="$1:" '$1 == k {f = 1} f && $1 == "tag:" {print $2; exit}' "$CHART/values.yaml"; }
+prov_tag=$(chart_tag provisioner)
+e2e_prov=$(sed -n 's/^PROVISIONER_VERSION=\(v[0-9.]*\).*/\1/p' tests/e2e/build-tools.sh)
+e2e_mod=$(sed -n 's|^require github.com/kubernetes-csi/external-provisioner/v[0-9]* \(v[0-9.]*\)$|\1|p' \
+  tests/e2e/tools/provisioner/go.mod)
+if [[ -n "$prov_tag" && "$prov_tag" == "$e2e_prov" && "$prov_tag" == "$e2e_mod" && "$prov_tag" == v6.* ]]; then
+  pass "the e2e builds the chart's external-provisioner ($prov_tag, the 6.x line)"
+else
+  fail "chart provisioner '$prov_tag', e2e build-tools '$e2e_prov', go.mod '$e2e_mod': must be one 6.x release"
+fi
+# Released together (node-driver-registrar and livenessprobe tags of one release wave).
+pair="$(chart_tag nodeDriverRegistrar)/$(chart_tag livenessProbe)"
+case $pair in
+  v2.18.0/v2.20.0 | v2.17.0/v2.19.0 | v2.16.0/v2.18.0) pass "registrar and livenessprobe tags are a released pair ($pair)" ;;
+  *) fail "registrar/livenessprobe '$pair' are not a released pair (v2.18.0/v2.20.0 is the newest)" ;;
+esac
 
 # --- rendered manifests in sync --------------------------------------------------
 if out=$(HELM=$HELM scripts/render-manifests.sh "$tmp/manifests" 2>&1); then

@@ -723,3 +723,33 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
     );
     assert!(!Path::new(&target).exists());
 }
+
+/// The chart's per-node external-provisioners take an immediate-binding NFS claim only
+/// when GetCapacity says `request <= available` (external-provisioner v6.4.0,
+/// pkg/controller/controller.go:1736): NFS capacity is not enforced, so no request may
+/// read as too large, while the NVMe answer on the same node stays the pool's.
+#[tokio::test]
+async fn nfs_get_capacity_never_turns_a_claim_away() {
+    let h = harness().await;
+    let mut c = h.c.controller.clone();
+    let nfs = c
+        .get_capacity(GetCapacityRequest {
+            volume_capabilities: vec![cap(AccessModeKind::MultiNodeMultiWriter, &[])],
+            parameters: params(&[]),
+            accessible_topology: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(nfs.available_capacity, i64::MAX);
+    let nvme = c
+        .get_capacity(GetCapacityRequest {
+            volume_capabilities: vec![cap(AccessModeKind::SingleNodeWriter, &[])],
+            parameters: HashMap::new(),
+            accessible_topology: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(nvme.available_capacity, 0, "this harness has an empty pool");
+}

@@ -273,8 +273,15 @@ impl ControllerService {
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
         if nfs::is_nfs(&req.parameters) {
-            // The server's free space is not tracked: capacity is not enforced for NFS.
-            return Ok(GetCapacityResponse::default());
+            // The server's free space is not tracked: capacity is not enforced for NFS, so
+            // no request is too large. Not 0: the chart's per-node external-provisioners
+            // take an immediate-binding (NFS) claim only when `request <= available`
+            // (external-provisioner v6.4.0 pkg/controller/controller.go:1736, checkCapacity,
+            // called from becomeOwner), and 0 would leave every NFS claim Pending.
+            return Ok(GetCapacityResponse {
+                available_capacity: i64::MAX,
+                ..Default::default()
+            });
         }
         let elsewhere = req
             .accessible_topology

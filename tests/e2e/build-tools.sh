@@ -8,7 +8,7 @@ BIN="${GDS_CSI_CACHE_BIN:-$HOME/.cache/gds-csi/bin}"
 mkdir -p "$BIN"
 K8S_VERSION=v1.34.3        # tools/k8s/go.mod pins the same release
 ETCD_VERSION=v3.6.8        # tools/etcd/go.mod
-PROVISIONER_VERSION=v5.3.0 # tools/provisioner/go.mod
+PROVISIONER_VERSION=v6.4.0 # tools/provisioner/go.mod; the chart's sidecars.provisioner tag
 
 # What Kubernetes' own build stamps in: without it the binaries say v0.0.0, and helm
 # refuses a chart's kubeVersion range against such an API server.
@@ -54,7 +54,7 @@ if ! stamp_ok etcd "$ETCD_VERSION"; then
 fi
 if ! stamp_ok csi-provisioner "$PROVISIONER_VERSION"; then
   echo "building csi-provisioner $PROVISIONER_VERSION"
-  build() { (cd "$HERE/tools/provisioner" && go build -o "$BIN/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner); }
+  build() { (cd "$HERE/tools/provisioner" && go build -o "$BIN/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner); }
   timed build
   stamp csi-provisioner "$PROVISIONER_VERSION"
 fi

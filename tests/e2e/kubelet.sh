@@ -239,7 +239,13 @@ if [ "$DEPLOY" = chart ]; then
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
   helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
     --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false --set gds.runtimeClassName=
-    --set "node.poolDevices={${DEVICES[0]},${DEVICES[1]}}" --set sidecars.provisioner.capacityPollInterval=5s)
+    --set "node.poolDevices={${DEVICES[0]},${DEVICES[1]}}" --set sidecars.provisioner.capacityPollInterval=5s
+    # NFS enabled, as a cluster with both backends runs it: the node pods join the host
+    # network and their provisioners also take Immediate (NFS) claims. The server is a
+    # TEST-NET address: this kernel has no NFS client, so an NFS CreateVolume can only
+    # get as far as the mount, which is what shows where the claim went.
+    --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds
+    --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s)
   for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe; do
     helm_set+=(--set "sidecars.${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"
       --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
@@ -257,6 +263,7 @@ if [ "$DEPLOY" = chart ]; then
     grep -qx 'gds_csi_pool_devices{state="total"} 2' <<<"$metrics"
   check "the livenessprobe sidecar's /healthz answers ok (CSI Probe)" \
     [ "$(curl -fsS --max-time 10 "http://$pod_ip:9818/healthz")" = ok ]
+  REGISTRAR_HEALTH=$pod_ip:9821
   # The node check deploy/README.md tells operators to run (kubectl exec: API server ->
   # kubelet -> containerd's streaming server).
   # Exit status 1 is "not GDS-ready"; kubectl exec passes it on and says so on stderr (a
@@ -282,6 +289,18 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   }
   check "gds-csi doctor --json says ready: false, names nvidia_fs.module and exits 1 (got $doctor_json_rc)" \
     doctor_json_not_ready
+  # Which of the probe's pod pieces are missing here: the image brings libcufile (as the
+  # Dockerfile's does), while this node has no NVIDIA runtime (no libcuda, no /dev/nvidia*),
+  # runs no udev (empty /run/udev) and the chart was told cufile.mount=false.
+  pod_pieces_named() {
+    local note
+    note=$(grep -m1 'missing:' <<<"$doctor") &&
+      [[ "$note" == *"libcuda.so.1"* && "$note" == *"/dev/nvidiactl"* && "$note" == *"udev database"* &&
+        "$note" == *"cufile.json"* && "$note" != *"libcufile.so.0"* ]] &&
+      "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- test -f /usr/local/lib/gds-csi/libcufile.so.0
+  }
+  check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev, cufile.json), not libcufile (in the image)" \
+    pod_pieces_named
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
@@ -306,7 +325,9 @@ else
   }
   start_plugin
   "$CACHE_BIN/gds-csi-registrar" --csi-address "$SOCKET" --kubelet-registration-path "$SOCKET" \
-    --plugin-registration-path "$KUBELET_DIR/plugins_registry" >"$WORK/registrar.log" 2>&1 &
+    --plugin-registration-path "$KUBELET_DIR/plugins_registry" --http-endpoint 127.0.0.1:64454 \
+    >"$WORK/registrar.log" 2>&1 &
+  REGISTRAR_HEALTH=127.0.0.1:64454
   PIDS+=($!)
   start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
   PROVISIONER_PID=$!
@@ -335,8 +356,10 @@ print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
 csinode_keys() { "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
 csinode_driver() { [[ "$(csinode_keys)" == *"$DRIVER/node"* ]]; }
 check "the kubelet's plugin watcher registered the driver (CSINode with topology keys)" wait_for 60 csinode_driver
-check "the registrar's liveness-probe file exists (<kubeletDir>/plugins/<driver>/registration)" \
-  [ -f "$KUBELET_DIR/plugins/$DRIVER/registration" ]
+# What the registrar container's liveness probe reads (--http-endpoint; 200 while its
+# registration socket answers GetInfo).
+check "the registrar's /healthz answers 200 ($REGISTRAR_HEALTH)" \
+  curl -fsS --max-time 10 -o /dev/null "http://$REGISTRAR_HEALTH/healthz"
 node_label() { "$KUBECTL" get node "$NODE" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$1}"; }
 check "the kubelet labelled the node from NodeGetInfo ($DRIVER/node=$NODE)" [ "$(node_label node)" = "$NODE" ]
 check "the node's GDS label says no GDS here ($DRIVER/gds-nvme=false)" [ "$(node_label gds-nvme)" = false ]
@@ -388,6 +411,36 @@ published_mounts() {
   awk -v d="$KUBELET_DIR/pods/" 'index($5, d) == 1 && $5 ~ /\/volumes\/kubernetes.io~csi\//' /proc/self/mountinfo | wc -l
 }
 
+if [ "$DEPLOY" = chart ]; then
+  # --- NFS enabled: each backend's claims reach only the provisioner meant for them ---
+  # (issue 16 item 4). The chart runs no central provisioner, which would act on every
+  # claim of the driver, NVMe ones included.
+  no_central() { [ -z "$("$KUBECTL" -n "$NS" get deployments,statefulsets -o name)" ]; }
+  check "nfs.enabled: no central provisioner workload, only the node DaemonSet" no_central
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: shared, namespace: default}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: nfs-rdma-gds
+  resources: {requests: {storage: 1Gi}}
+YAML
+  selected_node() { "$KUBECTL" get pvc "$1" -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}'; }
+  nfs_taken() { [ "$(selected_node shared)" = "$NODE" ]; }
+  check "an NFS claim (Immediate) is taken by the node's own provisioner (selected-node=$NODE)" wait_for 60 nfs_taken
+  # No NVMe claim exists yet: any CreateVolume in the driver's log is this claim's.
+  nfs_create_tried() {
+    local log
+    log=$(driver_log)
+    grep -q '"method":"CreateVolume"' <<<"$log" && [[ "$(events_of shared)" == *ProvisioningFailed*"rpc error"* ]]
+  }
+  check "its CreateVolume reached this node's driver, which got as far as mounting the share (no NFS client here)" \
+    wait_for 90 nfs_create_tried
+  events_of shared | grep ProvisioningFailed | head -1 | cut -c1-300 | sed 's/^/     /'
+  "$KUBECTL" delete pvc shared --wait=false >/dev/null
+fi
+
 # --- gdsPolicy=required on a node without GDS: refused, with the reason -----------------
 pvc gated nvme-gds 32Mi
 pod gated gated 'true'
@@ -414,6 +467,11 @@ logs_are() { [ "$("$KUBECTL" logs "$1" 2>&1)" = "$2" ]; }
 check "writer pod (uid 1000, fsGroup 2000) runs on $NODE and wrote its token (kubectl logs)" wait_for 120 logs_are writer "$TOKEN"
 if ! logs_are writer "$TOKEN"; then "$KUBECTL" describe pod writer | tail -20; "$KUBECTL" logs writer; exit 1; fi
 pv=$("$KUBECTL" get pvc data -o jsonpath='{.spec.volumeName}')
+# With NFS enabled too, the NVMe claim went to its selected node's provisioner only: it
+# was never refused as exhausted and handed back to the scheduler (what a central NFS
+# provisioner answering NVMe claims caused).
+never_bounced() { ! events_of data | grep -q 'ResourceExhausted\|ProvisioningFailed'; }
+check "the NVMe claim was provisioned at the first try (no ProvisioningFailed, no ResourceExhausted)" never_bounced
 check "the kubelet called NodeStageVolume and NodePublishVolume" called NodeStageVolume NodePublishVolume
 check "the volume is mounted at the kubelet's staging path" [ "$(staged_mounts)" -ge 1 ]
 check "and bind-mounted into the writer pod's volume directory" [ "$(published_mounts)" -ge 1 ]

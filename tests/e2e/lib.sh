@@ -142,7 +142,7 @@ start_provisioner() {
     --kubeconfig "$WORK/sa.kubeconfig" --node-deployment=true --node-deployment-immediate-binding=false \
     --feature-gates=Topology=true --strict-topology --immediate-topology=false --enable-capacity=true \
     --capacity-ownerref-level=-1 --capacity-poll-interval=5s --leader-election=false \
-    --extra-create-metadata --default-fstype=ext4 --v=3 >>"$3" 2>&1 &
+    --extra-create-metadata --v=3 >>"$3" 2>&1 &
   PIDS+=($!)
 }
 

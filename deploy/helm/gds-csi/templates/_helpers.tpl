@@ -63,10 +63,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-node" (include "gds-csi.fullname" .)) .Values.serviceAccount.name.node -}}
 {{- end -}}
 
-{{- define "gds-csi.controllerServiceAccount" -}}
-{{- default (printf "%s-nfs-controller" (include "gds-csi.fullname" .)) .Values.serviceAccount.name.controller -}}
-{{- end -}}
-
 {{/* node.hostNetwork: null means "only when NFS is enabled". */}}
 {{- define "gds-csi.nodeHostNetwork" -}}
 {{- if kindIs "invalid" .Values.node.hostNetwork -}}

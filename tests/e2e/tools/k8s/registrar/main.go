@@ -2,15 +2,20 @@
 // node-driver-registrar does in a cluster. The Go module proxy reachable here does not
 // serve node-driver-registrar, so the e2e tests use this: the same protocol, through the
 // kubelet's own pluginregistration API at the pinned Kubernetes release, the same flags,
-// and the same liveness probe (--mode=kubelet-registration-probe checks for the file it
-// writes next to --kubelet-registration-path when the kubelet fetches its info).
+// and the same health check: --http-endpoint serves /healthz, 200 while the registration
+// socket answers GetInfo with the driver's name (node-driver-registrar v2.18.0,
+// cmd/csi-node-driver-registrar/node_register.go, httpServer and
+// checkLiveRegistrationSocket). --mode=kubelet-registration-probe exits 0 without doing
+// anything, as upstream has since v2.9.0 (CHANGELOG-2.9.md).
 package main
 
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,17 +32,9 @@ type registrationServer struct {
 	registerapi.UnimplementedRegistrationServer
 	driverName string
 	endpoint   string
-	probeFile  string
 }
 
 func (s *registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	if err := os.MkdirAll(filepath.Dir(s.probeFile), 0o755); err != nil {
-		log.Printf("creating the registration probe file: %v", err)
-	} else if f, err := os.Create(s.probeFile); err != nil {
-		log.Printf("creating the registration probe file: %v", err)
-	} else {
-		f.Close()
-	}
 	return &registerapi.PluginInfo{
 		Type:              registerapi.CSIPlugin,
 		Name:              s.driverName,
@@ -59,18 +56,15 @@ func main() {
 	csiAddress := flag.String("csi-address", "", "the driver's CSI socket, as this process reaches it")
 	kubeletPath := flag.String("kubelet-registration-path", "", "the driver's CSI socket, as the kubelet reaches it")
 	registryDir := flag.String("plugin-registration-path", "/registration", "the kubelet's plugins_registry directory")
-	mode := flag.String("mode", "registration", `"registration", or "kubelet-registration-probe" to exit 0 once registered`)
+	mode := flag.String("mode", "registration", `deprecated upstream: "kubelet-registration-probe" exits 0 at once`)
+	httpEndpoint := flag.String("http-endpoint", "", "address of the /healthz server (e.g. :9821); empty: none")
 	flag.Int("v", 0, "log verbosity (accepted for node-driver-registrar compatibility)")
 	flag.Parse()
 	if *kubeletPath == "" {
 		log.Fatal("--kubelet-registration-path is required")
 	}
-	probeFile := filepath.Join(filepath.Dir(*kubeletPath), "registration")
 	switch *mode {
 	case "kubelet-registration-probe":
-		if info, err := os.Stat(probeFile); err != nil || !info.Mode().IsRegular() {
-			log.Fatalf("kubelet plugin registration has not succeeded yet: no file %s", probeFile)
-		}
 		return
 	case "registration":
 	default:
@@ -101,7 +95,10 @@ func main() {
 		log.Fatalf("listening on %s: %v", socket, err)
 	}
 	server := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(server, &registrationServer{driverName: info.Name, endpoint: *kubeletPath, probeFile: probeFile})
+	registerapi.RegisterRegistrationServer(server, &registrationServer{driverName: info.Name, endpoint: *kubeletPath})
+	if *httpEndpoint != "" {
+		go serveHealthz(*httpEndpoint, socket, info.Name)
+	}
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
@@ -115,4 +112,43 @@ func main() {
 	if err := server.Serve(listener); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// serveHealthz answers /healthz with 200 while the registration socket answers GetInfo
+// with this driver's name, else 500 (404 when the socket is gone), as upstream does.
+func serveHealthz(endpoint, socket, driverName string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if _, err := os.Stat(socket); err != nil {
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte("registration socket does not exist"))
+			return
+		}
+		if err := checkRegistrationSocket(socket, driverName); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			w.Write([]byte(err.Error()))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("ok"))
+	})
+	log.Fatal(http.ListenAndServe(endpoint, mux))
+}
+
+func checkRegistrationSocket(socket, driverName string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %v", socket, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		return fmt.Errorf("GetInfo on %s: %v", socket, err)
+	}
+	if info.Name != driverName {
+		return fmt.Errorf("invalid driver name %s", info.Name)
+	}
+	return nil
 }
