@@ -78,18 +78,26 @@ report() {
 }
 
 need_root
-ensure_cargo_mutants
 mode=${1:-diff}
 case $mode in
   full) DIFF_FILE= ;;
   diff)
-    base=${2:-$(git merge-base HEAD origin/main 2>/dev/null || git rev-parse HEAD~1)}
+    # The change under test: since the merge base with origin/main, or (on main itself, where
+    # that is HEAD) the last commit.
+    base=${2:-$(git merge-base HEAD origin/main 2>/dev/null)}
+    [ -z "$base" ] || [ "$(git rev-parse "$base")" = "$(git rev-parse HEAD)" ] && base=$(git rev-parse HEAD~1)
+    echo "mutating lines changed since $(git rev-parse --short "$base")"
+    if ! git diff --name-only "$base" HEAD -- src crates/gds-check/src | grep -qE \
+      '^(src/(block|pool|request)|src/(os/mountinfo|volume_id)\.rs|crates/gds-check/src/(parse|node))'; then
+      echo "no data-safety file changed: nothing to mutate"
+      exit 0
+    fi
     DIFF_FILE=$(mktemp)
     git diff "$base" HEAD -- src crates/gds-check/src >"$DIFF_FILE"
-    echo "mutating lines changed since $(git rev-parse --short "$base")"
     ;;
   *) echo "usage: $0 full | diff [BASE]"; exit 2 ;;
 esac
+ensure_cargo_mutants
 mkdir -p "$OUT_DIR"
 failed=0
 run driver gds-csi "${DRIVER_FILES[@]}" -- "${DRIVER_TESTS[@]}" || failed=1

@@ -38,6 +38,8 @@ suite "shellcheck on every script" shellcheck -x -S warning $(git ls-files '*.sh
 # proves that this build ignores GDS_CSI_FAULT_KILL_AT).
 suite "cargo test" cargo test --workspace --quiet -- --skip bad_inputs_are_rejected --skip socket_is_created --skip secrets_never_reach
 suite "kill points (real binary built with fault-injection, loop devices)" cargo test --quiet --features fault-injection --test faults -- --nocapture
+# cargo-mutants over the data-safety lines the last change touched (bounded; scripts/mutants.sh).
+suite "mutants in the changed data-safety lines" bash scripts/mutants.sh diff
 suite "hostile input, socket mode, secrets in logs" cargo test --quiet --test security -- --nocapture
 suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
