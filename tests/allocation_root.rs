@@ -108,3 +108,31 @@ async fn a_device_whose_size_changed_is_not_the_allocated_one() {
         "the refused stage wrote to the other file"
     );
 }
+
+/// A filesystem written on a free device after the start-up scan is found by the probe at
+/// CreateVolume: that device is not handed out, and the error names what it carries.
+#[tokio::test]
+async fn a_signature_written_after_the_scan_keeps_the_device_out() {
+    let Some(mut rig) = Rig::with_size(1, 64 * MIB) else {
+        return;
+    };
+    let mut c = rig.start().await;
+    let dev = rig.loops[0].clone();
+    common::run(
+        "mkfs.ext4",
+        &["-q", "-L", "someone-else", dev.to_str().unwrap()],
+    );
+
+    let err = c
+        .controller
+        .create_volume(create_req("v", MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("ext4"), "{err:?}");
+    let label = common::run(
+        "blkid",
+        &["-s", "LABEL", "-o", "value", dev.to_str().unwrap()],
+    );
+    assert_eq!(label, "someone-else");
+}
