@@ -66,9 +66,11 @@ impl std::str::FromStr for Policy {
             "required" => Ok(Policy::Required),
             "preferred" => Ok(Policy::Preferred),
             "disabled" => Ok(Policy::Disabled),
-            other => Err(Error::FailedPrecondition(format!(
-                "the volume's {PARAM} {other:?} is not required, preferred or disabled"
-            ))),
+            // The same refusal as a bad value in CreateVolume's parameters.
+            other => Err(Error::invalid(
+                "parameters",
+                format!("{PARAM} {other:?} must be required, preferred or disabled"),
+            )),
         }
     }
 }
@@ -428,40 +430,6 @@ fn failed_outcome(backend: Backend, path: Option<&Path>, detail: String) -> Prob
 }
 
 // ---------------------------------------------------------------------------------------------
-// The glue the node service calls; kept here so the handlers stay one line each.
-
-/// NodePublishVolume's gate: the volume's policy from its record, its staged filesystem (raw
-/// block volumes: none, so only the node checks and a driver-level probe run). A volume that is
-/// not staged is left to `block::publish`, which reports that.
-pub async fn gate_publish(
-    driver: &crate::service::Driver,
-    vol: &crate::block::Located,
-    staging: &Path,
-    cap: &crate::request::Capability,
-) -> Result<Option<GateOutcome>> {
-    let Some(gate) = &driver.gds_gate else {
-        return Ok(None);
-    };
-    let policy = Policy::from_parameters(&vol.record.parameters)?;
-    let id = vol.id.to_string();
-    let mounted = match cap.access {
-        crate::request::Access::Block => None,
-        crate::request::Access::Mount => {
-            let mounts = driver.host.mount_table()?;
-            let dev = &vol.device;
-            let staged = crate::os::mountinfo::at(&mounts, staging)
-                .is_some_and(|m| m.is_device(dev.major, dev.minor));
-            if !staged && policy != Policy::Disabled {
-                return Ok(None);
-            }
-            Some(staging)
-        }
-    };
-    // Volumes of the block pool are NVMe namespaces (or operator-listed block devices).
-    gate.check_publish(&id, Backend::Nvme, policy, mounted)
-        .await
-        .map(Some)
-}
 
 /// An NFS volume's accessible topology: none with `gdsPolicy` disabled or preferred (any node
 /// that reaches the server); with required (also the default) only nodes whose node checks pass for NFS over RDMA
@@ -478,42 +446,6 @@ where
         // preferred publishes anywhere (in compat mode); disabled checks nothing.
         _ => vec![],
     }
-}
-
-/// NodeGetVolumeStats: a healthy-looking volume that was published in compat mode is reported
-/// abnormal, with the reason.
-pub fn volume_condition(
-    driver: &crate::service::Driver,
-    volume_id: &str,
-    condition: crate::csi::VolumeCondition,
-) -> crate::csi::VolumeCondition {
-    if condition.abnormal {
-        return condition;
-    }
-    match driver
-        .gds_gate
-        .as_ref()
-        .and_then(|g| g.compat_reason(volume_id))
-    {
-        Some(why) => crate::csi::VolumeCondition {
-            abnormal: true,
-            message: format!("mounted; {why}"),
-        },
-        None => condition,
-    }
-}
-
-/// NodeGetInfo's topology: the node key, plus `<driver>/gds-nvme` and `<driver>/gds-nfs-rdma`
-/// ("true"/"false") from the node checks at call time. The kubelet reads them once, at plugin
-/// registration: restart the node plugin pod to refresh them.
-pub fn node_topology(driver: &crate::service::Driver) -> HashMap<String, String> {
-    let mut segments = driver.node_segment();
-    if let Some(gate) = &driver.gds_gate {
-        for (key, ready) in gate.node_readiness() {
-            segments.insert(format!("{}/{key}", driver.name), ready.to_string());
-        }
-    }
-    segments
 }
 
 /// Fixture host trees for tests and benches: the files the checks read, laid out as on a real

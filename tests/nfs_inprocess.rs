@@ -16,7 +16,7 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::*;
 use gds_csi::error::Result;
-use gds_csi::nfs::NfsBackend;
+use gds_csi::nfs::NfsStore;
 use gds_csi::os::{Anchored, DeviceHold, ForceUnmount, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
@@ -200,7 +200,7 @@ async fn harness() -> Harness {
             pool,
             host.clone(),
         )
-        .with_nfs(NfsBackend::open(&state, std::time::Duration::from_secs(5)).unwrap()),
+        .with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap()),
     );
     let c = common::serve_in_process(driver, dir.path()).await;
     Harness { dir, host, c }

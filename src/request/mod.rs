@@ -1,7 +1,7 @@
 //! CSI requests parsed into domain types whose fields are already valid. Anything
 //! wrong becomes `InvalidArgument` naming the field, before the host is touched.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
 use crate::csi;
@@ -11,11 +11,17 @@ use crate::error::{Error, Result};
 use crate::os::FsType;
 use crate::volume_id::{self, BlockVolumeId};
 
+pub mod nfs;
+pub mod nfs_options;
+
+pub use nfs::{NfsCapability, NfsParams, NfsVolumeId, OnDelete};
+pub use nfs_options::{MountOptions, Transport};
+
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
 pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
-use crate::nfs::volume::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
+use nfs::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
 const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];
 const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_FS_TYPE,
@@ -170,7 +176,7 @@ pub struct VolumeParameters {
     pub stored: BTreeMap<String, String>,
 }
 
-pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<VolumeParameters> {
+pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> {
     let mut unknown: Vec<&str> = params
         .keys()
         .map(String::as_str)
@@ -249,11 +255,62 @@ pub fn name(name: &str) -> Result<String> {
     Ok(name.to_owned())
 }
 
+/// CreateVolume, checked as far as it does not depend on the backend.
+pub struct CreateVolume<'a> {
+    pub name: String,
+    pub params: VolumeParameters,
+    /// Every parameter, the sidecar's included (claim name and namespace).
+    pub raw_parameters: &'a HashMap<String, String>,
+    pub capabilities: &'a [csi::VolumeCapability],
+    pub required_bytes: u64,
+    /// 0 means no limit.
+    pub limit_bytes: u64,
+    pub accessibility: Option<&'a csi::TopologyRequirement>,
+}
+
+pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>> {
+    let name = name(&req.name)?;
+    let params = parameters(&req.parameters)?;
+    if req.volume_content_source.is_some() {
+        return Err(Error::invalid(
+            "volume_content_source",
+            "snapshots and clones are not supported; create an empty volume",
+        ));
+    }
+    let range = req.capacity_range.unwrap_or_default();
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "bytes must not be negative",
+        ));
+    }
+    if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
+        return Err(Error::invalid(
+            "capacity_range",
+            "required_bytes is larger than limit_bytes",
+        ));
+    }
+    Ok(CreateVolume {
+        name,
+        params,
+        raw_parameters: &req.parameters,
+        capabilities: &req.volume_capabilities,
+        required_bytes: range.required_bytes as u64,
+        limit_bytes: range.limit_bytes as u64,
+        accessibility: req.accessibility_requirements.as_ref(),
+    })
+}
+
+/// Whether the parameters ask for an NFS volume (they name a server).
+pub fn is_nfs(params: &HashMap<String, String>) -> bool {
+    params.contains_key(nfs::PARAM_SERVER)
+}
+
 /// Which volume a node request is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeRef {
     Block(BlockVolumeId),
-    Nfs(crate::nfs::NfsVolumeId),
+    Nfs(NfsVolumeId),
     /// Well formed but not an id this driver ever issued.
     Unknown(String),
 }
@@ -273,7 +330,7 @@ pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     if let Some(parsed) = BlockVolumeId::parse(id) {
         return Ok(VolumeRef::Block(parsed));
     }
-    Ok(match crate::nfs::NfsVolumeId::parse(id) {
+    Ok(match NfsVolumeId::parse(id) {
         Some(parsed) => VolumeRef::Nfs(parsed),
         None => VolumeRef::Unknown(id.to_owned()),
     })
@@ -388,7 +445,6 @@ pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<Pa
 mod tests {
     use super::*;
     use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
-    use std::collections::HashMap;
 
     fn mount_cap(mode: CsiMode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
         csi::VolumeCapability {

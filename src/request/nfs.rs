@@ -13,7 +13,8 @@ use std::fmt;
 
 use sha2::Digest;
 
-use super::options::Transport;
+use super::nfs_options::{self, Transport};
+use crate::csi::volume_capability::access_mode::Mode;
 use crate::error::{Error, Result};
 use crate::volume_id::MAX_VOLUME_ID_LEN;
 
@@ -82,11 +83,6 @@ pub struct NfsParams {
     pub share: String,
     pub sub_dir: String,
     pub on_delete: OnDelete,
-}
-
-/// A volume is an NFS volume when its parameters name a server.
-pub fn is_nfs(params: &HashMap<String, String>) -> bool {
-    params.contains_key(PARAM_SERVER)
 }
 
 fn invalid(reason: String) -> Error {
@@ -397,6 +393,61 @@ impl NfsVolumeId {
             format!("{}:{}/{}", self.server, self.share, self.dir)
         }
     }
+}
+
+/// A capability of an NFS volume: a mount (any access mode, multi-node included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsCapability {
+    pub mount_flags: Vec<String>,
+    pub read_only_mode: bool,
+    pub single_writer: bool,
+}
+
+/// `Ok(Err(why))`: well formed but not something an NFS volume can be.
+pub fn capability(
+    cap: &crate::csi::VolumeCapability,
+    field: &'static str,
+) -> Result<std::result::Result<NfsCapability, String>> {
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .ok_or_else(|| Error::invalid(field, "access_mode is required"))?;
+    let mode = Mode::try_from(mode.mode)
+        .map_err(|_| Error::invalid(field, format!("unknown access mode {}", mode.mode)))?;
+    if mode == Mode::Unknown {
+        return Err(Error::invalid(field, "access_mode is required"));
+    }
+    let m = match &cap.access_type {
+        None => {
+            return Err(Error::invalid(
+                field,
+                "access_type (mount or block) is required",
+            ))
+        }
+        Some(crate::csi::volume_capability::AccessType::Block(_)) => {
+            return Ok(Err(
+                "NFS volumes are directories: raw block access is not supported".into(),
+            ))
+        }
+        Some(crate::csi::volume_capability::AccessType::Mount(m)) => m,
+    };
+    if !matches!(m.fs_type.as_str(), "" | "nfs" | "nfs4") {
+        return Ok(Err(format!(
+            "fs_type {:?} does not apply to an NFS volume (leave it empty, or nfs)",
+            m.fs_type
+        )));
+    }
+    // Checked now so that a bad flag fails CreateVolume, not every later mount.
+    nfs_options::merge(&Transport::default(), &m.mount_flags)?;
+    Ok(Ok(NfsCapability {
+        mount_flags: m.mount_flags.clone(),
+        read_only_mode: matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly),
+        single_writer: mode == Mode::SingleNodeSingleWriter,
+    }))
+}
+
+pub fn required(cap: &crate::csi::VolumeCapability, field: &'static str) -> Result<NfsCapability> {
+    capability(cap, field)?.map_err(|why| Error::invalid(field, why))
 }
 
 #[cfg(test)]
