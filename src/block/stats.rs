@@ -6,7 +6,7 @@ use std::path::Path;
 use super::BlockBackend;
 use crate::csi::{self, volume_usage::Unit, VolumeCondition, VolumeUsage};
 use crate::error::{Error, Result};
-use crate::os::{blockdev, mountinfo};
+use crate::os::{blockdev, mountinfo, FileKind};
 use crate::volume_id::BlockVolumeId;
 
 fn condition(abnormal: bool, message: impl Into<String>) -> Option<VolumeCondition> {
@@ -52,25 +52,21 @@ pub fn stats(
     } else {
         condition(false, "mounted")
     };
-    let usage = if entry.fs_type == "devtmpfs" || !path.is_dir() {
+    let host = b.mounter.host.as_ref();
+    let is_dir = matches!(host.stat(path), Ok(Some(FileKind::Dir)));
+    let usage = if entry.fs_type == "devtmpfs" || !is_dir {
         vec![VolumeUsage {
             total: dev.size_bytes as i64,
             unit: Unit::Bytes as i32,
             ..Default::default()
         }]
     } else {
-        usage(path)?
+        crate::mounts::usage_of(&host.statvfs(path)?)
     };
     Ok(csi::NodeGetVolumeStatsResponse {
         usage,
         volume_condition: healthy.map(|c| b.compat_condition(&located.id.to_string(), c)),
     })
-}
-
-/// Bytes and inodes of the filesystem at `path`.
-fn usage(path: &Path) -> Result<Vec<VolumeUsage>> {
-    let st = nix::sys::statvfs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
-    Ok(crate::mounts::usage_of(&st))
 }
 
 impl BlockBackend {

@@ -208,20 +208,19 @@ pub fn already_published(
 }
 
 /// Bytes and inodes of a filesystem, as NodeGetVolumeStats reports them.
-pub fn usage_of(st: &nix::sys::statvfs::Statvfs) -> Vec<crate::csi::VolumeUsage> {
+pub fn usage_of(st: &crate::os::FsUsage) -> Vec<crate::csi::VolumeUsage> {
     use crate::csi::{volume_usage::Unit, VolumeUsage};
-    let frsize = st.fragment_size() as i64;
     vec![
         VolumeUsage {
-            available: st.blocks_available() as i64 * frsize,
-            total: st.blocks() as i64 * frsize,
-            used: (st.blocks() - st.blocks_free()) as i64 * frsize,
+            available: st.available_bytes as i64,
+            total: st.total_bytes as i64,
+            used: (st.total_bytes - st.free_bytes) as i64,
             unit: Unit::Bytes as i32,
         },
         VolumeUsage {
-            available: st.files_available() as i64,
-            total: st.files() as i64,
-            used: st.files() as i64 - st.files_free() as i64,
+            available: st.available_inodes as i64,
+            total: st.total_inodes as i64,
+            used: st.total_inodes as i64 - st.free_inodes as i64,
             unit: Unit::Inodes as i32,
         },
     ]

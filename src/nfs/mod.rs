@@ -130,7 +130,7 @@ impl NfsBackend {
                 id.export_source()
             )));
         }
-        std::fs::create_dir_all(&path).map_err(|e| Error::io("creating", &path, e))?;
+        host.create_dir_all(&path)?;
         info!(export = %id.export_source(), at = %path.display(), "mounting NFS export");
         host.mount_nfs(&id.export_source(), &path, &id.transport.options())
             .await?;
@@ -144,29 +144,44 @@ impl NfsBackend {
         Ok(path)
     }
 
-    /// Runs a directory operation on the share on the blocking pool, under the deadline
+    /// Runs a blocking operation on the share on the blocking pool, under the deadline
     /// (a dead server stalls it; the call then answers DeadlineExceeded).
+    async fn with_deadline<T: Send + 'static>(
+        &self,
+        what: String,
+        f: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let timeout = self.store.op_timeout;
+        match tokio::time::timeout(timeout, tokio::task::spawn_blocking(f)).await {
+            Err(_) => Err(Error::Command(CommandError::Timeout {
+                command: what,
+                after: timeout,
+            })),
+            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
+            Ok(Ok(r)) => r,
+        }
+    }
+
+    /// A directory operation inside the export (`fsops`), under the deadline.
     async fn blocking<T: Send + 'static>(
         &self,
         what: String,
         f: impl FnOnce() -> std::result::Result<T, fsops::FsError> + Send + 'static,
     ) -> Result<T> {
-        match tokio::time::timeout(self.store.op_timeout, tokio::task::spawn_blocking(f)).await {
-            Err(_) => Err(Error::Command(CommandError::Timeout {
-                command: what,
-                after: self.store.op_timeout,
-            })),
-            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
-            Ok(Ok(Err(fsops::FsError::NotADirectory(p)))) => Err(Error::FailedPrecondition(
-                format!("{what}: {p} in the export is a symlink or not a directory; refusing to follow it"),
-            )),
-            Ok(Ok(Err(fsops::FsError::Sys { what: op, path, errno }))) => Err(Error::io(
-                op,
-                path,
-                std::io::Error::from_raw_os_error(errno as i32),
-            )),
-            Ok(Ok(Ok(v))) => Ok(v),
-        }
+        let context = what.clone();
+        self.with_deadline(what, move || {
+            f().map_err(|e| match e {
+                fsops::FsError::NotADirectory(p) => Error::FailedPrecondition(format!(
+                    "{context}: {p} in the export is a symlink or not a directory; refusing to follow it"
+                )),
+                fsops::FsError::Sys { what: op, path, errno } => Error::io(
+                    op,
+                    path,
+                    std::io::Error::from_raw_os_error(errno as i32),
+                ),
+            })
+        })
+        .await
     }
 
     pub async fn dir_exists(&self, id: &NfsVolumeId) -> Result<bool> {

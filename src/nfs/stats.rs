@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{fsops, transport_mismatch, NfsBackend, NfsVolumeId};
+use super::{transport_mismatch, NfsBackend, NfsVolumeId};
 use crate::csi::{self, VolumeCondition};
 use crate::error::{Error, Result};
 use crate::os::mountinfo;
@@ -39,14 +39,10 @@ pub async fn stats(
             path.display()
         )));
     };
-    let owned = path.to_owned();
+    let (host, owned) = (std::sync::Arc::clone(&b.mounter.host), path.to_owned());
     let st = b
-        .blocking(format!("statvfs {}", path.display()), move || {
-            nix::sys::statvfs::statvfs(&owned).map_err(|errno| fsops::FsError::Sys {
-                what: "statvfs",
-                path: owned.display().to_string(),
-                errno,
-            })
+        .with_deadline(format!("statvfs {}", path.display()), move || {
+            host.statvfs(&owned)
         })
         .await;
     let st = match st {

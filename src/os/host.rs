@@ -119,21 +119,39 @@ pub trait Host: Send + Sync + 'static {
     /// Unmounts the topmost mount at `target`; nothing mounted there is success.
     async fn unmount(&self, target: &Anchored) -> Result<()>;
     /// `umount -f` or `umount -l` of a mount whose plain unmount hung (an NFS server
-    /// gone, see nfs/unmount.rs). Hosts that cannot keep the default.
-    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
-        Err(Error::FailedPrecondition(format!(
-            "this host cannot force the unmount of {} ({how:?})",
-            target.display()
-        )))
-    }
+    /// gone, see mounts/unmount.rs).
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()>;
     /// `mount -t nfs -o <options> <source> <target>` under the mount deadline. `source`
-    /// is `server:/path`, already checked. Hosts that cannot mount NFS keep the default.
-    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
-        let _ = (options, target);
-        Err(Error::FailedPrecondition(format!(
-            "this host cannot mount NFS ({source})"
-        )))
-    }
+    /// is `server:/path`, already checked.
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()>;
+    /// Creates a directory of the driver's own (below its state dir) with its parents.
+    fn create_dir_all(&self, path: &Path) -> Result<()>;
+    /// What `path` is, following symlinks; `None` when nothing is there.
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>>;
+    /// The usage of the filesystem mounted at `path`. Blocking: on NFS it asks the
+    /// server, so callers run it under a deadline.
+    fn statvfs(&self, path: &Path) -> Result<FsUsage>;
+}
+
+/// What a path is, as [`Host::stat`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Dir,
+    File,
+    BlockDevice,
+    Other,
+}
+
+/// A filesystem's size and use (statvfs(3)), in bytes and inodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Free to unprivileged users.
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub available_inodes: u64,
 }
 
 /// How a hung unmount is escalated.
@@ -531,6 +549,40 @@ impl Host for RealHost {
             Err(CommandError::Failed { .. }) if !is_mount_point(self, path)? => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+    }
+
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
+        use nix::sys::stat::SFlag;
+        match nix::sys::stat::stat(path) {
+            Ok(st) => Ok(Some(
+                match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+                    SFlag::S_IFDIR => FileKind::Dir,
+                    SFlag::S_IFREG => FileKind::File,
+                    SFlag::S_IFBLK => FileKind::BlockDevice,
+                    _ => FileKind::Other,
+                },
+            )),
+            Err(nix::errno::Errno::ENOENT) => Ok(None),
+            Err(e) => Err(Error::io("stat", path, e.into())),
+        }
+    }
+
+    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
+        let st =
+            nix::sys::statvfs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
+        let frsize = st.fragment_size() as u64;
+        Ok(FsUsage {
+            total_bytes: st.blocks() as u64 * frsize,
+            free_bytes: st.blocks_free() as u64 * frsize,
+            available_bytes: st.blocks_available() as u64 * frsize,
+            total_inodes: st.files() as u64,
+            free_inodes: st.files_free() as u64,
+            available_inodes: st.files_available() as u64,
+        })
     }
 }
 

@@ -10,7 +10,8 @@ pub mod safepath;
 
 pub use blockdev::DeviceUse;
 pub use host::{
-    hold_when_free, DeviceHold, ForceUnmount, FsType, Host, RealHost, Signature, HOLD_PATIENCE,
+    hold_when_free, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, RealHost, Signature,
+    HOLD_PATIENCE,
 };
 pub use mountinfo::MountEntry;
 pub use safepath::Anchored;
