@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::BlockBackend;
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VolumeError};
 use crate::os::FsType;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
@@ -93,10 +93,12 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
 
 pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     if id.node_id != b.node.node_id {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {id} lives on node {}; its node's controller deletes it (this is {})",
-            id.node_id, b.node.node_id
-        )));
+        return Err(VolumeError::OtherNode {
+            volume: id.to_string(),
+            node: id.node_id.clone(),
+            this: b.node.node_id.clone(),
+        }
+        .into());
     }
     b.check_ready()?;
     let mounts = b.mounter.mount_table()?;

@@ -23,7 +23,7 @@ pub use stage::{decide_format, FormatDecision};
 
 use crate::backend::{Publish, VolumeBackend};
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
@@ -128,12 +128,13 @@ impl BlockBackend {
         }
         let record = self.record(&raw)?;
         let mounts = self.mounter.mount_table()?;
-        let device = self.layout.locate(&record, &mounts).ok_or_else(|| {
-            Error::FailedPrecondition(format!(
-                "the device of volume {raw} ({}) is not present on this node; reattach it",
-                record.device_key
-            ))
-        })?;
+        let device =
+            self.layout
+                .locate(&record, &mounts)
+                .ok_or_else(|| VolumeError::DeviceAbsent {
+                    volume: raw.clone(),
+                    key: record.device_key.clone(),
+                })?;
         Ok(Located {
             id: id.clone(),
             record,

@@ -33,11 +33,7 @@ pub async fn publish(b: &BlockBackend, id: &BlockVolumeId, req: &Publish<'_>) ->
     }
     if cap.single_writer {
         if let Some(other) = published_targets(&mounts, dev, req.staging).next() {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {} is SINGLE_NODE_SINGLE_WRITER and already published at {}",
-                vol.id,
-                other.display()
-            )));
+            return Err(crate::mounts::single_writer(&vol.id.to_string(), &other));
         }
     }
     let mut options = cap.mount_flags.clone();
@@ -96,13 +92,7 @@ async fn bind_filesystem(
     options: &[String],
 ) -> Result<()> {
     let dev = &vol.device;
-    let not_staged = || {
-        Error::FailedPrecondition(format!(
-            "volume {} is not staged at {}; call NodeStageVolume first",
-            vol.id,
-            staging.display()
-        ))
-    };
+    let not_staged = || crate::mounts::not_staged(&vol.id.to_string(), staging);
     // The bind source is pinned too, and the table read after pinning: a staging path
     // swapped before that shows up as another mount there.
     let source = b

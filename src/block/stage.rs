@@ -8,7 +8,7 @@ use tracing::info;
 
 use super::{BlockBackend, Located};
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{Error, MountError, Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::os::{mountinfo, DeviceUse, FsType, Host, MountEntry, Signature};
 use crate::pool::{describe_signatures, VolumeRecord};
@@ -96,80 +96,20 @@ async fn stage_located(
     staging: &Path,
     cap: &Capability,
 ) -> Result<()> {
-    let dev = &vol.device;
     if cap.access == Access::Block {
         // Raw block volumes are published straight from the device node.
         return Ok(());
     }
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
-    let mounts = b.mounter.host.mount_table()?;
+    let mounts = b.mounter.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
-        if m.is_device(dev.major, dev.minor) && m.root == "/" {
-            // Already staged (a retry, maybe after a crash right after mount): the options
-            // GDS needs are checked again, not assumed; a mount without them is taken down.
-            let verified = verify_staged(b, staging, fs).await;
-            if verified.is_err() {
-                let id = vol.id.to_string();
-                let ours = |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| {
-                    m.is_device(dev.major, dev.minor)
-                };
-                b.mounter
-                    .unmount_ours("staging_target_path", staging, &id, &ours)
-                    .await?;
-            }
-            return verified;
-        }
-        return Err(Error::FailedPrecondition(format!(
-            "staging path {} already has another filesystem mounted ({} {}); unmount it first",
-            staging.display(),
-            m.fs_type,
-            m.source.as_deref().unwrap_or("?")
-        )));
+        return restage(b, vol, staging, fs, m).await;
     }
-    if let Some(u) = b.pool.uses(dev, &mounts).first() {
-        let why = match u {
-            DeviceUse::Mounted(at) => format!("is already staged at {}", at.display()),
-            other => format!("is in use: {other}"),
-        };
-        return Err(Error::FailedPrecondition(format!(
-            "volume {} {why}; unpublish and unstage it there first",
-            vol.id
-        )));
-    }
-    if vol.record.formatted && fs != vol.record.fs_type {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {} holds an {} filesystem; fs_type {} was requested",
-            vol.id,
-            vol.record.fs_type.as_str(),
-            fs.as_str()
-        )));
-    }
-    let raw_id = vol.id.to_string();
+    check_stageable(b, vol, fs, &mounts)?;
+    let (dev, raw_id) = (&vol.device, vol.id.to_string());
     b.pool.verify_identity(&raw_id, dev, &vol.record)?;
     let pinned = b.mounter.mount_dir("staging_target_path", staging, None)?;
-    let key = format!("format:{}", vol.id);
-    // An mkfs that a cancelled call started holds the device: join it before probing.
-    if let Some(outcome) = b.pool.jobs.join(&key).await {
-        outcome?;
-    }
-    let sigs = b.mounter.host.probe_signatures(&dev.path).await?;
-    match decide_format(&vol.record, fs, &dev.path, &sigs) {
-        FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
-        FormatDecision::Format => {
-            b.pool.verify_identity(&raw_id, dev, &vol.record)?;
-            let job = format_job(
-                Arc::clone(&b.mounter.host),
-                vol.id.to_string(),
-                dev.path.clone(),
-                vol.record.clone(),
-                fs,
-            );
-            b.pool.jobs.run(&key, "mkfs", job).await?;
-            mark_formatted(b, &vol.id, fs)?;
-        }
-        FormatDecision::UseExisting { adopt: true } => mark_formatted(b, &vol.id, fs)?,
-        FormatDecision::UseExisting { adopt: false } => {}
-    }
+    format_if_blank(b, vol, fs).await?;
     b.pool.verify_identity(&raw_id, dev, &vol.record)?;
     b.mounter
         .host
@@ -185,6 +125,90 @@ async fn stage_located(
         }
     }
     verified
+}
+
+/// Something is mounted at the staging path already: this volume (a retry, maybe after a
+/// crash right after mount), checked again for the options GDS needs and taken down
+/// without them; anything else is refused.
+async fn restage(
+    b: &BlockBackend,
+    vol: &Located,
+    staging: &Path,
+    fs: FsType,
+    m: &MountEntry,
+) -> Result<()> {
+    let dev = &vol.device;
+    if !(m.is_device(dev.major, dev.minor) && m.root == "/") {
+        return Err(crate::mounts::staging_taken(staging, m));
+    }
+    let verified = verify_staged(b, staging, fs).await;
+    if verified.is_err() {
+        let ours = |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| {
+            m.is_device(dev.major, dev.minor)
+        };
+        b.mounter
+            .unmount_ours("staging_target_path", staging, &vol.id.to_string(), &ours)
+            .await?;
+    }
+    verified
+}
+
+/// The device is not in use anywhere else and holds (or will hold) the asked filesystem.
+fn check_stageable(
+    b: &BlockBackend,
+    vol: &Located,
+    fs: FsType,
+    mounts: &[MountEntry],
+) -> Result<()> {
+    if let Some(u) = b.pool.uses(&vol.device, mounts).first() {
+        let why = match u {
+            DeviceUse::Mounted(at) => format!("is already staged at {}", at.display()),
+            other => format!("is in use: {other}"),
+        };
+        return Err(VolumeError::DeviceInUse {
+            volume: vol.id.to_string(),
+            why,
+        }
+        .into());
+    }
+    if vol.record.formatted && fs != vol.record.fs_type {
+        return Err(VolumeError::FsMismatch {
+            volume: vol.id.to_string(),
+            holds: vol.record.fs_type.as_str(),
+            asked: fs.as_str(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Formats the device when the data-safety table says so (a job a retry joins), records
+/// a finished mkfs, refuses what the table refuses.
+async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
+    let (dev, raw_id) = (&vol.device, vol.id.to_string());
+    let key = format!("format:{}", vol.id);
+    // An mkfs that a cancelled call started holds the device: join it before probing.
+    if let Some(outcome) = b.pool.jobs.join(&key).await {
+        outcome?;
+    }
+    let sigs = b.mounter.host.probe_signatures(&dev.path).await?;
+    match decide_format(&vol.record, fs, &dev.path, &sigs) {
+        FormatDecision::Refuse(why) => Err(VolumeError::FormatRefused(why).into()),
+        FormatDecision::Format => {
+            b.pool.verify_identity(&raw_id, dev, &vol.record)?;
+            let job = format_job(
+                Arc::clone(&b.mounter.host),
+                raw_id,
+                dev.path.clone(),
+                vol.record.clone(),
+                fs,
+            );
+            b.pool.jobs.run(&key, "mkfs", job).await?;
+            mark_formatted(b, &vol.id, fs)
+        }
+        FormatDecision::UseExisting { adopt: true } => mark_formatted(b, &vol.id, fs),
+        FormatDecision::UseExisting { adopt: false } => Ok(()),
+    }
 }
 
 /// mkfs under the device hold, after probing again under it: whatever appeared since the
@@ -203,7 +227,7 @@ async fn format_job(
     match decide_format(&record, fs, &device, &sigs) {
         FormatDecision::Format => {}
         FormatDecision::UseExisting { .. } => return Ok(()),
-        FormatDecision::Refuse(why) => return Err(Error::FailedPrecondition(why)),
+        FormatDecision::Refuse(why) => return Err(VolumeError::FormatRefused(why).into()),
     }
     info!(%volume_id, device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
     host.mkfs(&device, fs, &record.fs_uuid).await?;
@@ -226,11 +250,9 @@ fn mark_formatted(b: &BlockBackend, id: &BlockVolumeId, fs: FsType) -> Result<()
 /// The kernel must show what GDS needs; a mount that lost it is taken down again.
 async fn verify_staged(b: &BlockBackend, staging: &Path, fs: FsType) -> Result<()> {
     let mounts = b.mounter.host.mount_table()?;
-    let entry = mountinfo::at(&mounts, staging).ok_or_else(|| {
-        Error::FailedPrecondition(format!(
-            "{} is not mounted after mount succeeded",
-            staging.display()
-        ))
+    let entry = mountinfo::at(&mounts, staging).ok_or_else(|| MountError::MissingAfterMount {
+        path: staging.to_owned(),
+        from: String::new(),
     })?;
     let ok = match fs {
         FsType::Ext4 => entry.super_options.get("data") == Some(&Some("ordered".to_owned())),
@@ -239,11 +261,11 @@ async fn verify_staged(b: &BlockBackend, staging: &Path, fs: FsType) -> Result<(
     if ok {
         return Ok(());
     }
-    Err(Error::FailedPrecondition(format!(
-        "{} was mounted without the options GDS needs ({:?}); check the kernel's ext4 support",
-        staging.display(),
-        entry.super_options
-    )))
+    Err(VolumeError::WithoutGdsOptions {
+        path: staging.to_owned(),
+        options: format!("{:?}", entry.super_options),
+    }
+    .into())
 }
 
 /// NodeUnstageVolume of a block volume: unmount its filesystem at `staging`. The

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MountError, Result};
 use crate::os::safepath::{self, Anchored, Create};
 use crate::os::{mountinfo, Host, MountEntry};
 
@@ -76,11 +76,11 @@ impl Mounter {
         }
         let mounted = mountinfo::at(&self.host.mount_table()?, path).is_some();
         if !mounted && !safepath::dir_is_empty(&dir)? {
-            return Err(Error::FailedPrecondition(format!(
-                "{field} {} is not empty; a volume is mounted only onto an empty directory, \
-                 which would otherwise hide what it holds",
-                path.display()
-            )));
+            return Err(MountError::DirNotEmpty {
+                field,
+                path: path.to_owned(),
+            }
+            .into());
         }
         Ok(dir)
     }
@@ -102,11 +102,10 @@ impl Mounter {
             safepath::kind(&st) == nix::sys::stat::SFlag::S_IFREG && st.st_size == 0
         });
         if !empty_file {
-            return Err(Error::FailedPrecondition(format!(
-                "target_path {} exists and is not an empty file; a raw block volume is \
-                 published only onto a new or empty file, which would otherwise be hidden",
-                target.display()
-            )));
+            return Err(MountError::TargetNotEmptyFile {
+                path: target.to_owned(),
+            }
+            .into());
         }
         Ok(pinned)
     }
@@ -143,19 +142,20 @@ impl Mounter {
                 pinned.stat_now()?
             };
             if !is_ours(m, st.as_ref()) {
-                return Err(Error::FailedPrecondition(format!(
-                    "{} holds another mount ({} {}), not volume {volume}; not unmounting it",
-                    path.display(),
-                    m.fs_type,
-                    m.source.as_deref().unwrap_or("?")
-                )));
+                return Err(MountError::Foreign {
+                    path: path.to_owned(),
+                    fs_type: m.fs_type.clone(),
+                    device: m.source.clone().unwrap_or_else(|| "?".into()),
+                    volume: volume.to_owned(),
+                }
+                .into());
             }
             unmount::unmount(self.host.as_ref(), &pinned, self.unmount_step).await?;
         }
-        Err(Error::FailedPrecondition(format!(
-            "{} is still mounted after repeated unmounts",
-            path.display()
-        )))
+        Err(MountError::StillMounted {
+            path: path.to_owned(),
+        }
+        .into())
     }
 
     /// NodeUnpublishVolume, for every backend: unmount this volume's mounts at `target`
@@ -178,6 +178,34 @@ impl Mounter {
     }
 }
 
+/// Staging: `m` at `path` is not this volume's.
+pub fn staging_taken(path: &Path, m: &MountEntry) -> Error {
+    MountError::StagingTaken {
+        path: path.to_owned(),
+        fs_type: m.fs_type.clone(),
+        device: m.source.clone().unwrap_or_else(|| "?".into()),
+    }
+    .into()
+}
+
+/// Publish: the volume's staging mount is missing.
+pub fn not_staged(volume: &str, staging: &Path) -> Error {
+    MountError::NotStaged {
+        volume: volume.to_owned(),
+        staging: staging.to_owned(),
+    }
+    .into()
+}
+
+/// SINGLE_NODE_SINGLE_WRITER: the volume is already published at `at`.
+pub fn single_writer(volume: &str, at: &Path) -> Error {
+    MountError::SingleWriter {
+        volume: volume.to_owned(),
+        at: at.to_owned(),
+    }
+    .into()
+}
+
 /// Publish idempotency from the mount table, for every backend: `true` when `target`
 /// already carries this volume (`is_ours`) with the same read-only flag, `false` when
 /// nothing is mounted there, `AlreadyExists` when something else or another flag is.
@@ -191,18 +219,18 @@ pub fn already_published(
         return Ok(false);
     };
     if !is_ours(m) {
-        return Err(Error::AlreadyExists(format!(
-            "target path {} already has another mount ({})",
-            target.display(),
-            m.fs_type
-        )));
+        return Err(MountError::TargetTaken {
+            path: target.to_owned(),
+            fs_type: m.fs_type.clone(),
+        }
+        .into());
     }
     if m.read_only() != readonly {
-        return Err(Error::AlreadyExists(format!(
-            "{} is already published with readonly={}; unpublish it before changing readonly",
-            target.display(),
-            m.read_only()
-        )));
+        return Err(MountError::ReadonlyDiffers {
+            path: target.to_owned(),
+            current: m.read_only(),
+        }
+        .into());
     }
     Ok(true)
 }

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::backend::{Publish, VolumeBackend};
 use crate::csi;
-use crate::error::{CommandError, Error, Result};
+use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::os::{mountinfo, Anchored, Host, MountEntry};
@@ -122,13 +122,13 @@ impl NfsBackend {
             if is_nfs_from(m, &id.export_source()) {
                 return Ok(path);
             }
-            return Err(Error::FailedPrecondition(format!(
-                "{} holds {} {}, not the export {}; unmount it",
-                path.display(),
-                m.fs_type,
-                m.source.as_deref().unwrap_or("?"),
-                id.export_source()
-            )));
+            return Err(VolumeError::ExportTaken {
+                path,
+                fs_type: m.fs_type.clone(),
+                device: m.source.clone().unwrap_or_else(|| "?".into()),
+                export: id.export_source(),
+            }
+            .into());
         }
         host.create_dir_all(&path)?;
         info!(export = %id.export_source(), at = %path.display(), "mounting NFS export");
@@ -157,7 +157,11 @@ impl NfsBackend {
                 command: what,
                 after: timeout,
             })),
-            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
+            Ok(Err(join)) => Err(VolumeError::TaskFailed {
+                what,
+                why: join.to_string(),
+            }
+            .into()),
             Ok(Ok(r)) => r,
         }
     }
@@ -171,14 +175,16 @@ impl NfsBackend {
         let context = what.clone();
         self.with_deadline(what, move || {
             f().map_err(|e| match e {
-                fsops::FsError::NotADirectory(p) => Error::FailedPrecondition(format!(
-                    "{context}: {p} in the export is a symlink or not a directory; refusing to follow it"
-                )),
-                fsops::FsError::Sys { what: op, path, errno } => Error::io(
-                    op,
+                fsops::FsError::NotADirectory(path) => VolumeError::UnsafeExportPath {
+                    what: context,
                     path,
-                    std::io::Error::from_raw_os_error(errno as i32),
-                ),
+                }
+                .into(),
+                fsops::FsError::Sys {
+                    what: op,
+                    path,
+                    errno,
+                } => Error::io(op, path, std::io::Error::from_raw_os_error(errno as i32)),
             })
         })
         .await
@@ -303,21 +309,22 @@ async fn verify_mounted(
     let at = pinned.path();
     let mounts = host.mount_table()?;
     let Some(m) = mountinfo::at(&mounts, at).filter(|m| is_nfs_from(m, source)) else {
-        return Err(Error::FailedPrecondition(format!(
-            "{} is not mounted from {source} after mount succeeded",
-            at.display()
-        )));
+        return Err(MountError::MissingAfterMount {
+            path: at.to_owned(),
+            from: format!("from {source} "),
+        }
+        .into());
     };
     if let Some(why) = transport_mismatch(m, t) {
         warn!(at = %at.display(), %why, "NFS mount without RDMA; unmounting");
         host.unmount(pinned).await?;
-        return Err(Error::FailedPrecondition(format!(
-            "{why} for {source} at {}; unmounted. Check that the server exports over RDMA \
-             (rpcrdma loaded, `rdma {}` in /proc/fs/nfsd/portlist) and that this node has an \
-             RDMA device on the server's network (rdma link show)",
-            at.display(),
-            t.effective_port().unwrap_or(nfs_options::RDMA_PORT)
-        )));
+        return Err(VolumeError::NoRdma {
+            why,
+            source_path: source.to_owned(),
+            at: at.to_owned(),
+            port: t.effective_port().unwrap_or(nfs_options::RDMA_PORT),
+        }
+        .into());
     }
     Ok(())
 }

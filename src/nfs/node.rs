@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::{is_nfs_from, transport_mismatch, verify_mounted, NfsBackend, NfsVolumeId};
 use crate::backend::Publish;
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::Policy;
 use crate::mounts::already_published;
 use crate::os::{mountinfo, MountEntry};
@@ -18,15 +18,6 @@ use crate::request::{nfs, nfs_options, NfsCapability};
 fn required_capability(cap: Option<&csi::VolumeCapability>) -> Result<NfsCapability> {
     let cap = cap.ok_or_else(|| Error::invalid("volume_capability", "required"))?;
     nfs::required(cap, "volume_capability")
-}
-
-fn other_filesystem(staging: &Path, m: &MountEntry) -> Error {
-    Error::FailedPrecondition(format!(
-        "staging path {} already has another filesystem mounted ({} {}); unmount it first",
-        staging.display(),
-        m.fs_type,
-        m.source.as_deref().unwrap_or("?")
-    ))
 }
 
 /// NodeStageVolume: mount `server:/share/dir` at the staging path.
@@ -42,13 +33,14 @@ pub async fn stage(
     let mounts = b.mounter.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
         if !is_nfs_from(m, &source) {
-            return Err(other_filesystem(staging, m));
+            return Err(crate::mounts::staging_taken(staging, m));
         }
         if let Some(why) = transport_mismatch(m, &opts.transport) {
-            return Err(Error::FailedPrecondition(format!(
-                "{} is staged but {why}; unstage it",
-                staging.display()
-            )));
+            return Err(VolumeError::StagedWithoutRdma {
+                path: staging.to_owned(),
+                why,
+            }
+            .into());
         }
         return Ok(());
     }
@@ -87,10 +79,7 @@ pub async fn unpublish(b: &NfsBackend, id: &NfsVolumeId, target: &Path) -> Resul
 }
 
 fn not_staged(id: &NfsVolumeId, staging: &Path) -> Error {
-    Error::FailedPrecondition(format!(
-        "volume {id} is not staged at {}; call NodeStageVolume first",
-        staging.display()
-    ))
+    crate::mounts::not_staged(&id.to_string(), staging)
 }
 
 /// SINGLE_NODE_SINGLE_WRITER: no other mount of this volume but the staging one.
@@ -111,10 +100,10 @@ fn check_single_writer(
             && m.mount_point != staging
     });
     match other {
-        Some(other) => Err(Error::FailedPrecondition(format!(
-            "volume {id} is SINGLE_NODE_SINGLE_WRITER and already published at {}",
-            other.mount_point.display()
-        ))),
+        Some(other) => Err(crate::mounts::single_writer(
+            &id.to_string(),
+            &other.mount_point,
+        )),
         None => Ok(()),
     }
 }

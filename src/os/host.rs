@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::error::HostError;
 use super::mountinfo::{self, MountEntry};
 use super::runner;
 use super::safepath::{self, Anchored};
@@ -228,11 +229,11 @@ fn parse_wipefs_json(text: &str) -> std::result::Result<Vec<Signature>, serde_js
 }
 
 fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
-    Error::FailedPrecondition(format!(
-        "signature probe of {} failed ({why}); a device whose contents are unknown is never \
-         formatted: check that the device is readable and that blkid and wipefs are installed",
-        device.display()
-    ))
+    HostError::ProbeFailed {
+        device: device.to_owned(),
+        why: why.to_string(),
+    }
+    .into()
 }
 
 /// How long a destructive step waits for util-linux's lock before answering Aborted.
@@ -249,7 +250,7 @@ pub async fn hold_when_free(
     let until = Instant::now() + patience;
     loop {
         match host.hold_device(device) {
-            Err(Error::Aborted(_)) if Instant::now() < until => {
+            Err(Error::Host(HostError::DeviceLocked { .. })) if Instant::now() < until => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             other => return other,
@@ -271,13 +272,11 @@ fn device_in_use(device: &Path) -> Error {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "<device>".into());
-    Error::FailedPrecondition(format!(
-        "{} is in use (mounted, claimed by md or device-mapper, or opened exclusively by \
-         another program such as an mkfs still running from an earlier driver process); it is \
-         not formatted or erased while in use: find the holder with `fuser -v {0}`, \
-         `ls /sys/class/block/{name}/holders` and the mount table",
-        device.display()
-    ))
+    HostError::DeviceInUse {
+        device: device.to_owned(),
+        name,
+    }
+    .into()
 }
 
 /// Zeroes `[0, size)` of an open device in chunks; a chunk slower than `per_chunk` fails it.
@@ -364,11 +363,10 @@ impl Host for RealHost {
         // are whole devices. The lock is advisory: mkfs itself does not take it.
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, errno)| match errno {
-                nix::errno::Errno::EWOULDBLOCK => Error::Aborted(format!(
-                    "{} is locked by another program (util-linux's block-device lock, \
-                     flock); retry when it is done",
-                    device.display()
-                )),
+                nix::errno::Errno::EWOULDBLOCK => HostError::DeviceLocked {
+                    device: device.to_owned(),
+                }
+                .into(),
                 other => Error::io("locking", device, other.into()),
             })?;
         // An O_EXCL open of a block device fails with EBUSY while it is mounted, an md or
@@ -466,7 +464,7 @@ impl Host for RealHost {
             zero_blocks(&file, &device, size, per_chunk)
         })
         .await
-        .map_err(|e| Error::Aborted(format!("the erase task ended abnormally: {e}")))?
+        .map_err(|e| Error::from(HostError::EraseInterrupted(e.to_string())))?
     }
 
     async fn mount(
@@ -599,7 +597,11 @@ impl RealHost {
                 command: what,
                 after: self.mount_timeout,
             })),
-            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
+            Ok(Err(join)) => Err(HostError::TaskFailed {
+                what,
+                why: join.to_string(),
+            }
+            .into()),
             Ok(Ok(r)) => r,
         }
     }
@@ -638,7 +640,10 @@ mod tests {
             .await
             .err()
             .expect("held elsewhere");
-        assert!(matches!(err, Error::Aborted(_)), "{err}");
+        assert!(
+            matches!(err, Error::Host(HostError::DeviceLocked { .. })),
+            "{err}"
+        );
         // Released while the hold waits (udev's probe is this short).
         let release = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -3,12 +3,14 @@
 //! tests can substitute a recording double; `RealHost` is chosen in `main`.
 
 pub mod blockdev;
+pub mod error;
 pub mod host;
 pub mod mountinfo;
 pub mod runner;
 pub mod safepath;
 
 pub use blockdev::DeviceUse;
+pub use error::HostError;
 pub use host::{
     hold_when_free, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, RealHost, Signature,
     HOLD_PATIENCE,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::block::{BlockBackend, NodeIdentity};
-use crate::error::{Error, Result};
+use crate::error::{Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::locks::VolumeLocks;
 use crate::mounts::Mounter;
@@ -82,11 +82,9 @@ impl Driver {
 
     /// The NFS backend, or FailedPrecondition when this instance has none.
     pub fn nfs(&self) -> Result<&NfsBackend> {
-        self.nfs.as_ref().ok_or_else(|| {
-            Error::FailedPrecondition(
-                "the NFS backend is not enabled in this driver instance".into(),
-            )
-        })
+        self.nfs
+            .as_ref()
+            .ok_or_else(|| VolumeError::NfsDisabled.into())
     }
 
     /// Scans the pool and probes free devices; Probe answers ready only after this.

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use gds_csi::error::{Error, Result};
 use gds_csi::os::{
-    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, MountEntry, RealHost,
-    Signature,
+    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, HostError, MountEntry,
+    RealHost, Signature,
 };
 use tokio::sync::Semaphore;
 
@@ -213,10 +213,11 @@ impl Host for HostDouble {
         self.record(format!("probe {}", device.display()));
         if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
             // What RealHost's probe_failed returns (src/os/host.rs).
-            return Err(Error::FailedPrecondition(format!(
-                "signature probe of {} failed (I/O error, test double)",
-                device.display()
-            )));
+            return Err(HostError::ProbeFailed {
+                device: device.to_owned(),
+                why: "I/O error, test double".into(),
+            }
+            .into());
         }
         let s = self.state.lock().unwrap();
         Ok(s.signatures.get(device).cloned().unwrap_or_default())
