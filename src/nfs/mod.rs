@@ -180,6 +180,11 @@ impl NfsBackend {
                     path,
                 }
                 .into(),
+                fsops::FsError::BadPath(path) => VolumeError::UnsafeExportPath {
+                    what: "refusing a path".into(),
+                    path,
+                }
+                .into(),
                 fsops::FsError::Sys {
                     what: op,
                     path,

@@ -2,7 +2,6 @@
 //! wrong becomes `InvalidArgument` naming the field, before the host is touched.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
 
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
@@ -13,6 +12,9 @@ use crate::volume_id::{self, BlockVolumeId};
 
 pub mod nfs;
 pub mod nfs_options;
+pub mod path;
+
+pub use path::host_path;
 
 pub use nfs::{NfsCapability, NfsParams, NfsVolumeId, OnDelete};
 pub use nfs_options::{MountOptions, Transport};
@@ -177,34 +179,7 @@ pub struct VolumeParameters {
 }
 
 pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> {
-    let mut unknown: Vec<&str> = params
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with(SIDECAR_PREFIX) && !KNOWN_PARAMETERS.contains(k))
-        .collect();
-    if !unknown.is_empty() {
-        unknown.sort_unstable();
-        return Err(Error::invalid(
-            "parameters",
-            format!(
-                "unknown parameters {unknown:?}; supported: {}",
-                KNOWN_PARAMETERS.join(", ")
-            ),
-        ));
-    }
-    let mut stored = BTreeMap::new();
-    for (key, value) in params
-        .iter()
-        .filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX))
-    {
-        if value.contains([',', '=', '\n', '\0']) {
-            return Err(Error::invalid(
-                "parameters",
-                format!("{key}: value {value:?} must not contain ',', '=', newlines or NUL"),
-            ));
-        }
-        stored.insert(key.clone(), value.clone());
-    }
+    let stored = own_parameters(params)?;
     if !stored.contains_key(PARAM_SERVER) {
         if let Some(k) = NFS_ONLY_PARAMETERS
             .iter()
@@ -237,6 +212,40 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
         }
     }
     Ok(VolumeParameters { fs_type, stored })
+}
+
+/// The driver's own parameters: every key known (sidecar-added ones dropped), no value
+/// that could smuggle a second option into a mount or mkfs.
+fn own_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut unknown: Vec<&str> = params
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with(SIDECAR_PREFIX) && !KNOWN_PARAMETERS.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        return Err(Error::invalid(
+            "parameters",
+            format!(
+                "unknown parameters {unknown:?}; supported: {}",
+                KNOWN_PARAMETERS.join(", ")
+            ),
+        ));
+    }
+    let mut stored = BTreeMap::new();
+    for (key, value) in params
+        .iter()
+        .filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX))
+    {
+        if value.contains([',', '=', '\n', '\0']) {
+            return Err(Error::invalid(
+                "parameters",
+                format!("{key}: value {value:?} must not contain ',', '=', newlines or NUL"),
+            ));
+        }
+        stored.insert(key.clone(), value.clone());
+    }
+    Ok(stored)
 }
 
 pub fn name(name: &str) -> Result<String> {
@@ -334,111 +343,6 @@ pub fn volume_ref(id: &str) -> Result<VolumeRef> {
         Some(parsed) => VolumeRef::Nfs(parsed),
         None => VolumeRef::Unknown(id.to_owned()),
     })
-}
-
-/// Longest path the kernel takes (PATH_MAX, include/uapi/linux/limits.h, counts the NUL).
-const PATH_MAX: usize = 4095;
-/// Longest file name (NAME_MAX, include/uapi/linux/limits.h).
-const NAME_MAX: usize = 255;
-
-/// A staging, target or volume path, checked as text: absolute, no `..`, no longer than the
-/// kernel takes, strictly below an allowed root (the root itself would put the volume over
-/// the whole kubelet directory), and no existing component a symlink. Returned normalised
-/// (no `.`, no doubled or trailing `/`). This is the early, clear refusal; what is mounted
-/// is resolved again without a window by `os::safepath`.
-/// lstat's "is it a symlink", from the attributes the kernel has cached: a plain lstat of an
-/// NFS mount whose server is gone asks the server and hangs (nfs_getattr, fs/nfs/inode.c;
-/// kernel stack seen in the VM rig's s_unmount_dead). A type never changes, so the cached one
-/// is exact. Errors count as "not a symlink", as the lstat's did.
-fn is_symlink_cached(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statx writes only into `stx`, which lives for the call; `c` is NUL-terminated.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE,
-            &mut stx,
-        )
-    };
-    rc == 0 && (u32::from(stx.stx_mode) & libc::S_IFMT) == libc::S_IFLNK
-}
-
-pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
-    if raw.is_empty() {
-        return Err(Error::invalid(field, "required"));
-    }
-    if raw.contains('\0') || raw.chars().any(char::is_control) {
-        return Err(Error::invalid(field, "must not contain control characters"));
-    }
-    if raw.len() > PATH_MAX {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{} bytes long; a path is at most {PATH_MAX} bytes",
-                raw.len()
-            ),
-        ));
-    }
-    let path = Path::new(raw);
-    if !path.is_absolute() {
-        return Err(Error::invalid(
-            field,
-            format!("{raw:?} must be an absolute path"),
-        ));
-    }
-    if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(Error::invalid(
-            field,
-            format!("{raw:?} must not contain '..'"),
-        ));
-    }
-    if let Some(long) = path.iter().find(|c| c.len() > NAME_MAX) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "a component of {raw:?} is {} bytes long; a name is at most {NAME_MAX} bytes",
-                long.len()
-            ),
-        ));
-    }
-    let path: PathBuf = path.components().collect();
-    if let Some(root) = roots.iter().find(|root| path == **root) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{raw:?} is the allowed root {} itself; pass a directory below it",
-                root.display()
-            ),
-        ));
-    }
-    if !roots.iter().any(|root| path.starts_with(root)) {
-        let roots: Vec<_> = roots.iter().map(|r| r.display().to_string()).collect();
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{raw:?} is outside the allowed roots [{}] (--allowed-path-root)",
-                roots.join(", ")
-            ),
-        ));
-    }
-    // Every existing ancestor below the root must be a real directory, not a link.
-    let mut walked = PathBuf::new();
-    for component in path.components() {
-        walked.push(component);
-        if is_symlink_cached(&walked) {
-            return Err(Error::invalid(
-                field,
-                format!("{} is a symlink; pass the real path", walked.display()),
-            ));
-        }
-    }
-    Ok(path)
 }
 
 #[cfg(test)]
