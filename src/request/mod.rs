@@ -11,12 +11,14 @@ use crate::os::FsType;
 use crate::volume_id::{self, BlockVolumeId};
 
 pub mod nfs;
+pub mod nfs_id;
 pub mod nfs_options;
 pub mod path;
 
 pub use path::host_path;
 
-pub use nfs::{NfsCapability, NfsParams, NfsVolumeId, OnDelete};
+pub use nfs::{NfsCapability, NfsParams, OnDelete};
+pub use nfs_id::NfsVolumeId;
 pub use nfs_options::{MountOptions, Transport};
 
 /// StorageClass parameters the driver understands.
