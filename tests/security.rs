@@ -502,7 +502,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             ],
         ),
     ] {
-        // request.rs names UNKNOWN as `volume_capability.access_mode` for every RPC.
+        // request/mod.rs names UNKNOWN as `volume_capability.access_mode` for every RPC.
         let names = if what == "mode UNKNOWN" {
             "access_mode"
         } else {
