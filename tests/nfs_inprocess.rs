@@ -29,6 +29,11 @@ struct Harness {
 }
 
 async fn harness() -> Harness {
+    harness_with(true).await
+}
+
+/// `nfs`: whether the driver instance has the NFS backend.
+async fn harness_with(nfs: bool) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let host = Arc::new(HostDouble::tracking(HashMap::new()));
@@ -41,16 +46,18 @@ async fn harness() -> Harness {
         state_dir: state.clone(),
     })
     .unwrap();
-    let driver = Arc::new(
-        Driver::new(
-            "gds.csi.test".into(),
-            "node-a".into(),
-            vec![dir.path().join("kubelet")],
-            pool,
-            host.clone(),
-        )
-        .with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap()),
+    let mut driver = Driver::new(
+        "gds.csi.test".into(),
+        "node-a".into(),
+        vec![dir.path().join("kubelet")],
+        pool,
+        host.clone(),
     );
+    if nfs {
+        driver =
+            driver.with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap());
+    }
+    let driver = Arc::new(driver);
     let c = common::serve_in_process(driver, dir.path()).await;
     Harness { dir, host, c }
 }
@@ -571,4 +578,39 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
         "{left:?}"
     );
     assert!(!Path::new(&target).exists());
+}
+
+/// Teardown needs only the mount table: an instance without the NFS backend still unstages
+/// and unpublishes an NFS volume (nothing there is success), while everything that needs
+/// the backend is refused.
+#[tokio::test]
+async fn teardown_works_without_the_nfs_backend() {
+    let h = harness_with(false).await;
+    let id = "nfs:d-rdma-20049-4.1:~export:vol-1:192.0.2.1";
+    let path = |p: &str| h.dir.path().join("kubelet").join(p).display().to_string();
+    let mut n = h.c.node.clone();
+    n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: path("pods/p/mount"),
+    })
+    .await
+    .unwrap();
+    n.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: path("staging/v"),
+    })
+    .await
+    .unwrap();
+    let err = n
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: path("staging/v"),
+            volume_capability: Some(cap(AccessModeKind::SingleNodeWriter, &[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("not enabled"), "{err:?}");
+    assert_eq!(h.host.count("mount_nfs"), 0);
 }

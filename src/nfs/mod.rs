@@ -244,7 +244,7 @@ impl VolumeBackend for NfsBackend {
     }
 
     async fn unstage(&self, id: &NfsVolumeId, staging: &Path) -> Result<()> {
-        node::unstage(self, id, staging).await
+        node::unstage(&self.mounter, id, staging).await
     }
 
     async fn publish(&self, id: &NfsVolumeId, req: &Publish<'_>) -> Result<()> {
@@ -252,7 +252,7 @@ impl VolumeBackend for NfsBackend {
     }
 
     async fn unpublish(&self, id: &NfsVolumeId, target: &Path) -> Result<()> {
-        node::unpublish(self, id, target).await
+        node::unpublish(&self.mounter, id, target).await
     }
 
     async fn stats(

@@ -11,7 +11,7 @@ use crate::backend::Publish;
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::Policy;
-use crate::mounts::already_published;
+use crate::mounts::{already_published, Mounter};
 use crate::os::{mountinfo, MountEntry};
 use crate::request::{nfs, nfs_options, NfsCapability};
 
@@ -60,22 +60,23 @@ pub async fn stage(
     verified
 }
 
-/// NodeUnstageVolume: unmount the staging path if it holds this volume.
-pub async fn unstage(b: &NfsBackend, id: &NfsVolumeId, staging: &Path) -> Result<()> {
+/// NodeUnstageVolume: unmount the staging path if it holds this volume. Needs only the
+/// mount table: it works (as teardown must) where the backend is not enabled.
+pub async fn unstage(mounter: &Mounter, id: &NfsVolumeId, staging: &Path) -> Result<()> {
     let source = id.source();
     let ours = |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| is_nfs_from(m, &source);
-    b.mounter
+    mounter
         .unmount_ours("staging_target_path", staging, &id.to_string(), &ours)
         .await
         .map(drop)
 }
 
 /// NodeUnpublishVolume: unmount this volume's bind at the target, remove what publish
-/// created.
-pub async fn unpublish(b: &NfsBackend, id: &NfsVolumeId, target: &Path) -> Result<()> {
+/// created. Like unstage, it needs only the mount table.
+pub async fn unpublish(mounter: &Mounter, id: &NfsVolumeId, target: &Path) -> Result<()> {
     let source = id.source();
     let ours = |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| is_nfs_from(m, &source);
-    b.mounter.unpublish(&id.to_string(), target, &ours).await
+    mounter.unpublish(&id.to_string(), target, &ours).await
 }
 
 fn not_staged(id: &NfsVolumeId, staging: &Path) -> Error {

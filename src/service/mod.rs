@@ -72,8 +72,14 @@ impl Driver {
         self
     }
 
+    /// The host port with the allowed roots, for teardown of NFS volumes in an instance
+    /// without the NFS backend.
+    pub fn mounter(&self) -> Mounter {
+        Mounter::new(Arc::clone(&self.host), self.allowed_roots.clone())
+    }
+
     pub fn with_nfs(mut self, store: NfsStore) -> Self {
-        let mounter = Mounter::new(Arc::clone(&self.host), self.allowed_roots.clone());
+        let mounter = self.mounter();
         let mut nfs = NfsBackend::new(store, mounter, self.name.clone());
         nfs.set_gate(self.gds_gate.clone());
         self.nfs = Some(nfs);

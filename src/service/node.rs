@@ -11,6 +11,7 @@ use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result};
+use crate::nfs;
 use crate::request::{self, VolumeRef};
 
 pub struct NodeService {
@@ -64,7 +65,10 @@ impl NodeService {
         let _guard = d.locks.try_lock(&volume.raw())?;
         match &volume {
             VolumeRef::Block(id) => d.block.unstage(id, &staging).await,
-            VolumeRef::Nfs(id) => d.nfs()?.unstage(id, &staging).await,
+            VolumeRef::Nfs(id) => match &d.nfs {
+                Some(nfs) => nfs.unstage(id, &staging).await,
+                None => nfs::node::unstage(&d.mounter(), id, &staging).await,
+            },
             VolumeRef::Unknown(raw) => d.block.unstage_unknown(raw, &staging),
         }
     }
@@ -100,7 +104,10 @@ impl NodeService {
         let _guard = d.locks.try_lock(&volume.raw())?;
         match &volume {
             VolumeRef::Block(id) => d.block.unpublish(id, &target).await,
-            VolumeRef::Nfs(id) => d.nfs()?.unpublish(id, &target).await,
+            VolumeRef::Nfs(id) => match &d.nfs {
+                Some(nfs) => nfs.unpublish(id, &target).await,
+                None => nfs::node::unpublish(&d.mounter(), id, &target).await,
+            },
             VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
         }
     }
