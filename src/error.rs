@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::os::error::HostError;
+
 /// A failed external command (mkfs, mount, blkid, ...).
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -21,6 +23,134 @@ pub enum CommandError {
         status: String,
         stderr: String,
     },
+}
+
+/// A volume's state or place on this node stands in the way, by cause. All are
+/// FailedPrecondition: the call can succeed once the named thing is fixed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {volume} {why}; unpublish and unstage it there first")]
+    DeviceInUse { volume: String, why: String },
+    #[error("volume {volume} holds an {holds} filesystem; fs_type {asked} was requested")]
+    FsMismatch {
+        volume: String,
+        holds: &'static str,
+        asked: &'static str,
+    },
+    /// The data-safety table refused to format or mount the device (block/stage.rs).
+    #[error("{0}")]
+    FormatRefused(String),
+    #[error(
+        "{} was mounted without the options GDS needs ({options}); check the kernel's ext4 \
+         support",
+        path.display()
+    )]
+    WithoutGdsOptions { path: PathBuf, options: String },
+    #[error("the device of volume {volume} ({key}) is not present on this node; reattach it")]
+    DeviceAbsent { volume: String, key: String },
+    #[error(
+        "volume {volume} lives on node {node}; its node's controller deletes it (this is {this})"
+    )]
+    OtherNode {
+        volume: String,
+        node: String,
+        this: String,
+    },
+    #[error("{} holds {fs_type} {device}, not the export {export}; unmount it", path.display())]
+    ExportTaken {
+        path: PathBuf,
+        fs_type: String,
+        device: String,
+        export: String,
+    },
+    #[error("{} is staged but {why}; unstage it", path.display())]
+    StagedWithoutRdma { path: PathBuf, why: String },
+    #[error(
+        "{why} for {source_path} at {}; unmounted. Check that the server exports over RDMA \
+         (rpcrdma loaded, `rdma {port}` in /proc/fs/nfsd/portlist) and that this node has an \
+         RDMA device on the server's network (rdma link show)",
+        at.display()
+    )]
+    NoRdma {
+        why: String,
+        source_path: String,
+        at: PathBuf,
+        port: u16,
+    },
+    #[error("the NFS backend is not enabled in this driver instance")]
+    NfsDisabled,
+    #[error("{what}: {path} in the export is a symlink or not a directory; refusing to follow it")]
+    UnsafeExportPath { what: String, path: String },
+    #[error("{what}: {why}")]
+    TaskFailed { what: String, why: String },
+}
+
+/// What stands in the way of a mount, an unmount or a publish, by cause.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error(
+        "{field} {} is not empty; a volume is mounted only onto an empty directory, which \
+         would otherwise hide what it holds",
+        path.display()
+    )]
+    DirNotEmpty { field: &'static str, path: PathBuf },
+    #[error(
+        "target_path {} exists and is not an empty file; a raw block volume is published only \
+         onto a new or empty file, which would otherwise be hidden",
+        path.display()
+    )]
+    TargetNotEmptyFile { path: PathBuf },
+    /// Something other than this volume is mounted where it is to be unmounted.
+    #[error(
+        "{} holds another mount ({fs_type} {device}), not volume {volume}; not unmounting it",
+        path.display()
+    )]
+    Foreign {
+        path: PathBuf,
+        fs_type: String,
+        /// The mount source (a device, a server path), or `?`.
+        device: String,
+        volume: String,
+    },
+    #[error("{} is still mounted after repeated unmounts", path.display())]
+    StillMounted { path: PathBuf },
+    #[error(
+        "staging path {} already has another filesystem mounted ({fs_type} {device}); unmount \
+         it first",
+        path.display()
+    )]
+    StagingTaken {
+        path: PathBuf,
+        fs_type: String,
+        /// The mount source (a device, a server path), or `?`.
+        device: String,
+    },
+    #[error("{} is not mounted {from}after mount succeeded", path.display())]
+    MissingAfterMount { path: PathBuf, from: String },
+    #[error("volume {volume} is not staged at {}; call NodeStageVolume first", staging.display())]
+    NotStaged { volume: String, staging: PathBuf },
+    #[error("volume {volume} is SINGLE_NODE_SINGLE_WRITER and already published at {}", at.display())]
+    SingleWriter { volume: String, at: PathBuf },
+    /// Publish: the target holds something else.
+    #[error("target path {} already has another mount ({fs_type})", path.display())]
+    TargetTaken { path: PathBuf, fs_type: String },
+    /// Publish: the target holds this volume with the other read-only flag.
+    #[error(
+        "{} is already published with readonly={current}; unpublish it before changing readonly",
+        path.display()
+    )]
+    ReadonlyDiffers { path: PathBuf, current: bool },
+}
+
+impl MountError {
+    fn code(&self) -> Code {
+        match self {
+            MountError::TargetTaken { .. } | MountError::ReadonlyDiffers { .. } => {
+                Code::AlreadyExists
+            }
+            _ => Code::FailedPrecondition,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +187,13 @@ pub enum Error {
     },
     #[error("state file {}: {reason}", path.display())]
     State { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// What the host port reports, by cause (src/os/error.rs).
+    #[error(transparent)]
+    Host(#[from] crate::os::error::HostError),
     /// The outcome of a long job that more than one call waited for (src/jobs.rs).
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
@@ -91,7 +228,20 @@ fn code(err: &Error) -> Code {
         Error::NotReady(_) => Code::Unavailable,
         Error::Command(CommandError::Timeout { .. }) => Code::DeadlineExceeded,
         Error::Command(_) | Error::Io { .. } | Error::State { .. } => Code::Internal,
+        Error::Host(e) => host_code(e),
+        Error::Mount(e) => e.code(),
+        Error::Volume(_) => Code::FailedPrecondition,
         Error::Shared(inner) => code(inner),
+    }
+}
+
+fn host_code(err: &HostError) -> Code {
+    match err {
+        // Nothing is known about the device, or it is someone else's now: not until fixed.
+        HostError::ProbeFailed { .. } | HostError::DeviceInUse { .. } => Code::FailedPrecondition,
+        // Held for a moment by another program: the CO retries.
+        HostError::DeviceLocked { .. } | HostError::EraseInterrupted(_) => Code::Aborted,
+        HostError::TaskFailed { .. } => Code::FailedPrecondition,
     }
 }
 
@@ -102,3 +252,59 @@ impl From<Error> for Status {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn code_of(e: impl Into<Error>) -> Code {
+        Status::from(e.into()).code()
+    }
+
+    #[test]
+    fn a_bad_gds_policy_is_one_code_wherever_it_is_read() {
+        // Stored parameters and a publish's volume_context go through Policy::from_str;
+        // CreateVolume's parameters through request::parameters: both InvalidArgument.
+        let stored = "bogus".parse::<crate::gds_gate::Policy>().unwrap_err();
+        let created =
+            crate::request::parameters(&[("gdsPolicy".to_owned(), "bogus".to_owned())].into())
+                .unwrap_err();
+        assert_eq!(code_of(stored), Code::InvalidArgument);
+        assert_eq!(code_of(created), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn host_and_mount_errors_are_mapped_here_by_cause() {
+        let device = Path::new("/dev/x").to_owned();
+        assert_eq!(
+            code_of(HostError::DeviceLocked {
+                device: device.clone()
+            }),
+            Code::Aborted
+        );
+        assert_eq!(
+            code_of(HostError::DeviceInUse {
+                device,
+                name: "x".into()
+            }),
+            Code::FailedPrecondition
+        );
+        let path = Path::new("/t").to_owned();
+        assert_eq!(
+            code_of(MountError::ReadonlyDiffers {
+                path: path.clone(),
+                current: true
+            }),
+            Code::AlreadyExists
+        );
+        assert_eq!(
+            code_of(MountError::NotStaged {
+                volume: "v".into(),
+                staging: path
+            }),
+            Code::FailedPrecondition
+        );
+        assert_eq!(code_of(VolumeError::NfsDisabled), Code::FailedPrecondition);
+    }
+}

@@ -12,7 +12,9 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::metrics::host_timer;
-use crate::os::{Anchored, DeviceHold, ForceUnmount, FsType, Host, MountEntry, Signature};
+use crate::os::{
+    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, MountEntry, Signature,
+};
 
 /// `inner`, with its operations timed.
 pub struct TimedHost<H> {
@@ -42,6 +44,19 @@ impl<H: Host> Host for TimedHost<H> {
 
     fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
         self.inner.hold_device(device)
+    }
+
+    // Directory and inode lookups on request paths: not timed.
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        self.inner.create_dir_all(path)
+    }
+
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
+        self.inner.stat(path)
+    }
+
+    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
+        self.inner.statvfs(path)
     }
 
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {

@@ -1,9 +1,11 @@
 //! gds-csi: a CSI driver whose volumes are readable with NVIDIA GPUDirect Storage.
 //!
 //! Layout: `service` holds the thin gRPC handlers, `request` turns CSI requests into
-//! validated domain types, `pool` owns the node's devices and the allocation state,
+//! validated domain types, `backend` is the interface that `block` and `nfs` implement,
+//! `mounts` the mount-table logic they share, `pool` owns the node's devices and the allocation state,
 //! `os` is the narrow port to the host (commands, mounts, signatures).
 
+pub mod backend;
 pub mod block;
 pub mod client;
 pub mod config;
@@ -16,6 +18,7 @@ pub mod host_timing;
 pub mod jobs;
 pub mod locks;
 pub mod metrics;
+pub mod mounts;
 pub mod nfs;
 pub mod os;
 pub mod partition;

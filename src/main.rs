@@ -94,7 +94,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         )
         .with_gds_gate(gds_gate(&args)?)
         .with_nfs(
-            gds_csi::nfs::NfsBackend::open(&args.state_dir, args.mount_timeout)
+            gds_csi::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
                 .map_err(|e| e.to_string())?,
         ),
     );

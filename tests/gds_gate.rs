@@ -6,99 +6,29 @@
 //! Also here, ignored: `publish_latency_bench` (NodePublish medians, gate on vs off) and
 //! `h200_flow`, the client half of scripts/h200-gds-check.sh.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tonic::{Code, Request};
 
+use common::gds_fixture::Tree;
+use common::host_double::HostDouble;
 use gds_csi::csi::controller_server::Controller;
 use gds_csi::csi::node_server::Node;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
-use gds_csi::error::Result as DResult;
 use gds_csi::gds_gate::{GateConfig, GdsGate};
-use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::controller::ControllerService;
 use gds_csi::service::node::NodeService;
 use gds_csi::service::Driver;
 
-mod common;
-use common::gds_fixture::Tree;
-
 const DRIVER: &str = "gds.csi.gds-csi.io";
-
-/// Mounts are entries in a table; nothing touches the real host.
-struct FakeHost {
-    mounts: Mutex<Vec<MountEntry>>,
-    dev: (u32, u32),
-}
-
-impl FakeHost {
-    fn entry(&self, target: &Path, ro: bool) -> MountEntry {
-        let mut mount_options = HashMap::new();
-        mount_options.insert(if ro { "ro" } else { "rw" }.to_string(), None);
-        let mut super_options = HashMap::new();
-        super_options.insert("rw".to_string(), None);
-        super_options.insert("data".to_string(), Some("ordered".to_string()));
-        MountEntry {
-            major: self.dev.0,
-            minor: self.dev.1,
-            root: "/".into(),
-            mount_point: target.to_path_buf(),
-            mount_options,
-            fs_type: "ext4".into(),
-            source: Some("/dev/loop-fixture".into()),
-            super_options,
-        }
-    }
-}
-
-#[async_trait]
-impl Host for FakeHost {
-    fn mount_table(&self) -> DResult<Vec<MountEntry>> {
-        Ok(self.mounts.lock().unwrap().clone())
-    }
-    async fn probe_signatures(&self, _: &Path) -> DResult<Vec<Signature>> {
-        Ok(vec![])
-    }
-    async fn mkfs(&self, _: &Path, _: FsType, _: &str) -> DResult<()> {
-        Ok(())
-    }
-    async fn wipe_signatures(&self, _: &Path) -> DResult<()> {
-        Ok(())
-    }
-    fn hold_device(&self, _: &Path) -> DResult<DeviceHold> {
-        Ok(DeviceHold::nothing_to_lock())
-    }
-    async fn zero_device(&self, _: &Path) -> DResult<()> {
-        Ok(())
-    }
-    async fn mount(&self, _: &Path, target: &Anchored, _: FsType, _: &[String]) -> DResult<()> {
-        let target = target.path();
-        let e = self.entry(target, false);
-        self.mounts.lock().unwrap().push(e);
-        Ok(())
-    }
-    async fn bind_mount(&self, _: &Anchored, target: &Anchored, options: &[String]) -> DResult<()> {
-        let target = target.path();
-        let e = self.entry(target, options.iter().any(|o| o == "ro"));
-        self.mounts.lock().unwrap().push(e);
-        Ok(())
-    }
-    async fn unmount(&self, target: &Anchored) -> DResult<()> {
-        let target = target.path();
-        let mut m = self.mounts.lock().unwrap();
-        if let Some(i) = m.iter().rposition(|e| e.mount_point == target) {
-            m.remove(i);
-        }
-        Ok(())
-    }
-}
 
 /// Any block device node: the pool stats it for its major:minor; its size comes from the
 /// fixture sysfs. Nothing is ever read from or written to it here.
@@ -189,15 +119,15 @@ async fn rig(ready: bool, probe: Probe, ttl: Duration) -> Option<Rig> {
         node_id: "node-a".into(),
         host_sys: dir.path().join("sys"),
         host_dev: dir.path().join("dev"),
-        listed: vec![dev],
+        listed: vec![dev.clone()],
         nvme_discover: false,
         state_dir: dir.path().join("state"),
     })
     .unwrap();
-    let host = Arc::new(FakeHost {
-        mounts: Mutex::new(vec![]),
-        dev: (major, minor),
-    });
+    let host = Arc::new(HostDouble::tracking(HashMap::from([(
+        dev.clone(),
+        (major, minor),
+    )])));
     let driver = Arc::new(
         Driver::new(
             DRIVER.into(),

@@ -6,191 +6,25 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use common::host_double::HostDouble;
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, MountVolume,
 };
 use gds_csi::csi::*;
-use gds_csi::error::Result;
-use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
+use gds_csi::os::Signature;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
 use tonic::Code;
 
-#[derive(Default)]
-struct FakeState {
-    mounts: Vec<MountEntry>,
-    signatures: HashMap<PathBuf, Vec<Signature>>,
-    calls: Vec<String>,
-}
-
-/// Keeps a mount table and signatures like a host would, and records every call.
-struct FakeHost {
-    state: Mutex<FakeState>,
-    devnums: HashMap<PathBuf, (u32, u32)>,
-    /// mkfs on these devices waits for a permit: a hung mkfs on demand.
-    hang_mkfs: Mutex<HashMap<PathBuf, Arc<Semaphore>>>,
-    /// The low-level probe of these devices fails (an I/O error, a timeout).
-    probe_fails: Mutex<Vec<PathBuf>>,
-}
-
-impl FakeHost {
-    fn calls(&self, prefix: &str) -> usize {
-        self.state
-            .lock()
-            .unwrap()
-            .calls
-            .iter()
-            .filter(|c| c.starts_with(prefix))
-            .count()
-    }
-    fn mounts_at(&self, path: &Path) -> usize {
-        self.state
-            .lock()
-            .unwrap()
-            .mounts
-            .iter()
-            .filter(|m| m.mount_point == path)
-            .count()
-    }
-}
-
-fn entry(major: u32, minor: u32, target: &Path, fs: &str, ro: bool) -> MountEntry {
-    let mut mount_options = HashMap::new();
-    mount_options.insert(if ro { "ro" } else { "rw" }.to_owned(), None);
-    let mut super_options = HashMap::new();
-    super_options.insert("rw".to_owned(), None);
-    if fs == "ext4" {
-        super_options.insert("data".to_owned(), Some("ordered".to_owned()));
-    }
-    MountEntry {
-        major,
-        minor,
-        root: "/".into(),
-        mount_point: target.to_owned(),
-        mount_options,
-        fs_type: fs.into(),
-        source: None,
-        super_options,
-    }
-}
-
-#[async_trait]
-impl Host for FakeHost {
-    fn mount_table(&self) -> Result<Vec<MountEntry>> {
-        Ok(self.state.lock().unwrap().mounts.clone())
-    }
-    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("probe {}", device.display()));
-        if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
-            // What RealHost's probe_failed returns (src/os/host.rs).
-            return Err(gds_csi::error::Error::FailedPrecondition(format!(
-                "signature probe of {} failed (I/O error, test double)",
-                device.display()
-            )));
-        }
-        Ok(s.signatures.get(device).cloned().unwrap_or_default())
-    }
-    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
-        let gate = self.hang_mkfs.lock().unwrap().get(device).cloned();
-        if let Some(gate) = gate {
-            let _permit = gate.acquire().await.unwrap();
-        }
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("mkfs {}", device.display()));
-        let sig = Signature {
-            kind: fs.as_str().into(),
-            uuid: Some(uuid.into()),
-            offset: None,
-            seen_by: "fake",
-        };
-        s.signatures.insert(device.to_owned(), vec![sig]);
-        Ok(())
-    }
-    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("wipe {}", device.display()));
-        s.signatures.remove(device);
-        Ok(())
-    }
-    fn hold_device(&self, _: &Path) -> Result<DeviceHold> {
-        Ok(DeviceHold::nothing_to_lock())
-    }
-    async fn zero_device(&self, device: &Path) -> Result<()> {
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("zero {}", device.display()));
-        s.signatures.remove(device);
-        Ok(())
-    }
-    async fn mount(
-        &self,
-        device: &Path,
-        target: &Anchored,
-        fs: FsType,
-        _options: &[String],
-    ) -> Result<()> {
-        let target = target.path();
-        let (major, minor) = self.devnums[device];
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("mount {}", target.display()));
-        s.mounts
-            .push(entry(major, minor, target, fs.as_str(), false));
-        Ok(())
-    }
-    async fn bind_mount(
-        &self,
-        source: &Anchored,
-        target: &Anchored,
-        options: &[String],
-    ) -> Result<()> {
-        let source = source.path();
-        let target = target.path();
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("bind {}", target.display()));
-        let from = s
-            .mounts
-            .iter()
-            .rev()
-            .find(|m| m.mount_point == source)
-            .cloned();
-        let (major, minor, fs) = match from {
-            Some(m) => (m.major, m.minor, m.fs_type),
-            // A raw block publish binds the device node itself.
-            None => {
-                let (major, minor) = self.devnums[source];
-                (major, minor, "devtmpfs".to_owned())
-            }
-        };
-        s.mounts.push(entry(
-            major,
-            minor,
-            target,
-            &fs,
-            options.iter().any(|o| o == "ro"),
-        ));
-        Ok(())
-    }
-    async fn unmount(&self, target: &Anchored) -> Result<()> {
-        let target = target.path();
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(format!("umount {}", target.display()));
-        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
-            s.mounts.remove(i);
-        }
-        Ok(())
-    }
-}
-
 struct Harness {
     dir: tempfile::TempDir,
-    host: Arc<FakeHost>,
+    host: Arc<HostDouble>,
     clients: Clients,
     devices: Vec<PathBuf>,
 }
@@ -220,12 +54,7 @@ async fn harness_sized(sizes: &[u64]) -> Harness {
         devnums.insert(dev.join(&name), (259, i as u32));
         devices.push(dev.join(&name));
     }
-    let host = Arc::new(FakeHost {
-        state: Mutex::default(),
-        devnums,
-        hang_mkfs: Mutex::default(),
-        probe_fails: Mutex::default(),
-    });
+    let host = Arc::new(HostDouble::tracking(devnums));
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
         host_sys: sys,
@@ -411,7 +240,7 @@ async fn a_hung_mkfs_on_one_volume_blocks_neither_other_volumes_nor_retries() {
     assert_eq!(h.host.mounts_at(&h.staging("b")), 1);
     gate.add_permits(1);
     stuck.await.unwrap().unwrap();
-    assert_eq!(h.host.calls("mkfs"), 2);
+    assert_eq!(h.host.count("mkfs"), 2);
     assert_eq!(h.host.mounts_at(&h.staging("a")), 1);
 }
 
@@ -427,7 +256,7 @@ async fn racing_stages_of_one_volume_mount_once_and_foreign_devices_never_see_mk
     }
     h.stage(&v.volume_id, "v").await.unwrap();
     assert_eq!(h.host.mounts_at(&h.staging("v")), 1, "one mount effect");
-    assert_eq!(h.host.calls("mkfs"), 1);
+    assert_eq!(h.host.count("mkfs"), 1);
 
     // The other device gets a foreign signature after allocation: refused, no mkfs, no mount.
     let w = h.create("w").await.unwrap();
@@ -453,7 +282,7 @@ async fn racing_stages_of_one_volume_mount_once_and_foreign_devices_never_see_mk
         "{}",
         err.message()
     );
-    assert_eq!(h.host.calls("mkfs"), 1, "no mkfs on the foreign device");
+    assert_eq!(h.host.count("mkfs"), 1, "no mkfs on the foreign device");
     assert_eq!(h.host.mounts_at(&h.staging("w")), 0);
 }
 
@@ -579,12 +408,12 @@ async fn a_probe_that_fails_is_a_refusal_never_an_empty_device() {
     let err = h.stage(&v.volume_id, "v").await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("I/O error"), "{}", err.message());
-    assert_eq!(h.host.calls("mkfs"), 0, "no mkfs after a failed probe");
+    assert_eq!(h.host.count("mkfs"), 0, "no mkfs after a failed probe");
     assert_eq!(h.host.mounts_at(&h.staging("v")), 0);
     // Once the device answers again, the same call formats it (exactly once).
     h.host.probe_fails.lock().unwrap().clear();
     h.stage(&v.volume_id, "v").await.unwrap();
-    assert_eq!(h.host.calls("mkfs"), 1);
+    assert_eq!(h.host.count("mkfs"), 1);
 }
 
 #[tokio::test]
@@ -608,22 +437,22 @@ async fn a_late_delete_retry_never_touches_the_devices_next_volume() {
     assert_eq!(device_part(&new.volume_id), device_part(&old.volume_id));
     assert_ne!(new.volume_id, old.volume_id);
     h.stage(&new.volume_id, "new").await.unwrap();
-    let wipes = h.host.calls("wipe");
-    let mkfs = h.host.calls("mkfs");
+    let wipes = h.host.count("wipe");
+    let mkfs = h.host.count("mkfs");
 
     // A retry of the old DeleteVolume arrives late (a provisioner restart, a lost reply).
     h.delete(&old.volume_id).await.unwrap();
     assert_eq!(
-        h.host.calls("wipe"),
+        h.host.count("wipe"),
         wipes,
         "the next volume's device was wiped"
     );
-    assert_eq!(h.host.calls("umount"), 1, "only the old unstage unmounted");
+    assert_eq!(h.host.count("umount"), 1, "only the old unstage unmounted");
     assert_eq!(h.listed().await, vec![new.volume_id.clone()]);
     assert_eq!(h.host.mounts_at(&h.staging("new")), 1);
     // The next volume is still whole: restaging finds its filesystem, no second mkfs.
     h.stage(&new.volume_id, "new").await.unwrap();
-    assert_eq!(h.host.calls("mkfs"), mkfs);
+    assert_eq!(h.host.count("mkfs"), mkfs);
     let sigs = h.host.state.lock().unwrap().signatures[&h.devices[0]].clone();
     assert_eq!(sigs.len(), 1, "the new volume's filesystem is intact");
 }

@@ -7,182 +7,36 @@ mod common;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
+use common::host_double::HostDouble;
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, BlockVolume, MountVolume,
 };
 use gds_csi::csi::*;
-use gds_csi::error::Result;
-use gds_csi::nfs::NfsBackend;
-use gds_csi::os::{Anchored, DeviceHold, ForceUnmount, FsType, Host, MountEntry, Signature};
+use gds_csi::nfs::NfsStore;
+use gds_csi::os::MountEntry;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tokio::sync::Semaphore;
 use tonic::Code;
 
-#[derive(Default)]
-struct FakeState {
-    mounts: Vec<MountEntry>,
-    nfs_calls: Vec<(String, PathBuf, Vec<String>)>,
-    next_minor: u32,
-}
-
-struct FakeHost {
-    state: Mutex<FakeState>,
-    /// What the "kernel" reports as proto (None: what was asked).
-    negotiate_proto: Mutex<Option<String>>,
-    /// mount_nfs of these sources waits for a permit: a hung server on demand.
-    hang: Mutex<HashMap<String, Arc<Semaphore>>>,
-    /// The server is gone: a plain unmount of an NFS mount hangs, `umount -f` fails
-    /// (busy), `umount -l` detaches.
-    server_gone: std::sync::atomic::AtomicBool,
-    /// Every unmount, as `umount [-f|-l] <target>`.
-    unmounts: Mutex<Vec<String>>,
-}
-
-fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
-    list.iter()
-        .map(|o| match o.split_once('=') {
-            Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
-            None => (o.clone(), None),
-        })
-        .collect()
-}
-
-#[async_trait]
-impl Host for FakeHost {
-    fn mount_table(&self) -> Result<Vec<MountEntry>> {
-        Ok(self.state.lock().unwrap().mounts.clone())
-    }
-    async fn probe_signatures(&self, _: &Path) -> Result<Vec<Signature>> {
-        Ok(vec![])
-    }
-    async fn mkfs(&self, _: &Path, _: FsType, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn wipe_signatures(&self, _: &Path) -> Result<()> {
-        Ok(())
-    }
-    fn hold_device(&self, _: &Path) -> Result<DeviceHold> {
-        Ok(DeviceHold::nothing_to_lock())
-    }
-    async fn zero_device(&self, _: &Path) -> Result<()> {
-        Ok(())
-    }
-    async fn mount(&self, _: &Path, _: &Anchored, _: FsType, _: &[String]) -> Result<()> {
-        Ok(())
-    }
-    async fn bind_mount(
-        &self,
-        source: &Anchored,
-        target: &Anchored,
-        options: &[String],
-    ) -> Result<()> {
-        let source = source.path();
-        let target = target.path();
-        let mut s = self.state.lock().unwrap();
-        let mut m = s
-            .mounts
-            .iter()
-            .rev()
-            .find(|m| m.mount_point == source)
-            .cloned()
-            .expect("bind of a mounted path");
-        m.mount_point = target.to_owned();
-        m.mount_options = opts_map(&[if options.iter().any(|o| o == "ro") {
-            "ro".to_owned()
-        } else {
-            "rw".to_owned()
-        }]);
-        s.mounts.push(m);
-        Ok(())
-    }
-    async fn unmount(&self, target: &Anchored) -> Result<()> {
-        let target = target.path();
-        self.unmounts
-            .lock()
-            .unwrap()
-            .push(format!("umount {}", target.display()));
-        if self.server_gone.load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let mut s = self.state.lock().unwrap();
-        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
-            s.mounts.remove(i);
-        }
-        Ok(())
-    }
-    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
-        let flag = match how {
-            ForceUnmount::Force => "-f",
-            ForceUnmount::Lazy => "-l",
-        };
-        self.unmounts
-            .lock()
-            .unwrap()
-            .push(format!("umount {flag} {}", target.display()));
-        if how == ForceUnmount::Force {
-            return Err(gds_csi::error::Error::FailedPrecondition(
-                "umount.nfs4: device is busy".into(),
-            ));
-        }
-        let mut s = self.state.lock().unwrap();
-        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
-            s.mounts.remove(i);
-        }
-        Ok(())
-    }
-    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
-        let gate = self.hang.lock().unwrap().get(source).cloned();
-        if let Some(gate) = gate {
-            let _permit = gate.acquire().await.unwrap();
-        }
-        let mut s = self.state.lock().unwrap();
-        s.nfs_calls
-            .push((source.to_owned(), target.to_owned(), options.to_vec()));
-        let mut sup = opts_map(options);
-        if sup.remove("rdma").is_some() {
-            sup.insert("proto".into(), Some("rdma".into()));
-        }
-        if let Some(p) = self.negotiate_proto.lock().unwrap().clone() {
-            sup.insert("proto".into(), Some(p));
-            sup.insert("port".into(), Some("2049".into()));
-        }
-        s.next_minor += 1;
-        let minor = s.next_minor;
-        s.mounts.push(MountEntry {
-            major: 0,
-            minor: 100 + minor,
-            root: "/".into(),
-            mount_point: target.to_owned(),
-            mount_options: opts_map(&["rw".into()]),
-            fs_type: "nfs4".into(),
-            source: Some(source.to_owned()),
-            super_options: sup,
-        });
-        Ok(())
-    }
-}
-
 struct Harness {
     dir: tempfile::TempDir,
-    host: Arc<FakeHost>,
+    host: Arc<HostDouble>,
     c: Clients,
 }
 
 async fn harness() -> Harness {
+    harness_with(true).await
+}
+
+/// `nfs`: whether the driver instance has the NFS backend.
+async fn harness_with(nfs: bool) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let host = Arc::new(FakeHost {
-        state: Mutex::default(),
-        negotiate_proto: Mutex::default(),
-        hang: Mutex::default(),
-        server_gone: Default::default(),
-        unmounts: Mutex::default(),
-    });
+    let host = Arc::new(HostDouble::tracking(HashMap::new()));
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
         host_sys: dir.path().join("sys"),
@@ -192,16 +46,18 @@ async fn harness() -> Harness {
         state_dir: state.clone(),
     })
     .unwrap();
-    let driver = Arc::new(
-        Driver::new(
-            "gds.csi.test".into(),
-            "node-a".into(),
-            vec![dir.path().join("kubelet")],
-            pool,
-            host.clone(),
-        )
-        .with_nfs(NfsBackend::open(&state, std::time::Duration::from_secs(5)).unwrap()),
+    let mut driver = Driver::new(
+        "gds.csi.test".into(),
+        "node-a".into(),
+        vec![dir.path().join("kubelet")],
+        pool,
+        host.clone(),
     );
+    if nfs {
+        driver =
+            driver.with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap());
+    }
+    let driver = Arc::new(driver);
     let c = common::serve_in_process(driver, dir.path()).await;
     Harness { dir, host, c }
 }
@@ -520,7 +376,7 @@ async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {
         minor: 99,
         root: "/".into(),
         mount_point: other.clone(),
-        mount_options: opts_map(&["rw".into()]),
+        mount_options: HashMap::from([("rw".to_owned(), None)]),
         fs_type: "nfs4".into(),
         source: Some("192.0.2.1:/export/someone-else".into()),
         super_options: HashMap::new(),
@@ -595,7 +451,7 @@ async fn a_hung_mount_blocks_only_its_own_volume() {
     let fine = h.create("vol-f", params(&[]), w.clone(), 0).await.unwrap();
     let gate = Arc::new(Semaphore::new(0));
     h.host
-        .hang
+        .hang_nfs
         .lock()
         .unwrap()
         .insert("192.0.2.1:/export/vol-h".into(), gate.clone());
@@ -705,7 +561,7 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
     };
     let mut expected = steps(&target);
     expected.extend(steps(&staging));
-    assert_eq!(*h.host.unmounts.lock().unwrap(), expected);
+    assert_eq!(h.host.calls_of("umount"), expected);
     let left: Vec<PathBuf> = h
         .host
         .state
@@ -752,4 +608,39 @@ async fn nfs_get_capacity_never_turns_a_claim_away() {
         .unwrap()
         .into_inner();
     assert_eq!(nvme.available_capacity, 0, "this harness has an empty pool");
+}
+
+/// Teardown needs only the mount table: an instance without the NFS backend still unstages
+/// and unpublishes an NFS volume (nothing there is success), while everything that needs
+/// the backend is refused.
+#[tokio::test]
+async fn teardown_works_without_the_nfs_backend() {
+    let h = harness_with(false).await;
+    let id = "nfs:d-rdma-20049-4.1:~export:vol-1:192.0.2.1";
+    let path = |p: &str| h.dir.path().join("kubelet").join(p).display().to_string();
+    let mut n = h.c.node.clone();
+    n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: path("pods/p/mount"),
+    })
+    .await
+    .unwrap();
+    n.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: path("staging/v"),
+    })
+    .await
+    .unwrap();
+    let err = n
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: path("staging/v"),
+            volume_capability: Some(cap(AccessModeKind::SingleNodeWriter, &[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("not enabled"), "{err:?}");
+    assert_eq!(h.host.count("mount_nfs"), 0);
 }

@@ -13,79 +13,17 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
+use common::host_double::HostDouble;
 use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AM, AccessMode, AccessType, BlockVolume, MountVolume,
 };
 use gds_csi::csi::*;
-use gds_csi::error::Result;
-use gds_csi::os::{Anchored, DeviceHold, FsType, Host, MountEntry, Signature};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 use tonic::Code;
-
-/// Records every call, reads of the mount table included; mutating calls succeed like a host.
-#[derive(Default)]
-struct RecordingHost {
-    calls: Mutex<Vec<String>>,
-    mounts: Mutex<Vec<MountEntry>>,
-}
-
-impl RecordingHost {
-    fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
-    }
-    fn record(&self, call: String) {
-        self.calls.lock().unwrap().push(call);
-    }
-}
-
-#[async_trait]
-impl Host for RecordingHost {
-    fn mount_table(&self) -> Result<Vec<MountEntry>> {
-        self.record("mount_table".into());
-        Ok(self.mounts.lock().unwrap().clone())
-    }
-    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
-        self.record(format!("probe {}", device.display()));
-        Ok(vec![])
-    }
-    async fn mkfs(&self, device: &Path, _fs: FsType, _uuid: &str) -> Result<()> {
-        self.record(format!("mkfs {}", device.display()));
-        Ok(())
-    }
-    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
-        self.record(format!("wipe {}", device.display()));
-        Ok(())
-    }
-    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
-        self.record(format!("hold {}", device.display()));
-        Ok(DeviceHold::nothing_to_lock())
-    }
-    async fn zero_device(&self, device: &Path) -> Result<()> {
-        self.record(format!("zero {}", device.display()));
-        Ok(())
-    }
-    async fn mount(&self, device: &Path, target: &Anchored, _: FsType, _: &[String]) -> Result<()> {
-        let target = target.path();
-        self.record(format!("mount {} {}", device.display(), target.display()));
-        Ok(())
-    }
-    async fn bind_mount(&self, source: &Anchored, target: &Anchored, _: &[String]) -> Result<()> {
-        let source = source.path();
-        let target = target.path();
-        self.record(format!("bind {} {}", source.display(), target.display()));
-        Ok(())
-    }
-    async fn unmount(&self, target: &Anchored) -> Result<()> {
-        let target = target.path();
-        self.record(format!("umount {}", target.display()));
-        Ok(())
-    }
-}
 
 /// Every path under `root` with its content (files), link target (symlinks) or nothing (dirs).
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -201,7 +139,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         std::fs::write(by_dev.join("size"), format!("{}\n", (1u64 << 30) / 512)).unwrap();
     }
 
-    let host = Arc::new(RecordingHost::default());
+    let host = Arc::new(HostDouble::recording());
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
         host_sys: sys,
@@ -564,7 +502,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             ],
         ),
     ] {
-        // request.rs names UNKNOWN as `volume_capability.access_mode` for every RPC.
+        // request/mod.rs names UNKNOWN as `volume_capability.access_mode` for every RPC.
         let names = if what == "mode UNKNOWN" {
             "access_mode"
         } else {
@@ -814,7 +752,11 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
                 other.map_err(|s| (s.code(), s.message().to_owned()))
             )),
         }
-        host.calls.lock().unwrap().truncate(calls_before.len());
+        host.state
+            .lock()
+            .unwrap()
+            .calls
+            .truncate(calls_before.len());
     }
     for f in &failures {
         println!("NOT REJECTED CLEANLY: {f}");

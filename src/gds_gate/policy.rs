@@ -47,9 +47,11 @@ impl std::str::FromStr for Policy {
             "required" => Ok(Policy::Required),
             "preferred" => Ok(Policy::Preferred),
             "disabled" => Ok(Policy::Disabled),
-            other => Err(Error::FailedPrecondition(format!(
-                "the volume's {PARAM} {other:?} is not required, preferred or disabled"
-            ))),
+            // The same refusal as a bad value in CreateVolume's parameters.
+            other => Err(Error::invalid(
+                "parameters",
+                format!("{PARAM} {other:?} must be required, preferred or disabled"),
+            )),
         }
     }
 }

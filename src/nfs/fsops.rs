@@ -23,6 +23,9 @@ pub const DIR_MODE: u32 = 0o777;
 pub enum FsError {
     #[error("{0} is a symlink or not a directory inside the export; refusing to follow it")]
     NotADirectory(String),
+    /// Not a relative path of plain components (callers pass checked ones).
+    #[error("{0:?} is not a relative path of plain components below the export")]
+    BadPath(String),
     #[error("{what} {path}: {errno}")]
     Sys {
         what: &'static str,
@@ -93,7 +96,7 @@ fn split(rel: &str) -> Vec<&str> {
 /// Creates `rel` (and its parents) below `root`; the last directory gets `DIR_MODE`
 /// whatever the umask. Idempotent.
 pub fn ensure_dir(root: &Path, rel: &str) -> Result<(), FsError> {
-    let dir = walk(root, &split(rel), true)?.expect("created");
+    let dir = walk(root, &split(rel), true)?.ok_or_else(|| FsError::BadPath(rel.to_owned()))?;
     fchmod(dir.as_raw_fd(), Mode::from_bits_truncate(DIR_MODE)).map_err(sys("chmod", rel))
 }
 
@@ -105,7 +108,9 @@ pub fn dir_exists(root: &Path, rel: &str) -> Result<bool, FsError> {
 /// Opens the parent of `rel` and returns it with the last component's name.
 fn parent_of<'a>(root: &Path, rel: &'a str) -> Result<Option<(Dir, &'a str)>, FsError> {
     let parts = split(rel);
-    let (leaf, parents) = parts.split_last().expect("a non-empty relative path");
+    let (leaf, parents) = parts
+        .split_last()
+        .ok_or_else(|| FsError::BadPath(rel.to_owned()))?;
     Ok(walk(root, parents, false)?.map(|d| (d, *leaf)))
 }
 
@@ -115,7 +120,7 @@ pub fn remove_tree(root: &Path, rel: &str) -> Result<(), FsError> {
     let Some((parent, leaf)) = parent_of(root, rel)? else {
         return Ok(());
     };
-    let leaf = CString::new(leaf).expect("checked: no NUL");
+    let leaf = CString::new(leaf).map_err(|_| FsError::BadPath(rel.to_owned()))?;
     remove_at(&parent, &leaf, rel)
 }
 

@@ -89,7 +89,10 @@ impl Registry {
         let bytes = serde_json::to_vec_pretty(&File {
             volumes: next.clone(),
         })
-        .expect("serializes");
+        .map_err(|e| Error::State {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
         crate::state_dir::write_atomic(&self.path, &bytes)
             .map_err(|e| Error::io("writing", &self.path, e))?;
         *current = next;

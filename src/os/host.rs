@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::error::HostError;
 use super::inflight;
 use super::mountinfo::{self, MountEntry};
 use super::runner;
@@ -120,21 +121,39 @@ pub trait Host: Send + Sync + 'static {
     /// Unmounts the topmost mount at `target`; nothing mounted there is success.
     async fn unmount(&self, target: &Anchored) -> Result<()>;
     /// `umount -f` or `umount -l` of a mount whose plain unmount hung (an NFS server
-    /// gone, see nfs/unmount.rs). Hosts that cannot keep the default.
-    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
-        Err(Error::FailedPrecondition(format!(
-            "this host cannot force the unmount of {} ({how:?})",
-            target.display()
-        )))
-    }
+    /// gone, see mounts/unmount.rs).
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()>;
     /// `mount -t nfs -o <options> <source> <target>` under the mount deadline. `source`
-    /// is `server:/path`, already checked. Hosts that cannot mount NFS keep the default.
-    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
-        let _ = (options, target);
-        Err(Error::FailedPrecondition(format!(
-            "this host cannot mount NFS ({source})"
-        )))
-    }
+    /// is `server:/path`, already checked.
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()>;
+    /// Creates a directory of the driver's own (below its state dir) with its parents.
+    fn create_dir_all(&self, path: &Path) -> Result<()>;
+    /// What `path` is, following symlinks; `None` when nothing is there.
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>>;
+    /// The usage of the filesystem mounted at `path`. Blocking: on NFS it asks the
+    /// server, so callers run it under a deadline.
+    fn statvfs(&self, path: &Path) -> Result<FsUsage>;
+}
+
+/// What a path is, as [`Host::stat`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Dir,
+    File,
+    BlockDevice,
+    Other,
+}
+
+/// A filesystem's size and use (statvfs(3)), in bytes and inodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Free to unprivileged users.
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub available_inodes: u64,
 }
 
 /// How a hung unmount is escalated.
@@ -217,11 +236,11 @@ fn parse_wipefs_json(text: &str) -> std::result::Result<Vec<Signature>, serde_js
 }
 
 fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
-    Error::FailedPrecondition(format!(
-        "signature probe of {} failed ({why}); a device whose contents are unknown is never \
-         formatted: check that the device is readable and that blkid and wipefs are installed",
-        device.display()
-    ))
+    HostError::ProbeFailed {
+        device: device.to_owned(),
+        why: why.to_string(),
+    }
+    .into()
 }
 
 /// How long a destructive step waits for util-linux's lock before answering Aborted.
@@ -238,7 +257,7 @@ pub async fn hold_when_free(
     let until = Instant::now() + patience;
     loop {
         match host.hold_device(device) {
-            Err(Error::Aborted(_)) if Instant::now() < until => {
+            Err(Error::Host(HostError::DeviceLocked { .. })) if Instant::now() < until => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             other => return other,
@@ -260,13 +279,11 @@ fn device_in_use(device: &Path) -> Error {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "<device>".into());
-    Error::FailedPrecondition(format!(
-        "{} is in use (mounted, claimed by md or device-mapper, or opened exclusively by \
-         another program such as an mkfs still running from an earlier driver process); it is \
-         not formatted or erased while in use: find the holder with `fuser -v {0}`, \
-         `ls /sys/class/block/{name}/holders` and the mount table",
-        device.display()
-    ))
+    HostError::DeviceInUse {
+        device: device.to_owned(),
+        name,
+    }
+    .into()
 }
 
 /// Zeroes `[0, size)` of an open device in chunks; a chunk slower than `per_chunk` fails it.
@@ -352,11 +369,10 @@ impl Host for RealHost {
         // are whole devices. The lock is advisory: mkfs itself does not take it.
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, errno)| match errno {
-                nix::errno::Errno::EWOULDBLOCK => Error::Aborted(format!(
-                    "{} is locked by another program (util-linux's block-device lock, \
-                     flock); retry when it is done",
-                    device.display()
-                )),
+                nix::errno::Errno::EWOULDBLOCK => HostError::DeviceLocked {
+                    device: device.to_owned(),
+                }
+                .into(),
                 other => Error::io("locking", device, other.into()),
             })?;
         // An O_EXCL open of a block device fails with EBUSY while it is mounted, an md or
@@ -447,7 +463,7 @@ impl Host for RealHost {
             zero_blocks(&file, &device, size, per_chunk)
         })
         .await
-        .map_err(|e| Error::Aborted(format!("the erase task ended abnormally: {e}")))?
+        .map_err(|e| Error::from(HostError::EraseInterrupted(e.to_string())))?
     }
 
     async fn mount(
@@ -533,6 +549,40 @@ impl Host for RealHost {
             Err(e) => Err(e.into()),
         }
     }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+    }
+
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
+        use nix::sys::stat::SFlag;
+        match nix::sys::stat::stat(path) {
+            Ok(st) => Ok(Some(
+                match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+                    SFlag::S_IFDIR => FileKind::Dir,
+                    SFlag::S_IFREG => FileKind::File,
+                    SFlag::S_IFBLK => FileKind::BlockDevice,
+                    _ => FileKind::Other,
+                },
+            )),
+            Err(nix::errno::Errno::ENOENT) => Ok(None),
+            Err(e) => Err(Error::io("stat", path, e.into())),
+        }
+    }
+
+    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
+        let st =
+            nix::sys::statvfs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
+        let frsize = st.fragment_size() as u64;
+        Ok(FsUsage {
+            total_bytes: st.blocks() as u64 * frsize,
+            free_bytes: st.blocks_free() as u64 * frsize,
+            available_bytes: st.blocks_available() as u64 * frsize,
+            total_inodes: st.files() as u64,
+            free_inodes: st.files_free() as u64,
+            available_inodes: st.files_available() as u64,
+        })
+    }
 }
 
 impl RealHost {
@@ -565,7 +615,11 @@ impl RealHost {
                 command: format!("{what} (still in the kernel; its path is refused until done)"),
                 after: self.mount_timeout,
             })),
-            Ok(Err(join)) => Err(Error::FailedPrecondition(format!("{what}: {join}"))),
+            Ok(Err(join)) => Err(HostError::TaskFailed {
+                what,
+                why: join.to_string(),
+            }
+            .into()),
             Ok(Ok(r)) => r,
         }
     }
@@ -604,7 +658,10 @@ mod tests {
             .await
             .err()
             .expect("held elsewhere");
-        assert!(matches!(err, Error::Aborted(_)), "{err}");
+        assert!(
+            matches!(err, Error::Host(HostError::DeviceLocked { .. })),
+            "{err}"
+        );
         // Released while the hold waits (udev's probe is this short).
         let release = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -3,6 +3,7 @@
 //! tests can substitute a recording double; `RealHost` is chosen in `main`.
 
 pub mod blockdev;
+pub mod error;
 pub mod host;
 pub mod inflight;
 pub mod mountinfo;
@@ -10,8 +11,10 @@ pub mod runner;
 pub mod safepath;
 
 pub use blockdev::DeviceUse;
+pub use error::HostError;
 pub use host::{
-    hold_when_free, DeviceHold, ForceUnmount, FsType, Host, RealHost, Signature, HOLD_PATIENCE,
+    hold_when_free, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, RealHost, Signature,
+    HOLD_PATIENCE,
 };
 pub use mountinfo::MountEntry;
 pub use safepath::Anchored;

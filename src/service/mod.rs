@@ -1,5 +1,6 @@
-//! The CSI services: thin handlers that parse the request, take the per-volume
-//! guard, call the domain operation and let `From<Error> for Status` map the error.
+//! The CSI services: thin handlers that parse the request, take the per-volume guard,
+//! pick the backend from the parsed volume id and call it; `From<Error> for Status`
+//! maps the error.
 
 pub mod controller;
 mod gauges;
@@ -8,13 +9,14 @@ pub mod node;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tracing::info;
-
-use crate::error::{Error, Result};
+use crate::block::{BlockBackend, NodeIdentity};
+use crate::error::{Result, VolumeError};
+use crate::gds_gate::GdsGate;
 use crate::locks::VolumeLocks;
+use crate::mounts::Mounter;
+use crate::nfs::{NfsBackend, NfsStore};
 use crate::os::Host;
 use crate::pool::Pool;
 
@@ -23,14 +25,14 @@ pub struct Driver {
     pub version: String,
     pub node_id: String,
     pub allowed_roots: Vec<PathBuf>,
-    pub pool: Pool,
-    pub host: Arc<dyn Host>,
+    pub pool: Arc<Pool>,
     pub locks: VolumeLocks,
     /// The GPUDirect Storage gate of NodePublishVolume; None: no GDS checks at all.
-    pub gds_gate: Option<Arc<crate::gds_gate::GdsGate>>,
+    pub gds_gate: Option<Arc<GdsGate>>,
+    pub block: BlockBackend,
     /// The NFS backend; None: NFS volumes are refused with FailedPrecondition.
-    pub nfs: Option<Arc<crate::nfs::NfsBackend>>,
-    ready: AtomicBool,
+    pub nfs: Option<NfsBackend>,
+    pub host: Arc<dyn Host>,
 }
 
 impl Driver {
@@ -41,66 +43,76 @@ impl Driver {
         pool: Pool,
         host: Arc<dyn Host>,
     ) -> Self {
+        let pool = Arc::new(pool);
+        let node = NodeIdentity {
+            node_id: node_id.clone(),
+            topology_key: format!("{name}/node"),
+        };
+        let mounter = Mounter::new(Arc::clone(&host), allowed_roots.clone());
         Driver {
+            block: BlockBackend::new(mounter, Arc::clone(&pool), node),
             name,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             node_id,
             allowed_roots,
             pool,
-            host,
             locks: VolumeLocks::default(),
             gds_gate: None,
             nfs: None,
-            ready: AtomicBool::new(false),
+            host,
         }
     }
 
-    pub fn with_gds_gate(mut self, gate: crate::gds_gate::GdsGate) -> Self {
-        self.gds_gate = Some(Arc::new(gate));
+    pub fn with_gds_gate(mut self, gate: GdsGate) -> Self {
+        let gate = Some(Arc::new(gate));
+        self.block.set_gate(gate.clone());
+        if let Some(nfs) = &mut self.nfs {
+            nfs.set_gate(gate.clone());
+        }
+        self.gds_gate = gate;
         self
     }
 
-    pub fn with_nfs(mut self, nfs: crate::nfs::NfsBackend) -> Self {
-        self.nfs = Some(Arc::new(nfs));
+    /// The host port with the allowed roots, for teardown of NFS volumes in an instance
+    /// without the NFS backend.
+    pub fn mounter(&self) -> Mounter {
+        Mounter::new(Arc::clone(&self.host), self.allowed_roots.clone())
+    }
+
+    pub fn with_nfs(mut self, store: NfsStore) -> Self {
+        let mounter = self.mounter();
+        let mut nfs = NfsBackend::new(store, mounter, self.name.clone());
+        nfs.set_gate(self.gds_gate.clone());
+        self.nfs = Some(nfs);
         self
+    }
+
+    /// The NFS backend, or FailedPrecondition when this instance has none.
+    pub fn nfs(&self) -> Result<&NfsBackend> {
+        self.nfs
+            .as_ref()
+            .ok_or_else(|| VolumeError::NfsDisabled.into())
     }
 
     /// Scans the pool and probes free devices; Probe answers ready only after this.
     pub async fn initialise(&self) -> Result<()> {
-        let mounts = self.host.mount_table()?;
-        self.pool.rescan(&mounts);
-        self.pool.classify_free(self.host.as_ref()).await;
-        let devices = self.pool.devices();
-        info!(
-            devices = devices.len(),
-            free = self.pool.free_devices().len(),
-            excluded = self.pool.excluded().len(),
-            "pool ready"
-        );
-        self.ready.store(true, Ordering::Release);
-        Ok(())
+        self.block.initialise().await
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.block.is_ready()
     }
 
     pub fn check_ready(&self) -> Result<()> {
-        if self.is_ready() {
-            Ok(())
-        } else {
-            Err(Error::NotReady(
-                "the device pool is still being scanned; retry shortly".into(),
-            ))
-        }
+        self.block.check_ready()
     }
 
     /// Topology key under which volumes and nodes are matched.
     pub fn node_topology_key(&self) -> String {
-        format!("{}/node", self.name)
+        self.block.node.topology_key.clone()
     }
 
     pub fn node_segment(&self) -> HashMap<String, String> {
-        HashMap::from([(self.node_topology_key(), self.node_id.clone())])
+        self.block.node.segment()
     }
 }

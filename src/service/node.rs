@@ -1,43 +1,38 @@
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use super::Driver;
+use crate::backend::{Publish, VolumeBackend};
 use crate::block;
 use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result};
 use crate::nfs;
-use crate::os::mountinfo;
-use crate::request::{self, Capability, VolumeRef};
+use crate::request::{self, VolumeRef};
 
 pub struct NodeService {
     pub driver: Arc<Driver>,
 }
 
-fn required_capability(cap: Option<&VolumeCapability>) -> Result<Capability> {
-    let cap = cap.ok_or_else(|| Error::invalid("volume_capability", "required"))?;
-    request::capability(cap, "volume_capability")?.ok_or_else(|| {
-        Error::invalid(
-            "volume_capability",
-            "multi-node access modes are not supported by node-local block volumes",
-        )
-    })
-}
-
 impl NodeService {
+    fn host_path(&self, field: &'static str, raw: &str) -> Result<PathBuf> {
+        request::host_path(field, raw, &self.driver.allowed_roots)
+    }
+
     /// NodeGetVolumeStats' path is a staging or target path like the others: checked
     /// against the allowed roots before anything about it is answered. A volume is never
     /// at a path that fails the checks, so that is `NotFound` (what csi-sanity's "volume
     /// does not exist on the specified path" expects), the same answer whether or not
     /// such a host path exists; only a missing path is `InvalidArgument`.
-    fn volume_path(&self, volume: &str, raw: &str) -> Result<std::path::PathBuf> {
+    fn volume_path(&self, volume: &str, raw: &str) -> Result<PathBuf> {
         if raw.is_empty() {
             return Err(Error::invalid("volume_path", "required"));
         }
-        request::host_path("volume_path", raw, &self.driver.allowed_roots).map_err(|e| match e {
+        self.host_path("volume_path", raw).map_err(|e| match e {
             Error::InvalidArgument { field, reason } => Error::NotFound(format!(
                 "volume {volume} is not published or staged at {raw:?} ({field}: {reason})"
             )),
@@ -45,216 +40,97 @@ impl NodeService {
         })
     }
 
-    /// Whether the path exists, opened beneath its root (a symlink or a mount crossed on
-    /// the way is "not there": the volume is never reached that way).
-    fn exists_beneath(&self, path: &Path) -> Result<bool> {
-        match crate::os::safepath::open(
-            "volume_path",
-            &self.driver.allowed_roots,
-            path,
-            crate::os::safepath::Create::Nothing,
-            None,
-        ) {
-            Ok(found) => Ok(found.is_some()),
-            Err(Error::InvalidArgument { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn block_volume(&self, volume: &VolumeRef) -> Result<block::Located> {
-        match volume {
-            VolumeRef::Block(id) => block::locate(&self.driver, id),
-            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
-            VolumeRef::Nfs(id) => Err(Error::VolumeNotFound(id.to_string())),
-        }
-    }
-
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<()> {
+        let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        let staging = request::host_path(
-            "staging_target_path",
-            &req.staging_target_path,
-            &self.driver.allowed_roots,
-        )?;
-        if let VolumeRef::Nfs(id) = &volume {
-            let cap = req
-                .volume_capability
-                .as_ref()
-                .ok_or_else(|| Error::invalid("volume_capability", "required"))?;
-            let _guard = self.driver.locks.try_lock(&volume.raw())?;
-            return nfs::stage(&self.driver, id, &staging, cap).await;
+        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
+        let cap = req.volume_capability.as_ref();
+        let _guard = d.locks.try_lock(&volume.raw())?;
+        match &volume {
+            VolumeRef::Block(id) => d.block.stage(id, &staging, cap).await,
+            VolumeRef::Nfs(id) => d.nfs()?.stage(id, &staging, cap).await,
+            VolumeRef::Unknown(raw) => {
+                // Checked as a block volume's would be before it is found missing.
+                block::stage::required_capability(cap)?;
+                d.check_ready()?;
+                Err(Error::VolumeNotFound(raw.clone()))
+            }
         }
-        let cap = required_capability(req.volume_capability.as_ref())?;
-        self.driver.check_ready()?;
-        let _guard = self.driver.locks.try_lock(&volume.raw())?;
-        let located = self.block_volume(&volume)?;
-        block::stage(&self.driver, &located, &staging, &cap).await
     }
 
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<()> {
+        let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        let staging = request::host_path(
-            "staging_target_path",
-            &req.staging_target_path,
-            &self.driver.allowed_roots,
-        )?;
-        let _guard = self.driver.locks.try_lock(&volume.raw())?;
-        if let VolumeRef::Nfs(id) = &volume {
-            return nfs::unstage(&self.driver, id, &staging).await;
+        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
+        let _guard = d.locks.try_lock(&volume.raw())?;
+        match &volume {
+            VolumeRef::Block(id) => d.block.unstage(id, &staging).await,
+            VolumeRef::Nfs(id) => match &d.nfs {
+                Some(nfs) => nfs.unstage(id, &staging).await,
+                None => nfs::node::unstage(&d.mounter(), id, &staging).await,
+            },
+            VolumeRef::Unknown(raw) => d.block.unstage_unknown(raw, &staging),
         }
-        let mounts = self.driver.host.mount_table()?;
-        if mountinfo::at(&mounts, &staging).is_none() {
-            return Ok(());
-        }
-        // Only ever unmount this volume's own filesystem.
-        let located = self.block_volume(&volume)?;
-        block::unstage(&self.driver, &located, &staging).await
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
+        let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        let staging = request::host_path(
-            "staging_target_path",
-            &req.staging_target_path,
-            &self.driver.allowed_roots,
-        )?;
-        let target =
-            request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
-        if let VolumeRef::Nfs(id) = &volume {
-            let cap = req
-                .volume_capability
-                .as_ref()
-                .ok_or_else(|| Error::invalid("volume_capability", "required"))?;
-            let _guard = self.driver.locks.try_lock(&volume.raw())?;
-            return nfs::publish(
-                &self.driver,
-                id,
-                &staging,
-                &target,
-                req.readonly,
-                cap,
-                &req.volume_context,
-            )
-            .await;
+        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
+        let target = self.host_path("target_path", &req.target_path)?;
+        let publish = Publish {
+            staging: &staging,
+            target: &target,
+            readonly: req.readonly,
+            capability: req.volume_capability.as_ref(),
+            volume_context: &req.volume_context,
+        };
+        let _guard = d.locks.try_lock(&volume.raw())?;
+        match &volume {
+            VolumeRef::Block(id) => d.block.publish(id, &publish).await,
+            VolumeRef::Nfs(id) => d.nfs()?.publish(id, &publish).await,
+            VolumeRef::Unknown(raw) => {
+                block::stage::required_capability(publish.capability)?;
+                d.check_ready()?;
+                Err(Error::VolumeNotFound(raw.clone()))
+            }
         }
-        let cap = required_capability(req.volume_capability.as_ref())?;
-        self.driver.check_ready()?;
-        let _guard = self.driver.locks.try_lock(&volume.raw())?;
-        let located = self.block_volume(&volume)?;
-        let gate = self.driver.gds_gate.as_deref();
-        block::gate_publish(gate, self.driver.host.as_ref(), &located, &staging, &cap).await?;
-        let readonly = req.readonly || cap.read_only_mode;
-        block::publish(&self.driver, &located, &staging, &target, readonly, &cap).await
     }
 
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
+        let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        let target =
-            request::host_path("target_path", &req.target_path, &self.driver.allowed_roots)?;
-        let _guard = self.driver.locks.try_lock(&volume.raw())?;
-        let raw = volume.raw();
+        let target = self.host_path("target_path", &req.target_path)?;
+        let _guard = d.locks.try_lock(&volume.raw())?;
         match &volume {
-            VolumeRef::Nfs(id) => nfs::unpublish(&self.driver, id, &target).await,
-            VolumeRef::Unknown(_) => Err(Error::VolumeNotFound(raw)),
-            VolumeRef::Block(id) => match block::locate(&self.driver, id) {
-                Ok(located) => {
-                    let dev = &located.device;
-                    block::unpublish(&self.driver, &raw, &target, |m, st| {
-                        block::is_this_device(m, st, dev)
-                    })
-                    .await
-                }
-                // A volume of this node whose record is gone (deleted): nothing at the
-                // target can be recognised as its, so nothing is unmounted or removed.
-                Err(Error::VolumeNotFound(_)) if id.node_id == self.driver.node_id => {
-                    block::unpublish(&self.driver, &raw, &target, |_, _| false).await
-                }
-                Err(e) => Err(e),
+            VolumeRef::Block(id) => d.block.unpublish(id, &target).await,
+            VolumeRef::Nfs(id) => match &d.nfs {
+                Some(nfs) => nfs.unpublish(id, &target).await,
+                None => nfs::node::unpublish(&d.mounter(), id, &target).await,
             },
+            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
         }
     }
 
-    fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
+    async fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
+        let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        if req.volume_path.is_empty() {
-            return Err(Error::invalid("volume_path", "required"));
-        }
         // The path first: a bad one is refused before the host is looked at.
-        let path = &self.volume_path(&req.volume_id, &req.volume_path)?;
-        let located = self.block_volume(&volume)?;
-        if !self.exists_beneath(path)? {
-            return Err(Error::NotFound(format!(
-                "volume {} is not published or staged at {}",
-                located.id, req.volume_path
-            )));
+        let path = self.volume_path(&req.volume_id, &req.volume_path)?;
+        match &volume {
+            VolumeRef::Block(id) => d.block.stats(id, &path).await,
+            VolumeRef::Nfs(id) => d.nfs()?.stats(id, &path).await,
+            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
         }
-        let mounts = self.driver.host.mount_table()?;
-        let dev = &located.device;
-        let entry = mountinfo::at(&mounts, path)
-            .filter(|m| crate::os::blockdev::carries(m, dev.major, dev.minor));
-        let Some(entry) = entry else {
-            return Ok(NodeGetVolumeStatsResponse {
-                usage: vec![],
-                volume_condition: Some(VolumeCondition {
-                    abnormal: true,
-                    message: format!(
-                        "{} exists but the volume is no longer mounted there",
-                        req.volume_path
-                    ),
-                }),
-            });
-        };
-        let condition = if entry.fs_read_only() {
-            VolumeCondition {
-                abnormal: true,
-                message: "the filesystem is read-only (remounted after errors?); check dmesg"
-                    .into(),
-            }
-        } else {
-            VolumeCondition {
-                abnormal: false,
-                message: "mounted".into(),
-            }
-        };
-        let usage = if entry.fs_type == "devtmpfs" || !path.is_dir() {
-            vec![VolumeUsage {
-                total: dev.size_bytes as i64,
-                unit: volume_usage::Unit::Bytes as i32,
-                ..Default::default()
-            }]
-        } else {
-            let st = nix::sys::statvfs::statvfs(path)
-                .map_err(|e| Error::io("statvfs", path, e.into()))?;
-            let frsize = st.fragment_size() as i64;
-            let total = st.blocks() as i64 * frsize;
-            let available = st.blocks_available() as i64 * frsize;
-            let used = (st.blocks() - st.blocks_free()) as i64 * frsize;
-            let inodes = st.files() as i64;
-            let inodes_free = st.files_available() as i64;
-            vec![
-                VolumeUsage {
-                    available,
-                    total,
-                    used,
-                    unit: volume_usage::Unit::Bytes as i32,
-                },
-                VolumeUsage {
-                    available: inodes_free,
-                    total: inodes,
-                    used: inodes - st.files_free() as i64,
-                    unit: volume_usage::Unit::Inodes as i32,
-                },
-            ]
-        };
-        let condition = crate::gds_gate::volume_condition(
-            self.driver.gds_gate.as_deref(),
-            &located.id.to_string(),
-            condition,
-        );
-        Ok(NodeGetVolumeStatsResponse {
-            usage,
-            volume_condition: Some(condition),
-        })
+    }
+
+    /// NodeGetInfo's topology: the node key, plus `<driver>/gds-nvme` and
+    /// `<driver>/gds-nfs-rdma` ("true"/"false") from the gate's node checks at call time.
+    /// The kubelet reads them once, at plugin registration: restart the node plugin pod
+    /// to refresh them.
+    fn topology(&self) -> HashMap<String, String> {
+        let d = &self.driver;
+        crate::gds_gate::node_topology(d.gds_gate.as_deref(), &d.name, d.node_segment())
     }
 }
 
@@ -296,20 +172,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        let req = request.into_inner();
-        if let Ok(VolumeRef::Nfs(id)) = request::volume_ref(&req.volume_id) {
-            let path = self.volume_path(&req.volume_id, &req.volume_path)?;
-            if !self.exists_beneath(&path)? {
-                return Err(Error::NotFound(format!(
-                    "volume {id} is not published or staged at {}",
-                    req.volume_path
-                ))
-                .into());
-            }
-            let stats = nfs::stats(&self.driver, &id, &path).await?;
-            return Ok(Response::new(stats));
-        }
-        Ok(Response::new(self.stats(req)?))
+        Ok(Response::new(self.stats(request.into_inner()).await?))
     }
 
     async fn node_expand_volume(
@@ -347,11 +210,7 @@ impl Node for NodeService {
             node_id: self.driver.node_id.clone(),
             max_volumes_per_node: 0,
             accessible_topology: Some(Topology {
-                segments: crate::gds_gate::node_topology(
-                    self.driver.gds_gate.as_deref(),
-                    &self.driver.name,
-                    self.driver.node_segment(),
-                ),
+                segments: self.topology(),
             }),
         }))
     }

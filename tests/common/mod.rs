@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod gds_fixture;
+pub mod host_double;
 pub mod requests;
 pub mod tools;
 

@@ -1,8 +1,7 @@
 //! CSI requests parsed into domain types whose fields are already valid. Anything
 //! wrong becomes `InvalidArgument` naming the field, before the host is touched.
 
-use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
@@ -11,11 +10,22 @@ use crate::error::{Error, Result};
 use crate::os::FsType;
 use crate::volume_id::{self, BlockVolumeId};
 
+pub mod nfs;
+pub mod nfs_id;
+pub mod nfs_options;
+pub mod path;
+
+pub use path::host_path;
+
+pub use nfs::{NfsCapability, NfsParams, OnDelete};
+pub use nfs_id::NfsVolumeId;
+pub use nfs_options::{MountOptions, Transport};
+
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
-pub const PARAM_GDS_POLICY: &str = crate::gds_gate::PARAM;
+pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
-use crate::nfs::volume::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
+use nfs::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
 const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];
 const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_FS_TYPE,
@@ -170,35 +180,8 @@ pub struct VolumeParameters {
     pub stored: BTreeMap<String, String>,
 }
 
-pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<VolumeParameters> {
-    let mut unknown: Vec<&str> = params
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with(SIDECAR_PREFIX) && !KNOWN_PARAMETERS.contains(k))
-        .collect();
-    if !unknown.is_empty() {
-        unknown.sort_unstable();
-        return Err(Error::invalid(
-            "parameters",
-            format!(
-                "unknown parameters {unknown:?}; supported: {}",
-                KNOWN_PARAMETERS.join(", ")
-            ),
-        ));
-    }
-    let mut stored = BTreeMap::new();
-    for (key, value) in params
-        .iter()
-        .filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX))
-    {
-        if value.contains([',', '=', '\n', '\0']) {
-            return Err(Error::invalid(
-                "parameters",
-                format!("{key}: value {value:?} must not contain ',', '=', newlines or NUL"),
-            ));
-        }
-        stored.insert(key.clone(), value.clone());
-    }
+pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> {
+    let stored = own_parameters(params)?;
     if !stored.contains_key(PARAM_SERVER) {
         if let Some(k) = NFS_ONLY_PARAMETERS
             .iter()
@@ -233,6 +216,40 @@ pub fn parameters(params: &std::collections::HashMap<String, String>) -> Result<
     Ok(VolumeParameters { fs_type, stored })
 }
 
+/// The driver's own parameters: every key known (sidecar-added ones dropped), no value
+/// that could smuggle a second option into a mount or mkfs.
+fn own_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut unknown: Vec<&str> = params
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with(SIDECAR_PREFIX) && !KNOWN_PARAMETERS.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        return Err(Error::invalid(
+            "parameters",
+            format!(
+                "unknown parameters {unknown:?}; supported: {}",
+                KNOWN_PARAMETERS.join(", ")
+            ),
+        ));
+    }
+    let mut stored = BTreeMap::new();
+    for (key, value) in params
+        .iter()
+        .filter(|(k, _)| !k.starts_with(SIDECAR_PREFIX))
+    {
+        if value.contains([',', '=', '\n', '\0']) {
+            return Err(Error::invalid(
+                "parameters",
+                format!("{key}: value {value:?} must not contain ',', '=', newlines or NUL"),
+            ));
+        }
+        stored.insert(key.clone(), value.clone());
+    }
+    Ok(stored)
+}
+
 pub fn name(name: &str) -> Result<String> {
     if name.is_empty() {
         return Err(Error::invalid(
@@ -249,11 +266,62 @@ pub fn name(name: &str) -> Result<String> {
     Ok(name.to_owned())
 }
 
+/// CreateVolume, checked as far as it does not depend on the backend.
+pub struct CreateVolume<'a> {
+    pub name: String,
+    pub params: VolumeParameters,
+    /// Every parameter, the sidecar's included (claim name and namespace).
+    pub raw_parameters: &'a HashMap<String, String>,
+    pub capabilities: &'a [csi::VolumeCapability],
+    pub required_bytes: u64,
+    /// 0 means no limit.
+    pub limit_bytes: u64,
+    pub accessibility: Option<&'a csi::TopologyRequirement>,
+}
+
+pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>> {
+    let name = name(&req.name)?;
+    let params = parameters(&req.parameters)?;
+    if req.volume_content_source.is_some() {
+        return Err(Error::invalid(
+            "volume_content_source",
+            "snapshots and clones are not supported; create an empty volume",
+        ));
+    }
+    let range = req.capacity_range.unwrap_or_default();
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "bytes must not be negative",
+        ));
+    }
+    if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
+        return Err(Error::invalid(
+            "capacity_range",
+            "required_bytes is larger than limit_bytes",
+        ));
+    }
+    Ok(CreateVolume {
+        name,
+        params,
+        raw_parameters: &req.parameters,
+        capabilities: &req.volume_capabilities,
+        required_bytes: range.required_bytes as u64,
+        limit_bytes: range.limit_bytes as u64,
+        accessibility: req.accessibility_requirements.as_ref(),
+    })
+}
+
+/// Whether the parameters ask for an NFS volume (they name a server).
+pub fn is_nfs(params: &HashMap<String, String>) -> bool {
+    params.contains_key(nfs::PARAM_SERVER)
+}
+
 /// Which volume a node request is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeRef {
     Block(BlockVolumeId),
-    Nfs(crate::nfs::NfsVolumeId),
+    Nfs(NfsVolumeId),
     /// Well formed but not an id this driver ever issued.
     Unknown(String),
 }
@@ -273,123 +341,16 @@ pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     if let Some(parsed) = BlockVolumeId::parse(id) {
         return Ok(VolumeRef::Block(parsed));
     }
-    Ok(match crate::nfs::NfsVolumeId::parse(id) {
+    Ok(match NfsVolumeId::parse(id) {
         Some(parsed) => VolumeRef::Nfs(parsed),
         None => VolumeRef::Unknown(id.to_owned()),
     })
-}
-
-/// Longest path the kernel takes (PATH_MAX, include/uapi/linux/limits.h, counts the NUL).
-const PATH_MAX: usize = 4095;
-/// Longest file name (NAME_MAX, include/uapi/linux/limits.h).
-const NAME_MAX: usize = 255;
-
-/// A staging, target or volume path, checked as text: absolute, no `..`, no longer than the
-/// kernel takes, strictly below an allowed root (the root itself would put the volume over
-/// the whole kubelet directory), and no existing component a symlink. Returned normalised
-/// (no `.`, no doubled or trailing `/`). This is the early, clear refusal; what is mounted
-/// is resolved again without a window by `os::safepath`.
-/// lstat's "is it a symlink", from the attributes the kernel has cached: a plain lstat of an
-/// NFS mount whose server is gone asks the server and hangs (nfs_getattr, fs/nfs/inode.c;
-/// kernel stack seen in the VM rig's s_unmount_dead). A type never changes, so the cached one
-/// is exact. Errors count as "not a symlink", as the lstat's did.
-fn is_symlink_cached(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `libc::statx` is plain old data; all zeroes is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: statx writes only into `stx`, which lives for the call; `c` is NUL-terminated.
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE,
-            &mut stx,
-        )
-    };
-    rc == 0 && (u32::from(stx.stx_mode) & libc::S_IFMT) == libc::S_IFLNK
-}
-
-pub fn host_path(field: &'static str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
-    if raw.is_empty() {
-        return Err(Error::invalid(field, "required"));
-    }
-    if raw.contains('\0') || raw.chars().any(char::is_control) {
-        return Err(Error::invalid(field, "must not contain control characters"));
-    }
-    if raw.len() > PATH_MAX {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{} bytes long; a path is at most {PATH_MAX} bytes",
-                raw.len()
-            ),
-        ));
-    }
-    let path = Path::new(raw);
-    if !path.is_absolute() {
-        return Err(Error::invalid(
-            field,
-            format!("{raw:?} must be an absolute path"),
-        ));
-    }
-    if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(Error::invalid(
-            field,
-            format!("{raw:?} must not contain '..'"),
-        ));
-    }
-    if let Some(long) = path.iter().find(|c| c.len() > NAME_MAX) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "a component of {raw:?} is {} bytes long; a name is at most {NAME_MAX} bytes",
-                long.len()
-            ),
-        ));
-    }
-    let path: PathBuf = path.components().collect();
-    if let Some(root) = roots.iter().find(|root| path == **root) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{raw:?} is the allowed root {} itself; pass a directory below it",
-                root.display()
-            ),
-        ));
-    }
-    if !roots.iter().any(|root| path.starts_with(root)) {
-        let roots: Vec<_> = roots.iter().map(|r| r.display().to_string()).collect();
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{raw:?} is outside the allowed roots [{}] (--allowed-path-root)",
-                roots.join(", ")
-            ),
-        ));
-    }
-    // Every existing ancestor below the root must be a real directory, not a link.
-    let mut walked = PathBuf::new();
-    for component in path.components() {
-        walked.push(component);
-        if is_symlink_cached(&walked) {
-            return Err(Error::invalid(
-                field,
-                format!("{} is a symlink; pass the real path", walked.display()),
-            ));
-        }
-    }
-    Ok(path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
-    use std::collections::HashMap;
 
     fn mount_cap(mode: CsiMode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
         csi::VolumeCapability {

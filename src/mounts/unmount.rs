@@ -14,10 +14,9 @@ use tracing::{info, warn};
 
 use crate::error::{CommandError, Error, Result};
 use crate::os::{mountinfo, Anchored, ForceUnmount, Host};
-use crate::service::Driver;
 
 /// The most one step may take: three steps fit in the kubelet's two-minute CSI deadline.
-const STEP: Duration = Duration::from_secs(30);
+pub const STEP: Duration = Duration::from_secs(30);
 
 fn timed_out(what: &str, after: Duration) -> Error {
     Error::Command(CommandError::Timeout {
@@ -30,19 +29,15 @@ fn is_timeout(e: &Error) -> bool {
     matches!(e, Error::Command(CommandError::Timeout { .. }))
 }
 
-/// Unmounts the topmost mount at `target`: an NFS one with the escalation above, any
-/// other with a plain unmount.
-pub async fn unmount(driver: &Driver, target: &Anchored) -> Result<()> {
-    let mounts = driver.host.mount_table()?;
+/// Unmounts the topmost mount at `target`: an NFS one with the escalation above (each
+/// step bounded by `step`), any other with a plain unmount.
+pub async fn unmount(host: &dyn Host, target: &Anchored, step: Duration) -> Result<()> {
+    let mounts = host.mount_table()?;
     let nfs = mountinfo::at(&mounts, target.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
     if !nfs {
-        return driver.host.unmount(target).await;
+        return host.unmount(target).await;
     }
-    let step = driver
-        .nfs
-        .as_deref()
-        .map_or(STEP, |b| b.op_timeout.min(STEP));
-    unmount_nfs(driver.host.as_ref(), target, step).await
+    unmount_nfs(host, target, step).await
 }
 
 async fn unmount_nfs(host: &dyn Host, anchored: &Anchored, step: Duration) -> Result<()> {

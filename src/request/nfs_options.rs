@@ -184,85 +184,91 @@ fn check_syntax(flag: &str) -> Result<()> {
 /// than the base's drops the base's port (each transport has its own default).
 pub fn merge(base: &Transport, flags: &[String]) -> Result<MountOptions> {
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
-    let mut set = |key: &str, value: String, flag: &str| -> Result<bool> {
-        match seen.get(key) {
-            Some(prev) if *prev != value => Err(Error::invalid(
-                FIELD,
-                format!("{flag:?} contradicts an earlier flag ({key}={prev}); pass one of them"),
-            )),
-            Some(_) => Ok(false),
-            None => {
-                seen.insert(key.to_owned(), value);
-                Ok(true)
-            }
-        }
-    };
     let mut others = Vec::new();
     for flag in flags {
-        check_syntax(flag)?;
-        if REFUSED.contains(&flag.as_str())
-            || REFUSED.contains(&flag.split('=').next().unwrap_or(flag))
-        {
-            return Err(Error::invalid(
-                FIELD,
-                format!("{flag:?} is managed by the driver or unsafe for NFS volumes and cannot be passed"),
-            ));
-        }
-        let (name, value) = match flag.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (flag.as_str(), None),
-        };
-        match (name, value) {
-            ("rdma" | "tcp" | "udp", None) => {
-                set("proto", name.to_owned(), flag)?;
-            }
-            ("proto", Some(v)) => {
-                set("proto", v.to_owned(), flag)?;
-            }
-            ("port", Some(v)) => {
-                let port: u16 = v.parse().map_err(|_| {
-                    Error::invalid(FIELD, format!("{flag:?}: port must be a number 1-65535"))
-                })?;
-                set("port", port.to_string(), flag)?;
-            }
-            ("vers" | "nfsvers", Some(v)) => {
-                set("vers", v.to_owned(), flag)?;
-            }
-            ("data", _) => {
-                return Err(Error::invalid(
-                    FIELD,
-                    format!("{flag:?} is a block filesystem option; NFS volumes do not take it"),
-                ))
-            }
-            (_, None) => {
-                if let Some(group) = group_of(name) {
-                    if set(group, name.to_owned(), flag)? {
-                        others.push(flag.clone());
-                    }
-                } else if !others.contains(flag) {
-                    others.push(flag.clone());
-                }
-            }
-            (_, Some(v)) => {
-                // Valued options (timeo=, nconnect=, sec=, ...): one value each.
-                if set(name, v.to_owned(), flag)? {
-                    others.push(flag.clone());
-                }
-            }
+        if add_flag(&mut seen, &others, flag)? {
+            others.push(flag.clone());
         }
     }
-    let proto = seen.get("proto").cloned();
-    let transport = Transport {
-        port: match (seen.get("port"), &proto) {
-            (Some(p), _) => Some(p.parse().expect("checked above")),
-            (None, Some(p)) if *p != base.proto => None,
-            (None, _) => base.port,
-        },
-        proto: proto.unwrap_or_else(|| base.proto.clone()),
-        vers: seen.get("vers").cloned().or_else(|| base.vers.clone()),
-    };
+    let transport = transport_of(base, &seen)?;
     transport.check()?;
     Ok(MountOptions { transport, others })
+}
+
+/// Records `key=value` from `flag`: `Ok(true)` when new, `Ok(false)` when a repeat, an
+/// error when an earlier flag set another value.
+fn set(seen: &mut BTreeMap<String, String>, key: &str, value: String, flag: &str) -> Result<bool> {
+    match seen.get(key) {
+        Some(prev) if *prev != value => Err(Error::invalid(
+            FIELD,
+            format!("{flag:?} contradicts an earlier flag ({key}={prev}); pass one of them"),
+        )),
+        Some(_) => Ok(false),
+        None => {
+            seen.insert(key.to_owned(), value);
+            Ok(true)
+        }
+    }
+}
+
+/// Checks one flag and records what it sets; `Ok(true)`: it is passed on as it is (not
+/// a transport option, not a repeat).
+fn add_flag(seen: &mut BTreeMap<String, String>, others: &[String], flag: &String) -> Result<bool> {
+    check_syntax(flag)?;
+    if REFUSED.contains(&flag.as_str()) || REFUSED.contains(&flag.split('=').next().unwrap_or(flag))
+    {
+        return Err(Error::invalid(
+            FIELD,
+            format!(
+                "{flag:?} is managed by the driver or unsafe for NFS volumes and cannot be passed"
+            ),
+        ));
+    }
+    let (name, value) = match flag.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (flag.as_str(), None),
+    };
+    match (name, value) {
+        ("rdma" | "tcp" | "udp", None) => set(seen, "proto", name.to_owned(), flag).map(|_| false),
+        ("proto", Some(v)) => set(seen, "proto", v.to_owned(), flag).map(|_| false),
+        ("port", Some(v)) => {
+            let port = parse_port(v, flag)?;
+            set(seen, "port", port.to_string(), flag).map(|_| false)
+        }
+        ("vers" | "nfsvers", Some(v)) => set(seen, "vers", v.to_owned(), flag).map(|_| false),
+        ("data", _) => Err(Error::invalid(
+            FIELD,
+            format!("{flag:?} is a block filesystem option; NFS volumes do not take it"),
+        )),
+        (_, None) => match group_of(name) {
+            Some(group) => set(seen, group, name.to_owned(), flag),
+            // Another flag without a value: passed on once.
+            None => Ok(!others.contains(flag)),
+        },
+        // Valued options (timeo=, nconnect=, sec=, ...): one value each.
+        (_, Some(v)) => set(seen, name, v.to_owned(), flag),
+    }
+}
+
+fn parse_port(v: &str, flag: &str) -> Result<u16> {
+    v.parse()
+        .map_err(|_| Error::invalid(FIELD, format!("{flag:?}: port must be a number 1-65535")))
+}
+
+/// The transport the flags choose over `base`. Choosing a transport other than the
+/// base's drops the base's port (each transport has its own default).
+fn transport_of(base: &Transport, seen: &BTreeMap<String, String>) -> Result<Transport> {
+    let proto = seen.get("proto").cloned();
+    let port = match (seen.get("port"), &proto) {
+        (Some(p), _) => Some(parse_port(p, p)?),
+        (None, Some(p)) if *p != base.proto => None,
+        (None, _) => base.port,
+    };
+    Ok(Transport {
+        port,
+        proto: proto.unwrap_or_else(|| base.proto.clone()),
+        vers: seen.get("vers").cloned().or_else(|| base.vers.clone()),
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,166 @@
+//! CreateVolume, DeleteVolume, ValidateVolumeCapabilities, ListVolumes and GetCapacity
+//! of block volumes.
+
+use std::collections::HashMap;
+
+use super::BlockBackend;
+use crate::csi;
+use crate::error::{Error, Result, VolumeError};
+use crate::os::FsType;
+use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
+use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
+use crate::volume_id::BlockVolumeId;
+
+fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
+    let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
+    ctx.insert(PARAM_FS_TYPE.into(), rec.fs_type.as_str().into());
+    ctx
+}
+
+impl BlockBackend {
+    fn volume(&self, id: &str, rec: &VolumeRecord) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: rec.capacity_bytes as i64,
+            volume_id: id.to_owned(),
+            volume_context: volume_context(rec),
+            content_source: None,
+            accessible_topology: vec![csi::Topology {
+                segments: self.node.segment(),
+            }],
+        }
+    }
+
+    /// A segment can be served here unless it names another node.
+    fn serves(&self, segment: &csi::Topology) -> bool {
+        segment
+            .segments
+            .get(&self.node.topology_key)
+            .is_none_or(|node| *node == self.node.node_id)
+    }
+}
+
+/// The one filesystem the capabilities and the fsType parameter agree on.
+fn fs_type(req: &CreateVolume<'_>) -> Result<FsType> {
+    let caps = request::capabilities(req.capabilities)?;
+    let mut fs_types: Vec<FsType> = caps.iter().filter_map(|c| c.fs_type).collect();
+    fs_types.extend(req.params.fs_type);
+    fs_types.dedup();
+    if fs_types.len() > 1 {
+        return Err(Error::invalid(
+            "volume_capabilities",
+            "the capabilities and the fsType parameter ask for different filesystems",
+        ));
+    }
+    Ok(fs_types.first().copied().unwrap_or(FsType::Ext4))
+}
+
+pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Volume> {
+    let fs_type = fs_type(req)?;
+    if let Some(topo) = req.accessibility {
+        if !topo.requisite.is_empty() && !topo.requisite.iter().any(|t| b.serves(t)) {
+            return Err(Error::ResourceExhausted(format!(
+                "accessibility_requirements: this controller allocates on node {} only",
+                b.node.node_id
+            )));
+        }
+    }
+    // A device that the node's mkfs refuses would never stage: round up or refuse here.
+    let min = fs_min::min_bytes(fs_type).await?;
+    let required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
+    let alloc = AllocationRequest {
+        name: req.name.clone(),
+        required_bytes,
+        limit_bytes: req.limit_bytes,
+        fs_type,
+        parameters: req.params.stored.clone(),
+    };
+    let (id, rec) = b
+        .layout
+        .allocate(b.mounter.host.as_ref(), &alloc)
+        .await
+        .map_err(|e| match e {
+            Error::OutOfRange(m) if required_bytes > req.required_bytes => {
+                Error::OutOfRange(format!(
+                    "{m}; the request was raised to {min} bytes, the smallest {} the \
+                     node's mkfs makes",
+                    fs_type.as_str()
+                ))
+            }
+            e => e,
+        })?;
+    Ok(b.volume(&id.to_string(), &rec))
+}
+
+pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
+    if id.node_id != b.node.node_id {
+        return Err(VolumeError::OtherNode {
+            volume: id.to_string(),
+            node: id.node_id.clone(),
+            this: b.node.node_id.clone(),
+        }
+        .into());
+    }
+    b.check_ready()?;
+    let mounts = b.mounter.mount_table()?;
+    b.layout
+        .release(&b.mounter.host, &id.to_string(), &mounts)
+        .await
+}
+
+fn unconfirmed(message: impl Into<String>) -> Result<Option<String>> {
+    Ok(Some(message.into()))
+}
+
+pub fn validate(
+    b: &BlockBackend,
+    id: &BlockVolumeId,
+    caps: &[csi::VolumeCapability],
+) -> Result<Option<String>> {
+    let rec = b.record(&id.to_string())?;
+    for cap in caps {
+        let Some(parsed) = request::capability(cap, "volume_capabilities")? else {
+            return unconfirmed(
+                "multi-node access modes are not supported by node-local block volumes",
+            );
+        };
+        if let Some(fs) = parsed.fs_type {
+            if rec.formatted && fs != rec.fs_type {
+                return unconfirmed(format!("the volume holds {}", rec.fs_type.as_str()));
+            }
+        }
+    }
+    Ok(None)
+}
+
+pub fn list(b: &BlockBackend) -> Vec<(String, csi::Volume)> {
+    b.pool
+        .state
+        .snapshot()
+        .volumes
+        .iter()
+        .map(|(id, rec)| (id.clone(), b.volume(id, rec)))
+        .collect()
+}
+
+pub fn capacity(
+    b: &BlockBackend,
+    req: &csi::GetCapacityRequest,
+) -> Result<csi::GetCapacityResponse> {
+    let elsewhere = req
+        .accessible_topology
+        .as_ref()
+        .is_some_and(|t| !b.serves(t));
+    let unsupported = req
+        .volume_capabilities
+        .iter()
+        .any(|c| !matches!(request::capability(c, "volume_capabilities"), Ok(Some(_))));
+    if elsewhere || unsupported {
+        return Ok(csi::GetCapacityResponse::default());
+    }
+    let capacity = b.layout.capacity();
+    Ok(csi::GetCapacityResponse {
+        available_capacity: capacity.available as i64,
+        maximum_volume_size: capacity.maximum.map(|m| m as i64),
+        minimum_volume_size: None,
+    })
+}

@@ -1,0 +1,43 @@
+//! What differs between the layouts of a block volume on the node's devices: where a
+//! volume's block device comes from and goes back to. The whole device (`device.rs`) is
+//! the one layout today; a GPT partition or an md RAID0 stripe is one more module
+//! implementing this, the stage/publish/stats code above it unchanged.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::os::{Host, MountEntry};
+use crate::pool::{AllocationRequest, PoolDevice, VolumeRecord};
+use crate::volume_id::BlockVolumeId;
+
+/// GetCapacity's answer for this layout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// What all new volumes together could get now.
+    pub available: u64,
+    /// The largest single volume that fits now; None when nothing is free.
+    pub maximum: Option<u64>,
+}
+
+#[async_trait]
+pub trait Layout: Send + Sync {
+    /// A block device for a new volume (idempotent by name), recorded before it is
+    /// returned.
+    async fn allocate(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)>;
+    /// Gives the volume's device back (erased), resumable after a crash at any step.
+    async fn release(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()>;
+    /// Where the volume's block device is now; None when it is not present.
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice>;
+    fn capacity(&self) -> Capacity;
+}

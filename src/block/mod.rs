@@ -1,0 +1,212 @@
+//! The block backend: node-local volumes on the node's devices. Each operation decides
+//! from the mount table and the device's signatures, so every call is safe to repeat and
+//! survives a plugin restart. Where a volume's device comes from is its layout
+//! (`layout.rs`; the whole device, `device.rs`, today).
+
+pub mod controller;
+pub mod device;
+pub mod layout;
+pub mod publish;
+pub mod stage;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tracing::info;
+
+pub use layout::{Capacity, Layout};
+pub use stage::{decide_format, FormatDecision};
+
+use crate::backend::{Publish, VolumeBackend};
+use crate::csi;
+use crate::error::{Error, Result, VolumeError};
+use crate::gds_gate::GdsGate;
+use crate::mounts::Mounter;
+use crate::pool::{Pool, PoolDevice, VolumeRecord};
+use crate::request::CreateVolume;
+use crate::volume_id::BlockVolumeId;
+
+/// Which node this is, as the block backend's volumes and topology name it.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub node_id: String,
+    /// The topology key under which volumes and nodes are matched (`<driver>/node`).
+    pub topology_key: String,
+}
+
+impl NodeIdentity {
+    pub fn segment(&self) -> HashMap<String, String> {
+        HashMap::from([(self.topology_key.clone(), self.node_id.clone())])
+    }
+}
+
+pub struct BlockBackend {
+    pub(crate) mounter: Mounter,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) layout: Arc<dyn Layout>,
+    pub(crate) gate: Option<Arc<GdsGate>>,
+    pub(crate) node: NodeIdentity,
+    ready: AtomicBool,
+}
+
+/// The volume's record and where its device is now.
+pub struct Located {
+    pub id: BlockVolumeId,
+    pub record: VolumeRecord,
+    pub device: PoolDevice,
+}
+
+impl BlockBackend {
+    pub fn new(mounter: Mounter, pool: Arc<Pool>, node: NodeIdentity) -> Self {
+        let layout = Arc::new(device::WholeDevice {
+            pool: Arc::clone(&pool),
+        });
+        BlockBackend {
+            mounter,
+            pool,
+            layout,
+            gate: None,
+            node,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_gate(&mut self, gate: Option<Arc<GdsGate>>) {
+        self.gate = gate;
+    }
+
+    /// Scans the pool and probes free devices; the backend is ready only after this.
+    pub async fn initialise(&self) -> Result<()> {
+        let mounts = self.mounter.mount_table()?;
+        self.pool.rescan(&mounts);
+        self.pool.classify_free(self.mounter.host.as_ref()).await;
+        info!(
+            devices = self.pool.devices().len(),
+            free = self.pool.free_devices().len(),
+            excluded = self.pool.excluded().len(),
+            "pool ready"
+        );
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn check_ready(&self) -> Result<()> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(Error::NotReady(
+                "the device pool is still being scanned; retry shortly".into(),
+            ))
+        }
+    }
+
+    fn record(&self, raw: &str) -> Result<VolumeRecord> {
+        self.pool
+            .state
+            .snapshot()
+            .volumes
+            .get(raw)
+            .cloned()
+            .ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
+    }
+
+    pub fn locate(&self, id: &BlockVolumeId) -> Result<Located> {
+        let raw = id.to_string();
+        if id.node_id != self.node.node_id {
+            return Err(Error::NotFound(format!(
+                "volume {raw} lives on node {}, not on this node ({})",
+                id.node_id, self.node.node_id
+            )));
+        }
+        let record = self.record(&raw)?;
+        let mounts = self.mounter.mount_table()?;
+        let device =
+            self.layout
+                .locate(&record, &mounts)
+                .ok_or_else(|| VolumeError::DeviceAbsent {
+                    volume: raw.clone(),
+                    key: record.device_key.clone(),
+                })?;
+        Ok(Located {
+            id: id.clone(),
+            record,
+            device,
+        })
+    }
+
+    /// NodeUnstageVolume of an id this driver never issued: nothing at the staging path
+    /// is success, anything there is not a volume of ours.
+    pub fn unstage_unknown(&self, raw: &str, staging: &Path) -> Result<()> {
+        let mounts = self.mounter.mount_table()?;
+        if crate::os::mountinfo::at(&mounts, staging).is_none() {
+            return Ok(());
+        }
+        Err(Error::VolumeNotFound(raw.to_owned()))
+    }
+}
+
+#[async_trait]
+impl VolumeBackend for BlockBackend {
+    type Id = BlockVolumeId;
+
+    async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume> {
+        controller::create(self, req).await
+    }
+
+    async fn delete(&self, id: &BlockVolumeId) -> Result<()> {
+        controller::delete(self, id).await
+    }
+
+    fn capacity(&self, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
+        controller::capacity(self, req)
+    }
+
+    fn list(&self) -> Vec<(String, csi::Volume)> {
+        controller::list(self)
+    }
+
+    async fn validate(
+        &self,
+        id: &BlockVolumeId,
+        caps: &[csi::VolumeCapability],
+    ) -> Result<Option<String>> {
+        controller::validate(self, id, caps)
+    }
+
+    async fn stage(
+        &self,
+        id: &BlockVolumeId,
+        staging: &Path,
+        cap: Option<&csi::VolumeCapability>,
+    ) -> Result<()> {
+        stage::stage(self, id, staging, cap).await
+    }
+
+    async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
+        stage::unstage(self, id, staging).await
+    }
+
+    async fn publish(&self, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
+        publish::publish(self, id, req).await
+    }
+
+    async fn unpublish(&self, id: &BlockVolumeId, target: &Path) -> Result<()> {
+        publish::unpublish(self, id, target).await
+    }
+
+    async fn stats(
+        &self,
+        id: &BlockVolumeId,
+        path: &Path,
+    ) -> Result<csi::NodeGetVolumeStatsResponse> {
+        stats::stats(self, id, path)
+    }
+}

@@ -1,0 +1,166 @@
+//! NodePublishVolume and NodeUnpublishVolume of block volumes: a bind of the staged
+//! filesystem (mount access) or of the device node (raw block access), after the GDS
+//! gate.
+
+use std::path::{Path, PathBuf};
+
+use super::stage::required_capability;
+use super::{BlockBackend, Located};
+use crate::backend::Publish;
+use crate::error::{Error, Result};
+use crate::faults::{self, KillPoint};
+use crate::gds_gate::{GateOutcome, MountedVolume, Policy};
+use crate::mounts::already_published;
+use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
+use crate::pool::PoolDevice;
+use crate::request::{Access, Capability};
+use crate::volume_id::BlockVolumeId;
+
+pub async fn publish(b: &BlockBackend, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
+    let cap = required_capability(req.capability)?;
+    b.check_ready()?;
+    let vol = b.locate(id)?;
+    gate(b, &vol, req.staging, &cap).await?;
+    let readonly = req.readonly || cap.read_only_mode;
+    let dev = &vol.device;
+    let mounts = b.mounter.mount_table()?;
+    // A filesystem publish is a mount of the device; a raw-block one a bind of its node.
+    if already_published(&mounts, req.target, readonly, |m| match cap.access {
+        Access::Mount => m.is_device(dev.major, dev.minor),
+        Access::Block => blockdev::is_node_bind(m, dev.major, dev.minor),
+    })? {
+        return Ok(());
+    }
+    if cap.single_writer {
+        if let Some(other) = published_targets(&mounts, dev, req.staging).next() {
+            return Err(crate::mounts::single_writer(&vol.id.to_string(), &other));
+        }
+    }
+    let mut options = cap.mount_flags.clone();
+    if readonly {
+        options.push("ro".into());
+    }
+    match cap.access {
+        Access::Mount => bind_filesystem(b, &vol, req.staging, req.target, &options).await,
+        Access::Block => bind_device(b, &vol, req.target, &options).await,
+    }
+}
+
+/// NodePublishVolume's GDS gate, the block backend's one call into it: the volume's
+/// policy from its record, its staged filesystem (raw block volumes: none, so only the
+/// node checks and a driver-level probe run). A volume that is not staged is left to
+/// `bind_filesystem`, which reports that.
+async fn gate(
+    b: &BlockBackend,
+    vol: &Located,
+    staging: &Path,
+    cap: &Capability,
+) -> Result<Option<GateOutcome>> {
+    let Some(gate) = &b.gate else {
+        return Ok(None);
+    };
+    let policy = Policy::from_parameters(&vol.record.parameters)?;
+    let mounted = match cap.access {
+        Access::Block => None,
+        Access::Mount => {
+            let mounts = b.mounter.mount_table()?;
+            let dev = &vol.device;
+            let staged =
+                mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor));
+            if !staged && policy != Policy::Disabled {
+                return Ok(None);
+            }
+            Some(staging)
+        }
+    };
+    let dev = &vol.device;
+    let mounted = MountedVolume::block(vol.id.to_string(), mounted, dev.major, dev.minor);
+    gate.check_publish(&mounted, policy).await.map(Some)
+}
+
+async fn bind_filesystem(
+    b: &BlockBackend,
+    vol: &Located,
+    staging: &Path,
+    target: &Path,
+    options: &[String],
+) -> Result<()> {
+    let dev = &vol.device;
+    let not_staged = || crate::mounts::not_staged(&vol.id.to_string(), staging);
+    // The bind source is pinned too, and the table read after pinning: a staging path
+    // swapped before that shows up as another mount there.
+    let source = b
+        .mounter
+        .open("staging_target_path", staging)?
+        .ok_or_else(not_staged)?;
+    let mounts = b.mounter.mount_table()?;
+    if !mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor)) {
+        return Err(not_staged());
+    }
+    let mark = vol.id.to_string();
+    let target = b.mounter.mount_dir("target_path", target, Some(&mark))?;
+    b.mounter.host.bind_mount(&source, &target, options).await?;
+    faults::reached(KillPoint::AfterBindMount);
+    Ok(())
+}
+
+async fn bind_device(
+    b: &BlockBackend,
+    vol: &Located,
+    target: &Path,
+    options: &[String],
+) -> Result<()> {
+    let dev = &vol.device;
+    let pinned = b.mounter.target_file(target, &vol.id.to_string())?;
+    b.pool
+        .verify_identity(&vol.id.to_string(), dev, &vol.record)?;
+    b.mounter
+        .host
+        .bind_mount(&Anchored::unpinned(&dev.path), &pinned, options)
+        .await
+}
+
+/// Mounts of the device other than its staging mount: filesystem binds and, for raw
+/// block, binds of its node.
+fn published_targets<'a>(
+    mounts: &'a [MountEntry],
+    dev: &'a PoolDevice,
+    staging: &'a Path,
+) -> impl Iterator<Item = PathBuf> + 'a {
+    blockdev::mounts(mounts, dev.major, dev.minor)
+        .into_iter()
+        .filter_map(|u| u.mount_point().map(Path::to_owned))
+        .filter(move |p| p != staging)
+}
+
+/// Whether a mount entry (and what the mount point holds now) is this device: its own
+/// filesystem, or the device node itself bind-mounted there (raw block).
+pub fn is_this_device(
+    m: &MountEntry,
+    st: Option<&nix::sys::stat::FileStat>,
+    dev: &PoolDevice,
+) -> bool {
+    m.is_device(dev.major, dev.minor)
+        || st.is_some_and(|st| {
+            crate::os::safepath::kind(st) == nix::sys::stat::SFlag::S_IFBLK
+                && st.st_rdev == nix::sys::stat::makedev(dev.major.into(), dev.minor.into())
+        })
+}
+
+pub async fn unpublish(b: &BlockBackend, id: &BlockVolumeId, target: &Path) -> Result<()> {
+    let raw = id.to_string();
+    match b.locate(id) {
+        Ok(located) => {
+            let dev = &located.device;
+            let ours =
+                |m: &MountEntry, st: Option<&nix::sys::stat::FileStat>| is_this_device(m, st, dev);
+            b.mounter.unpublish(&raw, target, &ours).await
+        }
+        // A volume of this node whose record is gone (deleted): nothing at the target can
+        // be recognised as its, so nothing is unmounted or removed.
+        Err(Error::VolumeNotFound(_)) if id.node_id == b.node.node_id => {
+            b.mounter.unpublish(&raw, target, &|_, _| false).await
+        }
+        Err(e) => Err(e),
+    }
+}

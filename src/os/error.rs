@@ -1,0 +1,37 @@
+//! The host port's own failures, named by cause. The port never picks a gRPC code:
+//! `error.rs` maps these once, with every other error.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// blkid or wipefs could not say what the device holds.
+    #[error(
+        "signature probe of {} failed ({why}); a device whose contents are unknown is never \
+         formatted: check that the device is readable and that blkid and wipefs are installed",
+        device.display()
+    )]
+    ProbeFailed { device: PathBuf, why: String },
+    /// Mounted, claimed by md or device-mapper, or opened exclusively elsewhere.
+    #[error(
+        "{} is in use (mounted, claimed by md or device-mapper, or opened exclusively by \
+         another program such as an mkfs still running from an earlier driver process); it is \
+         not formatted or erased while in use: find the holder with `fuser -v {0}`, \
+         `ls /sys/class/block/{name}/holders` and the mount table",
+        device.display()
+    )]
+    DeviceInUse { device: PathBuf, name: String },
+    /// util-linux's block-device lock is held (systemd-udevd probing after a write, say).
+    #[error(
+        "{} is locked by another program (util-linux's block-device lock, flock); retry when \
+         it is done",
+        device.display()
+    )]
+    DeviceLocked { device: PathBuf },
+    /// A mount or unmount task on the blocking pool ended without an answer.
+    #[error("{what}: {why}")]
+    TaskFailed { what: String, why: String },
+    /// The erase task ended without an answer (panicked or cancelled).
+    #[error("the erase task ended abnormally: {0}")]
+    EraseInterrupted(String),
+}

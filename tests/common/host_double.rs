@@ -1,0 +1,333 @@
+//! The one recording `Host` double of the in-process tests: a mount table and device
+//! signatures kept like a host would, every call recorded (reads of the mount table
+//! included), and the failures a test can switch on (a hung mkfs or NFS mount, a failing
+//! probe, a dead NFS server, RDMA not negotiated). Paths are real (temporary) directories:
+//! `stat`, `statvfs` and `create_dir_all` act on them for real.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use gds_csi::error::{Error, Result};
+use gds_csi::os::{
+    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, HostError, MountEntry,
+    RealHost, Signature,
+};
+use tokio::sync::Semaphore;
+
+#[derive(Default)]
+pub struct DoubleState {
+    pub mounts: Vec<MountEntry>,
+    pub signatures: HashMap<PathBuf, Vec<Signature>>,
+    /// Every call, e.g. `mkfs /dev/x`, `mount /dev/x /t`, `umount -f /t`, `mount_table`.
+    pub calls: Vec<String>,
+    /// Every NFS mount: source, target, options.
+    pub nfs_calls: Vec<(String, PathBuf, Vec<String>)>,
+    next_minor: u32,
+}
+
+#[derive(Default)]
+pub struct HostDouble {
+    pub state: Mutex<DoubleState>,
+    /// Device node -> major:minor, for mounts and raw-block binds of the device.
+    pub devnums: HashMap<PathBuf, (u32, u32)>,
+    /// false: mount calls are only recorded, the table never changes.
+    pub track_mounts: bool,
+    /// mkfs on these devices waits for a permit: a hung mkfs on demand.
+    pub hang_mkfs: Mutex<HashMap<PathBuf, Arc<Semaphore>>>,
+    /// The low-level probe of these devices fails (an I/O error, a timeout).
+    pub probe_fails: Mutex<Vec<PathBuf>>,
+    /// mount_nfs of these sources waits for a permit: a hung server on demand.
+    pub hang_nfs: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// What the "kernel" reports as an NFS mount's proto (None: what was asked).
+    pub negotiate_proto: Mutex<Option<String>>,
+    /// The NFS server is gone: a plain unmount of an NFS mount hangs, `umount -f` fails
+    /// (busy), `umount -l` detaches.
+    pub server_gone: AtomicBool,
+}
+
+fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
+    list.iter()
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
+            None => (o.clone(), None),
+        })
+        .collect()
+}
+
+fn rw(ro: bool) -> HashMap<String, Option<String>> {
+    opts_map(&[if ro { "ro" } else { "rw" }.to_owned()])
+}
+
+/// A local mount of `major:minor` as mountinfo shows it (ext4 with data=ordered).
+pub fn entry(major: u32, minor: u32, target: &Path, fs: &str, ro: bool) -> MountEntry {
+    let mut super_options = rw(false);
+    if fs == "ext4" {
+        super_options.insert("data".to_owned(), Some("ordered".to_owned()));
+    }
+    MountEntry {
+        major,
+        minor,
+        root: "/".into(),
+        mount_point: target.to_owned(),
+        mount_options: rw(ro),
+        fs_type: fs.into(),
+        source: None,
+        super_options,
+    }
+}
+
+impl HostDouble {
+    /// A double whose mounts change its table, with these device numbers.
+    pub fn tracking(devnums: HashMap<PathBuf, (u32, u32)>) -> Self {
+        HostDouble {
+            devnums,
+            track_mounts: true,
+            ..Default::default()
+        }
+    }
+
+    /// A double that only records: every call succeeds and nothing changes.
+    pub fn recording() -> Self {
+        HostDouble::default()
+    }
+
+    pub fn record(&self, call: String) {
+        self.state.lock().unwrap().calls.push(call);
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// How many calls start with `prefix` followed by a space (`mkfs`, `umount`, ...).
+    pub fn count(&self, prefix: &str) -> usize {
+        let p = format!("{prefix} ");
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .filter(|c| c.starts_with(&p))
+            .count()
+    }
+
+    /// The calls that start with `prefix` followed by a space, in order.
+    pub fn calls_of(&self, prefix: &str) -> Vec<String> {
+        let p = format!("{prefix} ");
+        self.calls()
+            .into_iter()
+            .filter(|c| c.starts_with(&p))
+            .collect()
+    }
+
+    pub fn mounts_at(&self, path: &Path) -> usize {
+        let s = self.state.lock().unwrap();
+        s.mounts.iter().filter(|m| m.mount_point == path).count()
+    }
+
+    fn push_mount(&self, m: MountEntry) {
+        if self.track_mounts {
+            self.state.lock().unwrap().mounts.push(m);
+        }
+    }
+
+    fn remove_top(&self, target: &Path) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(i) = s.mounts.iter().rposition(|m| m.mount_point == target) {
+            s.mounts.remove(i);
+        }
+    }
+
+    fn is_nfs_at(&self, target: &Path) -> bool {
+        let s = self.state.lock().unwrap();
+        let top = s.mounts.iter().rev().find(|m| m.mount_point == target);
+        top.is_some_and(|m| m.fs_type.starts_with("nfs"))
+    }
+
+    /// The entry a bind of `source` shows: the mount there (its source and superblock),
+    /// or the device node itself (raw block).
+    fn bind_entry(&self, source: &Path, target: &Path, ro: bool) -> Option<MountEntry> {
+        let from = {
+            let s = self.state.lock().unwrap();
+            s.mounts
+                .iter()
+                .rev()
+                .find(|m| m.mount_point == source)
+                .cloned()
+        };
+        let mut m = match from {
+            Some(m) => m,
+            None => {
+                let (major, minor) = *self.devnums.get(source)?;
+                entry(major, minor, target, "devtmpfs", ro)
+            }
+        };
+        m.mount_point = target.to_owned();
+        m.mount_options = rw(ro);
+        Some(m)
+    }
+
+    fn nfs_entry(&self, source: &str, target: &Path, options: &[String]) -> MountEntry {
+        let mut sup = opts_map(options);
+        if sup.remove("rdma").is_some() {
+            sup.insert("proto".into(), Some("rdma".into()));
+        }
+        if let Some(p) = self.negotiate_proto.lock().unwrap().clone() {
+            sup.insert("proto".into(), Some(p));
+            sup.insert("port".into(), Some("2049".into()));
+        }
+        let mut s = self.state.lock().unwrap();
+        s.next_minor += 1;
+        MountEntry {
+            major: 0,
+            minor: 100 + s.next_minor,
+            root: "/".into(),
+            mount_point: target.to_owned(),
+            mount_options: rw(false),
+            fs_type: "nfs4".into(),
+            source: Some(source.to_owned()),
+            super_options: sup,
+        }
+    }
+}
+
+/// Real file-system reads of the test's own temporary paths.
+fn real() -> RealHost {
+    RealHost {
+        command_timeout: std::time::Duration::from_secs(5),
+        mount_timeout: std::time::Duration::from_secs(5),
+    }
+}
+
+#[async_trait]
+impl Host for HostDouble {
+    fn mount_table(&self) -> Result<Vec<MountEntry>> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push("mount_table".into());
+        Ok(s.mounts.clone())
+    }
+    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
+        self.record(format!("probe {}", device.display()));
+        if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
+            // What RealHost's probe_failed returns (src/os/host.rs).
+            return Err(HostError::ProbeFailed {
+                device: device.to_owned(),
+                why: "I/O error, test double".into(),
+            }
+            .into());
+        }
+        let s = self.state.lock().unwrap();
+        Ok(s.signatures.get(device).cloned().unwrap_or_default())
+    }
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
+        self.record(format!("hold {}", device.display()));
+        Ok(DeviceHold::nothing_to_lock())
+    }
+    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
+        let hang = self.hang_mkfs.lock().unwrap().get(device).cloned();
+        if let Some(hang) = hang {
+            let _permit = hang.acquire().await.unwrap();
+        }
+        self.record(format!("mkfs {}", device.display()));
+        let sig = Signature {
+            kind: fs.as_str().into(),
+            uuid: Some(uuid.into()),
+            offset: None,
+            seen_by: "host double",
+        };
+        let mut s = self.state.lock().unwrap();
+        s.signatures.insert(device.to_owned(), vec![sig]);
+        Ok(())
+    }
+    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
+        self.record(format!("wipe {}", device.display()));
+        self.state.lock().unwrap().signatures.remove(device);
+        Ok(())
+    }
+    async fn zero_device(&self, device: &Path) -> Result<()> {
+        self.record(format!("zero {}", device.display()));
+        self.state.lock().unwrap().signatures.remove(device);
+        Ok(())
+    }
+    async fn mount(
+        &self,
+        device: &Path,
+        target: &Anchored,
+        fs: FsType,
+        _: &[String],
+    ) -> Result<()> {
+        let target = target.path();
+        self.record(format!("mount {} {}", device.display(), target.display()));
+        if let Some(&(major, minor)) = self.devnums.get(device) {
+            self.push_mount(entry(major, minor, target, fs.as_str(), false));
+        }
+        Ok(())
+    }
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()> {
+        let (source, target) = (source.path(), target.path());
+        self.record(format!("bind {} {}", source.display(), target.display()));
+        let ro = options.iter().any(|o| o == "ro");
+        if let Some(m) = self.bind_entry(source, target, ro) {
+            self.push_mount(m);
+        }
+        Ok(())
+    }
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        let target = target.path();
+        self.record(format!("umount {}", target.display()));
+        if self.server_gone.load(Ordering::SeqCst) && self.is_nfs_at(target) {
+            std::future::pending::<()>().await;
+        }
+        self.remove_top(target);
+        Ok(())
+    }
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
+        let flag = match how {
+            ForceUnmount::Force => "-f",
+            ForceUnmount::Lazy => "-l",
+        };
+        self.record(format!("umount {flag} {}", target.display()));
+        if how == ForceUnmount::Force && self.server_gone.load(Ordering::SeqCst) {
+            return Err(Error::FailedPrecondition(
+                "umount.nfs4: device is busy".into(),
+            ));
+        }
+        self.remove_top(target);
+        Ok(())
+    }
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let hang = self.hang_nfs.lock().unwrap().get(source).cloned();
+        if let Some(hang) = hang {
+            let _permit = hang.acquire().await.unwrap();
+        }
+        self.record(format!("mount_nfs {source} {}", target.display()));
+        let m = self.nfs_entry(source, target, options);
+        let mut s = self.state.lock().unwrap();
+        s.nfs_calls
+            .push((source.to_owned(), target.to_owned(), options.to_vec()));
+        if self.track_mounts {
+            s.mounts.push(m);
+        }
+        Ok(())
+    }
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        self.record(format!("mkdir {}", path.display()));
+        real().create_dir_all(path)
+    }
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
+        self.record(format!("stat {}", path.display()));
+        real().stat(path)
+    }
+    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
+        self.record(format!("statvfs {}", path.display()));
+        real().statvfs(path)
+    }
+}
