@@ -52,6 +52,10 @@ async fn the_smallest_device_that_fits_the_range_is_chosen() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("10485760..=104857600 bytes"),
+        "the range is named: {err:?}"
+    );
     let listed = c
         .controller
         .list_volumes(ListVolumesRequest::default())
@@ -65,8 +69,8 @@ async fn the_smallest_device_that_fits_the_range_is_chosen() {
     assert_eq!(v.capacity_bytes, (256 * MIB) as i64, "{v:?}");
 }
 
-/// A volume's loop device re-attached to a backing file of another size (same path, same
-/// major:minor) is refused at NodeStage, and the new file is not written.
+/// A volume's loop device grown to another size (same path, same major:minor) is not the
+/// allocated device: NodeStage refuses it and writes nothing.
 #[tokio::test]
 async fn a_device_whose_size_changed_is_not_the_allocated_one() {
     let Some(mut rig) = Rig::with_size(1, 64 * MIB) else {
@@ -77,21 +81,23 @@ async fn a_device_whose_size_changed_is_not_the_allocated_one() {
         .await
         .volume_id;
 
+    // The same loop device (path, major:minor) now 96 MiB: its backing file grown and the
+    // new size taken (`losetup -c`), without ever letting go of the device, which a
+    // parallel test could otherwise take.
     let dev = rig.loops[0].clone();
-    let other = rig.path("other.img");
-    fs::File::create(&other).unwrap().set_len(96 * MIB).unwrap();
+    let backing = rig.path("dev0.img");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .set_len(96 * MIB)
+        .unwrap();
     let status = Command::new("losetup")
-        .arg("-d")
+        .arg("-c")
         .arg(&dev)
         .status()
         .unwrap();
-    assert!(status.success());
-    let status = Command::new("losetup")
-        .arg(&dev)
-        .arg(&other)
-        .status()
-        .unwrap();
-    assert!(status.success(), "re-attaching {} failed", dev.display());
+    assert!(status.success(), "losetup -c {} failed", dev.display());
 
     let staging = rig.path("staging");
     let err = requests::stage(&mut c, &id, &staging, requests::single_writer_mount())
@@ -102,10 +108,10 @@ async fn a_device_whose_size_changed_is_not_the_allocated_one() {
         err.message().contains("is not the device allocated"),
         "{err:?}"
     );
-    let bytes = fs::read(&other).unwrap();
+    let bytes = fs::read(&backing).unwrap();
     assert!(
         bytes.iter().all(|b| *b == 0),
-        "the refused stage wrote to the other file"
+        "the refused stage wrote to the device"
     );
 }
 
@@ -130,9 +136,39 @@ async fn a_signature_written_after_the_scan_keeps_the_device_out() {
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("ext4"), "{err:?}");
+    assert_eq!(
+        err.message().matches(" carries ").count(),
+        1,
+        "each refused device is named once: {err:?}"
+    );
     let label = common::run(
         "blkid",
         &["-s", "LABEL", "-o", "value", dev.to_str().unwrap()],
     );
     assert_eq!(label, "someone-else");
+}
+
+/// The same name asked again with another filesystem (and the same parameters) is another
+/// volume: AlreadyExists, and the first volume is unchanged.
+#[tokio::test]
+async fn the_same_name_with_another_filesystem_already_exists() {
+    let Some(mut rig) = Rig::with_size(2, 64 * MIB) else {
+        return;
+    };
+    let mut c = rig.start().await;
+    let first = requests::create_volume(&mut c, create_req("v", MIB, 0)).await;
+    let mut xfs = create_req("v", MIB, 0);
+    xfs.volume_capabilities = vec![VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume {
+                fs_type: "xfs".into(),
+                ..Default::default()
+            },
+        )),
+        ..requests::single_writer_mount()
+    }];
+    let err = c.controller.create_volume(xfs).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    let again = requests::create_volume(&mut c, create_req("v", MIB, 0)).await;
+    assert_eq!(again.volume_id, first.volume_id);
 }

@@ -334,13 +334,14 @@ impl Pool {
                 state.volumes.insert(id.to_string(), record.clone());
                 Ok(Some((id.to_string(), record)))
             })?;
+            // Either way the closure answers a volume of this name: found or just claimed.
             match claimed {
-                Some((id, record)) if record.name == req.name => {
+                Some((id, _)) => {
                     faults::reached(KillPoint::AfterAllocate);
                     info!(volume_id = %id, device = %dev.path.display(), "allocated");
                     return self.existing(req)?.ok_or(Error::NotFound(id));
                 }
-                _ => continue,
+                None => continue,
             }
         }
         if changed {
