@@ -30,9 +30,15 @@ impl MountEntry {
         self.mount_options.contains_key("ro")
     }
 
-    /// The filesystem itself is read-only (ext4 remounts so after errors).
+    /// The filesystem itself is read-only: remounted so, or ext4 after errors. Since Linux
+    /// 6.10 ext4's errors=remount-ro no longer sets SB_RDONLY (the super options stay
+    /// `rw`): it shows `emergency_ro`, or `shutdown` after a forced shutdown
+    /// (fs/ext4/super.c _ext4_show_options: `if (ext4_emergency_ro(sb))
+    /// SEQ_OPTS_PUTS("emergency_ro")`, `if (ext4_forced_shutdown(sb)) ... "shutdown"`).
     pub fn fs_read_only(&self) -> bool {
-        self.super_options.contains_key("ro")
+        ["ro", "emergency_ro", "shutdown"]
+            .iter()
+            .any(|o| self.super_options.contains_key(*o))
     }
 }
 

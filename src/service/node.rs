@@ -61,6 +61,37 @@ impl NodeService {
         }
     }
 
+    /// A published volume whose staging mount is gone (unmounted behind the driver's
+    /// back): the target still holds the filesystem, but unstage and the next publish
+    /// find nothing at the staging path. `None` when no other staging path was given.
+    fn staging_lost(
+        &self,
+        req: &NodeGetVolumeStatsRequest,
+        path: &Path,
+        mounts: &[mountinfo::MountEntry],
+        dev: &crate::pool::PoolDevice,
+    ) -> Result<Option<VolumeCondition>> {
+        if req.staging_target_path.is_empty() {
+            return Ok(None);
+        }
+        let staging = request::host_path(
+            "staging_target_path",
+            &req.staging_target_path,
+            &self.driver.allowed_roots,
+        )?;
+        let staged = mountinfo::at(mounts, &staging)
+            .is_some_and(|m| crate::os::blockdev::carries(m, dev.major, dev.minor));
+        Ok((staging != path && !staged).then(|| VolumeCondition {
+            abnormal: true,
+            message: format!(
+                "the staging path {} no longer has the volume mounted (unmounted outside \
+                 the driver?); the target still holds it until unpublished: unpublish, \
+                 unstage and stage it again",
+                req.staging_target_path
+            ),
+        }))
+    }
+
     fn block_volume(&self, volume: &VolumeRef) -> Result<block::Located> {
         match volume {
             VolumeRef::Block(id) => block::locate(&self.driver, id),
@@ -210,6 +241,8 @@ impl NodeService {
                 message: "the filesystem is read-only (remounted after errors?); check dmesg"
                     .into(),
             }
+        } else if let Some(lost) = self.staging_lost(&req, path, &mounts, dev)? {
+            lost
         } else {
             VolumeCondition {
                 abnormal: false,
