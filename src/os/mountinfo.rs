@@ -150,6 +150,22 @@ mod tests {
         assert!(at(&table, Path::new("/nowhere")).is_none());
     }
 
+    /// Lines as Linux 6.18 writes them (seen on this machine's loop devices): ext4 after
+    /// an error under errors=remount-ro keeps `rw` and adds `emergency_ro`.
+    #[test]
+    fn a_filesystem_read_only_by_remount_or_by_errors_is_read_only() {
+        let lines = "\
+40 1 7:2 / /a rw,relatime - ext4 /dev/loop2 rw,errors=remount-ro
+41 1 7:3 / /b rw,relatime - ext4 /dev/loop3 rw,errors=remount-ro,emergency_ro
+42 1 7:4 / /c ro,relatime - ext4 /dev/loop4 ro
+43 1 7:5 / /d rw,relatime - ext4 /dev/loop5 rw,shutdown
+";
+        let table = parse(lines.as_bytes()).unwrap();
+        let ro = |p: &str| at(&table, Path::new(p)).unwrap().fs_read_only();
+        assert!(!ro("/a"));
+        assert!(ro("/b") && ro("/c") && ro("/d"));
+    }
+
     #[test]
     fn escaped_paths_roots_and_sources_are_decoded() {
         let line = "30 1 7:4 /sub\\040dir /var/lib/kubelet/a\\040b\\011c\\012d\\134e rw - ext4 \
