@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use gds_csi::client::Clients;
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::*;
 use tonic::Code;
 
@@ -62,14 +63,27 @@ fn abnormal_naming(cond: &VolumeCondition, words: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_healthy_published_volume_is_normal() {
-    let Some(mut rig) = Rig::new(1) else { return };
+async fn healthy_published_volumes_are_normal() {
+    let Some(mut rig) = Rig::new(2) else { return };
     let (mut c, id, staging, target) = published(&mut rig).await;
     for path in [&target, &staging] {
         let cond = condition(&mut c, &id, path, &staging).await;
         assert!(!cond.abnormal, "{}: {cond:?}", path.display());
         assert_eq!(cond.message, "mounted");
     }
+    // A raw block volume: staging mounts nothing, the device node is bound at the target.
+    let cap = requests::capability(Mode::SingleNodeWriter, true);
+    let id = requests::create_volume_id(&mut c, "raw", cap.clone()).await;
+    let (staging, target) = (rig.path("staging/raw"), rig.path("pods/p2/dev"));
+    fs::create_dir_all(&staging).unwrap();
+    requests::stage(&mut c, &id, &staging, cap.clone())
+        .await
+        .unwrap();
+    requests::publish(&mut c, &id, &staging, &target, cap)
+        .await
+        .unwrap();
+    let cond = condition(&mut c, &id, &target, &staging).await;
+    assert!(!cond.abnormal, "raw block: {cond:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,15 +63,19 @@ impl NodeService {
 
     /// A published volume whose staging mount is gone (unmounted behind the driver's
     /// back): the target still holds the filesystem, but unstage and the next publish
-    /// find nothing at the staging path. `None` when no other staging path was given.
+    /// find nothing at the staging path. `None` when no other staging path was given,
+    /// and for raw block volumes (the device node bound at the target; staging mounts
+    /// nothing for them).
     fn staging_lost(
         &self,
         req: &NodeGetVolumeStatsRequest,
         path: &Path,
+        entry: &mountinfo::MountEntry,
         mounts: &[mountinfo::MountEntry],
         dev: &crate::pool::PoolDevice,
     ) -> Result<Option<VolumeCondition>> {
-        if req.staging_target_path.is_empty() {
+        let raw_block = entry.fs_type == "devtmpfs" || !path.is_dir();
+        if req.staging_target_path.is_empty() || raw_block {
             return Ok(None);
         }
         let staging = request::host_path(
@@ -241,7 +245,7 @@ impl NodeService {
                 message: "the filesystem is read-only (remounted after errors?); check dmesg"
                     .into(),
             }
-        } else if let Some(lost) = self.staging_lost(&req, path, &mounts, dev)? {
+        } else if let Some(lost) = self.staging_lost(&req, path, entry, &mounts, dev)? {
             lost
         } else {
             VolumeCondition {
