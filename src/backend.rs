@@ -47,8 +47,14 @@ pub trait VolumeBackend: Send + Sync {
     async fn unstage(&self, id: &Self::Id, staging: &Path) -> Result<()>;
     async fn publish(&self, id: &Self::Id, req: &Publish<'_>) -> Result<()>;
     async fn unpublish(&self, id: &Self::Id, target: &Path) -> Result<()>;
-    /// NodeGetVolumeStats at `path`, already checked against the allowed roots.
-    async fn stats(&self, id: &Self::Id, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse>;
+    /// NodeGetVolumeStats at `path`, with the staging path when the caller gave one; both
+    /// already checked against the allowed roots.
+    async fn stats(
+        &self,
+        id: &Self::Id,
+        path: &Path,
+        staging: Option<&Path>,
+    ) -> Result<csi::NodeGetVolumeStatsResponse>;
 }
 
 /// NodeGetVolumeStats: a healthy-looking volume that the GDS gate published in compat

@@ -206,7 +206,8 @@ impl VolumeBackend for BlockBackend {
         &self,
         id: &BlockVolumeId,
         path: &Path,
+        staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
-        stats::stats(self, id, path)
+        stats::stats(self, id, path, staging)
     }
 }

@@ -20,6 +20,7 @@ pub fn stats(
     b: &BlockBackend,
     id: &BlockVolumeId,
     path: &Path,
+    staging: Option<&Path>,
 ) -> Result<csi::NodeGetVolumeStatsResponse> {
     let located = b.locate(id)?;
     if !b.mounter.exists_beneath(path)? {
@@ -44,17 +45,20 @@ pub fn stats(
             ),
         });
     };
+    let host = b.mounter.host.as_ref();
+    let is_dir = matches!(host.stat(path), Ok(Some(FileKind::Dir)));
+    let raw_block = entry.fs_type == "devtmpfs" || !is_dir;
     let healthy = if entry.fs_read_only() {
         condition(
             true,
             "the filesystem is read-only (remounted after errors?); check dmesg",
         )
+    } else if let Some(staging) = staging.filter(|s| *s != path && !raw_block) {
+        staging_lost(&mounts, staging, dev.major, dev.minor).or_else(|| condition(false, "mounted"))
     } else {
         condition(false, "mounted")
     };
-    let host = b.mounter.host.as_ref();
-    let is_dir = matches!(host.stat(path), Ok(Some(FileKind::Dir)));
-    let usage = if entry.fs_type == "devtmpfs" || !is_dir {
+    let usage = if raw_block {
         vec![VolumeUsage {
             total: dev.size_bytes as i64,
             unit: Unit::Bytes as i32,
@@ -67,6 +71,30 @@ pub fn stats(
         usage,
         volume_condition: healthy.map(|c| b.compat_condition(&located.id.to_string(), c)),
     })
+}
+
+/// A published volume whose staging mount is gone (unmounted behind the driver's back): the
+/// target still holds the filesystem, but unstage and the next publish find nothing at the
+/// staging path. Raw block volumes are never asked: staging mounts nothing for them.
+fn staging_lost(
+    mounts: &[mountinfo::MountEntry],
+    staging: &Path,
+    major: u32,
+    minor: u32,
+) -> Option<VolumeCondition> {
+    let staged = mountinfo::at(mounts, staging).is_some_and(|m| blockdev::carries(m, major, minor));
+    if staged {
+        return None;
+    }
+    condition(
+        true,
+        format!(
+            "the staging path {} no longer has the volume mounted (unmounted outside the \
+             driver?); the target still holds it until unpublished: unpublish, unstage and \
+             stage it again",
+            staging.display()
+        ),
+    )
 }
 
 impl BlockBackend {

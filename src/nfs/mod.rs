@@ -259,6 +259,7 @@ impl VolumeBackend for NfsBackend {
         &self,
         id: &NfsVolumeId,
         path: &Path,
+        _staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
         stats::stats(self, id, path).await
     }

@@ -30,9 +30,15 @@ impl MountEntry {
         self.mount_options.contains_key("ro")
     }
 
-    /// The filesystem itself is read-only (ext4 remounts so after errors).
+    /// The filesystem itself is read-only: remounted so, or ext4 after errors. Since Linux
+    /// 6.10 ext4's errors=remount-ro no longer sets SB_RDONLY (the super options stay
+    /// `rw`): it shows `emergency_ro`, or `shutdown` after a forced shutdown
+    /// (fs/ext4/super.c _ext4_show_options: `if (ext4_emergency_ro(sb))
+    /// SEQ_OPTS_PUTS("emergency_ro")`, `if (ext4_forced_shutdown(sb)) ... "shutdown"`).
     pub fn fs_read_only(&self) -> bool {
-        self.super_options.contains_key("ro")
+        ["ro", "emergency_ro", "shutdown"]
+            .iter()
+            .any(|o| self.super_options.contains_key(*o))
     }
 }
 
@@ -142,6 +148,22 @@ mod tests {
         let nfs = at(&table, Path::new("/mnt/nfs")).unwrap();
         assert_eq!(nfs.super_options.get("proto"), Some(&Some("rdma".into())));
         assert!(at(&table, Path::new("/nowhere")).is_none());
+    }
+
+    /// Lines as Linux 6.18 writes them (seen on this machine's loop devices): ext4 after
+    /// an error under errors=remount-ro keeps `rw` and adds `emergency_ro`.
+    #[test]
+    fn a_filesystem_read_only_by_remount_or_by_errors_is_read_only() {
+        let lines = "\
+40 1 7:2 / /a rw,relatime - ext4 /dev/loop2 rw,errors=remount-ro
+41 1 7:3 / /b rw,relatime - ext4 /dev/loop3 rw,errors=remount-ro,emergency_ro
+42 1 7:4 / /c ro,relatime - ext4 /dev/loop4 ro
+43 1 7:5 / /d rw,relatime - ext4 /dev/loop5 rw,shutdown
+";
+        let table = parse(lines.as_bytes()).unwrap();
+        let ro = |p: &str| at(&table, Path::new(p)).unwrap().fs_read_only();
+        assert!(!ro("/a"));
+        assert!(ro("/b") && ro("/c") && ro("/d"));
     }
 
     #[test]

@@ -117,9 +117,18 @@ impl NodeService {
         let volume = request::volume_ref(&req.volume_id)?;
         // The path first: a bad one is refused before the host is looked at.
         let path = self.volume_path(&req.volume_id, &req.volume_path)?;
+        let staging = match req.staging_target_path.as_str() {
+            "" => None,
+            raw => Some(request::host_path(
+                "staging_target_path",
+                raw,
+                &d.allowed_roots,
+            )?),
+        };
+        let staging = staging.as_deref();
         match &volume {
-            VolumeRef::Block(id) => d.block.stats(id, &path).await,
-            VolumeRef::Nfs(id) => d.nfs()?.stats(id, &path).await,
+            VolumeRef::Block(id) => d.block.stats(id, &path, staging).await,
+            VolumeRef::Nfs(id) => d.nfs()?.stats(id, &path, staging).await,
             VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
         }
     }

@@ -1,6 +1,6 @@
 //! Test-only stand-ins placed first on the driver's PATH (never shipped): `mkfs.ext4` and `mkfs.xfs`
 //! that record every call and every real run and can be held at a gate, and a `wipefs`
-//! that can write a foreign filesystem right after the driver's first probe.
+//! that can write a foreign filesystem right after the driver's first probe, or fail.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -58,7 +58,10 @@ impl Tools {
         script(
             &bin.join("wipefs"),
             &format!(
-                "#!/bin/sh\nout=$({wipefs} \"$@\"); rc=$?\n\
+                "#!/bin/sh\nfor a; do last=$a; done\n\
+                 if [ -e {d}/probe-fail ] && [ \"$1\" = --no-act ] && [ \"$last\" = \"$(cat {d}/probe-fail)\" ]; then\n\
+                 echo \"wipefs: $last: injected read error\" >&2; exit 1\nfi\n\
+                 out=$({wipefs} \"$@\"); rc=$?\n\
                  if [ -e {d}/inject ] && [ \"$1\" = --no-act ]; then\n\
                  dev=$(cat {d}/inject); rm -f {d}/inject\n\
                  {mkfs} -q -U {FOREIGN_UUID} \"$dev\" </dev/null >/dev/null 2>&1\nfi\n\
@@ -102,6 +105,16 @@ impl Tools {
 
     pub fn open_gate(&self) {
         let _ = fs::remove_file(self.dir.join("gate"));
+    }
+
+    /// Every `wipefs --no-act` of `dev` fails (exit 1, a read error on stderr) until
+    /// [`Tools::heal_probe`]: a signature probe that errors.
+    pub fn fail_probe_of(&self, dev: &Path) {
+        fs::write(self.dir.join("probe-fail"), dev.to_str().unwrap()).unwrap();
+    }
+
+    pub fn heal_probe(&self) {
+        let _ = fs::remove_file(self.dir.join("probe-fail"));
     }
 
     /// The next `wipefs --no-act` writes a foreign ext4 on `dev` after it has answered.
