@@ -40,6 +40,25 @@ pub struct Pool {
     pub jobs: Jobs,
 }
 
+/// Why a free device was passed over at allocation; `changed`: the scan is stale (rescan).
+struct Refusal {
+    why: String,
+    changed: bool,
+}
+
+impl Refusal {
+    fn changed(why: String) -> Self {
+        Refusal { why, changed: true }
+    }
+
+    fn kept(why: String) -> Self {
+        Refusal {
+            why,
+            changed: false,
+        }
+    }
+}
+
 /// What CreateVolume asks of the pool, already validated.
 #[derive(Debug, Clone)]
 pub struct AllocationRequest {
@@ -266,88 +285,102 @@ impl Pool {
         let mut changed = false;
         let mounts = host.mount_table()?;
         for dev in fitting {
-            // The scan may be old: the device must still be there, be what was scanned,
-            // and be in use nowhere.
-            let now = match inventory::observe(&self.config.host_sys, &dev) {
-                Ok(now) if now == dev.observed_at_scan() => now,
-                Ok(now) => {
-                    warn!(device = %dev.path.display(), was = %dev.observed_at_scan(), %now, "pool device changed since the scan; not allocating");
-                    refused.push(format!(
-                        "{} is no longer the device scanned (was {}, now {now})",
-                        dev.path.display(),
-                        dev.observed_at_scan()
-                    ));
-                    changed = true;
-                    continue;
-                }
-                Err(why) => {
-                    warn!(device = %dev.path.display(), %why, "pool device gone since the scan; not allocating");
-                    refused.push(format!("{} is gone ({why})", dev.path.display()));
-                    changed = true;
+            let now = match self.still_allocatable(host, &dev, &mounts).await {
+                Ok(now) => now,
+                Err(Refusal { why, changed: c }) => {
+                    refused.push(why);
+                    changed |= c;
                     continue;
                 }
             };
-            if let Some(u) = self.uses(&dev, &mounts).first() {
-                refused.push(format!("{} is in use: {u}", dev.path.display()));
-                continue;
-            }
-            // Probe outside the state lock: a slow device must not stall other volumes.
-            match host.probe_signatures(&dev.path).await {
-                Ok(sigs) if sigs.is_empty() => {}
-                Ok(sigs) => {
-                    let why = describe_signatures(&sigs);
-                    warn!(device = %dev.path.display(), signatures = %why, "foreign signature; not allocating");
-                    refused.push(format!("{} carries {why}", dev.path.display()));
-                    self.set_foreign(&dev.id, Some(why));
-                    continue;
-                }
-                Err(e) => {
-                    refused.push(e.to_string());
-                    continue;
-                }
-            }
-            let claimed = self.state.update(|state| {
-                if let Some((id, rec)) = state.by_name(&req.name) {
-                    return Ok(Some((id.clone(), rec.clone())));
-                }
-                if state.by_device(&dev.id).is_some() {
-                    return Ok(None);
-                }
-                let uuid = uuid::Uuid::new_v4();
-                let id = BlockVolumeId {
-                    device_id: dev.id.clone(),
-                    allocation: uuid.simple().to_string()[..8].to_owned(),
-                    node_id: self.config.node_id.clone(),
-                };
-                let record = VolumeRecord {
-                    name: req.name.clone(),
-                    device_id: dev.id.clone(),
-                    device_key: dev.key.clone(),
-                    capacity_bytes: dev.size_bytes,
-                    fs_type: req.fs_type,
-                    parameters: req.parameters.clone(),
-                    fs_uuid: uuid.hyphenated().to_string(),
-                    formatted: false,
-                    deleting: false,
-                    device_identity: now.identity.clone(),
-                };
-                state.volumes.insert(id.to_string(), record.clone());
-                Ok(Some((id.to_string(), record)))
-            })?;
-            // Either way the closure answers a volume of this name: found or just claimed.
-            match claimed {
-                Some((id, _)) => {
-                    faults::reached(KillPoint::AfterAllocate);
-                    info!(volume_id = %id, device = %dev.path.display(), "allocated");
-                    return self.existing(req)?.ok_or(Error::NotFound(id));
-                }
-                None => continue,
+            // Either way a claim answers a volume of this name: found or just claimed.
+            if let Some(id) = self.claim(req, &dev, &now)? {
+                faults::reached(KillPoint::AfterAllocate);
+                info!(volume_id = %id, device = %dev.path.display(), "allocated");
+                return self.existing(req)?.ok_or(Error::NotFound(id));
             }
         }
         if changed {
             self.rescan(&mounts);
         }
         Err(self.nothing_fits(req, &refused))
+    }
+
+    /// The checks between the scan and a claim: the device must still be there, be what was
+    /// scanned, be in use nowhere and carry no signature (a probe that fails is a refusal).
+    async fn still_allocatable(
+        &self,
+        host: &dyn Host,
+        dev: &PoolDevice,
+        mounts: &[MountEntry],
+    ) -> std::result::Result<inventory::Observed, Refusal> {
+        let path = dev.path.display();
+        let now = match inventory::observe(&self.config.host_sys, dev) {
+            Ok(now) if now == dev.observed_at_scan() => now,
+            Ok(now) => {
+                warn!(device = %path, was = %dev.observed_at_scan(), %now, "pool device changed since the scan; not allocating");
+                let was = dev.observed_at_scan();
+                return Err(Refusal::changed(format!(
+                    "{path} is no longer the device scanned (was {was}, now {now})"
+                )));
+            }
+            Err(why) => {
+                warn!(device = %path, %why, "pool device gone since the scan; not allocating");
+                return Err(Refusal::changed(format!("{path} is gone ({why})")));
+            }
+        };
+        if let Some(u) = self.uses(dev, mounts).first() {
+            return Err(Refusal::kept(format!("{path} is in use: {u}")));
+        }
+        // Probe outside the state lock: a slow device must not stall other volumes.
+        match host.probe_signatures(&dev.path).await {
+            Ok(sigs) if sigs.is_empty() => Ok(now),
+            Ok(sigs) => {
+                let why = describe_signatures(&sigs);
+                warn!(device = %path, signatures = %why, "foreign signature; not allocating");
+                self.set_foreign(&dev.id, Some(why.clone()));
+                Err(Refusal::kept(format!("{path} carries {why}")))
+            }
+            Err(e) => Err(Refusal::kept(e.to_string())),
+        }
+    }
+
+    /// Records the allocation under the state lock: the id of the volume named `req.name`
+    /// (found, or claimed on `dev` now), or `None` when another volume took `dev` meanwhile.
+    fn claim(
+        &self,
+        req: &AllocationRequest,
+        dev: &PoolDevice,
+        now: &inventory::Observed,
+    ) -> Result<Option<String>> {
+        self.state.update(|state| {
+            if let Some((id, _)) = state.by_name(&req.name) {
+                return Ok(Some(id.clone()));
+            }
+            if state.by_device(&dev.id).is_some() {
+                return Ok(None);
+            }
+            let uuid = uuid::Uuid::new_v4();
+            let id = BlockVolumeId {
+                device_id: dev.id.clone(),
+                allocation: uuid.simple().to_string()[..8].to_owned(),
+                node_id: self.config.node_id.clone(),
+            };
+            let record = VolumeRecord {
+                name: req.name.clone(),
+                device_id: dev.id.clone(),
+                device_key: dev.key.clone(),
+                capacity_bytes: dev.size_bytes,
+                fs_type: req.fs_type,
+                parameters: req.parameters.clone(),
+                fs_uuid: uuid.hyphenated().to_string(),
+                formatted: false,
+                deleting: false,
+                device_identity: now.identity.clone(),
+            };
+            state.volumes.insert(id.to_string(), record);
+            Ok(Some(id.to_string()))
+        })
     }
 
     fn existing(&self, req: &AllocationRequest) -> Result<Option<(BlockVolumeId, VolumeRecord)>> {
