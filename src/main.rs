@@ -60,17 +60,9 @@ fn raise_nofile_limit() {
     }
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    args.validate()?;
-    #[cfg(feature = "fault-injection")]
-    gds_csi::faults::arm(args.fault_kill_at);
-    let socket = args.socket_path()?;
-    raise_nofile_limit();
-    // Before anything reads the state: one process per state dir. A predecessor still
-    // exiting is waited for; the socket check below then gets what is left of the wait.
-    let started = Instant::now();
-    let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
-    // Host operations are timed for metrics by a wrapper around the real host.
+/// The driver of `serve`: the pool, the GDS gate and the NFS store over the real host,
+/// whose operations are timed for metrics by a wrapper around it.
+fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
     let host = Arc::new(TimedHost::new(RealHost {
         command_timeout: args.command_timeout,
         mount_timeout: args.mount_timeout,
@@ -84,20 +76,45 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         state_dir: args.state_dir.clone(),
     })
     .map_err(|e| e.to_string())?;
-    let driver = Arc::new(
-        Driver::new(
-            args.driver_name.clone(),
-            args.node_id.clone(),
-            args.allowed_path_roots.clone(),
-            pool,
-            host,
-        )
-        .with_gds_gate(gds_gate(&args)?)
-        .with_nfs(
-            gds_csi::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
-                .map_err(|e| e.to_string())?,
-        ),
-    );
+    let nfs = gds_csi::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
+        .map_err(|e| e.to_string())?;
+    Ok(Driver::new(
+        args.driver_name.clone(),
+        args.node_id.clone(),
+        args.allowed_path_roots.clone(),
+        pool,
+        host,
+    )
+    .with_gds_gate(gds_gate(args)?)
+    .with_nfs(nfs))
+}
+
+/// Resolves at SIGTERM or SIGINT, after setting `asked`: the server then drains and `serve`
+/// exits 0, which it must not do when the server stops on its own.
+fn on_signal(asked: Arc<AtomicBool>) -> Result<impl std::future::Future<Output = ()>, String> {
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        asked.store(true, Ordering::SeqCst);
+        info!("signal received; draining in-flight calls");
+    })
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    args.validate()?;
+    #[cfg(feature = "fault-injection")]
+    gds_csi::faults::arm(args.fault_kill_at);
+    let socket = args.socket_path()?;
+    raise_nofile_limit();
+    // Before anything reads the state: one process per state dir. A predecessor still
+    // exiting is waited for; the socket check below then gets what is left of the wait.
+    let started = Instant::now();
+    let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
+    let driver = Arc::new(build_driver(&args)?);
     let listener = server::bind_after(
         &socket,
         args.socket_mode,
@@ -116,18 +133,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let asked = Arc::new(AtomicBool::new(false));
-    let asked_by_signal = Arc::clone(&asked);
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-        asked_by_signal.store(true, Ordering::SeqCst);
-        info!("signal received; draining in-flight calls");
-    };
+    let shutdown = on_signal(Arc::clone(&asked))?;
     let result = server::serve(listener, driver, args.mode, shutdown).await;
     let _ = std::fs::remove_file(&socket);
     result.map_err(|e| e.to_string())?;
