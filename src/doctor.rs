@@ -72,6 +72,70 @@ fn status_of(report: &Report, id: &str) -> Option<Status> {
     report.get(id).map(|c| c.status)
 }
 
+/// What the node pod lacks, and what the node's failed checks mean for GDS.
+fn pod_and_node_notes(
+    paths: &gds_check::HostPaths,
+    args: &DoctorArgs,
+    report: &Report,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    let lib_dirs = crate::doctor_pod::loader_dirs();
+    let env = crate::doctor_pod::Env {
+        dev: Path::new("/dev"),
+        udev_data_dir: &paths.udev_data_dir,
+        cufile_json: &paths.cufile_json,
+        cufile_library: args.gds.cufile_library.as_deref(),
+        lib_dirs: &lib_dirs,
+    };
+    notes.extend(crate::doctor_pod::missing_note(&crate::doctor_pod::pieces(
+        &env,
+    )));
+    if status_of(report, "gpu.driver") == Some(Status::Fail) {
+        notes.push("No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot work here.".into());
+    }
+    if status_of(report, "nvidia_fs.module") == Some(Status::Fail) {
+        notes.push(
+            "nvidia_fs is not loaded (and NVMe P2PDMA mode is not set up): at best cuFile runs in \
+             compat mode, reading through POSIX bounce buffers."
+                .into(),
+        );
+    }
+    notes
+}
+
+/// What the cuFile probe said, in a sentence for the operator.
+fn probe_note(probe: Option<&ProbeOutcome>, timeout: std::time::Duration) -> String {
+    match probe {
+        Some(o)
+            if matches!(
+                o.status,
+                ProbeStatus::LibraryMissing | ProbeStatus::SymbolMissing
+            ) =>
+        {
+            format!(
+                "libcufile is not installed here or not on the loader path ({}): install the GDS \
+             packages or pass --cufile-library.",
+                o.detail
+            )
+        }
+        Some(o) if o.status == ProbeStatus::TimedOut => format!(
+            "The cuFile probe hung and was killed after {timeout:?} ({}).",
+            o.detail
+        ),
+        Some(o) => format!(
+            "cuFile says: {} ({}).",
+            match o.mode {
+                GdsMode::TrueGds => "true GDS",
+                GdsMode::Compat => "compat mode only (no DMA to GPU memory)",
+                GdsMode::Unavailable => "cuFile does not work on this path",
+                GdsMode::Unknown => "unknown",
+            },
+            o.detail
+        ),
+        None => "The cuFile probe was not run (add --probe).".into(),
+    }
+}
+
 /// Runs the checks (and the probe, with `--probe`) the way the gate would.
 pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) -> Diagnosis {
     let paths = args
@@ -93,57 +157,8 @@ pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) ->
         report.extend([probe_check_required(o)]);
     }
 
-    let mut notes = Vec::new();
-    let lib_dirs = crate::doctor_pod::loader_dirs();
-    let env = crate::doctor_pod::Env {
-        dev: Path::new("/dev"),
-        udev_data_dir: &paths.udev_data_dir,
-        cufile_json: &paths.cufile_json,
-        cufile_library: args.gds.cufile_library.as_deref(),
-        lib_dirs: &lib_dirs,
-    };
-    notes.extend(crate::doctor_pod::missing_note(&crate::doctor_pod::pieces(
-        &env,
-    )));
-    if status_of(&report, "gpu.driver") == Some(Status::Fail) {
-        notes.push("No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot work here.".into());
-    }
-    if status_of(&report, "nvidia_fs.module") == Some(Status::Fail) {
-        notes.push(
-            "nvidia_fs is not loaded (and NVMe P2PDMA mode is not set up): at best cuFile runs in \
-             compat mode, reading through POSIX bounce buffers."
-                .into(),
-        );
-    }
-    match &probe {
-        Some(o)
-            if matches!(
-                o.status,
-                ProbeStatus::LibraryMissing | ProbeStatus::SymbolMissing
-            ) =>
-        {
-            notes.push(format!(
-                "libcufile is not installed here or not on the loader path ({}): install the GDS \
-             packages or pass --cufile-library.",
-                o.detail
-            ))
-        }
-        Some(o) if o.status == ProbeStatus::TimedOut => notes.push(format!(
-            "The cuFile probe hung and was killed after {:?} ({}).",
-            args.gds.probe_timeout, o.detail
-        )),
-        Some(o) => notes.push(format!(
-            "cuFile says: {} ({}).",
-            match o.mode {
-                GdsMode::TrueGds => "true GDS",
-                GdsMode::Compat => "compat mode only (no DMA to GPU memory)",
-                GdsMode::Unavailable => "cuFile does not work on this path",
-                GdsMode::Unknown => "unknown",
-            },
-            o.detail
-        )),
-        None => notes.push("The cuFile probe was not run (add --probe).".into()),
-    }
+    let mut notes = pod_and_node_notes(&paths, args, &report);
+    notes.push(probe_note(probe.as_ref(), args.gds.probe_timeout));
     Diagnosis {
         backend,
         path: args.path.clone(),
