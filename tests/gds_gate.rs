@@ -327,6 +327,20 @@ async fn preferred_publishes_and_reports_compat_in_volume_condition() {
         "{}",
         c.message
     );
+
+    // The mark lives as long as the staged volume: unstaging forgets it (persisted marks
+    // of volumes long gone would otherwise pile up in the state dir).
+    let gate = r.driver.gds_gate.as_ref().unwrap();
+    assert!(gate.compat_reason(&id).is_some());
+    r.unpublish(&id, &target).await;
+    r.node
+        .node_unstage_volume(Request::new(NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        }))
+        .await
+        .unwrap();
+    assert_eq!(gate.compat_reason(&id), None);
 }
 
 #[tokio::test]

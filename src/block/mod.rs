@@ -191,7 +191,12 @@ impl VolumeBackend for BlockBackend {
     }
 
     async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
-        stage::unstage(self, id, staging).await
+        stage::unstage(self, id, staging).await?;
+        // The gate's compat mark belongs to the staged volume; the next stage publishes anew.
+        match &self.gate {
+            Some(gate) => gate.forget(&id.to_string()),
+            None => Ok(()),
+        }
     }
 
     async fn publish(&self, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {

@@ -244,7 +244,12 @@ impl VolumeBackend for NfsBackend {
     }
 
     async fn unstage(&self, id: &NfsVolumeId, staging: &Path) -> Result<()> {
-        node::unstage(&self.mounter, id, staging).await
+        node::unstage(&self.mounter, id, staging).await?;
+        // The gate's compat mark belongs to the staged volume; the next stage publishes anew.
+        match &self.gate {
+            Some(gate) => gate.forget(&id.to_string()),
+            None => Ok(()),
+        }
     }
 
     async fn publish(&self, id: &NfsVolumeId, req: &Publish<'_>) -> Result<()> {
