@@ -174,72 +174,68 @@ pub fn nvme_namespaces(
         .collect();
     names.sort();
     for name in names {
-        let dir = sys.join("block").join(&name);
-        let mut exclude = |reason: String| {
-            excluded.push(Excluded {
-                device: name.clone(),
+        match namespace(sys, dev, mounts, allocated_keys, &name) {
+            Ok(device) => found.push(device),
+            Err(reason) => excluded.push(Excluded {
+                device: name,
                 reason,
-            })
-        };
-        let Some(wwid) = read_trimmed(&dir.join("wwid")).filter(|w| !w.is_empty()) else {
-            exclude("no wwid in sysfs; namespaces are only identified by wwid".into());
-            continue;
-        };
-        let Some((major, minor)) = read_devnum(&dir) else {
-            exclude("unreadable dev number".into());
-            continue;
-        };
-        let key = format!("wwid:{wwid}");
-        let ours = allocated_keys.contains(&key);
-        let has_partitions = !ours
-            && fs::read_dir(&dir)
-                .map(|it| {
-                    it.filter_map(|e| e.ok())
-                        .any(|e| e.path().join("partition").exists())
-                })
-                .unwrap_or(true);
-        if has_partitions {
-            exclude("has partitions".into());
-            continue;
+            }),
         }
-        let has_holders = !ours
-            && fs::read_dir(dir.join("holders"))
-                .map(|mut it| it.next().is_some())
-                .unwrap_or(false);
-        if has_holders {
-            exclude("held by another device (device-mapper, md, ...)".into());
-            continue;
-        }
-        if let Some(u) = blockdev::mounts(mounts, major, minor)
-            .first()
-            .filter(|_| !ours)
-        {
-            exclude(format!("in use outside the driver: {u}"));
-            continue;
-        }
-        let size_bytes = match size_from_sysfs(sys, major, minor) {
-            Ok(size) if size > 0 => size,
-            Ok(_) => {
-                exclude("size 0".into());
-                continue;
-            }
-            Err(e) => {
-                exclude(e);
-                continue;
-            }
-        };
-        found.push(PoolDevice {
-            id: device_id("nvme", &key),
-            key,
-            path: dev.join(&name),
-            size_bytes,
-            major,
-            minor,
-            identity: blockdev::sysfs_identity(&dir),
-            source: Source::Discovered { name: name.clone() },
-        });
     }
     (found, excluded)
+}
+
+/// The namespace `name` as a pool device, or why it is left out: no wwid, partitioned,
+/// held or mounted (unless it is one of ours, `allocated_keys`), or no size.
+fn namespace(
+    sys: &Path,
+    dev: &Path,
+    mounts: &[MountEntry],
+    allocated_keys: &HashSet<String>,
+    name: &str,
+) -> Result<PoolDevice, String> {
+    let dir = sys.join("block").join(name);
+    let wwid = read_trimmed(&dir.join("wwid"))
+        .filter(|w| !w.is_empty())
+        .ok_or("no wwid in sysfs; namespaces are only identified by wwid")?;
+    let (major, minor) = read_devnum(&dir).ok_or("unreadable dev number")?;
+    let key = format!("wwid:{wwid}");
+    if !allocated_keys.contains(&key) {
+        let has_partitions = fs::read_dir(&dir)
+            .map(|it| {
+                it.filter_map(|e| e.ok())
+                    .any(|e| e.path().join("partition").exists())
+            })
+            .unwrap_or(true);
+        if has_partitions {
+            return Err("has partitions".into());
+        }
+        let has_holders = fs::read_dir(dir.join("holders"))
+            .map(|mut it| it.next().is_some())
+            .unwrap_or(false);
+        if has_holders {
+            return Err("held by another device (device-mapper, md, ...)".into());
+        }
+        if let Some(u) = blockdev::mounts(mounts, major, minor).first() {
+            return Err(format!("in use outside the driver: {u}"));
+        }
+    }
+    let size_bytes = match size_from_sysfs(sys, major, minor)? {
+        0 => return Err("size 0".into()),
+        size => size,
+    };
+    Ok(PoolDevice {
+        id: device_id("nvme", &key),
+        key,
+        path: dev.join(name),
+        size_bytes,
+        major,
+        minor,
+        identity: blockdev::sysfs_identity(&dir),
+        source: Source::Discovered {
+            name: name.to_owned(),
+        },
+    })
 }
 
 #[cfg(test)]
