@@ -299,6 +299,43 @@ pub fn open(
 ) -> Result<Option<Anchored>> {
     // A mount or unmount of this path that outlived its call may still land.
     super::inflight::check(path)?;
+    let (root, names) = beneath_root(field, roots, path)?;
+    let Some((last, parents)) = names.split_last() else {
+        return Err(Error::invalid(
+            field,
+            format!("{} is the allowed root itself", path.display()),
+        ));
+    };
+    let Some(root_fd) = open_root(root, create)? else {
+        return Ok(None);
+    };
+    let Some(dir) = walk_parents(field, root_fd, root, parents, create)? else {
+        return Ok(None);
+    };
+    let Some(fd) = open_last(field, dir.as_fd(), last, path, create, mark)? else {
+        return Ok(None);
+    };
+    // O_PATH | O_NOFOLLOW opens a trailing symlink itself (openat2(2), RESOLVE_NO_SYMLINKS).
+    let file_type = cached_type(fd.as_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
+    if file_type == SFlag::S_IFLNK {
+        return Err(refused(field, path, Errno::ELOOP));
+    }
+    Ok(Some(Anchored {
+        path: path.to_owned(),
+        pin: Some(Pin {
+            parent: dir,
+            name: last.clone(),
+            fd: Some(fd),
+        }),
+    }))
+}
+
+/// The longest allowed root holding `path`, and the names of the components below it.
+fn beneath_root<'r>(
+    field: &'static str,
+    roots: &'r [PathBuf],
+    path: &Path,
+) -> Result<(&'r PathBuf, Vec<CString>)> {
     let root = roots
         .iter()
         .filter(|r| path.starts_with(r))
@@ -317,14 +354,12 @@ pub fn open(
             _ => return Err(Error::invalid(field, "must not contain '..'")),
         }
     }
-    let Some((last, parents)) = names.split_last() else {
-        return Err(Error::invalid(
-            field,
-            format!("{} is the allowed root itself", path.display()),
-        ));
-    };
-    // The root is the operator's own setting: it may be a symlink (a relocated kubelet
-    // directory), followed once, here, and created like any parent when missing.
+    Ok((root, names))
+}
+
+/// The root is the operator's own setting: it may be a symlink (a relocated kubelet
+/// directory), followed once, here, and created like any parent when missing.
+fn open_root(root: &Path, create: Create) -> Result<Option<OwnedFd>> {
     let open_root = || {
         nix::fcntl::open(
             root,
@@ -342,8 +377,19 @@ pub fn open(
     }
     .map_err(|e| Error::io("opening allowed root", root, e.into()))?;
     // SAFETY: open just returned this descriptor and nothing else owns it.
-    let mut dir = unsafe { OwnedFd::from_raw_fd(root_fd) };
-    let mut shown = root.clone();
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(root_fd) }))
+}
+
+/// Walks down `parents` from the root one directory at a time, never following a symlink,
+/// creating missing ones unless `create` is `Nothing` (then `Ok(None)`).
+fn walk_parents(
+    field: &'static str,
+    mut dir: OwnedFd,
+    root: &Path,
+    parents: &[CString],
+    create: Create,
+) -> Result<Option<OwnedFd>> {
+    let mut shown = root.to_path_buf();
     for name in parents {
         shown.push(OsStr::from_bytes(name.as_bytes()));
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
@@ -365,61 +411,54 @@ pub fn open(
             Err(e) => return Err(refused(field, &shown, symlink_or(dir.as_fd(), name, e))),
         };
     }
-    let fd = match open_in(dir.as_fd(), last, OFlag::O_PATH, true) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT) => {
-            let made = match create {
-                Create::Nothing => return Ok(None),
-                Create::Dir => mkdirat(
-                    Some(dir.as_raw_fd()),
-                    last.as_c_str(),
-                    Mode::from_bits_truncate(0o750),
-                )
-                .map(|()| true),
-                Create::File => nix::fcntl::openat(
-                    Some(dir.as_raw_fd()),
-                    last.as_c_str(),
-                    OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_WRONLY
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_CLOEXEC,
-                    Mode::from_bits_truncate(0o640),
-                )
-                // SAFETY: openat just returned this descriptor; it is closed at once.
-                .map(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) }))
-                .map(|()| true),
-            };
-            let made = match made {
-                Ok(made) => made,
-                Err(Errno::EEXIST) => false,
-                Err(e) => return Err(Error::io("creating", path, e.into())),
-            };
-            let fd = open_in(dir.as_fd(), last, OFlag::O_PATH, true)
-                .map_err(|e| refused(field, path, e))?;
-            if let (true, Some(mark)) = (made, mark) {
-                if let Err(e) = set_mark(fd.as_fd(), mark) {
-                    // Then unpublish leaves it for the kubelet to remove.
-                    tracing::warn!(path = %path.display(), error = %e, "cannot mark the target as created by this driver");
-                }
-            }
-            fd
-        }
+    Ok(Some(dir))
+}
+
+/// Opens the final component in `dir` without following it; creates it as `create` asks
+/// when missing (marked with `mark` when this call made it), else `Ok(None)`.
+fn open_last(
+    field: &'static str,
+    dir: BorrowedFd<'_>,
+    last: &CString,
+    path: &Path,
+    create: Create,
+    mark: Option<&str>,
+) -> Result<Option<OwnedFd>> {
+    match open_in(dir, last, OFlag::O_PATH, true) {
+        Ok(fd) => return Ok(Some(fd)),
+        Err(Errno::ENOENT) if create == Create::Nothing => return Ok(None),
+        Err(Errno::ENOENT) => {}
         Err(e) => return Err(refused(field, path, e)),
-    };
-    // O_PATH | O_NOFOLLOW opens a trailing symlink itself (openat2(2), RESOLVE_NO_SYMLINKS).
-    let file_type = cached_type(fd.as_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
-    if file_type == SFlag::S_IFLNK {
-        return Err(refused(field, path, Errno::ELOOP));
     }
-    Ok(Some(Anchored {
-        path: path.to_owned(),
-        pin: Some(Pin {
-            parent: dir,
-            name: last.clone(),
-            fd: Some(fd),
-        }),
-    }))
+    let made = match create {
+        Create::Nothing => return Ok(None),
+        Create::Dir => mkdirat(
+            Some(dir.as_raw_fd()),
+            last.as_c_str(),
+            Mode::from_bits_truncate(0o750),
+        ),
+        Create::File => nix::fcntl::openat(
+            Some(dir.as_raw_fd()),
+            last.as_c_str(),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o640),
+        )
+        // SAFETY: openat just returned this descriptor; it is closed at once.
+        .map(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) })),
+    };
+    let made = match made {
+        Ok(()) => true,
+        Err(Errno::EEXIST) => false,
+        Err(e) => return Err(Error::io("creating", path, e.into())),
+    };
+    let fd = open_in(dir, last, OFlag::O_PATH, true).map_err(|e| refused(field, path, e))?;
+    if let (true, Some(mark)) = (made, mark) {
+        if let Err(e) = set_mark(fd.as_fd(), mark) {
+            // Then unpublish leaves it for the kubelet to remove.
+            tracing::warn!(path = %path.display(), error = %e, "cannot mark the target as created by this driver");
+        }
+    }
+    Ok(Some(fd))
 }
 
 /// The file type of a `stat`.
