@@ -258,6 +258,8 @@ async fn three_partitions_on_one_device_live_and_die_apart() {
             .unwrap();
     }
     assert_eq!(capacity(&mut c).await, (free0, free0));
+    // Carved once, the device is no free whole device, even with no partition left.
+    assert_eq!(requests::capacity(&mut c).await.available_capacity, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,6 +150,7 @@ impl Partitioned {
                 continue;
             };
             label::create(&dev.path, proof).map_err(csi_error)?;
+            self.keep_from_whole_device_use(&dev);
             info!(device = %dev.path.display(), "new gds-csi partition table");
             return Ok(dev);
         }
@@ -158,6 +159,13 @@ impl Partitioned {
              device is big enough; delete a volume or add devices",
             self.pool.node_id()
         )))
+    }
+
+    /// A device carrying our label is no free whole device, also once its last
+    /// partition is gone (the start-up probe says the same from its signature).
+    fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
+        let why = "a gds-csi partition table (layout: partition)".to_owned();
+        self.pool.set_foreign(&dev.id, Some(why));
     }
 
     /// Records the volume on `dev` before carving, so a retry carves the same partition.
@@ -324,6 +332,7 @@ impl Layout for Partitioned {
                 self.erase(host, volume_id, &rec, parent, &carved, mounts)
                     .await?;
                 volume::remove(&parent.path, &carved.partuuid).map_err(csi_error)?;
+                self.keep_from_whole_device_use(parent);
             }
         }
         self.pool.state.update(|s| {

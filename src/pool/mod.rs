@@ -209,7 +209,7 @@ impl Pool {
             .cloned()
     }
 
-    fn set_foreign(&self, id: &str, reason: Option<String>) {
+    pub(crate) fn set_foreign(&self, id: &str, reason: Option<String>) {
         let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
         match reason {
             Some(r) => foreign.insert(id.to_owned(), r),
