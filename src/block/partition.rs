@@ -248,7 +248,10 @@ impl Partitioned {
             None => {
                 // Claimed, maybe carved, crash before the record said so: by name.
                 let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.into()))?;
-                let label = volume::ours(parent).map_err(csi_error)?;
+                // No label of ours: nothing was carved for it (nothing to erase).
+                let Ok(label) = volume::ours(parent) else {
+                    return Ok(None);
+                };
                 match label.by_name(&id.allocation) {
                     Some((_, e)) => e.guid,
                     None => return Ok(None),
@@ -429,5 +432,30 @@ impl Partitioned {
         }
         info!(volume_id, node = %dev.path.display(), "partition erased");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_errors_become_the_csi_codes_their_causes_call_for() {
+        let code = |e: gpt::Error| tonic::Status::from(csi_error(e)).code();
+        use tonic::Code;
+        assert_eq!(code(gpt::Error::OutOfRange("x".into())), Code::OutOfRange);
+        let no_space = gpt::Error::NoSpace {
+            wanted: 2,
+            largest: 1,
+        };
+        assert_eq!(code(no_space), Code::ResourceExhausted);
+        let taken = gpt::Error::NameTaken {
+            name: "a".into(),
+            number: 1,
+            len: 1,
+        };
+        assert_eq!(code(taken), Code::AlreadyExists);
+        let foreign = gpt::Error::foreign(Path::new("/dev/x"), "sfdisk wrote it");
+        assert_eq!(code(foreign), Code::FailedPrecondition);
     }
 }
