@@ -219,6 +219,12 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
         }
     }
     let layout = layout_kind(&stored)?;
+    if stored.contains_key(PARAM_SERVER) && stored.contains_key(PARAM_LAYOUT) {
+        return Err(Error::invalid(
+            "parameters.layout",
+            "applies to block volumes only; drop it from an NFS class (one with server)",
+        ));
+    }
     Ok(VolumeParameters {
         fs_type,
         layout,
@@ -511,6 +517,12 @@ mod tests {
             with(Some("partition")).unwrap().layout,
             LayoutKind::Partition
         );
+        let mut nfs = HashMap::new();
+        nfs.insert(PARAM_LAYOUT.to_owned(), "partition".to_owned());
+        nfs.insert(PARAM_SERVER.to_owned(), "10.0.0.1".to_owned());
+        nfs.insert("share".to_owned(), "/export".to_owned());
+        let err = parameters(&nfs).unwrap_err().to_string();
+        assert!(err.contains("parameters.layout"), "{err}");
         for bad in ["Partition", "raid0", ""] {
             let err = with(Some(bad)).unwrap_err().to_string();
             assert!(err.contains("parameters.layout"), "{bad:?}: {err}");
