@@ -2,6 +2,10 @@
 //! again without any other state: `blk:<device-id>:<allocation>:<node-id>`.
 //! The allocation part differs each time a device is handed out, so a late retry of
 //! DeleteVolume for an old volume can never touch the device's next volume.
+//! A volume of the `partition` layout appends `:part` (its device id is the parent pool
+//! device); ids without a fifth part are whole-device volumes, as every id issued before
+//! the partition layout existed. An older driver refuses the longer id (its node part
+//! would hold a ':'), so it never mistakes a partition for a whole device.
 
 use std::fmt;
 
@@ -10,12 +14,22 @@ use crate::error::{Error, Result};
 /// The CSI spec's recommended maximum, which Kubernetes enforces for volume handles.
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 const PREFIX: &str = "blk";
+const PARTITION_SUFFIX: &str = "part";
+
+/// Which layout owns a block volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum IdLayout {
+    #[default]
+    Device,
+    Partition,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BlockVolumeId {
     pub device_id: String,
     pub allocation: String,
     pub node_id: String,
+    pub layout: IdLayout,
 }
 
 impl fmt::Display for BlockVolumeId {
@@ -24,7 +38,11 @@ impl fmt::Display for BlockVolumeId {
             f,
             "{PREFIX}:{}:{}:{}",
             self.device_id, self.allocation, self.node_id
-        )
+        )?;
+        match self.layout {
+            IdLayout::Device => Ok(()),
+            IdLayout::Partition => write!(f, ":{PARTITION_SUFFIX}"),
+        }
     }
 }
 
@@ -64,13 +82,18 @@ fn is_token(s: &str, max: usize) -> bool {
 impl BlockVolumeId {
     /// `None` when the id is well formed but not one of ours: such a volume does not exist.
     pub fn parse(id: &str) -> Option<Self> {
-        let mut parts = id.splitn(4, ':');
+        let mut parts = id.splitn(5, ':');
         if parts.next()? != PREFIX {
             return None;
         }
         let device_id = parts.next()?;
         let allocation = parts.next()?;
         let node_id = parts.next()?;
+        let layout = match parts.next() {
+            None => IdLayout::Device,
+            Some(PARTITION_SUFFIX) => IdLayout::Partition,
+            Some(_) => return None,
+        };
         if !(is_token(device_id, 40) && is_token(allocation, 16) && is_token(node_id, 100)) {
             return None;
         }
@@ -78,6 +101,7 @@ impl BlockVolumeId {
             device_id: device_id.into(),
             allocation: allocation.into(),
             node_id: node_id.into(),
+            layout,
         })
     }
 }
@@ -103,8 +127,30 @@ mod tests {
             device_id: "dev-0123456789abcdef".into(),
             allocation: "a1b2c3d4".into(),
             node_id: "gpu-node-1.example".into(),
+            layout: IdLayout::Device,
         };
-        assert_eq!(BlockVolumeId::parse(&id.to_string()), Some(id));
+        assert_eq!(BlockVolumeId::parse(&id.to_string()), Some(id.clone()));
+        let part = BlockVolumeId {
+            layout: IdLayout::Partition,
+            ..id
+        };
+        assert_eq!(
+            part.to_string(),
+            "blk:dev-0123456789abcdef:a1b2c3d4:gpu-node-1.example:part"
+        );
+        assert_eq!(BlockVolumeId::parse(&part.to_string()), Some(part));
+    }
+
+    #[test]
+    fn ids_issued_before_layouts_still_mean_whole_devices() {
+        let old = BlockVolumeId::parse("blk:dev-1:a1b2c3d4:node-a").unwrap();
+        assert_eq!(old.layout, IdLayout::Device);
+        assert_eq!(old.to_string(), "blk:dev-1:a1b2c3d4:node-a");
+        assert_eq!(BlockVolumeId::parse("blk:dev-1:a1b2c3d4:node-a:raid"), None);
+        assert_eq!(
+            BlockVolumeId::parse("blk:dev-1:a1b2c3d4:node-a:part:x"),
+            None
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::error::{Error, Result, VolumeError};
 use crate::os::FsType;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
-use crate::volume_id::BlockVolumeId;
+use crate::volume_id::{BlockVolumeId, IdLayout};
 
 fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
@@ -74,8 +74,12 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
         fs_type,
         parameters: req.params.stored.clone(),
     };
+    let kind = match req.params.layout {
+        request::LayoutKind::Device => IdLayout::Device,
+        request::LayoutKind::Partition => IdLayout::Partition,
+    };
     let (id, rec) = b
-        .layout
+        .layout_of(kind)
         .allocate(b.mounter.host.as_ref(), &alloc)
         .await
         .map_err(|e| match e {
@@ -102,7 +106,7 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     }
     b.check_ready()?;
     let mounts = b.mounter.mount_table()?;
-    b.layout
+    b.layout_of(id.layout)
         .release(&b.mounter.host, &id.to_string(), &mounts)
         .await
 }
@@ -157,7 +161,16 @@ pub fn capacity(
     if elsewhere || unsupported {
         return Ok(csi::GetCapacityResponse::default());
     }
-    let capacity = b.layout.capacity();
+    let params: std::collections::BTreeMap<String, String> = req
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let kind = match request::layout_kind(&params)? {
+        request::LayoutKind::Device => IdLayout::Device,
+        request::LayoutKind::Partition => IdLayout::Partition,
+    };
+    let capacity = b.layout_of(kind).capacity();
     Ok(csi::GetCapacityResponse {
         available_capacity: capacity.available as i64,
         maximum_volume_size: capacity.maximum.map(|m| m as i64),

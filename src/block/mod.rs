@@ -6,6 +6,7 @@
 pub mod controller;
 pub mod device;
 pub mod layout;
+pub mod partition;
 pub mod publish;
 pub mod stage;
 pub mod stats;
@@ -28,7 +29,7 @@ use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::CreateVolume;
-use crate::volume_id::BlockVolumeId;
+use crate::volume_id::{BlockVolumeId, IdLayout};
 
 /// Which node this is, as the block backend's volumes and topology name it.
 #[derive(Debug, Clone)]
@@ -48,6 +49,7 @@ pub struct BlockBackend {
     pub(crate) mounter: Mounter,
     pub(crate) pool: Arc<Pool>,
     pub(crate) layout: Arc<dyn Layout>,
+    pub(crate) partitioned: Arc<partition::Partitioned>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
     ready: AtomicBool,
@@ -65,10 +67,12 @@ impl BlockBackend {
         let layout = Arc::new(device::WholeDevice {
             pool: Arc::clone(&pool),
         });
+        let partitioned = Arc::new(partition::Partitioned::new(Arc::clone(&pool)));
         BlockBackend {
             mounter,
             pool,
             layout,
+            partitioned,
             gate: None,
             node,
             ready: AtomicBool::new(false),
@@ -84,6 +88,7 @@ impl BlockBackend {
         let mounts = self.mounter.mount_table()?;
         self.pool.rescan(&mounts);
         self.pool.classify_free(self.mounter.host.as_ref()).await;
+        self.partitioned.resync();
         info!(
             devices = self.pool.devices().len(),
             free = self.pool.free_devices().len(),
@@ -108,6 +113,14 @@ impl BlockBackend {
         }
     }
 
+    /// The layout that owns volumes of this kind.
+    pub(crate) fn layout_of(&self, kind: IdLayout) -> &dyn Layout {
+        match kind {
+            IdLayout::Device => self.layout.as_ref(),
+            IdLayout::Partition => self.partitioned.as_ref(),
+        }
+    }
+
     fn record(&self, raw: &str) -> Result<VolumeRecord> {
         self.pool
             .state
@@ -128,13 +141,13 @@ impl BlockBackend {
         }
         let record = self.record(&raw)?;
         let mounts = self.mounter.mount_table()?;
-        let device =
-            self.layout
-                .locate(&record, &mounts)
-                .ok_or_else(|| VolumeError::DeviceAbsent {
-                    volume: raw.clone(),
-                    key: record.device_key.clone(),
-                })?;
+        let device = self
+            .layout_of(id.layout)
+            .locate(&record, &mounts)
+            .ok_or_else(|| VolumeError::DeviceAbsent {
+                volume: raw.clone(),
+                key: record.device_key.clone(),
+            })?;
         Ok(Located {
             id: id.clone(),
             record,

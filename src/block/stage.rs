@@ -303,6 +303,7 @@ mod tests {
             formatted,
             deleting: false,
             device_identity: None,
+            partition: None,
         }
     }
 

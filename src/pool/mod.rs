@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
 
 pub use inventory::{Excluded, Observed, PoolDevice};
-pub use state::{State, StateStore, VolumeRecord};
+pub use state::{PartitionRecord, State, StateStore, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
@@ -71,7 +71,7 @@ pub struct AllocationRequest {
 }
 
 impl AllocationRequest {
-    fn fits(&self, size: u64) -> bool {
+    pub(crate) fn fits(&self, size: u64) -> bool {
         size >= self.required_bytes && (self.limit_bytes == 0 || size <= self.limit_bytes)
     }
 }
@@ -228,7 +228,7 @@ impl Pool {
             .cloned()
     }
 
-    fn set_foreign(&self, id: &str, reason: Option<String>) {
+    pub(crate) fn set_foreign(&self, id: &str, reason: Option<String>) {
         let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
         match reason {
             Some(r) => foreign.insert(id.to_owned(), r),
@@ -365,6 +365,7 @@ impl Pool {
                 device_id: dev.id.clone(),
                 allocation: uuid.simple().to_string()[..8].to_owned(),
                 node_id: self.config.node_id.clone(),
+                layout: crate::volume_id::IdLayout::Device,
             };
             let record = VolumeRecord {
                 name: req.name.clone(),
@@ -377,6 +378,7 @@ impl Pool {
                 formatted: false,
                 deleting: false,
                 device_identity: now.identity.clone(),
+                partition: None,
             };
             state.volumes.insert(id.to_string(), record);
             Ok(Some(id.to_string()))

@@ -38,6 +38,19 @@ pub struct VolumeRecord {
     /// sysfs says nothing about.
     #[serde(default)]
     pub device_identity: Option<String>,
+    /// The partition of `device_id` that is the volume (the `partition` layout); `None`
+    /// for a whole-device volume and in records written before layouts existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionRecord>,
+}
+
+/// Where a partition volume lives on its parent pool device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    /// Found again by this after a restart, a rename or a kernel that dropped it.
+    pub partuuid: String,
+    /// Its number in the label when carved (informational; the PARTUUID decides).
+    pub number: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -129,6 +142,7 @@ mod tests {
             formatted: false,
             deleting: false,
             device_identity: None,
+            partition: None,
         }
     }
 

@@ -24,12 +24,16 @@ pub use nfs_options::{MountOptions, Transport};
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
 pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
+/// Where a block volume's device comes from: `device` (a whole pool device, the default)
+/// or `partition` (a GPT partition carved from a pool device, issue 13).
+pub const PARAM_LAYOUT: &str = "layout";
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
 use nfs::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
 const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];
 const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_FS_TYPE,
     PARAM_GDS_POLICY,
+    PARAM_LAYOUT,
     PARAM_SERVER,
     PARAM_SHARE,
     PARAM_SUB_DIR,
@@ -176,6 +180,7 @@ pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeParameters {
     pub fs_type: Option<FsType>,
+    pub layout: LayoutKind,
     /// The driver's own parameters (sidecar-added ones dropped), kept with the volume.
     pub stored: BTreeMap<String, String>,
 }
@@ -213,7 +218,41 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
             ));
         }
     }
-    Ok(VolumeParameters { fs_type, stored })
+    let layout = layout_kind(&stored)?;
+    if stored.contains_key(PARAM_SERVER) && stored.contains_key(PARAM_LAYOUT) {
+        return Err(Error::invalid(
+            "parameters.layout",
+            "applies to block volumes only; drop it from an NFS class (one with server)",
+        ));
+    }
+    Ok(VolumeParameters {
+        fs_type,
+        layout,
+        stored,
+    })
+}
+
+/// Which block layout a volume uses (StorageClass parameter `layout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LayoutKind {
+    /// The volume is one whole pool device (the default: what every volume made before
+    /// the partition layout existed is, and needs no partition table on any device).
+    #[default]
+    Device,
+    /// The volume is a GPT partition carved from a pool device.
+    Partition,
+}
+
+/// The `layout` parameter; absent means `device`.
+pub fn layout_kind(params: &BTreeMap<String, String>) -> Result<LayoutKind> {
+    match params.get(PARAM_LAYOUT).map(String::as_str) {
+        None | Some("device") => Ok(LayoutKind::Device),
+        Some("partition") => Ok(LayoutKind::Partition),
+        Some(other) => Err(Error::invalid(
+            "parameters.layout",
+            format!("{other:?} is not a layout; use device or partition"),
+        )),
+    }
 }
 
 /// The driver's own parameters: every key known (sidecar-added ones dropped), no value
@@ -461,5 +500,32 @@ mod tests {
         }
         let ok = host_path("target_path", &format!("{r}//a/./b/"), &roots).unwrap();
         assert_eq!(ok, root.path().join("a/b"));
+    }
+
+    #[test]
+    fn layout_parameter_is_typed_and_defaults_to_device() {
+        let with = |v: Option<&str>| {
+            let mut m = HashMap::new();
+            if let Some(v) = v {
+                m.insert(PARAM_LAYOUT.to_owned(), v.to_owned());
+            }
+            parameters(&m)
+        };
+        assert_eq!(with(None).unwrap().layout, LayoutKind::Device);
+        assert_eq!(with(Some("device")).unwrap().layout, LayoutKind::Device);
+        assert_eq!(
+            with(Some("partition")).unwrap().layout,
+            LayoutKind::Partition
+        );
+        let mut nfs = HashMap::new();
+        nfs.insert(PARAM_LAYOUT.to_owned(), "partition".to_owned());
+        nfs.insert(PARAM_SERVER.to_owned(), "10.0.0.1".to_owned());
+        nfs.insert("share".to_owned(), "/export".to_owned());
+        let err = parameters(&nfs).unwrap_err().to_string();
+        assert!(err.contains("parameters.layout"), "{err}");
+        for bad in ["Partition", "raid0", ""] {
+            let err = with(Some(bad)).unwrap_err().to_string();
+            assert!(err.contains("parameters.layout"), "{bad:?}: {err}");
+        }
     }
 }
