@@ -163,7 +163,11 @@ fn incoming(listener: UnixListener, max: usize) -> ReceiverStream<io::Result<Con
         loop {
             let slot = tokio::select! {
                 _ = tx.closed() => return,
-                slot = Arc::clone(&slots).acquire_owned() => slot.expect("never closed"),
+                // The semaphore is never closed; were it, the loop would end like a shutdown.
+                slot = Arc::clone(&slots).acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => return,
+                },
             };
             let io = loop {
                 let accepted = tokio::select! {
@@ -338,7 +342,8 @@ impl AroundCall for InFlightLayer {
         let permits = Arc::clone(&self.permits);
         Box::pin(async move {
             if counted {
-                Some(permits.acquire_owned().await.expect("never closed"))
+                // Never closed; were it, the call would go uncounted rather than fail.
+                permits.acquire_owned().await.ok()
             } else {
                 None
             }

@@ -120,7 +120,10 @@ impl StateStore {
     }
 
     fn persist(&self, state: &State) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(state).expect("state serializes");
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| Error::State {
+            path: self.path.clone(),
+            reason: format!("cannot be serialised: {e}"),
+        })?;
         crate::state_dir::write_atomic(&self.path, &bytes)
             .map_err(|e| Error::io("writing", &self.path, e))
     }
