@@ -1,5 +1,6 @@
 //! The node's pool of whole block devices, and the allocation domain operations.
 
+mod allocate;
 pub mod fs_min;
 mod gauges;
 pub mod inventory;
@@ -18,7 +19,6 @@ use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
 use crate::jobs::Jobs;
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
-use crate::volume_id::BlockVolumeId;
 
 pub struct PoolConfig {
     pub node_id: String,
@@ -38,25 +38,6 @@ pub struct Pool {
     pub state: StateStore,
     /// Long work on the pool's devices (mkfs, erase) that outlives a cancelled call.
     pub jobs: Jobs,
-}
-
-/// Why a free device was passed over at allocation; `changed`: the scan is stale (rescan).
-struct Refusal {
-    why: String,
-    changed: bool,
-}
-
-impl Refusal {
-    fn changed(why: String) -> Self {
-        Refusal { why, changed: true }
-    }
-
-    fn kept(why: String) -> Self {
-        Refusal {
-            why,
-            changed: false,
-        }
-    }
 }
 
 /// What CreateVolume asks of the pool, already validated.
@@ -265,188 +246,6 @@ impl Pool {
             }
             self.set_foreign(&dev.id, reason);
         }
-    }
-
-    /// CreateVolume's domain operation: idempotent by name, smallest fitting clean device.
-    pub async fn allocate(
-        &self,
-        host: &dyn Host,
-        req: &AllocationRequest,
-    ) -> Result<(BlockVolumeId, VolumeRecord)> {
-        if let Some(found) = self.existing(req)? {
-            return Ok(found);
-        }
-        let fitting: Vec<_> = self
-            .free_devices()
-            .into_iter()
-            .filter(|d| req.fits(d.size_bytes))
-            .collect();
-        let mut refused = Vec::new();
-        let mut changed = false;
-        let mounts = host.mount_table()?;
-        for dev in fitting {
-            let now = match self.still_allocatable(host, &dev, &mounts).await {
-                Ok(now) => now,
-                Err(Refusal { why, changed: c }) => {
-                    refused.push(why);
-                    changed |= c;
-                    continue;
-                }
-            };
-            // Either way a claim answers a volume of this name: found or just claimed.
-            if let Some(id) = self.claim(req, &dev, &now)? {
-                faults::reached(KillPoint::AfterAllocate);
-                info!(volume_id = %id, device = %dev.path.display(), "allocated");
-                return self.existing(req)?.ok_or(Error::NotFound(id));
-            }
-        }
-        if changed {
-            self.rescan(&mounts);
-        }
-        Err(self.nothing_fits(req, &refused))
-    }
-
-    /// The checks between the scan and a claim: the device must still be there, be what was
-    /// scanned, be in use nowhere and carry no signature (a probe that fails is a refusal).
-    async fn still_allocatable(
-        &self,
-        host: &dyn Host,
-        dev: &PoolDevice,
-        mounts: &[MountEntry],
-    ) -> std::result::Result<inventory::Observed, Refusal> {
-        let path = dev.path.display();
-        let now = match inventory::observe(&self.config.host_sys, dev) {
-            Ok(now) if now == dev.observed_at_scan() => now,
-            Ok(now) => {
-                warn!(device = %path, was = %dev.observed_at_scan(), %now, "pool device changed since the scan; not allocating");
-                let was = dev.observed_at_scan();
-                return Err(Refusal::changed(format!(
-                    "{path} is no longer the device scanned (was {was}, now {now})"
-                )));
-            }
-            Err(why) => {
-                warn!(device = %path, %why, "pool device gone since the scan; not allocating");
-                return Err(Refusal::changed(format!("{path} is gone ({why})")));
-            }
-        };
-        if let Some(u) = self.uses(dev, mounts).first() {
-            return Err(Refusal::kept(format!("{path} is in use: {u}")));
-        }
-        // Probe outside the state lock: a slow device must not stall other volumes.
-        match host.probe_signatures(&dev.path).await {
-            Ok(sigs) if sigs.is_empty() => Ok(now),
-            Ok(sigs) => {
-                let why = describe_signatures(&sigs);
-                warn!(device = %path, signatures = %why, "foreign signature; not allocating");
-                self.set_foreign(&dev.id, Some(why.clone()));
-                Err(Refusal::kept(format!("{path} carries {why}")))
-            }
-            Err(e) => Err(Refusal::kept(e.to_string())),
-        }
-    }
-
-    /// Records the allocation under the state lock: the id of the volume named `req.name`
-    /// (found, or claimed on `dev` now), or `None` when another volume took `dev` meanwhile.
-    fn claim(
-        &self,
-        req: &AllocationRequest,
-        dev: &PoolDevice,
-        now: &inventory::Observed,
-    ) -> Result<Option<String>> {
-        self.state.update(|state| {
-            if let Some((id, _)) = state.by_name(&req.name) {
-                return Ok(Some(id.clone()));
-            }
-            if state.by_device(&dev.id).is_some() {
-                return Ok(None);
-            }
-            let uuid = uuid::Uuid::new_v4();
-            let id = BlockVolumeId {
-                device_id: dev.id.clone(),
-                allocation: uuid.simple().to_string()[..8].to_owned(),
-                node_id: self.config.node_id.clone(),
-                layout: crate::volume_id::IdLayout::Device,
-            };
-            let record = VolumeRecord {
-                name: req.name.clone(),
-                device_id: dev.id.clone(),
-                device_key: dev.key.clone(),
-                capacity_bytes: dev.size_bytes,
-                fs_type: req.fs_type,
-                parameters: req.parameters.clone(),
-                fs_uuid: uuid.hyphenated().to_string(),
-                formatted: false,
-                deleting: false,
-                device_identity: now.identity.clone(),
-                partition: None,
-            };
-            state.volumes.insert(id.to_string(), record);
-            Ok(Some(id.to_string()))
-        })
-    }
-
-    fn existing(&self, req: &AllocationRequest) -> Result<Option<(BlockVolumeId, VolumeRecord)>> {
-        let state = self.state.snapshot();
-        let Some((id, rec)) = state.by_name(&req.name) else {
-            return Ok(None);
-        };
-        if !req.fits(rec.capacity_bytes) {
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} exists with capacity {} bytes, outside the requested range; \
-                 use another name or the same capacity_range",
-                req.name, rec.capacity_bytes
-            )));
-        }
-        if rec.fs_type != req.fs_type || rec.parameters != req.parameters {
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} exists with other parameters or fsType; use another name",
-                req.name
-            )));
-        }
-        let parsed = BlockVolumeId::parse(id).ok_or_else(|| Error::State {
-            path: self.config.state_dir.clone(),
-            reason: format!("holds an undecodable volume id {id:?}"),
-        })?;
-        Ok(Some((parsed, rec.clone())))
-    }
-
-    fn nothing_fits(&self, req: &AllocationRequest, refused: &[String]) -> Error {
-        let range = if req.limit_bytes == 0 {
-            format!("at least {} bytes", req.required_bytes)
-        } else {
-            format!("{}..={} bytes", req.required_bytes, req.limit_bytes)
-        };
-        let any_fits = self.devices().iter().any(|d| req.fits(d.size_bytes));
-        if !any_fits {
-            let sizes: Vec<String> = self
-                .devices()
-                .iter()
-                .map(|d| d.size_bytes.to_string())
-                .collect();
-            return Error::OutOfRange(format!(
-                "capacity_range: no device in node {}'s pool has {range} (volumes are whole \
-                 devices; device sizes: [{}])",
-                self.config.node_id,
-                sizes.join(", ")
-            ));
-        }
-        let mut msg = format!(
-            "no free clean device with {range} on node {}; free one by deleting a volume or add devices",
-            self.config.node_id
-        );
-        let mut refused = refused.to_vec();
-        for dev in self.devices() {
-            if let Some(why) = self.foreign_reason(&dev.id) {
-                let line = format!("{} carries {why}", dev.path.display());
-                if !refused.contains(&line) {
-                    refused.push(line);
-                }
-            }
-        }
-        if !refused.is_empty() {
-            msg.push_str(&format!("; not allocatable: {}", refused.join("; ")));
-        }
-        Error::ResourceExhausted(msg)
     }
 
     /// DeleteVolume's domain operation, resumable after a crash at any step.
