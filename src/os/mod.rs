@@ -9,6 +9,7 @@ pub mod inflight;
 pub mod mountinfo;
 pub mod runner;
 pub mod safepath;
+mod signatures;
 
 pub use blockdev::DeviceUse;
 pub use error::HostError;
