@@ -3,6 +3,7 @@
 //! tests can substitute a recording double; `RealHost` is chosen in `main`.
 
 pub mod blockdev;
+mod device_io;
 pub mod error;
 pub mod host;
 pub mod inflight;
