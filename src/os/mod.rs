@@ -5,6 +5,7 @@
 pub mod blockdev;
 mod device_io;
 pub mod error;
+mod fd_mount;
 pub mod host;
 pub mod inflight;
 pub mod mountinfo;
