@@ -20,7 +20,8 @@ MAX=${MUTANTS_MAX:-8}
 # plus the in-process and root tests that drive allocation, staging and identity.
 DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs src/request.rs
   'src/request/**' src/volume_id.rs)
-DRIVER_TESTS=(--lib --test inprocess --test device_identity --test allocation_root --test block_root)
+DRIVER_TESTS=(--lib --test inprocess --test device_identity --test allocation_root --test block_root
+  --test volume_conditions_root --test partition_layout_root)
 CHECK_FILES=('crates/gds-check/src/parse/**' 'crates/gds-check/src/parse.rs'
   'crates/gds-check/src/node/**' 'crates/gds-check/src/node.rs')
 MUST_KILL='^src/(block(/|\.rs)|pool/)[^:]*:[0-9]+:[0-9]+: .*(decide_format|allocate|fits|release|erase|verify_identity|existing|nothing_fits|fresh_device|free_devices)'
