@@ -68,9 +68,21 @@ fuzz_target!(|input: Input| {
         .collect();
     if let Ok(p) = request::parameters(&params) {
         for (k, v) in &p.stored {
-            assert!(matches!(k.as_str(), "fsType" | "gdsPolicy"), "{k:?}");
+            assert!(
+                matches!(
+                    k.as_str(),
+                    "fsType" | "gdsPolicy" | "layout" | "server" | "share" | "subDir" | "onDelete"
+                ),
+                "{k:?}"
+            );
             assert!(!v.contains([',', '=', '\n', '\0']), "{v:?}");
         }
+        // NFS-only keys only with a server, and a block layout never with one.
+        let has = |k: &str| p.stored.contains_key(k);
+        if has("share") || has("subDir") || has("onDelete") {
+            assert!(has("server"), "{:?}", p.stored);
+        }
+        assert!(!(has("server") && has("layout")), "{:?}", p.stored);
     }
 
     if let Ok(n) = request::name(input.name) {
