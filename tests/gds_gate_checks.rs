@@ -301,3 +301,88 @@ fn node_topology_adds_readiness_to_the_node_key() {
     assert_eq!(seg["d.example/gds-nvme"], "true");
     assert_eq!(seg["d.example/gds-nfs-rdma"], "false");
 }
+
+/// The fixture's partition volume: `nvme0n1p1` (259:1), or `loop0p1` (259:5).
+fn staged_partition(id: &str, minor: u32) -> MountedVolume {
+    MountedVolume::block(id.into(), Some(Path::new(MP)), 259, minor)
+}
+
+/// A volume of the partition layout on an NVMe namespace is GDS-ready: the stack check
+/// walks from the partition to its namespace, the udev check reads the partition's own
+/// entry, and nvidia_fs must have the parent's driver (nvme) registered.
+#[tokio::test]
+async fn a_partition_of_an_nvme_namespace_passes_on_its_own_udev_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tree::new(dir.path());
+    t.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .nvme_partition_volume(Path::new(MP), true);
+    let g = gate(&t, "true_gds", Duration::from_secs(60));
+    let o = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap();
+    assert_eq!(o.verdict, Verdict::Ready, "{}", o.report.to_text());
+    let stack = o.report.get("volume.block_stack").unwrap();
+    assert_eq!(
+        stack.evidence, "nvme0n1p1 (partition) -> nvme0n1 (nvme, transport pcie)",
+        "{stack:?}"
+    );
+    let udev = o.report.get("volume.udev").unwrap();
+    assert!(udev.evidence.contains("b259:1"), "{udev:?}");
+    // The namespace's entry is no stand-in for the partition's: cuFile looks the
+    // mounted device (the partition) up.
+    t.nvme_partition_volume(Path::new(MP), false)
+        .write("run/udev/data/b259:0", "E:ID_PART_TABLE_TYPE=gpt\n");
+    let err = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\nvolume.udev: "), "{err}");
+    assert!(err.to_string().contains("b259:1"), "{err}");
+    // The parent's driver not registered with nvidia_fs: refused, naming it.
+    t.nvme_partition_volume(Path::new(MP), true)
+        .nvidia_fs("wekafsio: 1\n");
+    let err = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("\nnvidia_fs.storage_driver: "),
+        "{err}"
+    );
+}
+
+/// A partition of a non-NVMe device (a loop device here) gets no true GDS: cuFile answers
+/// compat mode, and the refusal names the cause, the device under the partition.
+#[tokio::test]
+async fn a_partition_of_a_loop_device_is_refused_naming_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tree::new(dir.path());
+    t.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .loop_partition_volume(Path::new(MP));
+    let g = gate(&t, "compat", Duration::from_secs(60));
+    let err = g
+        .check_publish(&staged_partition("vol-l", 5), Policy::Required)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("\ncufile.probe: "), "{msg}");
+    assert!(
+        msg.contains(
+            "\nwarning: volume.nvme_transport: loop0 is not an NVMe namespace (loop device)"
+        ),
+        "{msg}"
+    );
+    let o = g
+        .check_publish(&staged_partition("vol-l", 5), Policy::Preferred)
+        .await
+        .unwrap();
+    let Verdict::Compat(why) = &o.verdict else {
+        panic!("{:?}", o.verdict)
+    };
+    assert!(why.contains("loop0 is not an NVMe namespace"), "{why}");
+    let stack = o.report.get("volume.block_stack").unwrap();
+    assert_eq!(stack.evidence, "loop0p1 (partition) -> loop0", "{stack:?}");
+}
