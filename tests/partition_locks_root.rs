@@ -242,3 +242,136 @@ async fn parallel_creates_on_one_device_never_overlap() {
             .any(|k| k.number == part.number));
     }
 }
+
+/// A pool device whose writes block in the kernel until thawed: a loop device over a file
+/// on a small ext4 of its own (itself on a loop device), frozen with `fsfreeze`. The loop
+/// driver's writes to the backing file wait for the thaw, as writes to a hung drive do.
+struct Freezable {
+    dir: tempfile::TempDir,
+    outer: PathBuf,
+    mnt: PathBuf,
+    dev: PathBuf,
+}
+
+impl Freezable {
+    fn new() -> Option<Freezable> {
+        if !common::is_root() {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gds-freeze-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let img = dir.path().join("outer.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(96 * MIB)
+            .unwrap();
+        common::run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]);
+        let outer = common::attach_loop(&img);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        common::run("mount", &[outer.to_str().unwrap(), mnt.to_str().unwrap()]);
+        let inner = mnt.join("dev.img");
+        std::fs::File::create(&inner)
+            .unwrap()
+            .set_len(64 * MIB)
+            .unwrap();
+        let dev = common::attach_loop(&inner);
+        Some(Freezable {
+            dir,
+            outer,
+            mnt,
+            dev,
+        })
+    }
+
+    fn freeze(&self, on: bool) {
+        let flag = if on { "-f" } else { "-u" };
+        common::run("fsfreeze", &[flag, self.mnt.to_str().unwrap()]);
+    }
+}
+
+impl Drop for Freezable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fsfreeze")
+            .args(["-u", self.mnt.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .status();
+        for p in kernel::list(&self.dev).unwrap_or_default() {
+            for _ in 0..50 {
+                if kernel::delete(&self.dev, p.number).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        common::detach_loop(&self.dev);
+        let _ = std::process::Command::new("umount").arg(&self.mnt).status();
+        common::detach_loop(&self.outer);
+    }
+}
+
+/// A label write that blocks in the kernel answers Aborted at its deadline; the device is
+/// refused at once (nothing run) while that write is still blocked; once it returns, the
+/// retried create finishes the same volume, and the label holds no partition twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_write_blocked_in_the_kernel_answers_at_its_deadline() {
+    let Some(f) = Freezable::new() else {
+        return;
+    };
+    let host = host();
+    let pool = Pool::open(PoolConfig {
+        node_id: "node-a".into(),
+        host_sys: "/sys".into(),
+        host_dev: "/dev".into(),
+        listed: vec![f.dev.clone()],
+        nvme_discover: false,
+        state_dir: f.dir.path().join("state"),
+    })
+    .unwrap();
+    pool.rescan(&host.mount_table().unwrap());
+    let deadline = Duration::from_secs(2);
+    let p = Partitioned::new(Arc::new(pool)).with_label_deadline(deadline);
+    create(&p, &host, "first", 8 * MIB).await;
+
+    f.freeze(true);
+    let began = Instant::now();
+    let err = p
+        .allocate(host.as_ref(), &req("second", 8 * MIB))
+        .await
+        .unwrap_err();
+    let took = began.elapsed();
+    let msg = err.to_string();
+    assert!(matches!(err, gds_csi::error::Error::Aborted(_)), "{err:?}");
+    assert!(msg.contains("did not finish within 2s"), "{msg}");
+    assert!(
+        took < deadline + Duration::from_secs(3),
+        "answered at the deadline: {took:?}"
+    );
+    let again = p.allocate(host.as_ref(), &req("third", 8 * MIB)).await;
+    let Err(gds_csi::error::Error::Aborted(why)) = &again else {
+        panic!("the device must be refused while the write is blocked: {again:?}")
+    };
+    assert!(why.contains("still blocked"), "{why}");
+
+    f.freeze(false);
+    let mut retried = None;
+    for _ in 0..50 {
+        match p.allocate(host.as_ref(), &req("second", 8 * MIB)).await {
+            Ok(v) => {
+                retried = Some(v);
+                break;
+            }
+            Err(gds_csi::error::Error::Aborted(_)) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("retry after the thaw: {e}"),
+        }
+    }
+    let (_, rec) = retried.expect("the device is free once the write returned");
+    assert!(rec.partition.is_some());
+    let parts = sfdisk_partitions(&f.dev);
+    assert_eq!(parts.len(), 2, "first and second, once each: {parts:?}");
+    println!("blocked label write answered after {took:?} (deadline {deadline:?})");
+}

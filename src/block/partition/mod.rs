@@ -80,6 +80,13 @@ impl Partitioned {
         }
     }
 
+    /// Another deadline for each label write and BLKPG call (the default is
+    /// [`LABEL_DEADLINE`]).
+    pub fn with_label_deadline(mut self, deadline: Duration) -> Self {
+        self.label_deadline = deadline;
+        self
+    }
+
     /// Waits for pool device `device_id`'s turn: hold it while its label (or a partition
     /// of it) changes. Other devices never wait for it.
     pub async fn device_lock(&self, device_id: &str) -> DeviceGuard {
