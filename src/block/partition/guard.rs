@@ -8,7 +8,9 @@
 //!   drive, a hung controller) blocks in the kernel where no signal reaches it; the call
 //!   answers Aborted at the deadline, and the device is refused (Aborted) until that
 //!   thread has come back, so no second label write races the one still pending (like
-//!   `os::inflight` does for mount syscalls).
+//!   `os::inflight` does for mount syscalls). The calls on one device also run one at a
+//!   time on their threads: a caller that is cancelled (its gRPC call dropped) gives its
+//!   device lock back while its write goes on, and the next write waits for it there.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -102,6 +104,21 @@ fn timed_out(fate: &Shared, device: &Path, what: &str, after: Duration) -> Error
     ))
 }
 
+/// One lock per device path, held by the thread of each label call while it runs.
+static RUNNING: LazyLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = LazyLock::new(Mutex::default);
+
+fn running(device: &Path) -> Arc<Mutex<()>> {
+    let mut map = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(map.entry(device.to_owned()).or_default())
+}
+
+/// Runs `f` once no earlier label call on `device` is still running on its thread.
+fn serially<T>(device: &Path, f: impl FnOnce() -> T) -> T {
+    let turn = running(device);
+    let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
+    f()
+}
+
 fn enter(device: &Path, what: &str) -> Result<Shared> {
     if stuck().contains(device) {
         return Err(refused(device, what));
@@ -121,7 +138,7 @@ pub async fn bounded<T: Send + 'static>(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (theirs, dev) = (Arc::clone(&fate), device.to_owned());
     spawn(what, move || {
-        let r = f();
+        let r = serially(&dev, f);
         returned(&theirs, &dev, what);
         let _ = tx.send(r);
     })?;
@@ -145,7 +162,7 @@ pub fn bounded_sync<T: Send + 'static>(
     let (tx, rx) = std::sync::mpsc::channel();
     let (theirs, dev) = (Arc::clone(&fate), device.to_owned());
     spawn(what, move || {
-        let r = f();
+        let r = serially(&dev, f);
         returned(&theirs, &dev, what);
         let _ = tx.send(r);
     })?;
@@ -246,6 +263,32 @@ mod tests {
             Err(gpt::Error::NotFound("3".into()))
         });
         assert!(matches!(e, Err(Error::NotFound(_))));
+    }
+
+    /// A caller dropped mid-write (a cancelled gRPC call) frees its device lock, but the
+    /// next label call on the device still runs only after that write has returned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_call_s_write_finishes_before_the_next_one_runs() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let d = dev("cancel");
+        let order = Arc::new(AtomicU32::new(0));
+        let (first_at, o1) = (Arc::new(AtomicU32::new(0)), Arc::clone(&order));
+        let f1 = Arc::clone(&first_at);
+        let (d1, long) = (d.clone(), Duration::from_secs(10));
+        let first = tokio::spawn(async move {
+            bounded(&d1, "w1", long, move || {
+                std::thread::sleep(Duration::from_millis(500));
+                f1.store(o1.fetch_add(1, SeqCst) + 1, SeqCst);
+                Ok(())
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        first.abort();
+        let o2 = Arc::clone(&order);
+        let second = bounded(&d, "w2", long, move || Ok(o2.fetch_add(1, SeqCst) + 1)).await;
+        assert_eq!(second.unwrap(), 2, "ran after the cancelled call's write");
+        assert_eq!(first_at.load(SeqCst), 1);
     }
 
     #[tokio::test]
