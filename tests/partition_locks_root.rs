@@ -190,6 +190,7 @@ async fn parallel_creates_on_one_device_never_overlap() {
     };
     let host = host();
     let p = layout(&devs, &host);
+    let began = Instant::now();
     let tasks: Vec<_> = (0..N)
         .map(|i| {
             let (p, h) = (Arc::clone(&p), Arc::clone(&host));
@@ -205,6 +206,7 @@ async fn parallel_creates_on_one_device_never_overlap() {
     for t in tasks {
         made.push(t.await.unwrap().expect("every create fits"));
     }
+    println!("{N} parallel creates on one device: {:?}", began.elapsed());
     let parts = sfdisk_partitions(&devs.loops[0]);
     assert_eq!(parts.len() as u64, N, "one partition per create: {parts:?}");
     let mut spans: Vec<_> = parts.iter().map(|(s, l, _, _)| (*s, *l)).collect();
