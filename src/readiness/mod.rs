@@ -121,6 +121,8 @@ pub fn spawn(gate: Arc<GdsGate>, config: WatchConfig) {
         info!("GDS readiness watcher off (--readiness-interval 0)");
         return;
     }
+    info!(interval = %humantime::format_duration(config.interval),
+        registration_socket = ?config.registration_socket, "GDS readiness watcher started");
     tokio::spawn(async move {
         let read = move || {
             let gate = Arc::clone(&gate);
