@@ -621,8 +621,11 @@ check "by a new registration through the same driver and registrar processes (re
 relinked() { grep -q "registration socket relinked" "$WORK/readiness-driver.log"; }
 check "the driver's log says it relinked the registration socket" relinked
 # Unloaded again: the CSINode's keys follow; the label is the kubelet's and stays.
+ready_registrations=$(registrations)
 rm -rf "$R_HOST/sys/module/nvidia_fs" "$R_HOST/proc/driver/nvidia-fs" "$R_HOST/dev/nvidia-fs0"
-r_key_dropped() { r_registered && [[ "$(r_keys)" != *gds-nvme* ]]; }
+r_key_dropped() {
+  [ "$(registrations)" -gt "$ready_registrations" ] && r_registered && [[ "$(r_keys)" != *gds-nvme* ]]
+}
 check "nvidia_fs unloaded: re-registered, the CSINode's topology keys drop gds-nvme" wait_for 60 r_key_dropped
 check "while the kubelet keeps the label (it never removes one; the publish gate still refuses)" \
   [ "$(r_label)" = true ]
