@@ -587,8 +587,8 @@ async fn s_gate_nfs(r: &mut Rig, req: &Vol, pref: &Vol, off: &Vol) -> Result<Str
         .map(|t| t.segments)
         .unwrap_or_default();
     ensure(
-        segs.get(&key).map(String::as_str) == Some("false"),
-        format!("NodeGetInfo topology {segs:?}, want {key}=false"),
+        !segs.contains_key(&key),
+        format!("NodeGetInfo topology {segs:?}, want no {key} (not ready)"),
     )?;
 
     // Required: staged over real RDMA, publish refused naming the failed checks.

@@ -23,6 +23,7 @@ pub mod nfs;
 pub mod os;
 pub mod partition;
 pub mod pool;
+pub mod readiness;
 pub mod request;
 pub mod server;
 pub mod service;

@@ -130,6 +130,17 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             error!(error = %e, "pool initialisation failed; Probe stays not ready");
         }
     });
+    if args.mode != gds_csi::config::Mode::Controller {
+        if let Some(gate) = driver.gds_gate.clone() {
+            gds_csi::readiness::spawn(
+                gate,
+                gds_csi::readiness::WatchConfig {
+                    interval: args.readiness_interval,
+                    registration_socket: args.registration_socket.clone(),
+                },
+            );
+        }
+    }
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 

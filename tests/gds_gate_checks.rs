@@ -287,7 +287,7 @@ fn readiness_per_backend() {
     assert!(c.evidence.contains("no GPU"), "{}", c.evidence);
 }
 
-/// NodeGetInfo's segments: the node key, plus readiness per backend when there is a gate.
+/// NodeGetInfo's segments: the node key, plus `true` for each ready backend when there is a gate.
 #[test]
 fn node_topology_adds_readiness_to_the_node_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,10 +296,12 @@ fn node_topology_adds_readiness_to_the_node_key() {
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     let own = std::collections::HashMap::from([("d.example/node".into(), "node-a".into())]);
     let seg = gds_csi::gds_gate::node_topology(Some(&g), "d.example", own);
-    assert_eq!(seg.len(), 3, "{seg:?}");
+    // A backend that is not ready has no key (never "false": the kubelet would refuse to
+    // change it to "true" later).
+    assert_eq!(seg.len(), 2, "{seg:?}");
     assert_eq!(seg["d.example/node"], "node-a");
     assert_eq!(seg["d.example/gds-nvme"], "true");
-    assert_eq!(seg["d.example/gds-nfs-rdma"], "false");
+    assert!(!seg.contains_key("d.example/gds-nfs-rdma"), "{seg:?}");
 }
 
 /// The fixture's partition volume: `nvme0n1p1` (259:1), or `loop0p1` (259:5).

@@ -191,6 +191,14 @@ for a in ("serve", "--mode=all", "--endpoint=unix:///csi/csi.sock", "--node-id=$
           "--command-timeout=300s"):
     check(a in drv["args"], f"driver arg {a} missing")
 check("--nvme-discover" not in drv["args"], "--nvme-discover must be off by default")
+# Readiness labels that follow the node: the driver relinks the registrar's socket, which
+# it must see at the path the registrar creates it (registration-dir's hostPath) through
+# its kubelet-dir mount.
+check("--readiness-interval=30s" in drv["args"], "driver arg --readiness-interval=30s missing")
+check(f"--registration-socket=/var/lib/kubelet/plugins_registry/{driver}-reg.sock" in drv["args"],
+      f"driver must be given the registrar's socket: {drv['args']}")
+check({x["name"]: x for x in pod.get("volumes", [])}.get("registration-dir", {}).get("hostPath", {}).get("path")
+      == "/var/lib/kubelet/plugins_registry", "registration dir hostPath")
 env = {e["name"]: e for e in drv.get("env", [])}
 check(env.get("NODE_ID", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
       "NODE_ID must come from spec.nodeName")
@@ -314,7 +322,8 @@ check(nds.get("spec", {}).get("template", {}).get("spec", {}).get("hostNetwork")
 vds = one(v, "DaemonSet")
 vdrv = container(vds["spec"]["template"]["spec"], "gds-csi")
 for a in ("--nvme-discover", "--pool-device=/dev/nvme1n1", "--pool-device=/dev/nvme2n1",
-          "--allowed-path-root=/var/lib/k0s/kubelet"):
+          "--allowed-path-root=/var/lib/k0s/kubelet",
+          f"--registration-socket=/var/lib/k0s/kubelet/plugins_registry/{driver}-reg.sock"):
     check(a in vdrv["args"], f"variant: driver arg {a} missing")
 vmounts = {m["mountPath"]: m for m in vdrv["volumeMounts"]}
 check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidirectional",

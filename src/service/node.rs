@@ -134,9 +134,9 @@ impl NodeService {
     }
 
     /// NodeGetInfo's topology: the node key, plus `<driver>/gds-nvme` and
-    /// `<driver>/gds-nfs-rdma` ("true"/"false") from the gate's node checks at call time.
-    /// The kubelet reads them once, at plugin registration: restart the node plugin pod
-    /// to refresh them.
+    /// `<driver>/gds-nfs-rdma` = "true" for the backends whose node checks pass at call
+    /// time (absent when not). The kubelet reads them at plugin registration; the readiness
+    /// watcher (`crate::readiness`) makes it register again when they change.
     fn topology(&self) -> HashMap<String, String> {
         let d = &self.driver;
         crate::gds_gate::node_topology(d.gds_gate.as_deref(), &d.name, d.node_segment())
