@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use common::requests::{self, publish, stage, unpublish, unstage};
 use common::Rig;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::os::mountinfo;
 use tonic::Code;
