@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 

@@ -169,7 +169,7 @@ async fn main() -> ExitCode {
         Command::Doctor(args) => return ExitCode::from(gds_csi::doctor::main(&args) as u8),
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
-            match gds_csi::client::Clients::connect_ready(socket.as_ref(), timeout).await {
+            match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {
                 Ok(_) => return ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("gds-csi probe: {e}");

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use common::tools::{blkid_tag, reads_back_zeros, Tools};
 use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, requests, Rig, SIZE};
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::faults::KillPoint;
 use sha2::{Digest, Sha256};

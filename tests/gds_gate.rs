@@ -500,7 +500,7 @@ async fn publish_latency_bench() {
 async fn h200_flow() {
     let socket = PathBuf::from(std::env::var("GDS_H200_SOCKET").expect("GDS_H200_SOCKET"));
     let work = PathBuf::from(std::env::var("GDS_H200_WORK").expect("GDS_H200_WORK"));
-    let mut c = gds_csi::client::Clients::connect(&socket).await.unwrap();
+    let mut c = gds_csi::csi::Clients::connect(&socket).await.unwrap();
     for _ in 0..100 {
         let ready = c
             .identity

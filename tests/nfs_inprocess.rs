@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::host_double::HostDouble;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::nfs::NfsStore;
 use gds_csi::os::MountEntry;

@@ -8,8 +8,8 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 

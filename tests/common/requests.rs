@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 /// `mode` access to a raw block volume (`block`) or an ext4-by-default mount.
