@@ -63,6 +63,12 @@ impl Partitioned {
         }
     }
 
+    /// Held while pool device `_device_id`'s label changes. One lock for every device
+    /// today; the name and shape are those of a per-device lock, so callers need not change.
+    pub async fn device_lock(&self, _device_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
     /// Pool devices a whole-device volume does not hold, with what they carry.
     fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
         let state = self.pool.state.snapshot();

@@ -103,6 +103,10 @@ pub trait Host: Send + Sync + 'static {
     fn hold_device(&self, device: &Path) -> Result<DeviceHold>;
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    /// Grows the filesystem on `device`, mounted at `mount_point`, online to fill the
+    /// device: `resize2fs <device>` (ext4), `xfs_growfs <mount_point>` (xfs). Done
+    /// already when it fills the device.
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()>;
     /// Makes every block of the device read back as zeros (the erase on delete).
     async fn zero_device(&self, device: &Path) -> Result<()>;
     /// Mounts `device` onto `target`, which is pinned (`safepath::open`) when it is a
@@ -295,6 +299,23 @@ impl Host for RealHost {
                 .await?
             }
         };
+        Ok(())
+    }
+
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+        // resize2fs grows a mounted ext4 online through EXT4_IOC_RESIZE_FS and answers
+        // "Nothing to do!" (exit 0) when it fills the device already (e2fsprogs
+        // resize/main.c); xfs_growfs only works on a mounted xfs, by its mount point,
+        // and leaves a filesystem that fills the device as it is (xfsprogs growfs).
+        let (program, arg) = match fs {
+            FsType::Ext4 => ("resize2fs", device.as_os_str()),
+            FsType::Xfs => ("xfs_growfs", mount_point.as_os_str()),
+        };
+        let args: &[&OsStr] = match fs {
+            FsType::Ext4 => &[arg],
+            FsType::Xfs => &[os("-d"), arg],
+        };
+        runner::run(program, args, self.command_timeout).await?;
         Ok(())
     }
 
