@@ -307,6 +307,14 @@ impl Host for RealHost {
         // "Nothing to do!" (exit 0) when it fills the device already (e2fsprogs
         // resize/main.c); xfs_growfs only works on a mounted xfs, by its mount point,
         // and leaves a filesystem that fills the device as it is (xfsprogs growfs).
+        if fs == FsType::Ext4 && !has_cap_sys_resource() {
+            return Err(Error::FailedPrecondition(format!(
+                "growing the mounted ext4 on {} needs CAP_SYS_RESOURCE, which this process \
+                 lacks (linux fs/ext4/resize.c ext4_resize_begin answers EPERM without it); \
+                 run the node plugin privileged",
+                device.display()
+            )));
+        }
         let (program, arg) = match fs {
             FsType::Ext4 => ("resize2fs", device.as_os_str()),
             FsType::Xfs => ("xfs_growfs", mount_point.as_os_str()),
@@ -514,6 +522,18 @@ impl RealHost {
             Ok(Ok(r)) => r,
         }
     }
+}
+
+/// Whether CAP_SYS_RESOURCE (bit 24) is in this process's effective set
+/// (/proc/self/status CapEff, proc(5)); false when unreadable.
+fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
