@@ -29,6 +29,19 @@ use crate::volume_id::{BlockVolumeId, IdLayout};
 
 pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {
     b.check_ready()?;
+    if id.node_id != b.node.node_id {
+        // Every node's csi-resizer sidecar asks its own driver about every claim (the
+        // external-resizer has no per-node mode: cmd/csi-resizer/main.go flags at
+        // beef24d). A code it treats as neither final nor infeasible (pkg/util/util.go
+        // IsFinalError, IsInfeasibleError; pkg/controller/expand_and_recover.go
+        // callResizeOnPlugin) leaves the claim's status alone, so the owner's resizer
+        // decides it.
+        return Err(Error::Aborted(format!(
+            "volume {id} lives on node {}, not on this node ({}); that node's driver \
+             expands it",
+            id.node_id, b.node.node_id
+        )));
+    }
     let located = b.locate(id)?;
     let capacity = match id.layout {
         IdLayout::Device => whole_device(&located, req)?,
