@@ -342,4 +342,19 @@ async fn a_whole_device_volume_grows_only_up_to_its_device() {
     assert!(err.message().contains("layout: partition"), "{err}");
     rig.kill9();
     assert_eq!(digest_file(&rig.loops[0]), before, "the device changed");
+
+    // Staged and published, the node's expansion finds the filesystem filling the device.
+    let mut c = rig.start().await;
+    let (staging, target) = (rig.path("staging"), rig.path("target"));
+    requests::stage(&mut c, &id, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    requests::publish(&mut c, &id, &staging, &target, mount_cap("ext4"))
+        .await
+        .unwrap();
+    let df = df_size(&target);
+    assert_eq!(node_expand(&mut c, &id, &target, 64 * MIB).await, 64 * MIB);
+    assert_eq!(df_size(&target), df);
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
 }

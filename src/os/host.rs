@@ -307,14 +307,6 @@ impl Host for RealHost {
         // "Nothing to do!" (exit 0) when it fills the device already (e2fsprogs
         // resize/main.c); xfs_growfs only works on a mounted xfs, by its mount point,
         // and leaves a filesystem that fills the device as it is (xfsprogs growfs).
-        if fs == FsType::Ext4 && !has_cap_sys_resource() {
-            return Err(Error::FailedPrecondition(format!(
-                "growing the mounted ext4 on {} needs CAP_SYS_RESOURCE, which this process \
-                 lacks (linux fs/ext4/resize.c ext4_resize_begin answers EPERM without it); \
-                 run the node plugin privileged",
-                device.display()
-            )));
-        }
         let (program, arg) = match fs {
             FsType::Ext4 => ("resize2fs", device.as_os_str()),
             FsType::Xfs => ("xfs_growfs", mount_point.as_os_str()),
@@ -323,8 +315,19 @@ impl Host for RealHost {
             FsType::Ext4 => &[arg],
             FsType::Xfs => &[os("-d"), arg],
         };
-        runner::run(program, args, self.command_timeout).await?;
-        Ok(())
+        match runner::run(program, args, self.command_timeout).await {
+            Ok(_) => Ok(()),
+            // resize2fs answers "Nothing to do!" before it asks the kernel, so only a
+            // real grow needs the capability.
+            Err(e) if fs == FsType::Ext4 && !has_cap_sys_resource() => {
+                Err(Error::FailedPrecondition(format!(
+                    "{e}; growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process \
+                     lacks (linux fs/ext4/resize.c ext4_resize_begin answers EPERM without \
+                     it): run the node plugin privileged"
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
