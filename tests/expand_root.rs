@@ -358,3 +358,56 @@ async fn a_whole_device_volume_grows_only_up_to_its_device() {
     requests::unpublish(&mut c, &id, &target).await.unwrap();
     requests::unstage(&mut c, &id, &staging).await.unwrap();
 }
+
+/// A crash after the label grew and before the record did (the partition longer than
+/// `volumes.json` says): NodeStage refuses the volume, the retried ControllerExpandVolume
+/// adopts the label's size, and the volume stages with its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_label_and_record_converges_on_retry() {
+    let Some(mut rig) = part_rig(256 * MIB) else {
+        return;
+    };
+    let dev = rig.0.loops[0].clone();
+    let mut c = rig.0.start().await;
+    let id = requests::create_volume(
+        &mut c,
+        create_req("pv-crash", 32 * MIB, "ext4", "partition"),
+    )
+    .await
+    .volume_id;
+    let staging = rig.0.path("staging");
+    requests::stage(&mut c, &id, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    fs::write(staging.join("data"), data()).unwrap();
+    let sum = digest_file(&staging.join("data"));
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    rig.0.kill9();
+    let partuuid = rig.0.state()["volumes"][&id]["partition"]["partuuid"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    gds_csi::partition::volume::grow(&dev, &partuuid, 64 * MIB).unwrap();
+
+    let mut c = rig.0.start().await;
+    let err = requests::stage(&mut c, &id, &staging, mount_cap("ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert_eq!(
+        controller_expand(&mut c, &id, 64 * MIB).await,
+        (64 * MIB, true)
+    );
+    assert_eq!(rig.0.state()["volumes"][&id]["capacity_bytes"], 64 * MIB);
+    requests::stage(&mut c, &id, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    assert_eq!(
+        digest_file(&staging.join("data")),
+        sum,
+        "data after the crash"
+    );
+    assert_eq!(rig.0.mkfs_count(), 1, "formatted once");
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+}
