@@ -318,12 +318,61 @@ async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
     );
 }
 
+/// EXPAND_VOLUME on the controller and the node, VolumeExpansion ONLINE on the plugin:
+/// without them the CO (and csi-sanity) never asks.
+async fn advertises_expansion(c: &mut Clients) {
+    use gds_csi::csi::plugin_capability::{volume_expansion, Type as PluginType};
+    let ctl = c
+        .controller
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let expand = controller_service_capability::rpc::Type::ExpandVolume as i32;
+    assert!(
+        ctl.capabilities.iter().any(|cap| matches!(
+            &cap.r#type,
+            Some(controller_service_capability::Type::Rpc(r)) if r.r#type == expand
+        )),
+        "controller: {ctl:?}"
+    );
+    let node = c
+        .node
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let expand = node_service_capability::rpc::Type::ExpandVolume as i32;
+    assert!(
+        node.capabilities.iter().any(|cap| matches!(
+            &cap.r#type,
+            Some(node_service_capability::Type::Rpc(r)) if r.r#type == expand
+        )),
+        "node: {node:?}"
+    );
+    let plugin = c
+        .identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let online = volume_expansion::Type::Online as i32;
+    assert!(
+        plugin.capabilities.iter().any(|cap| matches!(
+            &cap.r#type,
+            Some(PluginType::VolumeExpansion(v)) if v.r#type == online
+        )),
+        "plugin: {plugin:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_device_volume_grows_only_up_to_its_device() {
     let Some(mut rig) = Rig::with_size(1, 64 * MIB) else {
         return;
     };
     let mut c = rig.start().await;
+    advertises_expansion(&mut c).await;
     let id = requests::create_volume(&mut c, create_req("pv-dev", 64 * MIB, "ext4", "device"))
         .await
         .volume_id;
