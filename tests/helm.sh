@@ -255,7 +255,7 @@ for want in ("registry.k8s.io/sig-storage/csi-provisioner:v6.", "registry.k8s.io
     check(any(i.startswith(want) for i in images(d)), f"no image {want}*")
 
 # RBAC
-cr = one(d, "ClusterRole")
+cr = one(d, "ClusterRole", "gds-csi-external-provisioner")
 res = {r: set(rule["verbs"]) for rule in cr.get("rules", []) for r in rule["resources"]}
 for r in ("persistentvolumes", "persistentvolumeclaims", "storageclasses", "events", "csinodes", "nodes",
           "volumeattachments"):
@@ -266,6 +266,18 @@ roles = {r["metadata"]["name"]: r for r in d if r["kind"] == "Role"}
 rres = {x for r in roles.values() for rule in r["rules"] for x in rule["resources"]}
 check({"csistoragecapacities", "pods"} <= rres, "node Role needs csistoragecapacities and pods")
 check("leases" not in rres, "no leases without the NFS controller")
+# Expansion: a resizer per node (no leader election: each asks its own driver), its RBAC.
+rsz = container(pod, "csi-resizer")
+check("--leader-election=false" in rsz["args"] and "--csi-address=/csi/csi.sock" in rsz["args"],
+      f"node resizer args {rsz['args']}")
+check(any(i.startswith("registry.k8s.io/sig-storage/csi-resizer:v2.") for i in images(d)), "no csi-resizer v2 image")
+rcr = one(d, "ClusterRole", "gds-csi-external-resizer")
+rres_ = {r: set(rule["verbs"]) for rule in rcr.get("rules", []) for r in rule["resources"]}
+check("patch" in rres_.get("persistentvolumes", set()) and "patch" in rres_.get("persistentvolumeclaims/status", set()),
+      f"resizer ClusterRole must patch PVs and PVC status: {rres_}")
+check("secrets" not in rres_, "resizer: no secrets access")
+rcrb = one(d, "ClusterRoleBinding", "gds-csi-external-resizer")
+check([s_["name"] for s_ in rcrb.get("subjects", [])] == ["gds-csi-node"], "resizer binding: the node account only")
 
 # StorageClasses, defaults
 scs = {s["metadata"]["name"]: s for s in d if s["kind"] == "StorageClass"}
@@ -273,6 +285,7 @@ check(set(scs) == {"nvme-gds"}, f"default StorageClasses: {sorted(scs)}")
 nv = scs.get("nvme-gds", {})
 check(nv.get("provisioner") == driver, "nvme-gds provisioner")
 check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be WaitForFirstConsumer")
+check(nv.get("allowVolumeExpansion") is True, "nvme-gds must allow volume expansion")
 check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
@@ -300,9 +313,9 @@ check("--node-deployment-immediate-binding=false" in prov["args"],
       "defaults: node provisioners take no Immediate claims without NFS")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}
 check("leases" not in nroles, "nfs enabled: no leader-election Role (no central provisioner)")
-crb = one(n, "ClusterRoleBinding")
+crb = one(n, "ClusterRoleBinding", "gds-csi-external-provisioner")
 check([s_["name"] for s_ in crb.get("subjects", [])] == ["gds-csi-node"], "ClusterRoleBinding binds the node account only")
-ncr = one(n, "ClusterRole")
+ncr = one(n, "ClusterRole", "gds-csi-external-provisioner")
 nres = {r: set(rule["verbs"]) for rule in ncr.get("rules", []) for r in rule["resources"]}
 check("update" in nres.get("persistentvolumeclaims", set()),
       "node provisioners may update PVCs (selected-node annotation for Immediate claims)")

@@ -34,6 +34,8 @@ DRIVER_PID=$!
 wait_for_ready "$WORK/csi.sock"
 RSS_IDLE=$(rss_kib "$DRIVER_PID")
 
+# Expansion specs grow a volume to --csi.testvolumeexpandsize and expect exactly that
+# capacity: a whole-device volume can grow only up to its device, which is VOLUME_SIZE.
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
 printf 'gdsPolicy: disabled\nfsType: %s\n' "$FS_TYPE" >"$WORK/params.yaml"
 start=$(date +%s.%N)
@@ -41,7 +43,7 @@ set +e
 csi-sanity --csi.endpoint "$WORK/csi.sock" \
   --csi.mountdir "$WORK/target" --csi.stagingdir "$WORK/staging" \
   --csi.testvolumeparameters "$WORK/params.yaml" \
-  --csi.testvolumesize "$VOLUME_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
+  --csi.testvolumesize "$VOLUME_SIZE" --csi.testvolumeexpandsize "$VOLUME_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
 status=$?
 set -e
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)

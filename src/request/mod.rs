@@ -351,6 +351,55 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
     })
 }
 
+/// ControllerExpandVolume or NodeExpandVolume, parsed (bytes; a `limit` of 0 is none).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Expand {
+    pub required: u64,
+    pub limit: u64,
+    /// The capability given says raw block access: no filesystem to grow.
+    pub block: bool,
+}
+
+/// ControllerExpandVolume's or NodeExpandVolume's capacity range and capability.
+/// `range_required`: the controller call must name a range (CSI spec: REQUIRED).
+pub fn expand(
+    range: Option<&csi::CapacityRange>,
+    range_required: bool,
+    cap: Option<&csi::VolumeCapability>,
+) -> Result<Expand> {
+    let range = match range {
+        Some(r) => *r,
+        None if range_required => {
+            return Err(Error::invalid(
+                "capacity_range",
+                "required: give required_bytes (the new size)",
+            ))
+        }
+        None => csi::CapacityRange::default(),
+    };
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "bytes must not be negative",
+        ));
+    }
+    if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
+        return Err(Error::invalid(
+            "capacity_range",
+            "required_bytes is larger than limit_bytes",
+        ));
+    }
+    let block = matches!(
+        cap.and_then(|c| c.access_type.as_ref()),
+        Some(AccessType::Block(_))
+    );
+    Ok(Expand {
+        required: range.required_bytes as u64,
+        limit: range.limit_bytes as u64,
+        block,
+    })
+}
+
 /// Whether the parameters ask for an NFS volume (they name a server).
 pub fn is_nfs(params: &HashMap<String, String>) -> bool {
     params.contains_key(nfs::PARAM_SERVER)

@@ -247,6 +247,14 @@ impl Host for HostDouble {
         self.state.lock().unwrap().signatures.remove(device);
         Ok(())
     }
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+        self.record(format!(
+            "grow {fs:?} {} at {}",
+            device.display(),
+            mount_point.display()
+        ));
+        Ok(())
+    }
     async fn zero_device(&self, device: &Path) -> Result<()> {
         self.record(format!("zero {}", device.display()));
         self.state.lock().unwrap().signatures.remove(device);

@@ -87,6 +87,11 @@ impl Partitioned {
         self
     }
 
+    /// How long one label write or BLKPG call may take.
+    pub fn label_deadline(&self) -> Duration {
+        self.label_deadline
+    }
+
     /// Waits for pool device `device_id`'s turn: hold it while its label (or a partition
     /// of it) changes. Other devices never wait for it.
     pub async fn device_lock(&self, device_id: &str) -> DeviceGuard {
