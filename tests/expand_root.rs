@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::Path;
 
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::volume_capability::{AccessType, MountVolume};
 use gds_csi::csi::*;
 use gds_csi::partition::kernel;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::common::tools::blkid_tag;
 use super::common::{killed_by_sigkill, requests, run, Rig};
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::faults::KillPoint;
 use gds_csi::partition::kernel;
