@@ -7,8 +7,8 @@
 use std::fs;
 use std::path::Path;
 
-use gds_csi::csi::Clients;
 use gds_csi::csi::volume_capability::{AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;
