@@ -84,6 +84,13 @@ make_loop() {
   losetup --find --show "$1"
 }
 
+# partitions_of DEV: the kernel's partitions of a block device (names, one a line).
+partitions_of() {
+  local name; name=$(basename "$1")
+  for p in /sys/block/"$name"/"$name"*; do [ -e "$p/partition" ] && basename "$p"; done
+  return 0
+}
+
 # Unmount everything under DIR (deepest first), then detach our loop devices.
 cleanup_dir_and_loops() {
   local dir=$1
