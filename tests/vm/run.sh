@@ -78,7 +78,7 @@ rc=${PIPESTATUS[0]}
 set -e
 echo
 echo "=== summary"
-grep -hE "^csi-sanity (nvme|nfs):" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
+grep -hE "^csi-sanity (nvme|nfs|nvme-partition):|sgdisk -v" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
 grep -hE "^(PASS|FAIL) " "$OUT/scenarios.out" 2>/dev/null | sed 's/^/  /' || true
 grep -hE "^scenarios:" "$OUT/scenarios.out" 2>/dev/null || true
 echo "outputs: $OUT (csi-sanity outputs, driver log), console: $WORK/console.log"
