@@ -73,7 +73,7 @@ export PATH="$VENV/bin:$PATH"
 set +e
 timeout 840 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
   --qemu-opts="$qemu_opts" \
-  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN" 2>&1 | tee "$WORK/console.log"
+  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN ${VM_PARTITION:+partition}" 2>&1 | tee "$WORK/console.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo
