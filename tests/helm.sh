@@ -112,6 +112,8 @@ expect_render_error "nfs enabled without server is rejected" "nfs.server is requ
 expect_render_error "nfs enabled without share is rejected" "nfs.share is required" --set nfs.enabled=true --set nfs.server=s
 expect_render_error "fsType other than ext4/xfs is rejected" "fsType must be ext4 or xfs" --set storageClasses.nvme.fsType=btrfs
 expect_render_error "unknown gdsPolicy is rejected" "gdsPolicy must be" --set storageClasses.nvme.gdsPolicy=always
+expect_render_error "unknown layout is rejected" "layout" --set storageClasses.nvme.layout=lvm
+expect_render_error "nvme-gds-whole: fsType other than ext4/xfs is rejected" "storageClasses.nvmeWhole.fsType must be" --set storageClasses.nvmeWhole.fsType=btrfs
 expect_render_error "unknown onDelete is rejected" "onDelete must be" --set nfs.onDelete=shred
 
 # --- structure of the rendered objects (python3 + PyYAML) -----------------------
@@ -281,12 +283,15 @@ check([s_["name"] for s_ in rcrb.get("subjects", [])] == ["gds-csi-node"], "resi
 
 # StorageClasses, defaults
 scs = {s["metadata"]["name"]: s for s in d if s["kind"] == "StorageClass"}
-check(set(scs) == {"nvme-gds"}, f"default StorageClasses: {sorted(scs)}")
-nv = scs.get("nvme-gds", {})
-check(nv.get("provisioner") == driver, "nvme-gds provisioner")
-check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be WaitForFirstConsumer")
-check(nv.get("allowVolumeExpansion") is True, "nvme-gds must allow volume expansion")
-check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
+check(set(scs) == {"nvme-gds", "nvme-gds-whole"}, f"default StorageClasses: {sorted(scs)}")
+# nvme-gds carves exact-size GPT partitions (issue 13); nvme-gds-whole hands out whole namespaces.
+for name, layout, grows in (("nvme-gds", "partition", True), ("nvme-gds-whole", "device", False)):
+    nv = scs.get(name, {})
+    check(nv.get("provisioner") == driver, f"{name} provisioner")
+    check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", f"{name} must be WaitForFirstConsumer")
+    check(nv.get("allowVolumeExpansion") is grows, f"{name} allowVolumeExpansion must be {grows}")
+    check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required", "layout": layout},
+          f"{name} parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
 # NFS enabled (issue 16 item 4): the per-node provisioners are the driver's only ones, for
@@ -359,7 +364,7 @@ fi
 
 # StorageClasses can be switched off. Rendered to a file first: a render error must fail
 # here, not read as "no StorageClass found".
-if ! render --set storageClasses.nvme.create=false "${NFS_SET[@]}" --set storageClasses.nfs.create=false \
+if ! render --set storageClasses.nvme.create=false --set storageClasses.nvmeWhole.create=false "${NFS_SET[@]}" --set storageClasses.nfs.create=false \
     >"$tmp/no-sc.yaml" 2>"$tmp/err"; then
   fail "helm template (storageClasses.*.create=false)" "$(cat "$tmp/err")"
 elif ! grep -q '^kind: DaemonSet' "$tmp/no-sc.yaml"; then
