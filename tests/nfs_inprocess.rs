@@ -144,6 +144,23 @@ impl Harness {
         .map(|_| ())
     }
 
+    /// NodePublishVolume of a staged `name` at its target; returns the target path.
+    async fn publish(&self, name: &str, v: &Volume, cap: VolumeCapability) -> String {
+        let (staging, target) = self.paths(name);
+        let mut n = self.c.node.clone();
+        n.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging,
+            target_path: target.clone(),
+            volume_capability: Some(cap),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        target
+    }
+
     async fn delete(&self, id: &str) -> std::result::Result<(), tonic::Status> {
         let mut c = self.c.controller.clone();
         c.delete_volume(DeleteVolumeRequest {
@@ -407,18 +424,7 @@ async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {
     assert_eq!(std::fs::read(&config).unwrap(), b"precious");
 
     // Its own publish is undone, and the target it created removed.
-    let (staging, target) = h.paths("vol-u");
-    let mut n = h.c.node.clone();
-    n.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging,
-        target_path: target.clone(),
-        volume_capability: Some(w),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let target = h.publish("vol-u", &v, w).await;
     unpublish(Path::new(&target)).await.unwrap();
     assert!(!Path::new(&target).exists());
 }
@@ -516,18 +522,9 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
         .await
         .unwrap();
     h.stage("vol-gone", &v, w.clone()).await.unwrap();
-    let (staging, target) = h.paths("vol-gone");
+    let target = h.publish("vol-gone", &v, w).await;
+    let (staging, _) = h.paths("vol-gone");
     let mut n = h.c.node.clone();
-    n.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging.clone(),
-        target_path: target.clone(),
-        volume_capability: Some(w),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
     h.host
         .server_gone
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -648,19 +645,7 @@ async fn teardown_works_without_the_nfs_backend() {
 /// Stages and publishes `name`; returns the target path.
 async fn stage_and_publish(h: &Harness, name: &str, v: &Volume, w: VolumeCapability) -> String {
     h.stage(name, v, w.clone()).await.unwrap();
-    let (staging, target) = h.paths(name);
-    let mut n = h.c.node.clone();
-    n.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging,
-        target_path: target.clone(),
-        volume_capability: Some(w),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    target
+    h.publish(name, v, w).await
 }
 
 async fn stats_of(h: &Harness, id: &str, path: &str) -> NodeGetVolumeStatsResponse {
