@@ -853,3 +853,41 @@ fn cufile_config_evidence_shows_set_and_unset_keys() {
         assert!(ev.contains(want), "{want} in {ev}");
     }
 }
+
+/// Only `nvidia-fs<N>` (nvidia-fs0 .. nvidia-fs15) are nvidia-fs's device nodes: a bare
+/// `nvidia-fs` or another suffix is not one.
+#[test]
+fn device_nodes_are_nvidia_fs_and_a_number() {
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n")
+        .write("dev/nvidia-fs", "")
+        .write("dev/nvidia-fsctl", "");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let d = get(&c, "nvidia_fs.devices");
+    assert_eq!(d.status, Status::Pass);
+    assert!(
+        d.evidence.starts_with("nvidia-fs0 nvidia-fs1 in "),
+        "{}",
+        d.evidence
+    );
+}
+
+/// An NVMe-oF/RDMA volume while nvidia_fs registers only the PCIe driver (read with a device
+/// held open, as cuFile sees it): a failure naming nvme_rdma.
+#[test]
+fn nvme_of_volume_fails_without_nvme_rdma_registered() {
+    let h = nvme_volume("302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw", true);
+    h.write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "rdma\n",
+    );
+    let _d = double(&h, &["nvme"], false);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let t = get(&c, "volume.nvme_transport");
+    assert_eq!(t.status, Status::Fail, "{t:#?}");
+    assert!(
+        t.evidence.contains("nvme_rdma is not registered"),
+        "{}",
+        t.evidence
+    );
+}
