@@ -820,13 +820,24 @@ async fn s_stats_conditions(r: &mut Rig, v: &Vol) -> Result<String> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let recovered = t.elapsed();
-    // Behind the driver's back: the target remounted from the same source over TCP.
+    // Behind the driver's back: the target remounted from the same source over TCP. The
+    // staging mount goes first: with an RDMA mount of the same server left, the first run
+    // read "mounted" (the NFSv4.1 client can reuse the existing RDMA client for a new mount
+    // of the same server), so the TCP mount is checked in mountinfo before the call.
     let (_, src, _) = mountinfo(&v.target).ok_or("target not mounted")?;
-    let tgt = v.target.display();
+    let (tgt, stg) = (v.target.display(), v.staging.display());
     sh(&format!(
-        "umount {tgt} && mount -t nfs -o vers=4.1,proto=tcp,port=2049 {src} {tgt}"
+        "umount {tgt} && umount {stg} && mount -t nfs -o vers=4.1,proto=tcp,port=2049 {src} {tgt}"
     ))?;
-    let res = condition_within(r, v, BOUND).await;
+    let res = async {
+        let (_, _, opts) = mountinfo(&v.target).ok_or("the TCP mount is not in mountinfo")?;
+        ensure(
+            opts.split(',').any(|o| o == "proto=tcp"),
+            format!("the kernel did not mount over TCP: {opts}"),
+        )?;
+        condition_within(r, v, BOUND).await
+    }
+    .await;
     let undone = sh(&format!("umount {tgt}"));
     let (c3, _) = res?;
     undone?;
