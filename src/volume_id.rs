@@ -169,4 +169,15 @@ mod tests {
         }
         check_well_formed("volume_id", "blk:dev-1:a:n").unwrap();
     }
+
+    /// The limit is inclusive: an id of exactly MAX_VOLUME_ID_LEN bytes (what the NFS
+    /// backend may issue) is well formed, one byte more is not.
+    #[test]
+    fn ids_of_the_limit_pass_one_byte_more_does_not() {
+        let at = format!("blk:{}", "d".repeat(MAX_VOLUME_ID_LEN - 4));
+        assert_eq!(at.len(), MAX_VOLUME_ID_LEN);
+        check_well_formed("volume_id", &at).unwrap();
+        let err = check_well_formed("volume_id", &format!("{at}d")).unwrap_err();
+        assert!(err.to_string().contains("129 bytes"), "{err}");
+    }
 }
