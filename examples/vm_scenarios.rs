@@ -774,10 +774,13 @@ async fn condition_within(
     Ok((cond, t.elapsed()))
 }
 
-/// Issue 18: the NFS abnormal conditions on a real kernel. With the server stopped,
-/// NodeGetVolumeStats answers abnormal within the NFS deadline (--mount-timeout 20s) while
-/// statvfs hangs in the kernel, and at once while that statvfs is still stuck. With the
-/// target remounted over TCP behind the driver, the condition names proto=tcp.
+/// Issue 18: an NFS volume whose server is stopped, on a real kernel. NodeGetVolumeStats
+/// answers abnormal within the NFS deadline (--mount-timeout 20s) while statvfs hangs in the
+/// kernel, and at once while that statvfs is still stuck; healthy again once it is back.
+/// (Mounted without RDMA is tested in-process only: here a TCP mount of the same server made
+/// behind the driver's back came up proto=rdma in two runs, also with the volume's own
+/// mounts gone; the driver keeps the export itself mounted over RDMA (src/nfs/mod.rs), and
+/// the kernel gave the new mount that RDMA client.)
 async fn s_stats_conditions(r: &mut Rig, v: &Vol) -> Result<String> {
     const BOUND: Duration = Duration::from_secs(40);
     r.stage(v).await?;
@@ -820,39 +823,13 @@ async fn s_stats_conditions(r: &mut Rig, v: &Vol) -> Result<String> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let recovered = t.elapsed();
-    // Behind the driver's back: the target remounted from the same source over TCP. The
-    // staging mount goes first: with an RDMA mount of the same server left, the first run
-    // read "mounted" (the NFSv4.1 client can reuse the existing RDMA client for a new mount
-    // of the same server), so the TCP mount is checked in mountinfo before the call.
-    let (_, src, _) = mountinfo(&v.target).ok_or("target not mounted")?;
-    let (tgt, stg) = (v.target.display(), v.staging.display());
-    sh(&format!(
-        "umount {tgt} && umount {stg} && mount -t nfs -o vers=4.1,proto=tcp,port=2049 {src} {tgt}"
-    ))?;
-    let res = async {
-        let (_, _, opts) = mountinfo(&v.target).ok_or("the TCP mount is not in mountinfo")?;
-        ensure(
-            opts.split(',').any(|o| o == "proto=tcp"),
-            format!("the kernel did not mount over TCP: {opts}"),
-        )?;
-        condition_within(r, v, BOUND).await
-    }
-    .await;
-    let undone = sh(&format!("umount {tgt}"));
-    let (c3, _) = res?;
-    undone?;
-    ensure(
-        c3.abnormal && c3.message.contains("proto=tcp"),
-        format!("remounted over TCP: {}", c3.message),
-    )?;
     Ok(format!(
-        "server stopped: abnormal in {:.1} s (\"{}\"), again in {:.1} s; healthy {:.1} s after \
-         the restart; over TCP: \"{}\"",
+        "server stopped: abnormal in {:.1} s (\"{}\"), again in {:.1} s while statvfs is \
+         stuck; healthy {:.1} s after the restart",
         took1.as_secs_f64(),
         c1.message,
         took2.as_secs_f64(),
         recovered.as_secs_f64(),
-        c3.message
     ))
 }
 
@@ -1029,7 +1006,7 @@ async fn main() -> Result<()> {
         .await?;
     let res = s_stats_conditions(&mut r, &n4).await;
     report(
-        "NFS stats: server stopped and mounted over TCP are abnormal, in the deadline",
+        "NFS stats: server stopped is abnormal within the deadline, healthy once back",
         res,
         &mut failed,
     );
