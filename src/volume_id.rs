@@ -15,6 +15,12 @@ use crate::error::{Error, Result};
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 const PREFIX: &str = "blk";
 const PARTITION_SUFFIX: &str = "part";
+/// The longest node id: what the longest block id leaves of MAX_VOLUME_ID_LEN beside
+/// `blk:`, a device id (`nvme-`/`dev-` and 16 hex digits, pool::inventory::device_id), the
+/// 8-digit allocation, the separators and `:part`. 88; it was 90 before the partition
+/// layout, whose ids of a 90-character node were 130 bytes and refused by every later call.
+pub const MAX_NODE_ID_LEN: usize =
+    MAX_VOLUME_ID_LEN - PREFIX.len() - 1 - 21 - 1 - 8 - 1 - 1 - PARTITION_SUFFIX.len();
 
 /// Which layout owns a block volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -108,11 +114,12 @@ impl BlockVolumeId {
 
 /// Node ids must fit in a volume id next to the device and allocation parts.
 pub fn check_node_id(node_id: &str) -> std::result::Result<(), String> {
-    if is_token(node_id, 90) {
+    if is_token(node_id, MAX_NODE_ID_LEN) {
         Ok(())
     } else {
         Err(format!(
-            "node id {node_id:?} must be 1-90 characters of letters, digits, '-', '.' or '_'"
+            "node id {node_id:?} must be 1-{MAX_NODE_ID_LEN} characters of letters, digits, \
+             '-', '.' or '_'"
         ))
     }
 }
@@ -168,5 +175,34 @@ mod tests {
             assert!(check_well_formed("volume_id", id).is_err(), "{id:?}");
         }
         check_well_formed("volume_id", "blk:dev-1:a:n").unwrap();
+    }
+
+    /// A node id with a ':' would issue ids that never parse back (the volume lost to
+    /// DeleteVolume), a longer one ids over the length limit: the longest allowed fits the
+    /// longest block id, a partition's.
+    #[test]
+    fn node_ids_must_fit_in_a_volume_id() {
+        assert_eq!(MAX_NODE_ID_LEN, 88);
+        for ok in ["node-a", "ip-10-0-0-1.ec2.internal", "n_1", &"n".repeat(88)] {
+            check_node_id(ok).unwrap();
+            let id = format!("blk:nvme-0123456789abcdef:01234567:{ok}:part");
+            assert!(BlockVolumeId::parse(&id).is_some(), "{id}");
+            check_well_formed("volume_id", &id).unwrap();
+        }
+        for bad in ["", "a:b", "node a", "a/b", "ä", &"n".repeat(89)] {
+            let err = check_node_id(bad).unwrap_err();
+            assert!(err.contains("1-88 characters"), "{bad:?}: {err}");
+        }
+    }
+
+    /// The limit is inclusive: an id of exactly MAX_VOLUME_ID_LEN bytes (what the NFS
+    /// backend may issue) is well formed, one byte more is not.
+    #[test]
+    fn ids_of_the_limit_pass_one_byte_more_does_not() {
+        let at = format!("blk:{}", "d".repeat(MAX_VOLUME_ID_LEN - 4));
+        assert_eq!(at.len(), MAX_VOLUME_ID_LEN);
+        check_well_formed("volume_id", &at).unwrap();
+        let err = check_well_formed("volume_id", &format!("{at}d")).unwrap_err();
+        assert!(err.to_string().contains("129 bytes"), "{err}");
     }
 }

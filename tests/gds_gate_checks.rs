@@ -47,11 +47,8 @@ fn healthy() -> VolumeCondition {
 #[tokio::test]
 async fn required_refuses_and_names_every_failed_check() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
     // The field failure: nvidia_fs loaded but only wekafsio registered; no udev entry.
-    t.gpu_node()
-        .nvidia_fs("wekafsio: 1\n")
-        .nvme_volume(Path::new(MP), false);
+    let t = Tree::gpu_nvme(dir.path(), "wekafsio: 1\n", Path::new(MP), false);
     let g = gate(&t, "compat", Duration::from_secs(60));
     let err = g
         .check_publish(&staged("vol-1"), Policy::Required)
@@ -115,10 +112,12 @@ async fn nvidia_fs_absent_fails_module_devices_and_driver() {
 async fn compat_marks_survive_a_restart_until_a_publish_passes() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let t = Tree::new(&dir.path().join("host"));
-    t.gpu_node()
-        .nvidia_fs("wekafsio: 1\n")
-        .nvme_volume(Path::new(MP), false);
+    let t = Tree::gpu_nvme(
+        &dir.path().join("host"),
+        "wekafsio: 1\n",
+        Path::new(MP),
+        false,
+    );
     let ttl = Duration::from_secs(60);
     let g = GdsGate::open(config(&t, "compat", ttl), &state).unwrap();
     let o = g
@@ -191,10 +190,7 @@ async fn disabled_runs_nothing_and_forgets_the_mark() {
 #[tokio::test]
 async fn ready_node_passes_and_probe_is_cached_per_volume() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
-    t.gpu_node()
-        .nvidia_fs("nvme: 1\n")
-        .nvme_volume(Path::new(MP), true);
+    let t = Tree::gpu_nvme(dir.path(), "nvme: 1\n", Path::new(MP), true);
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     let o = g
         .check_publish(&staged("vol-4"), Policy::Required)
@@ -237,10 +233,7 @@ async fn ready_node_passes_and_probe_is_cached_per_volume() {
 #[tokio::test]
 async fn another_device_is_probed_again() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
-    t.gpu_node()
-        .nvidia_fs("nvme: 1\n")
-        .nvme_volume(Path::new(MP), true);
+    let t = Tree::gpu_nvme(dir.path(), "nvme: 1\n", Path::new(MP), true);
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     g.check_publish(&staged("vol-7"), Policy::Required)
         .await

@@ -551,6 +551,26 @@ mod tests {
         assert_eq!(ok, root.path().join("a/b"));
     }
 
+    /// The kernel's limits are inclusive: PATH_MAX counts the NUL, so 4095 bytes of path and
+    /// 255-byte names pass, one byte more is refused.
+    #[test]
+    fn paths_and_names_at_the_kernel_limits_pass() {
+        let root = tempfile::tempdir().unwrap();
+        let roots = vec![root.path().to_owned()];
+        let mut at_max = root.path().display().to_string();
+        while 4095 - at_max.len() > 202 {
+            at_max += &format!("/{}", "a".repeat(200));
+        }
+        at_max += &format!("/{}", "b".repeat(4095 - at_max.len() - 1));
+        assert_eq!(at_max.len(), 4095);
+        assert!(host_path("target_path", &at_max, &roots).is_ok());
+        let over = format!("{at_max}c");
+        let err = host_path("target_path", &over, &roots).unwrap_err();
+        assert!(err.to_string().contains("at most 4095"), "{err}");
+        let name = root.path().join("n".repeat(255));
+        assert!(host_path("target_path", name.to_str().unwrap(), &roots).is_ok());
+    }
+
     #[test]
     fn layout_parameter_is_typed_and_defaults_to_device() {
         let with = |v: Option<&str>| {

@@ -30,6 +30,17 @@ impl Tree {
         }
     }
 
+    /// A GPU node with nvidia_fs loaded (`modules`: the drivers registered with it, as
+    /// /proc/driver/nvidia-fs/modules lists them) and the NVMe volume 259:0 mounted at
+    /// `mount_point` (`udev`: whether udev's database has its filesystem entry).
+    pub fn gpu_nvme(root: &Path, modules: &str, mount_point: &Path, udev: bool) -> Tree {
+        let t = Tree::new(root);
+        t.gpu_node()
+            .nvidia_fs(modules)
+            .nvme_volume(mount_point, udev);
+        t
+    }
+
     pub fn write(&self, rel: &str, text: &str) -> &Self {
         let p = self.root.join(rel);
         fs::create_dir_all(p.parent().expect("parent")).expect("fixture dir");

@@ -132,6 +132,20 @@ pub async fn publish(
         .map(drop)
 }
 
+/// Stage (the staging directory created first, as the kubelet does) and publish; panics
+/// on a failure: for tests whose subject comes after.
+pub async fn stage_and_publish(
+    c: &mut Clients,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+) {
+    std::fs::create_dir_all(staging).expect("staging dir");
+    stage(c, id, staging, cap.clone()).await.expect("stage");
+    publish(c, id, staging, target, cap).await.expect("publish");
+}
+
 pub async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {
     c.node
         .node_unpublish_volume(unpublish_request(id, target))
