@@ -20,7 +20,10 @@ VOLUME_SIZE=$((64 * 1024 * 1024))
 [ "$FS_TYPE" = xfs ] && VOLUME_SIZE=$((320 * 1024 * 1024))
 POOL_SIZE=8
 DEVICE_SIZE=$VOLUME_SIZE
+EXPAND_SIZE=$VOLUME_SIZE
 if [ "$LAYOUT" = partition ]; then
+  # A carved volume really grows: its partition in place, into the free space after it.
+  EXPAND_SIZE=$((2 * VOLUME_SIZE))
   # Room for 15 volumes at once (the suite holds at most ~5) plus the GPT's own 2 MiB.
   POOL_SIZE=1
   DEVICE_SIZE=$((16 * VOLUME_SIZE))
@@ -44,7 +47,8 @@ wait_for_ready "$WORK/csi.sock"
 RSS_IDLE=$(rss_kib "$DRIVER_PID")
 
 # Expansion specs grow a volume to --csi.testvolumeexpandsize and expect exactly that
-# capacity: a whole-device volume can grow only up to its device, which is VOLUME_SIZE.
+# capacity: a whole-device volume can grow only up to its device, which is VOLUME_SIZE;
+# a partition volume grows in place to twice its size.
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
 printf 'gdsPolicy: disabled\nfsType: %s\n' "$FS_TYPE" >"$WORK/params.yaml"
 [ "$LAYOUT" = device ] || printf 'layout: %s\n' "$LAYOUT" >>"$WORK/params.yaml"
@@ -53,7 +57,7 @@ set +e
 csi-sanity --csi.endpoint "$WORK/csi.sock" \
   --csi.mountdir "$WORK/target" --csi.stagingdir "$WORK/staging" \
   --csi.testvolumeparameters "$WORK/params.yaml" \
-  --csi.testvolumesize "$VOLUME_SIZE" --csi.testvolumeexpandsize "$VOLUME_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
+  --csi.testvolumesize "$VOLUME_SIZE" --csi.testvolumeexpandsize "$EXPAND_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
 status=$?
 set -e
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
