@@ -14,7 +14,7 @@ use super::{
     create_with, delete, pct, publish, read_direct, source_of, stage, teardown, write_direct, yes,
     Result, Table, Vol, MIB, READ_BYTES,
 };
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 
 fn part() -> Vec<(&'static str, &'static str)> {
     vec![("layout", "partition")]
