@@ -39,10 +39,12 @@ use crate::volume_id::{BlockVolumeId, IdLayout};
 /// Each 1 GiB chunk of the offloaded zero-out must finish within this.
 const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
 
+/// Clones share everything (the delete job runs on one: `delete`).
+#[derive(Clone)]
 pub struct Partitioned {
     pub pool: Arc<Pool>,
     /// The short pool-wide section in which a create picks its device (`create`).
-    placing: Mutex<()>,
+    placing: Arc<Mutex<()>>,
     locks: DeviceLocks,
     /// Each label write or BLKPG call must finish within this.
     label_deadline: Duration,
@@ -74,7 +76,7 @@ impl Partitioned {
     pub fn new(pool: Arc<Pool>) -> Self {
         Partitioned {
             pool,
-            placing: Mutex::new(()),
+            placing: Arc::new(Mutex::new(())),
             locks: DeviceLocks::default(),
             label_deadline: LABEL_DEADLINE,
         }
