@@ -232,3 +232,145 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
     );
     println!("erase from the first call: {full:?}; the retry waited {retry_took:?}");
 }
+
+/// The partition layout over `listed` devices, in process (real host).
+fn layout(
+    listed: Vec<PathBuf>,
+    state: &Path,
+) -> std::sync::Arc<gds_csi::block::partition::Partitioned> {
+    let pool = gds_csi::pool::Pool::open(gds_csi::pool::PoolConfig {
+        node_id: "node-a".into(),
+        host_sys: "/sys".into(),
+        host_dev: "/dev".into(),
+        listed,
+        nvme_discover: false,
+        state_dir: state.to_owned(),
+    })
+    .unwrap();
+    pool.rescan(&real_host().mount_table().unwrap());
+    std::sync::Arc::new(gds_csi::block::partition::Partitioned::new(
+        std::sync::Arc::new(pool),
+    ))
+}
+
+fn real_host() -> std::sync::Arc<dyn gds_csi::os::Host> {
+    std::sync::Arc::new(gds_csi::os::RealHost {
+        command_timeout: Duration::from_secs(30),
+        mount_timeout: Duration::from_secs(30),
+    })
+}
+
+fn alloc_req(name: &str, bytes: u64) -> gds_csi::pool::AllocationRequest {
+    gds_csi::pool::AllocationRequest {
+        name: name.into(),
+        required_bytes: bytes,
+        limit_bytes: 0,
+        fs_type: gds_csi::os::FsType::Ext4,
+        parameters: [("layout".to_string(), "partition".to_string())].into(),
+    }
+}
+
+/// Loop devices on sparse files; their partitions leave the kernel before the detach.
+struct Loops(tempfile::TempDir, Vec<PathBuf>);
+
+impl Loops {
+    fn new(sizes: &[u64]) -> Option<Loops> {
+        if !common::is_root() {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gds-pick-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let loops = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let img = dir.path().join(format!("d{i}.img"));
+                fs::File::create(&img).unwrap().set_len(*s).unwrap();
+                common::attach_loop(&img)
+            })
+            .collect();
+        Some(Loops(dir, loops))
+    }
+}
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for dev in &self.1 {
+            for p in kernel::list(dev).unwrap_or_default() {
+                for _ in 0..50 {
+                    if kernel::delete(dev, p.number).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            common::detach_loop(dev);
+        }
+    }
+}
+
+/// A `--pool-device` that is itself a partition (blank, and the smallest, so tried
+/// first) is passed over: the create carves the next device, and with nothing else the
+/// ResourceExhausted message names the partition and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_device_that_is_a_partition_is_passed_over() {
+    use gds_csi::block::layout::Layout;
+    let Some(l) = Loops::new(&[64 * MIB, 128 * MIB]) else {
+        return;
+    };
+    let (outer, whole) = (&l.1[0], &l.1[1]);
+    // A foreign GPT with one 32 MiB partition on `outer`; the kernel told by partx.
+    let mut ch = std::process::Command::new("sfdisk")
+        .args(["--quiet", "--label", "gpt", outer.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    ch.stdin.take().unwrap().write_all(b"size=32M\n").unwrap();
+    assert!(ch.wait().unwrap().success());
+    common::run("partx", &["-a", outer.to_str().unwrap()]);
+    let part = kernel::list(outer).unwrap();
+    assert_eq!(part.len(), 1, "{part:?}");
+    let part_node = PathBuf::from("/dev").join(&part[0].name);
+    let before = common::digest_file(&part_node);
+    let host = real_host();
+
+    let p = layout(
+        vec![part_node.clone(), whole.clone()],
+        &l.0.path().join("s1"),
+    );
+    let (_, rec) = p
+        .allocate(host.as_ref(), &alloc_req("pv", 8 * MIB))
+        .await
+        .expect("carved on the whole device after passing over the partition");
+    assert_eq!(p.pool.device(&rec.device_id).unwrap().path, *whole);
+    assert_eq!(kernel::list(whole).unwrap().len(), 1);
+
+    let alone = layout(vec![part_node.clone()], &l.0.path().join("s2"));
+    let err = alone
+        .allocate(host.as_ref(), &alloc_req("pv", 8 * MIB))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(
+        tonic::Status::from(err).code(),
+        Code::ResourceExhausted,
+        "{msg}"
+    );
+    assert!(
+        msg.contains(part_node.to_str().unwrap()) && msg.contains("a partition"),
+        "{msg}"
+    );
+    let text = gds_csi::metrics::encode(&gds_csi::metrics::registry(None, "/nonexistent".into()));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gds_csi_partition_device_refusals_total{reason=\"foreign\"}")),
+        "{text}"
+    );
+    assert_eq!(
+        common::digest_file(&part_node),
+        before,
+        "the partition was not written"
+    );
+}

@@ -212,13 +212,20 @@ impl Partitioned {
     }
 }
 
-/// A device with what it carries; None (logged) when its label cannot be read.
+/// A device with what it carries. One that cannot be carved (a partition, a label that
+/// cannot be read) is `Foreign` with the reason, so picking passes it over and says why.
 fn read_label(d: PoolDevice) -> Option<(PoolDevice, OnDisk)> {
+    // A partition gets no partition table of its own (label::create refuses it too).
+    let sysfs = format!("/sys/dev/block/{}:{}/partition", d.major, d.minor);
+    if Path::new(&sysfs).exists() {
+        let why = "a partition, not a whole device; only a whole device is carved".to_owned();
+        return Some((d, OnDisk::Foreign(why)));
+    }
     match label::read(&d.path) {
         Ok(on) => Some((d, on)),
         Err(e) => {
             warn!(device = %d.path.display(), error = %e, "label unreadable; not carved");
-            None
+            Some((d, OnDisk::Foreign(format!("its label cannot be read: {e}"))))
         }
     }
 }
