@@ -374,3 +374,39 @@ async fn a_pool_device_that_is_a_partition_is_passed_over() {
         "the partition was not written"
     );
 }
+
+/// Two layouts, one driver: a whole-device create and a partition create racing for one
+/// blank device never both take it (the partition layout marks it under the state lock
+/// before its label write; the whole-device claim checks that mark under the same lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_two_layouts_never_both_take_one_blank_device() {
+    use gds_csi::block::device::WholeDevice;
+    use gds_csi::block::layout::Layout;
+    const ROUNDS: usize = 8;
+    let Some(l) = Loops::new(&[64 * MIB; ROUNDS]) else {
+        return;
+    };
+    let host = real_host();
+    let mut both = Vec::new();
+    for (i, dev) in l.1.iter().enumerate() {
+        let p = layout(vec![dev.clone()], &l.0.path().join(format!("s{i}")));
+        let whole = WholeDevice {
+            pool: std::sync::Arc::clone(&p.pool),
+        };
+        let mut wreq = alloc_req("w", 8 * MIB);
+        wreq.parameters.clear();
+        let (h1, h2) = (std::sync::Arc::clone(&host), std::sync::Arc::clone(&host));
+        let (w, c) = tokio::join!(
+            async move { whole.allocate(h1.as_ref(), &wreq).await },
+            async { p.allocate(h2.as_ref(), &alloc_req("p", 8 * MIB)).await },
+        );
+        if w.is_ok() && c.is_ok() {
+            both.push(dev.clone());
+        }
+        assert!(
+            w.is_ok() || c.is_ok(),
+            "round {i}: one of them takes it: {w:?} {c:?}"
+        );
+    }
+    assert!(both.is_empty(), "taken whole and carved at once: {both:?}");
+}

@@ -137,18 +137,27 @@ impl Partitioned {
                 refuse(refused, &dev, "signatures", &why);
                 continue;
             };
+            // Taken from the whole-device layout before the write (never both).
+            let why = "a gds-csi partition table (layout: partition)".to_owned();
+            let before = match self.pool.reserve_for_carving(&dev.id, why) {
+                Ok(before) => before,
+                Err(e) => {
+                    refuse(refused, &dev, "whole_device", &e.to_string());
+                    continue;
+                }
+            };
             let path = dev.path.clone();
             let write = move || label::create(&path, proof);
             match bounded(&dev.path, "writing a new label", self.label_deadline, write).await {
                 Ok(_) => {}
-                // Still pending in the kernel: it may yet land, so no other device now.
+                // Still pending in the kernel: it may yet land (the mark stays).
                 Err(e @ Error::Aborted(_)) => return Err(e),
                 Err(e) => {
+                    self.pool.set_foreign(&dev.id, before);
                     refuse(refused, &dev, "label_refused", &e.to_string());
                     continue;
                 }
             }
-            self.keep_from_whole_device_use(&dev);
             info!(device = %dev.path.display(), "new gds-csi partition table");
             return Ok(Some((dev, guard)));
         }
