@@ -1,9 +1,12 @@
 //! Root-only (issue 13, "long work survives the caller giving up"): the partition
-//! layout's erase on DeleteVolume is a job. A delete cancelled by its client deadline
-//! leaves the zero-out running; the retry joins it (one zero-out in all) and the
-//! partition's blocks read back as zeros. The drive is made slow the way a dying or busy
-//! one is: its loop device writes into a file on an ext4 frozen with `fsfreeze`, so the
-//! zero-out blocks in the kernel until the thaw. `GDS_CSI_NO_SKIP=1` fails a skip.
+//! layout's DeleteVolume (erase, then partition removal) is a job. A delete cancelled by
+//! its client deadline leaves the job running with the device held; the retry joins it
+//! (one job, one zero-out in all) and the partition's blocks read back as zeros. The
+//! drive is made slow the way a hung one is: its loop device writes into a file on an
+//! ext4 frozen with `fsfreeze`. (On the 6.18 dev kernel the offloaded zero-out of such
+//! a loop device returns at once even while frozen; the label write after it blocks
+//! until the thaw.) Also: picking passes over a pool device that is a partition, and
+//! the two layouts never both take one blank device. `GDS_CSI_NO_SKIP=1` fails a skip.
 
 mod common;
 
