@@ -152,7 +152,7 @@ pub fn record_call(method: &str, grpc_code: &str, elapsed: Duration) {
 }
 
 /// A pool device the partition layout could not carve, by reason (`foreign`, `in_use`,
-/// `signatures`, `label_refused`).
+/// `signatures`, `whole_device`, `label_refused`).
 pub fn carve_refused(reason: &'static str) {
     global()
         .carve_refusals
