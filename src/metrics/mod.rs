@@ -50,6 +50,11 @@ pub struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
     pub operation: &'static str,
 }
@@ -63,6 +68,8 @@ pub struct Metrics {
     pub host_duration: HistogramFamily<OperationLabels>,
     /// `csi_plugin_operations_seconds`, the shape CSI dashboards read.
     pub plugin_operations: HistogramFamily<PluginCallLabels>,
+    /// Pool devices the partition layout passed over when picking where to carve.
+    pub carve_refusals: Family<ReasonLabels, Counter>,
 }
 
 fn csi_lib_utils_buckets() -> Histogram {
@@ -87,6 +94,7 @@ impl Default for Metrics {
             call_duration: Family::new_with_constructor(latency_buckets),
             host_duration: Family::new_with_constructor(latency_buckets),
             plugin_operations: Family::new_with_constructor(csi_lib_utils_buckets),
+            carve_refusals: Family::default(),
         }
     }
 }
@@ -143,6 +151,15 @@ pub fn record_call(method: &str, grpc_code: &str, elapsed: Duration) {
         .observe(elapsed.as_secs_f64());
 }
 
+/// A pool device the partition layout could not carve, by reason (`foreign`, `in_use`,
+/// `signatures`, `whole_device`, `label_refused`).
+pub fn carve_refused(reason: &'static str) {
+    global()
+        .carve_refusals
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
 /// Observes a host operation's duration when dropped, whatever the outcome.
 pub struct HostTimer {
     operation: &'static str,
@@ -185,6 +202,11 @@ pub fn registry(pool: Option<Arc<dyn PoolGauges>>, host_proc: PathBuf) -> Regist
         "gds_csi_host_operation_duration_seconds",
         "Duration of host operations (mkfs.ext4, mkfs.xfs, mount, bind_mount, unmount, probe_signatures, wipe_signatures, zero_device)",
         m.host_duration.clone(),
+    );
+    r.register(
+        "gds_csi_partition_device_refusals",
+        "Pool devices the partition layout passed over when picking where to carve, by reason",
+        m.carve_refusals.clone(),
     );
     r.register_collector(Box::new(BuildInfo));
     let driver_name = pool.as_ref().map_or_else(String::new, |p| p.driver_name());

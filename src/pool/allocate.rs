@@ -119,7 +119,9 @@ impl Pool {
             if let Some((id, _)) = state.by_name(&req.name) {
                 return Ok(Some(id.clone()));
             }
-            if state.by_device(&dev.id).is_some() {
+            // Taken meanwhile: by a volume, or by the partition layout for a new label
+            // (`reserve_for_carving`, under this same lock).
+            if state.by_device(&dev.id).is_some() || self.foreign_reason(&dev.id).is_some() {
                 return Ok(None);
             }
             let uuid = uuid::Uuid::new_v4();

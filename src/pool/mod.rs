@@ -217,6 +217,29 @@ impl Pool {
         };
     }
 
+    /// The partition layout takes device `id` to write a new label on: refused while a
+    /// whole-device volume holds it, else marked as not free (`why`) under the state
+    /// lock, where the whole-device layout claims (`allocate::claim`), so the two layouts
+    /// never both take one device. Returns the mark it replaced (to restore on failure).
+    pub(crate) fn reserve_for_carving(&self, id: &str, why: String) -> Result<Option<String>> {
+        use crate::volume_id::{BlockVolumeId, IdLayout};
+        let whole =
+            |v: &str| BlockVolumeId::parse(v).is_none_or(|i| i.layout != IdLayout::Partition);
+        self.state.update(|s| {
+            if let Some((v, _)) = s
+                .volumes
+                .iter()
+                .find(|(v, r)| r.device_id == id && whole(v))
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "whole-device volume {v} holds it"
+                )));
+            }
+            let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(foreign.insert(id.to_owned(), why))
+        })
+    }
+
     /// Free devices that can be handed out: not allocated, no foreign signature seen.
     pub fn free_devices(&self) -> Vec<PoolDevice> {
         let state = self.state.snapshot();

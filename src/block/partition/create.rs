@@ -9,7 +9,7 @@
 //! read under the lock is the one the carve changes (it reads it again, still under the
 //! lock), so two creates never carve the same extent.
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::guard::{bounded, DeviceGuard};
 use super::{csi_error, read_label, Partitioned};
@@ -59,20 +59,25 @@ impl Partitioned {
     /// A pool device to carve `size` bytes from, returned locked (see the module doc).
     async fn place(&self, host: &dyn Host, size: u64) -> Result<(PoolDevice, DeviceGuard)> {
         loop {
+            let mut refused = Vec::new();
             let busy = {
                 let _placing = self.placing.lock().await;
                 let (free, busy) = self.lock_free_devices();
-                if let Some(found) = self.pick(host, free, size).await? {
+                if let Some(found) = self.pick(host, free, size, &mut refused).await? {
                     return Ok(found);
                 }
                 busy
             };
             if busy.is_empty() {
-                return Err(Error::ResourceExhausted(format!(
+                let mut msg = format!(
                     "no pool device on node {} has a free extent of {size} bytes, and no \
                      blank device is big enough; delete a volume or add devices",
                     self.pool.node_id()
-                )));
+                );
+                if !refused.is_empty() {
+                    msg.push_str(&format!("; not carvable: {}", refused.join("; ")));
+                }
+                return Err(Error::ResourceExhausted(msg));
             }
             // Nothing free fits: wait until the busy devices are done, then pick again.
             for id in busy {
@@ -93,13 +98,20 @@ impl Partitioned {
     }
 
     /// The best fit among our labels, else the smallest blank free device (probed, then
-    /// labelled). None when no locked device can hold `size`.
+    /// labelled). None when no locked device can hold `size`; a device that cannot be
+    /// carved is passed over, its reason logged, counted and added to `refused`.
     async fn pick(
         &self,
         host: &dyn Host,
         mut locked: Vec<(PoolDevice, OnDisk, DeviceGuard)>,
         size: u64,
+        refused: &mut Vec<String>,
     ) -> Result<Option<(PoolDevice, DeviceGuard)>> {
+        for (d, on, _) in &locked {
+            if let OnDisk::Foreign(why) = on {
+                refuse(refused, d, "foreign", why);
+            }
+        }
         let labels: Vec<_> = locked
             .iter()
             .filter_map(|(d, on, _)| match on {
@@ -115,17 +127,37 @@ impl Partitioned {
         locked.sort_by_key(|(d, _, _)| (d.size_bytes, d.id.clone()));
         let mounts = host.mount_table()?;
         for (dev, _, guard) in locked {
-            if !self.pool.uses(&dev, &mounts).is_empty() {
+            if let Some(u) = self.pool.uses(&dev, &mounts).first() {
+                refuse(refused, &dev, "in_use", &format!("in use: {u}"));
                 continue;
             }
             let sigs = host.probe_signatures(&dev.path).await?;
             let Some(proof) = label::Blank::from_signature_probe(&dev.path, &sigs) else {
+                let why = format!("carries {}", crate::pool::describe_signatures(&sigs));
+                refuse(refused, &dev, "signatures", &why);
                 continue;
+            };
+            // Taken from the whole-device layout before the write (never both).
+            let why = "a gds-csi partition table (layout: partition)".to_owned();
+            let before = match self.pool.reserve_for_carving(&dev.id, why) {
+                Ok(before) => before,
+                Err(e) => {
+                    refuse(refused, &dev, "whole_device", &e.to_string());
+                    continue;
+                }
             };
             let path = dev.path.clone();
             let write = move || label::create(&path, proof);
-            bounded(&dev.path, "writing a new label", self.label_deadline, write).await?;
-            self.keep_from_whole_device_use(&dev);
+            match bounded(&dev.path, "writing a new label", self.label_deadline, write).await {
+                Ok(_) => {}
+                // Still pending in the kernel: it may yet land (the mark stays).
+                Err(e @ Error::Aborted(_)) => return Err(e),
+                Err(e) => {
+                    self.pool.set_foreign(&dev.id, before);
+                    refuse(refused, &dev, "label_refused", &e.to_string());
+                    continue;
+                }
+            }
             info!(device = %dev.path.display(), "new gds-csi partition table");
             return Ok(Some((dev, guard)));
         }
@@ -196,4 +228,12 @@ impl Partitioned {
         info!(volume_id = raw, node = %carved.node.display(), "partition carved");
         Ok((id, rec))
     }
+}
+
+/// A device passed over when picking where to carve: logged, counted, kept for the
+/// ResourceExhausted message.
+fn refuse(refused: &mut Vec<String>, dev: &PoolDevice, reason: &'static str, why: &str) {
+    warn!(device = %dev.path.display(), reason, why, "pool device not carvable; passed over");
+    crate::metrics::carve_refused(reason);
+    refused.push(format!("{}: {why}", dev.path.display()));
 }

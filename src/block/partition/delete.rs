@@ -1,4 +1,4 @@
-//! DeleteVolume of the partition layout, under the device's lock: erase the partition
+//! DeleteVolume of the partition layout, a job holding the device's lock: erase the partition
 //! (signatures wiped, every block zeroed), take it out of the kernel, then out of the
 //! label, then drop the record. Each step is idempotent, so a retry after a crash at any
 //! kill point finds where the last try stopped and finishes the job.
@@ -16,7 +16,30 @@ use crate::partition::{self as gpt, volume, Carved};
 use crate::pool::{PoolDevice, VolumeRecord};
 
 impl Partitioned {
+    /// The whole delete runs as a job (`crate::jobs`, key `erase:<volume id>`): zeroing a
+    /// big partition takes minutes, longer than a caller may wait, and the job (not the
+    /// call) holds the device's lock, so a cancelled DeleteVolume's erase goes on with
+    /// the device still held (no create changes its label meanwhile, and the partition
+    /// stays in the label until erased, so nothing is carved over it), and the retry
+    /// joins the running job instead of starting a second zero-out.
     pub(super) async fn release_volume(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        if self.record(volume_id).is_err() {
+            return Ok(());
+        }
+        let key = format!("erase:{volume_id}");
+        let (this, host) = (self.clone(), Arc::clone(host));
+        let (id, mounts) = (volume_id.to_owned(), mounts.to_vec());
+        let job = async move { this.release_held(&host, &id, &mounts).await };
+        self.pool.jobs.run(&key, "partition-erase", job).await
+    }
+
+    /// The delete job's work, under the device's lock.
+    async fn release_held(
         &self,
         host: &Arc<dyn Host>,
         volume_id: &str,
@@ -26,6 +49,10 @@ impl Partitioned {
             return Ok(());
         };
         let _device = self.device_lock(&rec.device_id).await;
+        // Read again under the lock: an earlier job may have finished it meanwhile.
+        let Ok(rec) = self.record(volume_id) else {
+            return Ok(());
+        };
         let parent = self.pool.fresh_device(&rec.device_id, mounts);
         if let Some(parent) = &parent {
             if let Some(carved) = self.carved(volume_id, &rec, &parent.path)? {
@@ -110,6 +137,8 @@ impl Partitioned {
         if !sigs.is_empty() {
             host.wipe_signatures(&dev.path).await?;
         }
+        // One line per zero-out run: a retry that joins the job adds none.
+        info!(volume_id, node = %dev.path.display(), "zeroing the partition");
         let node = dev.path.clone();
         let offloaded = tokio::task::spawn_blocking(move || {
             gpt::kernel::zero_offloaded(&node, ZERO_CHUNK_DEADLINE)

@@ -26,8 +26,9 @@ use crate::partition as gpt;
 pub const LABEL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One async lock per pool device id, made on first use (a node has a handful of drives).
-#[derive(Default)]
-pub struct DeviceLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+/// Clones share the locks (a job that outlives its call holds its device through one).
+#[derive(Default, Clone)]
+pub struct DeviceLocks(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
 
 /// Held while a device's label (and the partitions it lists) may change.
 pub type DeviceGuard = OwnedMutexGuard<()>;

@@ -39,10 +39,12 @@ use crate::volume_id::{BlockVolumeId, IdLayout};
 /// Each 1 GiB chunk of the offloaded zero-out must finish within this.
 const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
 
+/// Clones share everything (the delete job runs on one: `delete`).
+#[derive(Clone)]
 pub struct Partitioned {
     pub pool: Arc<Pool>,
     /// The short pool-wide section in which a create picks its device (`create`).
-    placing: Mutex<()>,
+    placing: Arc<Mutex<()>>,
     locks: DeviceLocks,
     /// Each label write or BLKPG call must finish within this.
     label_deadline: Duration,
@@ -74,7 +76,7 @@ impl Partitioned {
     pub fn new(pool: Arc<Pool>) -> Self {
         Partitioned {
             pool,
-            placing: Mutex::new(()),
+            placing: Arc::new(Mutex::new(())),
             locks: DeviceLocks::default(),
             label_deadline: LABEL_DEADLINE,
         }
@@ -215,13 +217,20 @@ impl Partitioned {
     }
 }
 
-/// A device with what it carries; None (logged) when its label cannot be read.
+/// A device with what it carries. One that cannot be carved (a partition, a label that
+/// cannot be read) is `Foreign` with the reason, so picking passes it over and says why.
 fn read_label(d: PoolDevice) -> Option<(PoolDevice, OnDisk)> {
+    // A partition gets no partition table of its own (label::create refuses it too).
+    let sysfs = format!("/sys/dev/block/{}:{}/partition", d.major, d.minor);
+    if Path::new(&sysfs).exists() {
+        let why = "a partition, not a whole device; only a whole device is carved".to_owned();
+        return Some((d, OnDisk::Foreign(why)));
+    }
     match label::read(&d.path) {
         Ok(on) => Some((d, on)),
         Err(e) => {
             warn!(device = %d.path.display(), error = %e, "label unreadable; not carved");
-            None
+            Some((d, OnDisk::Foreign(format!("its label cannot be read: {e}"))))
         }
     }
 }
