@@ -145,7 +145,7 @@ fn zeros(dev: &Path, start: u64, len: u64) -> bool {
 }
 
 async fn delete(
-    c: &mut gds_csi::client::Clients,
+    c: &mut gds_csi::csi::Clients,
     id: &str,
     within: Duration,
 ) -> Result<(), tonic::Status> {
