@@ -238,10 +238,24 @@ async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
     assert!(finished.contains("seconds="), "{finished}");
 }
 
+/// Writes `len` bytes of 0xa5 over the start of `path` from a child process. Not from this
+/// process: the harness runs tests on several threads, and a descriptor held here is
+/// inherited by every child another test forks meanwhile, keeping the staging mount busy
+/// (EBUSY on the driver's unmount) until that child execs, which a loaded machine delays.
 fn pattern_write(path: &std::path::Path, len: usize) {
-    let mut f = fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_all(&vec![0xa5u8; len]).unwrap();
-    f.sync_all().unwrap();
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"head -c "$1" /dev/zero | tr '\000' '\245' | dd of="$2" bs=1M iflag=fullblock conv=notrunc,fsync status=none"#)
+        .arg("sh")
+        .arg(len.to_string())
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "writing the pattern to {}",
+        path.display()
+    );
 }
 
 /// Issue 11 "erase on delete": the next tenant of a device reads zeros, not the deleted
