@@ -7,7 +7,6 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::Command;
