@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 const PREFIX: &str = "blk";
 const PARTITION_SUFFIX: &str = "part";
+/// A `stripe` volume (md RAID0, issue 14): its device id is its first member's pool
+/// device; the members are in its record.
+const STRIPE_SUFFIX: &str = "stripe";
 
 /// Which layout owns a block volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -22,6 +25,7 @@ pub enum IdLayout {
     #[default]
     Device,
     Partition,
+    Stripe,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -42,6 +46,7 @@ impl fmt::Display for BlockVolumeId {
         match self.layout {
             IdLayout::Device => Ok(()),
             IdLayout::Partition => write!(f, ":{PARTITION_SUFFIX}"),
+            IdLayout::Stripe => write!(f, ":{STRIPE_SUFFIX}"),
         }
     }
 }
@@ -92,6 +97,7 @@ impl BlockVolumeId {
         let layout = match parts.next() {
             None => IdLayout::Device,
             Some(PARTITION_SUFFIX) => IdLayout::Partition,
+            Some(STRIPE_SUFFIX) => IdLayout::Stripe,
             Some(_) => return None,
         };
         if !(is_token(device_id, 40) && is_token(allocation, 16) && is_token(node_id, 100)) {
@@ -138,7 +144,13 @@ mod tests {
             part.to_string(),
             "blk:dev-0123456789abcdef:a1b2c3d4:gpu-node-1.example:part"
         );
-        assert_eq!(BlockVolumeId::parse(&part.to_string()), Some(part));
+        assert_eq!(BlockVolumeId::parse(&part.to_string()), Some(part.clone()));
+        let stripe = BlockVolumeId {
+            layout: IdLayout::Stripe,
+            ..part
+        };
+        assert!(stripe.to_string().ends_with(":gpu-node-1.example:stripe"));
+        assert_eq!(BlockVolumeId::parse(&stripe.to_string()), Some(stripe));
     }
 
     #[test]

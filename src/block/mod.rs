@@ -10,6 +10,7 @@ pub mod partition;
 pub mod publish;
 pub mod stage;
 pub mod stats;
+pub mod stripe;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,6 +51,7 @@ pub struct BlockBackend {
     pub(crate) pool: Arc<Pool>,
     pub(crate) layout: Arc<dyn Layout>,
     pub(crate) partitioned: Arc<partition::Partitioned>,
+    pub(crate) striped: Arc<stripe::Striped>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
     ready: AtomicBool,
@@ -68,11 +70,16 @@ impl BlockBackend {
             pool: Arc::clone(&pool),
         });
         let partitioned = Arc::new(partition::Partitioned::new(Arc::clone(&pool)));
+        let striped = Arc::new(stripe::Striped::new(
+            Arc::clone(&pool),
+            Arc::clone(&partitioned),
+        ));
         BlockBackend {
             mounter,
             pool,
             layout,
             partitioned,
+            striped,
             gate: None,
             node,
             ready: AtomicBool::new(false),
@@ -118,6 +125,7 @@ impl BlockBackend {
         match kind {
             IdLayout::Device => self.layout.as_ref(),
             IdLayout::Partition => self.partitioned.as_ref(),
+            IdLayout::Stripe => self.striped.as_ref(),
         }
     }
 
@@ -200,6 +208,9 @@ impl VolumeBackend for BlockBackend {
         staging: &Path,
         cap: Option<&csi::VolumeCapability>,
     ) -> Result<()> {
+        if id.layout == IdLayout::Stripe {
+            return Err(stripe::not_yet_staged(id));
+        }
         stage::stage(self, id, staging, cap).await
     }
 

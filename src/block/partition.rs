@@ -30,7 +30,8 @@ const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
 
 pub struct Partitioned {
     pub pool: Arc<Pool>,
-    lock: Mutex<()>,
+    /// Serialises every label change (the stripe layout's members take it too).
+    pub(crate) lock: Mutex<()>,
 }
 
 /// A partition error as the CSI code its cause calls for.
@@ -50,9 +51,9 @@ pub fn csi_error(e: gpt::Error) -> Error {
     }
 }
 
-/// Whether a state key names a volume of the partition layout.
+/// Whether a state key names a volume carved from labels (partition or stripe layout).
 fn is_partition_id(id: &str) -> bool {
-    BlockVolumeId::parse(id).is_some_and(|i| i.layout == IdLayout::Partition)
+    BlockVolumeId::parse(id).is_some_and(|i| i.layout != IdLayout::Device)
 }
 
 impl Partitioned {
@@ -64,7 +65,7 @@ impl Partitioned {
     }
 
     /// Pool devices a whole-device volume does not hold, with what they carry.
-    fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
+    pub(crate) fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
         let state = self.pool.state.snapshot();
         self.pool
             .devices()
@@ -163,7 +164,7 @@ impl Partitioned {
 
     /// A device carrying our label is no free whole device, also once its last
     /// partition is gone (the start-up probe says the same from its signature).
-    fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
+    pub(crate) fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
         let why = "a gds-csi partition table (layout: partition)".to_owned();
         self.pool.set_foreign(&dev.id, Some(why));
     }
@@ -193,6 +194,7 @@ impl Partitioned {
                 deleting: false,
                 device_identity: None,
                 partition: None,
+                stripe: None,
             };
             state.volumes.insert(id.to_string(), record);
             Ok(id.to_string())
@@ -267,7 +269,7 @@ impl Partitioned {
 }
 
 /// What a blank device would offer once labelled: (available, largest).
-fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
+pub(crate) fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
     let geometry = std::fs::File::open(&dev.path)
         .map_err(|e| gpt::Error::io("opening", &dev.path, e))
         .and_then(|f| label::geometry(&f, &dev.path));

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
 
 pub use inventory::{Excluded, Observed, PoolDevice};
-pub use state::{PartitionRecord, State, StateStore, VolumeRecord};
+pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};

@@ -1,0 +1,508 @@
+//! The stripe layout (issue 14): a volume is md RAID0 over `stripeCount` equal GPT
+//! partitions, each on a distinct pool device. The members are carved with the
+//! partition layout's code (`crate::partition`) under its label lock, in its labels;
+//! this module chooses the devices, sizes the members and records them.
+//!
+//! Size: each member holds [`DATA_OFFSET`] for the md 1.2 superblock (the array is
+//! created with `--data-offset` of that, so the array's size is known before it
+//! exists) and `ceil(size / N)` rounded up to the chunk and 1 MiB; the volume's
+//! capacity is N times that.
+//!
+//! Crash safety as the partition layout's: the record (members' devices, no partitions)
+//! is written before any member is carved; members are named `<allocation>.<i>`, so a
+//! retried CreateVolume finds or carves the same partitions. DeleteVolume checks every
+//! member before it changes any.
+//!
+//! Not yet here: NodeStage (the md port creates/assembles the array; see the stage
+//! guard in `block/mod.rs`), and preferring distinct NVMe controllers over namespaces.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tracing::{info, warn};
+
+use super::layout::{Capacity, Layout};
+use super::partition::{self as part_layout, csi_error, Partitioned};
+use crate::error::{Error, Result};
+use crate::os::{Host, MountEntry, Signature};
+use crate::partition::{self as gpt, label, volume, OnDisk};
+use crate::pool::{
+    AllocationRequest, PartitionRecord, Pool, PoolDevice, StripeMember, StripeRecord, VolumeRecord,
+};
+use crate::request::{stripe as params, StripeParams};
+use crate::volume_id::{BlockVolumeId, IdLayout};
+
+pub mod size;
+pub use size::{member_size, DATA_OFFSET};
+
+/// Each 1 GiB chunk of the offloaded zero-out must finish within this.
+const ZERO_CHUNK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+pub struct Striped {
+    pub pool: Arc<Pool>,
+    /// The partition layout whose labels the members live in (and whose lock guards them).
+    pub parts: Arc<Partitioned>,
+}
+
+/// A pool device and the largest member it can take now.
+struct Room {
+    dev: PoolDevice,
+    largest: u64,
+    labelled: bool,
+}
+
+/// The member partition's name in our label.
+fn member_name(allocation: &str, index: usize) -> String {
+    format!("{allocation}.{index}")
+}
+
+/// The volume's geometry from its stored parameters.
+fn geometry(rec_params: &std::collections::BTreeMap<String, String>) -> Result<StripeParams> {
+    params::stripe_params(rec_params, true)?
+        .ok_or_else(|| Error::invalid("parameters.stripeCount", "required with layout: stripe"))
+}
+
+impl Striped {
+    pub fn new(pool: Arc<Pool>, parts: Arc<Partitioned>) -> Self {
+        Striped { pool, parts }
+    }
+
+    /// Every pool device a member could go on, with its largest free extent.
+    fn rooms(&self) -> Vec<Room> {
+        let free = self.pool.free_devices();
+        self.parts
+            .candidates()
+            .into_iter()
+            .filter_map(|(dev, on)| match on {
+                OnDisk::Ours { label, .. } => Some(Room {
+                    largest: label.capacity().1,
+                    dev,
+                    labelled: true,
+                }),
+                OnDisk::Blank if free.iter().any(|f| f.id == dev.id) => Some(Room {
+                    largest: part_layout::blank_capacity(&dev).1,
+                    dev,
+                    labelled: false,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// N distinct devices that each take a member of `member` bytes (labelled devices
+    /// first, then the tightest fit), a blank one labelled only once all N are proven.
+    async fn place(&self, host: &dyn Host, n: u32, member: u64) -> Result<Vec<PoolDevice>> {
+        let mut fit: Vec<Room> = self
+            .rooms()
+            .into_iter()
+            .filter(|r| r.largest >= member)
+            .collect();
+        fit.sort_by_key(|r| (!r.labelled, r.largest, r.dev.id.clone()));
+        let mounts = host.mount_table()?;
+        let mut chosen = Vec::new();
+        for r in fit {
+            if chosen.len() == n as usize {
+                break;
+            }
+            if r.labelled {
+                chosen.push((r.dev, None));
+                continue;
+            }
+            if !self.pool.uses(&r.dev, &mounts).is_empty() {
+                continue;
+            }
+            // A probe that fails is a refusal of that device.
+            let Ok(sigs) = host.probe_signatures(&r.dev.path).await else {
+                continue;
+            };
+            if let Some(proof) = label::Blank::from_signature_probe(&r.dev.path, &sigs) {
+                chosen.push((r.dev, Some(proof)));
+            }
+        }
+        if chosen.len() < n as usize {
+            return Err(Error::ResourceExhausted(format!(
+                "stripeCount {n} needs {n} distinct pool devices with a free extent of \
+                 {member} bytes each; node {} has {} such device(s); ask for less \
+                 capacity or a smaller stripeCount, delete volumes or add drives",
+                self.pool.node_id(),
+                chosen.len()
+            )));
+        }
+        let mut devices = Vec::new();
+        for (dev, proof) in chosen {
+            if let Some(proof) = proof {
+                label::create(&dev.path, proof).map_err(csi_error)?;
+                self.parts.keep_from_whole_device_use(&dev);
+                info!(device = %dev.path.display(), "new gds-csi partition table (stripe member)");
+            }
+            devices.push(dev);
+        }
+        Ok(devices)
+    }
+
+    /// The stripe volume of this name already recorded, when its request agrees.
+    fn existing(&self, req: &AllocationRequest) -> Result<Option<String>> {
+        let state = self.pool.state.snapshot();
+        let Some((id, rec)) = state.by_name(&req.name) else {
+            return Ok(None);
+        };
+        let stripe = BlockVolumeId::parse(id).is_some_and(|i| i.layout == IdLayout::Stripe);
+        if stripe
+            && req.fits(rec.capacity_bytes)
+            && rec.fs_type == req.fs_type
+            && rec.parameters == req.parameters
+        {
+            return Ok(Some(id.clone()));
+        }
+        Err(Error::AlreadyExists(format!(
+            "volume {:?} exists with another layout, capacity, fsType or parameters; \
+             use another name or the same request",
+            req.name
+        )))
+    }
+
+    /// Records the volume with its members' devices before anything is carved.
+    fn claim(
+        &self,
+        req: &AllocationRequest,
+        devices: &[PoolDevice],
+        geo: StripeParams,
+        member: u64,
+    ) -> Result<String> {
+        self.pool.state.update(|state| {
+            if let Some((id, _)) = state.by_name(&req.name) {
+                return Ok(id.clone());
+            }
+            let uuid = uuid::Uuid::new_v4();
+            let first = &devices[0];
+            let id = BlockVolumeId {
+                device_id: first.id.clone(),
+                allocation: uuid.simple().to_string()[..8].to_owned(),
+                node_id: self.pool.node_id().to_owned(),
+                layout: IdLayout::Stripe,
+            };
+            let members = devices
+                .iter()
+                .map(|d| StripeMember {
+                    device_id: d.id.clone(),
+                    device_key: d.key.clone(),
+                    partition: None,
+                })
+                .collect();
+            let record = VolumeRecord {
+                name: req.name.clone(),
+                device_id: first.id.clone(),
+                device_key: first.key.clone(),
+                capacity_bytes: (member - DATA_OFFSET) * u64::from(geo.count),
+                fs_type: req.fs_type,
+                parameters: req.parameters.clone(),
+                fs_uuid: uuid.hyphenated().to_string(),
+                formatted: false,
+                deleting: false,
+                device_identity: None,
+                partition: None,
+                stripe: Some(StripeRecord {
+                    chunk_bytes: geo.chunk_bytes,
+                    member_bytes: member,
+                    members,
+                    array_uuid: None,
+                }),
+            };
+            state.volumes.insert(id.to_string(), record);
+            Ok(id.to_string())
+        })
+    }
+
+    /// Carves (or finds) every member not yet recorded as carved.
+    fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let rec = self.record(raw)?;
+        let stripe = stripe_of(raw, &rec)?;
+        for (i, m) in stripe.members.iter().enumerate() {
+            if m.partition.is_some() {
+                continue;
+            }
+            let dev = self.member_device(m)?;
+            let name = member_name(&id.allocation, i);
+            let carved = volume::carve(&dev.path, &name, stripe.member_bytes).map_err(csi_error)?;
+            let part = PartitionRecord {
+                partuuid: carved.partuuid.to_string(),
+                number: carved.number,
+            };
+            self.pool.state.update(|s| {
+                let r = s.volumes.get_mut(raw).and_then(|r| r.stripe.as_mut());
+                let r = r.ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+                r.members[i].partition = Some(part);
+                Ok(())
+            })?;
+            info!(volume_id = raw, member = i, node = %carved.node.display(), "stripe member carved");
+        }
+        Ok((id, self.record(raw)?))
+    }
+
+    fn record(&self, raw: &str) -> Result<VolumeRecord> {
+        let state = self.pool.state.snapshot();
+        let rec = state.volumes.get(raw).cloned();
+        rec.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
+    }
+
+    fn member_device(&self, m: &StripeMember) -> Result<PoolDevice> {
+        self.pool.device(&m.device_id).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "pool device {} ({}) holding a stripe member is not in the pool; \
+                 reattach it and retry",
+                m.device_id, m.device_key
+            ))
+        })
+    }
+
+    /// GetCapacity for a stripe class: the largest array N distinct devices give now.
+    pub fn capacity_for(&self, geo: StripeParams) -> Capacity {
+        let rooms: Vec<u64> = self.rooms().iter().map(|r| r.largest).collect();
+        let available = rooms.iter().sum();
+        Capacity {
+            available,
+            maximum: size::maximum(&rooms, geo),
+        }
+    }
+}
+
+fn stripe_of<'a>(raw: &str, rec: &'a VolumeRecord) -> Result<&'a StripeRecord> {
+    rec.stripe.as_ref().ok_or_else(|| Error::State {
+        path: std::path::PathBuf::from(raw),
+        reason: "a stripe volume's record has no members".into(),
+    })
+}
+
+/// A member's signatures allow erasing it: none, or only the md superblock of our array.
+fn member_erasable(sigs: &[Signature], array_uuid: Option<&str>) -> bool {
+    sigs.iter().all(|s| {
+        s.kind == "linux_raid_member"
+            && array_uuid
+                .is_some_and(|ours| s.uuid.as_deref().is_some_and(|u| same_md_uuid(u, ours)))
+    })
+}
+
+/// md UUIDs compare without their separators (blkid prints dashes, mdadm colons).
+pub fn same_md_uuid(a: &str, b: &str) -> bool {
+    let hex = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_hexdigit)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let (a, b) = (hex(a), hex(b));
+    a.len() == 32 && a == b
+}
+
+#[async_trait]
+impl Layout for Striped {
+    async fn allocate(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)> {
+        let _guard = self.parts.lock.lock().await;
+        if let Some(raw) = self.existing(req)? {
+            return self.carve(&raw);
+        }
+        let geo = geometry(&req.parameters)?;
+        let member = member_size(req.required_bytes, req.limit_bytes, geo)?;
+        let devices = self.place(host, geo.count, member).await?;
+        let raw = self.claim(req, &devices, geo, member)?;
+        self.carve(&raw)
+    }
+
+    async fn release(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        let _guard = self.parts.lock.lock().await;
+        let Ok(rec) = self.record(volume_id) else {
+            return Ok(());
+        };
+        let members = self.present_members(volume_id, &rec, mounts)?;
+        let stripe = stripe_of(volume_id, &rec)?;
+        // Every member is checked before any is changed: one foreign member stops all.
+        let mut erase = Vec::new();
+        for (parent, carved) in &members {
+            if let Some(u) = self
+                .pool
+                .uses(&member_as_device(parent, carved)?, mounts)
+                .first()
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "stripe member {} of volume {volume_id} is in use: {u}; unstage the \
+                     volume (which stops its array) first",
+                    carved.node.display()
+                )));
+            }
+            let sigs = host.probe_signatures(&carved.node).await?;
+            if !member_erasable(&sigs, stripe.array_uuid.as_deref()) {
+                return Err(Error::FailedPrecondition(format!(
+                    "stripe member {} (drive {}) of volume {volume_id} carries {}, not this \
+                     volume's md superblock; nothing was erased",
+                    carved.node.display(),
+                    parent.path.display(),
+                    crate::pool::describe_signatures(&sigs)
+                )));
+            }
+            erase.push(!sigs.is_empty());
+        }
+        self.pool.state.update(|s| {
+            if let Some(r) = s.volumes.get_mut(volume_id) {
+                r.deleting = true;
+            }
+            Ok(())
+        })?;
+        for ((parent, carved), wipe) in members.iter().zip(erase) {
+            if wipe {
+                // Only our array's superblock is there (checked above).
+                host.wipe_signatures(&carved.node).await?;
+            }
+            zero(host, &carved.node).await?;
+            volume::remove(&parent.path, &carved.partuuid).map_err(csi_error)?;
+            self.parts.keep_from_whole_device_use(parent);
+        }
+        self.pool.state.update(|s| {
+            s.volumes.remove(volume_id);
+            Ok(())
+        })?;
+        info!(volume_id, "stripe released");
+        Ok(())
+    }
+
+    fn locate(&self, _record: &VolumeRecord, _mounts: &[MountEntry]) -> Option<PoolDevice> {
+        // The array device exists only once NodeStage assembles it (not yet built).
+        None
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity_for(StripeParams {
+            count: params::MIN_MEMBERS,
+            chunk_bytes: params::DEFAULT_CHUNK,
+        })
+    }
+}
+
+impl Striped {
+    /// The members whose partition is still there, in order; a member whose device is
+    /// absent fails the delete (retried once it is back), nothing changed.
+    fn present_members(
+        &self,
+        raw: &str,
+        rec: &VolumeRecord,
+        mounts: &[MountEntry],
+    ) -> Result<Vec<(PoolDevice, gpt::Carved)>> {
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let stripe = stripe_of(raw, rec)?;
+        let mut out = Vec::new();
+        for (i, m) in stripe.members.iter().enumerate() {
+            let parent = self
+                .pool
+                .fresh_device(&m.device_id, mounts)
+                .ok_or_else(|| {
+                    Error::FailedPrecondition(format!(
+                        "stripe member {i} of volume {raw} is on pool device {} ({}), which \
+                     is not attached; reattach it and retry the delete",
+                        m.device_id, m.device_key
+                    ))
+                })?;
+            let Ok(label) = volume::ours(&parent.path) else {
+                warn!(
+                    volume_id = raw,
+                    member = i,
+                    "no label of ours: nothing carved"
+                );
+                continue;
+            };
+            let guid = match &m.partition {
+                Some(p) => uuid::Uuid::parse_str(&p.partuuid).ok(),
+                None => label
+                    .by_name(&member_name(&id.allocation, i))
+                    .map(|(_, e)| e.guid),
+            };
+            let Some(guid) = guid else { continue };
+            match volume::locate(&parent.path, &guid) {
+                Ok(c) => out.push((parent, c)),
+                Err(gpt::Error::NotFound(_)) => {}
+                Err(e) => return Err(csi_error(e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Zeroes a member (offloaded where the device can, else written), so the next tenant
+/// reads zeros: the partition layout's erase, on a member.
+async fn zero(host: &Arc<dyn Host>, node: &std::path::Path) -> Result<()> {
+    let owned = node.to_owned();
+    let offloaded = tokio::task::spawn_blocking(move || {
+        gpt::kernel::zero_offloaded(&owned, ZERO_CHUNK_DEADLINE)
+    })
+    .await
+    .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
+    .map_err(csi_error)?;
+    if offloaded == gpt::Erased::Unsupported {
+        host.zero_device(node).await?;
+    }
+    Ok(())
+}
+
+/// The member partition as a device (for the in-use check).
+fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Result<PoolDevice> {
+    let (major, minor) = crate::os::blockdev::devnum_of(&carved.node)
+        .map_err(|e| Error::FailedPrecondition(format!("stripe member {e}")))?;
+    Ok(PoolDevice {
+        path: carved.node.clone(),
+        size_bytes: carved.span.len,
+        major,
+        minor,
+        identity: None,
+        ..parent.clone()
+    })
+}
+
+/// NodeStage of a stripe volume until the md port assembles arrays (issue 14, next
+/// slice): refused before anything on the node is touched.
+pub fn not_yet_staged(id: &BlockVolumeId) -> Error {
+    Error::FailedPrecondition(format!(
+        "volume {id} is a stripe (md RAID0) volume; this driver build provisions and \
+         deletes stripe volumes but cannot stage them yet"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(kind: &str, uuid: &str) -> Signature {
+        Signature {
+            kind: kind.into(),
+            uuid: Some(uuid.into()),
+            offset: None,
+            seen_by: "blkid",
+        }
+    }
+
+    #[test]
+    fn only_our_arrays_superblock_lets_a_member_be_erased() {
+        let ours = "0f1e2d3c:4b5a6978:8796a5b4:c3d2e1f0";
+        let blkid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        assert!(member_erasable(&[], None));
+        assert!(member_erasable(
+            &[sig("linux_raid_member", blkid)],
+            Some(ours)
+        ));
+        let other = "11111111-4b5a-6978-8796-a5b4c3d2e1f0";
+        assert!(!member_erasable(
+            &[sig("linux_raid_member", other)],
+            Some(ours)
+        ));
+        assert!(!member_erasable(&[sig("linux_raid_member", blkid)], None));
+        assert!(!member_erasable(&[sig("ext4", blkid)], Some(ours)));
+        assert!(!same_md_uuid("", ""));
+    }
+}
