@@ -110,7 +110,10 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     // Four devices: the 4th-largest room (the 40 MiB device) bounds a 4-member stripe.
     let max4 = maximum(&mut c, params("4", None)).await;
     let max2 = maximum(&mut c, params("2", None)).await;
-    assert!(max4 > 0 && max4 % (4 * MIB) == 0 && max4 < 4 * 40 * MIB, "{max4}");
+    assert!(
+        max4 > 0 && max4 % (4 * MIB) == 0 && max4 < 4 * 40 * MIB,
+        "{max4}"
+    );
     assert!(max2 > max4 / 2 && max2 < 2 * 64 * MIB, "{max2}");
 
     // 2 members, 20 MiB: two 10 MiB shares + 1 MiB md offset each, on distinct devices.
@@ -173,15 +176,23 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     // NodeStage is refused (no md port yet), the members untouched.
     let digests: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     let staging = rig.0.path("staging");
-    let err = requests::stage(&mut c, &v2.volume_id, &staging, requests::single_writer_mount())
-        .await
-        .unwrap_err();
+    let err = requests::stage(
+        &mut c,
+        &v2.volume_id,
+        &staging,
+        requests::single_writer_mount(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     let after: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     assert_eq!(digests, after);
 
     // A foreign filesystem on a member: delete refuses and erases no member.
-    let s4_members: Vec<_> = members(&rig.0).into_iter().filter(|p| p.2 == 9 * MIB).collect();
+    let s4_members: Vec<_> = members(&rig.0)
+        .into_iter()
+        .filter(|p| p.2 == 9 * MIB)
+        .collect();
     let victim = &s4_members[2].3;
     run("mkfs.ext4", &["-q", "-F", victim]);
     let digests: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
@@ -209,7 +220,10 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     assert_eq!(m.len(), 2, "{m:?}");
     for (i, start, len, _) in &s4_members {
         let bytes = read_range(&rig.0.loops[*i], *start, (*len).min(MIB));
-        assert!(bytes.iter().all(|b| *b == 0), "member on device {i} not zeroed");
+        assert!(
+            bytes.iter().all(|b| *b == 0),
+            "member on device {i} not zeroed"
+        );
     }
     c.controller
         .delete_volume(requests::delete_request(&v4.volume_id))

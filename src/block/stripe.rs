@@ -24,6 +24,7 @@ use tracing::{info, warn};
 use super::layout::{Capacity, Layout};
 use super::partition::{self as part_layout, csi_error, Partitioned};
 use crate::error::{Error, Result};
+use crate::md;
 use crate::os::{Host, MountEntry, Signature};
 use crate::partition::{self as gpt, label, volume, OnDisk};
 use crate::pool::{
@@ -279,20 +280,8 @@ fn member_erasable(sigs: &[Signature], array_uuid: Option<&str>) -> bool {
     sigs.iter().all(|s| {
         s.kind == "linux_raid_member"
             && array_uuid
-                .is_some_and(|ours| s.uuid.as_deref().is_some_and(|u| same_md_uuid(u, ours)))
+                .is_some_and(|ours| s.uuid.as_deref().is_some_and(|u| md::same_uuid(u, ours)))
     })
-}
-
-/// md UUIDs compare without their separators (blkid prints dashes, mdadm colons).
-pub fn same_md_uuid(a: &str, b: &str) -> bool {
-    let hex = |s: &str| -> String {
-        s.chars()
-            .filter(char::is_ascii_hexdigit)
-            .map(|c| c.to_ascii_lowercase())
-            .collect()
-    };
-    let (a, b) = (hex(a), hex(b));
-    a.len() == 32 && a == b
 }
 
 #[async_trait]
@@ -323,34 +312,13 @@ impl Layout for Striped {
         let Ok(rec) = self.record(volume_id) else {
             return Ok(());
         };
-        let members = self.present_members(volume_id, &rec, mounts)?;
         let stripe = stripe_of(volume_id, &rec)?;
-        // Every member is checked before any is changed: one foreign member stops all.
-        let mut erase = Vec::new();
-        for (parent, carved) in &members {
-            if let Some(u) = self
-                .pool
-                .uses(&member_as_device(parent, carved)?, mounts)
-                .first()
-            {
-                return Err(Error::FailedPrecondition(format!(
-                    "stripe member {} of volume {volume_id} is in use: {u}; unstage the \
-                     volume (which stops its array) first",
-                    carved.node.display()
-                )));
-            }
-            let sigs = host.probe_signatures(&carved.node).await?;
-            if !member_erasable(&sigs, stripe.array_uuid.as_deref()) {
-                return Err(Error::FailedPrecondition(format!(
-                    "stripe member {} (drive {}) of volume {volume_id} carries {}, not this \
-                     volume's md superblock; nothing was erased",
-                    carved.node.display(),
-                    parent.path.display(),
-                    crate::pool::describe_signatures(&sigs)
-                )));
-            }
-            erase.push(!sigs.is_empty());
-        }
+        self.stop_ours(host.as_ref(), volume_id, stripe, mounts)
+            .await?;
+        let members = self.present_members(volume_id, &rec, mounts)?;
+        let erase = self
+            .check_members(host.as_ref(), volume_id, stripe, &members, mounts)
+            .await?;
         self.pool.state.update(|s| {
             if let Some(r) = s.volumes.get_mut(volume_id) {
                 r.deleting = true;
@@ -360,7 +328,7 @@ impl Layout for Striped {
         for ((parent, carved), wipe) in members.iter().zip(erase) {
             if wipe {
                 // Only our array's superblock is there (checked above).
-                host.wipe_signatures(&carved.node).await?;
+                md::zero_superblock(host.as_ref(), &carved.node).await?;
             }
             zero(host, &carved.node).await?;
             volume::remove(&parent.path, &carved.partuuid).map_err(csi_error)?;
@@ -388,6 +356,72 @@ impl Layout for Striped {
 }
 
 impl Striped {
+    /// Stops the volume's array when the kernel runs it (found by our UUID only);
+    /// refused while its device is mounted.
+    async fn stop_ours(
+        &self,
+        host: &dyn Host,
+        volume_id: &str,
+        stripe: &StripeRecord,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        let Some(uuid) = &stripe.array_uuid else {
+            return Ok(());
+        };
+        let Some(array) = md::sysfs::find(self.pool.host_sys(), uuid) else {
+            return Ok(());
+        };
+        let (major, minor) = crate::os::blockdev::devnum_of(&array.node)
+            .map_err(|e| Error::FailedPrecondition(format!("md array {e}")))?;
+        let used = crate::os::blockdev::uses(mounts, self.pool.host_sys(), major, minor);
+        if let Some(u) = used.first() {
+            return Err(Error::FailedPrecondition(format!(
+                "the md array {} of volume {volume_id} is in use: {u}; unpublish and \
+                 unstage the volume first",
+                array.node.display()
+            )));
+        }
+        md::stop(host, &array.node).await
+    }
+
+    /// Every member is checked before any is changed: one foreign member stops all.
+    /// Returns, per member, whether it carries our array's superblock.
+    async fn check_members(
+        &self,
+        host: &dyn Host,
+        volume_id: &str,
+        stripe: &StripeRecord,
+        members: &[(PoolDevice, gpt::Carved)],
+        mounts: &[MountEntry],
+    ) -> Result<Vec<bool>> {
+        let mut erase = Vec::new();
+        for (parent, carved) in members {
+            if let Some(u) = self
+                .pool
+                .uses(&member_as_device(parent, carved)?, mounts)
+                .first()
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "stripe member {} of volume {volume_id} is in use: {u}; unstage the \
+                     volume (which stops its array) first",
+                    carved.node.display()
+                )));
+            }
+            let sigs = host.probe_signatures(&carved.node).await?;
+            if !member_erasable(&sigs, stripe.array_uuid.as_deref()) {
+                return Err(Error::FailedPrecondition(format!(
+                    "stripe member {} (drive {}) of volume {volume_id} carries {}, not this \
+                     volume's md superblock; nothing was erased",
+                    carved.node.display(),
+                    parent.path.display(),
+                    crate::pool::describe_signatures(&sigs)
+                )));
+            }
+            erase.push(!sigs.is_empty());
+        }
+        Ok(erase)
+    }
+
     /// The members whose partition is still there, in order; a member whose device is
     /// absent fails the delete (retried once it is back), nothing changed.
     fn present_members(
@@ -503,6 +537,6 @@ mod tests {
         ));
         assert!(!member_erasable(&[sig("linux_raid_member", blkid)], None));
         assert!(!member_erasable(&[sig("ext4", blkid)], Some(ours)));
-        assert!(!same_md_uuid("", ""));
+        assert!(!md::same_uuid("", ""));
     }
 }

@@ -70,6 +70,11 @@ impl Pool {
         })
     }
 
+    /// The host's sysfs (`/sys`, or a test's tree).
+    pub fn host_sys(&self) -> &std::path::Path {
+        &self.config.host_sys
+    }
+
     pub fn node_id(&self) -> &str {
         &self.config.node_id
     }
