@@ -3,7 +3,8 @@
 //! GetCapacity's maximum for a stripe class, ResourceExhausted counting the devices with
 //! room, bad geometry refused before anything changes, and DeleteVolume that refuses a
 //! member carrying a foreign signature (nothing erased) and otherwise zeroes and removes
-//! every member. (This kernel has no md driver: arrays are the VM rig's business.)
+//! every member. (This machine has no md driver and no mdadm: NodeStage is refused
+//! here; arrays are the VM rig's business.)
 
 use std::collections::HashMap;
 use std::fs;
@@ -173,7 +174,8 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     assert!(counted, "{err}");
     assert_eq!(members(&rig.0).len(), 6);
 
-    // NodeStage is refused (no md port yet), the members untouched.
+    // NodeStage needs mdadm and the md driver, which this machine lacks: refused with
+    // FailedPrecondition saying so, the members untouched (the VM rig stages stripes).
     let digests: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     let staging = rig.0.path("staging");
     let err = requests::stage(
@@ -185,6 +187,7 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     .await
     .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("mdadm"), "{err}");
     let after: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     assert_eq!(digests, after);
 

@@ -209,13 +209,22 @@ impl VolumeBackend for BlockBackend {
         cap: Option<&csi::VolumeCapability>,
     ) -> Result<()> {
         if id.layout == IdLayout::Stripe {
-            return Err(stripe::not_yet_staged(id));
+            self.check_ready()?;
+            stage::required_capability(cap)?;
+            self.striped
+                .ensure_array(self.mounter.host.as_ref(), id)
+                .await?;
         }
         stage::stage(self, id, staging, cap).await
     }
 
     async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
         stage::unstage(self, id, staging).await?;
+        if id.layout == IdLayout::Stripe {
+            self.striped
+                .stop_array(self.mounter.host.as_ref(), id)
+                .await?;
+        }
         // The gate's compat mark belongs to the staged volume; the next stage publishes anew.
         match &self.gate {
             Some(gate) => gate.forget(&id.to_string()),

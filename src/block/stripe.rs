@@ -13,8 +13,8 @@
 //! retried CreateVolume finds or carves the same partitions. DeleteVolume checks every
 //! member before it changes any.
 //!
-//! Not yet here: NodeStage (the md port creates/assembles the array; see the stage
-//! guard in `block/mod.rs`), and preferring distinct NVMe controllers over namespaces.
+//! NodeStage/NodeUnstage start and stop the array (`array.rs`). Not yet here:
+//! preferring distinct NVMe controllers over namespaces of one controller.
 
 use std::sync::Arc;
 
@@ -33,6 +33,7 @@ use crate::pool::{
 use crate::request::{stripe as params, StripeParams};
 use crate::volume_id::{BlockVolumeId, IdLayout};
 
+pub mod array;
 pub mod size;
 pub use size::{member_size, DATA_OFFSET};
 
@@ -241,7 +242,7 @@ impl Striped {
         Ok((id, self.record(raw)?))
     }
 
-    fn record(&self, raw: &str) -> Result<VolumeRecord> {
+    pub(crate) fn record(&self, raw: &str) -> Result<VolumeRecord> {
         let state = self.pool.state.snapshot();
         let rec = state.volumes.get(raw).cloned();
         rec.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
@@ -268,7 +269,7 @@ impl Striped {
     }
 }
 
-fn stripe_of<'a>(raw: &str, rec: &'a VolumeRecord) -> Result<&'a StripeRecord> {
+pub(crate) fn stripe_of<'a>(raw: &str, rec: &'a VolumeRecord) -> Result<&'a StripeRecord> {
     rec.stripe.as_ref().ok_or_else(|| Error::State {
         path: std::path::PathBuf::from(raw),
         reason: "a stripe volume's record has no members".into(),
@@ -342,9 +343,21 @@ impl Layout for Striped {
         Ok(())
     }
 
-    fn locate(&self, _record: &VolumeRecord, _mounts: &[MountEntry]) -> Option<PoolDevice> {
-        // The array device exists only once NodeStage assembles it (not yet built).
-        None
+    /// The running array (NodeStage starts it first: `array::ensure_array`).
+    fn locate(&self, record: &VolumeRecord, _mounts: &[MountEntry]) -> Option<PoolDevice> {
+        let uuid = record.stripe.as_ref()?.array_uuid.as_deref()?;
+        let running = md::sysfs::find(self.pool.host_sys(), uuid)?;
+        let (major, minor) = crate::os::blockdev::devnum_of(&running.node).ok()?;
+        Some(PoolDevice {
+            id: record.device_id.clone(),
+            key: record.device_key.clone(),
+            path: running.node,
+            size_bytes: running.size_bytes,
+            major,
+            minor,
+            identity: None,
+            source: crate::pool::inventory::Source::Listed,
+        })
     }
 
     fn capacity(&self) -> Capacity {
@@ -358,7 +371,7 @@ impl Layout for Striped {
 impl Striped {
     /// Stops the volume's array when the kernel runs it (found by our UUID only);
     /// refused while its device is mounted.
-    async fn stop_ours(
+    pub(crate) async fn stop_ours(
         &self,
         host: &dyn Host,
         volume_id: &str,
@@ -424,7 +437,7 @@ impl Striped {
 
     /// The members whose partition is still there, in order; a member whose device is
     /// absent fails the delete (retried once it is back), nothing changed.
-    fn present_members(
+    pub(crate) fn present_members(
         &self,
         raw: &str,
         rec: &VolumeRecord,
@@ -486,7 +499,7 @@ async fn zero(host: &Arc<dyn Host>, node: &std::path::Path) -> Result<()> {
 }
 
 /// The member partition as a device (for the in-use check).
-fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Result<PoolDevice> {
+pub(crate) fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Result<PoolDevice> {
     let (major, minor) = crate::os::blockdev::devnum_of(&carved.node)
         .map_err(|e| Error::FailedPrecondition(format!("stripe member {e}")))?;
     Ok(PoolDevice {
@@ -497,15 +510,6 @@ fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Result<PoolDev
         identity: None,
         ..parent.clone()
     })
-}
-
-/// NodeStage of a stripe volume until the md port assembles arrays (issue 14, next
-/// slice): refused before anything on the node is touched.
-pub fn not_yet_staged(id: &BlockVolumeId) -> Error {
-    Error::FailedPrecondition(format!(
-        "volume {id} is a stripe (md RAID0) volume; this driver build provisions and \
-         deletes stripe volumes but cannot stage them yet"
-    ))
 }
 
 #[cfg(test)]

@@ -84,7 +84,18 @@ pub fn assemble_args(name: &str, uuid: &str, members: &[PathBuf]) -> Vec<OsStrin
 
 async fn mdadm(host: &dyn Host, args: &[OsString]) -> Result<std::process::Output> {
     let refs: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
-    host.mdadm(&refs).await
+    match host.mdadm(&refs).await {
+        Err(Error::Command(crate::error::CommandError::Spawn { source, .. }))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Err(Error::FailedPrecondition(
+                "mdadm is not installed where the driver runs; stripe volumes need it \
+                 (Debian package mdadm in the driver image)"
+                    .into(),
+            ))
+        }
+        other => other,
+    }
 }
 
 fn failed(what: &str, out: &std::process::Output) -> Error {
