@@ -332,7 +332,7 @@ impl Layout for Striped {
                 md::zero_superblock(host.as_ref(), &carved.node).await?;
             }
             zero(host, &carved.node).await?;
-            volume::remove(&parent.path, &carved.partuuid).map_err(csi_error)?;
+            udev_settled(|| volume::remove(&parent.path, &carved.partuuid)).map_err(csi_error)?;
             self.parts.keep_from_whole_device_use(parent);
         }
         self.pool.state.update(|s| {
@@ -481,6 +481,30 @@ impl Striped {
         Ok(out)
     }
 }
+
+/// Runs an idempotent partition step again while the kernel answers EBUSY for a moment.
+/// Seen on the VM rig (kernel 6.1 with systemd-udevd): after a member is written
+/// (`mdadm --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so
+/// BLKPG delete fails and succeeds 3 s later; after a label write udevd's re-read
+/// (see `crate::partition`) can add our partition just before we do, so our add finds
+/// the number taken, and the next try finds it shown.
+fn udev_settled<T>(step: impl Fn() -> gpt::Result<T>) -> gpt::Result<T> {
+    let mut tries = 0;
+    loop {
+        match step() {
+            Err(gpt::Error::Kernel { source, .. })
+                if source.raw_os_error() == Some(libc::EBUSY) && tries < UDEV_TRIES =>
+            {
+                tries += 1;
+                std::thread::sleep(UDEV_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
+const UDEV_TRIES: u32 = 25;
+const UDEV_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Zeroes a member (offloaded where the device can, else written), so the next tenant
 /// reads zeros: the partition layout's erase, on a member.
