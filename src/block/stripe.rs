@@ -453,7 +453,7 @@ impl Striped {
                 .ok_or_else(|| {
                     Error::FailedPrecondition(format!(
                         "stripe member {i} of volume {raw} is on pool device {} ({}), which \
-                     is not attached; reattach it and retry the delete",
+                     is not attached; reattach it and retry",
                         m.device_id, m.device_key
                     ))
                 })?;
@@ -487,19 +487,22 @@ impl Striped {
 /// (`mdadm --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so
 /// BLKPG delete fails and succeeds 3 s later; after a label write udevd's re-read
 /// (see `crate::partition`) can add our partition just before we do, so our add finds
-/// the number taken, and the next try finds it shown.
+/// the number taken, and the next try finds it shown; during that re-read the kernel
+/// shows none of the disk's partitions for a moment (kernel::node's NotFound).
 fn udev_settled<T>(step: impl Fn() -> gpt::Result<T>) -> gpt::Result<T> {
     let mut tries = 0;
     loop {
-        match step() {
-            Err(gpt::Error::Kernel { source, .. })
-                if source.raw_os_error() == Some(libc::EBUSY) && tries < UDEV_TRIES =>
-            {
-                tries += 1;
-                std::thread::sleep(UDEV_PAUSE);
-            }
-            other => return other,
+        let result = step();
+        let transient = match &result {
+            Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
+            Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
+            _ => false,
+        };
+        if !transient || tries == UDEV_TRIES {
+            return result;
         }
+        tries += 1;
+        std::thread::sleep(UDEV_PAUSE);
     }
 }
 
