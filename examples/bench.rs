@@ -4,6 +4,11 @@
 //! 512 MiB (O_DIRECT reads through ext4, then xfs, vs the raw device).
 //!
 //! Usage: bench SOCKET WORK_DIR DRIVER_PID [ROUNDS] [STORM]
+//! Section p (the partition layout, `bench_parts/partition.rs`) runs only when BENCH_ONLY
+//! names p1 or p4, against a driver on the pool that section expects.
+
+#[path = "bench_parts/partition.rs"]
+mod partition;
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -13,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -51,6 +56,22 @@ async fn create(
     range: (u64, u64),
     fs: &'static str,
 ) -> Result<Vol> {
+    create_with(c, work, name, range, fs, &[]).await
+}
+
+/// `create` with extra StorageClass parameters (`layout`).
+async fn create_with(
+    c: &mut Clients,
+    work: &Path,
+    name: &str,
+    range: (u64, u64),
+    fs: &'static str,
+    extra: &[(&str, &str)],
+) -> Result<Vol> {
+    // Measures the driver, not GDS: the gate (on by default) is turned off explicitly.
+    let mut parameters: std::collections::HashMap<String, String> =
+        [("gdsPolicy".to_string(), "disabled".to_string())].into();
+    parameters.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let v = c
         .controller
         .create_volume(CreateVolumeRequest {
@@ -60,8 +81,7 @@ async fn create(
                 limit_bytes: range.1 as i64,
             }),
             volume_capabilities: vec![cap(fs)],
-            // Measures the driver, not GDS: the gate (on by default) is turned off explicitly.
-            parameters: [("gdsPolicy".to_string(), "disabled".to_string())].into(),
+            parameters,
             ..Default::default()
         })
         .await?
@@ -489,6 +509,22 @@ async fn main() -> Result<()> {
     let n: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let want = |k: &str| only.is_empty() || only.split(',').any(|o| o == k);
+    let named = |k: &str| only.split(',').any(|o| o == k);
+    if named("p1") || named("p4") {
+        let mut c = Clients::connect_ready(&socket, Duration::from_secs(60)).await?;
+        let mut t = Table(Vec::new());
+        if named("p1") {
+            eprintln!("bench: p. partition layout on one device, {rounds} rounds");
+            partition::reads(&mut c, &work, &mut t).await?;
+            partition::lifecycle(&mut c, &work, rounds, &mut t).await?;
+            partition::storm(&mut c, &work, n, 1, &mut t).await?;
+        } else {
+            eprintln!("bench: p. partition layout on four devices");
+            partition::storm(&mut c, &work, n, 4, &mut t).await?;
+        }
+        t.print();
+        return Ok(());
+    }
 
     // Ready means the pool is scanned: the idle figure below is after the scan.
     let mut c = Clients::connect_ready(&socket, Duration::from_secs(60)).await?;

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 /// How long the driver may take to scan its pool (slow on a loaded machine).

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

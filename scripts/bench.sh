@@ -4,7 +4,9 @@
 # starts the driver with metrics on, runs examples/bench.rs through the CSI socket and
 # prints a markdown table. Every mount and loop device is removed on exit, even on failure.
 #
-# Usage: scripts/bench.sh [ROUNDS=25] [STORM=64]     (BENCH_ONLY=a,b,d,e runs a subset)
+# Usage: scripts/bench.sh [ROUNDS=25] [STORM=64]     (BENCH_ONLY=a,b,d,e,p runs a subset)
+# Section p (the partition layout, issue 13) runs on drivers of its own with their own
+# pools, after the rest: PART_ROUNDS (default 100) create/delete samples per layout.
 # BENCH_DRIVER=/path/to/gds-csi benches that driver binary instead of building this
 # checkout's (an A/B of two builds; the bench client is still this checkout's).
 set -euo pipefail
@@ -21,7 +23,10 @@ fi
 (cd "$REPO_ROOT" && cargo build --release --quiet --example bench)
 
 start_workdir bench
+PART_ROUNDS=${PART_ROUNDS:-100}
+want() { [ -z "${BENCH_ONLY:-}" ] || [[ ",$BENCH_ONLY," == *",$1,"* ]]; }
 
+if [ "${BENCH_ONLY:-}" != p ]; then
 pool=()
 pool+=(--pool-device "$(make_loop "$WORK/life.img" 64M)")
 for i in $(seq 1 "$STORM"); do
@@ -46,6 +51,38 @@ fi
 if [ -n "${BENCH_METRICS_OUT:-}" ]; then
   curl -fsS "http://$METRICS/metrics" >"$BENCH_METRICS_OUT" 2>/dev/null ||
     echo "could not fetch http://$METRICS/metrics" >&2
+fi
+kill "$DRIVER_PID"; wait "$DRIVER_PID" 2>/dev/null || true; DRIVER_PID=
+fi
+
+# part_bench NAME SECTION DEVICE_ARGS...: a driver of its own on that pool, the bench's
+# section p against it, the driver stopped.
+part_bench() {
+  local name=$1 section=$2; shift 2
+  "$GDS_CSI" serve --endpoint "unix://$WORK/$name.sock" --mode all --node-id bench-node \
+    --state-dir "$WORK/state-$name" --allowed-path-root "$WORK/kubelet" "$@" 2>"$WORK/driver-$name.log" &
+  DRIVER_PID=$!
+  wait_for_ready "$WORK/$name.sock"
+  echo
+  if ! BENCH_ONLY=$section "$REPO_ROOT/target/release/examples/bench" "$WORK/$name.sock" "$WORK" \
+      "$DRIVER_PID" "$PART_ROUNDS" "$STORM"; then
+    echo "--- driver log (last 50 lines) ---"; tail -n 50 "$WORK/driver-$name.log"; exit 1
+  fi
+  kill "$DRIVER_PID"; wait "$DRIVER_PID" 2>/dev/null || true; DRIVER_PID=
+}
+if want p; then
+  # p1: a 64 MiB device for whole-device volumes (too small for a 64 MiB partition and
+  # its label, so best fit never carves it) and one device for STORM 16 MiB partitions,
+  # fully written (the raw side of the read comparison must not read holes).
+  dd if=/dev/zero of="$WORK/part1.img" bs=1M count=$((STORM * 16 + 2)) status=none
+  part_bench part1 p1 --pool-device "$(make_loop "$WORK/whole.img" 64M)" \
+    --pool-device "$(make_loop "$WORK/part1.img" $(((STORM * 16 + 2) * 1024 * 1024)))"
+  # p4: four devices with room for STORM/4 16 MiB partitions each, so the creates spread.
+  p4=()
+  for i in 1 2 3 4; do
+    p4+=(--pool-device "$(make_loop "$WORK/part4-$i.img" $(((STORM / 4 * 16 + 2) * 1024 * 1024)))")
+  done
+  part_bench part4 p4 "${p4[@]}"
 fi
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"

@@ -84,6 +84,13 @@ make_loop() {
   losetup --find --show "$1"
 }
 
+# partitions_of DEV: the kernel's partitions of a block device (names, one a line).
+partitions_of() {
+  local name; name=$(basename "$1")
+  for p in /sys/block/"$name"/"$name"*; do [ -e "$p/partition" ] && basename "$p"; done
+  return 0
+}
+
 # Unmount everything under DIR (deepest first), then detach our loop devices.
 cleanup_dir_and_loops() {
   local dir=$1
@@ -93,8 +100,13 @@ cleanup_dir_and_loops() {
     done
   fi
   if [ -n "$dir" ]; then
+    # A plain loop device keeps its partitions after losetup -d (src/partition/mod.rs):
+    # drop them first, so the next user of the device finds it clean.
     losetup --list --noheadings -O NAME,BACK-FILE | awk -v d="$dir/" 'index($2, d) == 1 {print $1}' |
-      while read -r dev; do losetup -d "$dev" 2>/dev/null || true; done
+      while read -r dev; do
+        [ -z "$(partitions_of "$dev")" ] || partx -d "$dev" 2>/dev/null || true
+        losetup -d "$dev" 2>/dev/null || true
+      done
     rm -rf "$dir"
   fi
 }

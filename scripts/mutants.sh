@@ -18,10 +18,13 @@ MAX=${MUTANTS_MAX:-8}
 
 # The driver's files (globs survive module splits) and the tests that exercise them: unit tests
 # plus the in-process and root tests that drive allocation, staging and identity.
-DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs src/request.rs
-  'src/request/**' src/volume_id.rs)
-DRIVER_TESTS=(--lib --test inprocess --test device_identity --test allocation_root --test block_root
-  --test volume_conditions_root --test partition_layout_root)
+# Issue 18's audit list: the format decision, allocation, mountinfo matching and the mount
+# logic on it (src/mounts), path validation and volume-id parsing (src/request, volume_id.rs).
+DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/mounts/**'
+  src/request.rs 'src/request/**' src/volume_id.rs)
+DRIVER_TESTS=(--lib --test inprocess --test nfs_inprocess --test security --test node_paths
+  --test device_identity --test allocation_root --test block_root --test volume_conditions_root
+  --test partition_layout_root)
 CHECK_FILES=('crates/gds-check/src/parse/**' 'crates/gds-check/src/parse.rs'
   'crates/gds-check/src/node/**' 'crates/gds-check/src/node.rs')
 MUST_KILL='^src/(block(/|\.rs)|pool/)[^:]*:[0-9]+:[0-9]+: .*(decide_format|allocate|fits|release|erase|verify_identity|existing|nothing_fits|fresh_device|free_devices)'
@@ -89,7 +92,7 @@ case $mode in
     [ -z "$base" ] || [ "$(git rev-parse "$base")" = "$(git rev-parse HEAD)" ] && base=$(git rev-parse HEAD~1)
     echo "mutating lines changed since $(git rev-parse --short "$base")"
     if ! git diff --name-only "$base" HEAD -- src crates/gds-check/src | grep -qE \
-      '^(src/(block|pool|request)|src/(os/mountinfo|volume_id)\.rs|crates/gds-check/src/(parse|node))'; then
+      '^(src/(block|pool|request|mounts)|src/(os/mountinfo|volume_id)\.rs|crates/gds-check/src/(parse|node))'; then
       echo "no data-safety file changed: nothing to mutate"
       exit 0
     fi
@@ -102,7 +105,7 @@ ensure_cargo_mutants
 mkdir -p "$OUT_DIR"
 failed=0
 run driver gds-csi "${DRIVER_FILES[@]}" -- "${DRIVER_TESTS[@]}" || failed=1
-run gds-check gds-check "${CHECK_FILES[@]}" -- || failed=1
+run gds-check gds-check "${CHECK_FILES[@]}" -- --lib --test checks || failed=1
 for name in driver gds-check; do echo "== $name"; report "$OUT_DIR/$name"; done
 if grep -hE "$MUST_KILL" "$OUT_DIR"/*/mutants.out/missed.txt 2>/dev/null; then
   echo "mutants of the format decision or allocation survived (above): each needs a test"

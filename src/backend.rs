@@ -21,6 +21,15 @@ pub struct Publish<'a> {
     pub volume_context: &'a HashMap<String, String>,
 }
 
+pub use crate::request::Expand;
+
+/// ControllerExpandVolume's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expanded {
+    pub capacity: u64,
+    pub node_expansion_required: bool,
+}
+
 #[async_trait]
 pub trait VolumeBackend: Send + Sync {
     /// This backend's parsed volume id.
@@ -28,6 +37,11 @@ pub trait VolumeBackend: Send + Sync {
 
     async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume>;
     async fn delete(&self, id: &Self::Id) -> Result<()>;
+    /// ControllerExpandVolume: grows the volume's storage; idempotent.
+    async fn expand(&self, id: &Self::Id, req: &Expand) -> Result<Expanded>;
+    /// NodeExpandVolume at `path` (checked against the allowed roots): grows the mounted
+    /// filesystem to its device; idempotent. The capacity in bytes.
+    async fn node_expand(&self, id: &Self::Id, path: &Path, req: &Expand) -> Result<u64>;
     /// GetCapacity for a request whose parameters chose this backend.
     fn capacity(&self, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse>;
     /// ListVolumes entries, by volume id.

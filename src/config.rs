@@ -185,11 +185,42 @@ pub struct ServeArgs {
     /// How long the GDS gate reuses a volume's cuFile probe result.
     #[arg(long, env = "GDS_CSI_GDS_CACHE_TTL", value_parser = humantime::parse_duration, default_value = "60s")]
     pub gds_cache_ttl: Duration,
+    /// The node-driver-registrar's registration socket as this process sees it
+    /// (`<kubelet dir>/plugins_registry/<driver-name>-reg.sock`): when the node's GDS
+    /// readiness changes, it is relinked so the kubelet registers the driver again and
+    /// re-reads NodeGetInfo (see src/readiness). Unset: changes are only logged.
+    #[arg(long, env = "GDS_CSI_REGISTRATION_SOCKET")]
+    pub registration_socket: Option<PathBuf>,
+    /// How often the node checks behind the readiness labels are re-read (procfs/sysfs,
+    /// never the cuFile probe); 0 turns the watcher off.
+    #[arg(long, env = "GDS_CSI_READINESS_INTERVAL", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub readiness_interval: Duration,
     /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/faults.rs). Never deploy it.
     /// Exists only in a build with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
     #[arg(long, env = crate::faults::ENV, hide = true, value_parser = crate::faults::KillPoint::parse)]
     pub fault_kill_at: Option<crate::faults::KillPoint>,
+}
+
+impl ServeArgs {
+    /// The registration socket must be this driver's, as node-driver-registrar names it
+    /// (`<plugin-registration-path>/<driver-name>-reg.sock`,
+    /// `cmd/csi-node-driver-registrar/node_register.go` buildSocketPath, v2.17.0): the
+    /// watcher relinks it, so a wrong path must not name another driver's socket.
+    fn check_registration_socket(&self) -> Result<(), String> {
+        let Some(path) = &self.registration_socket else {
+            return Ok(());
+        };
+        let want = format!("{}-reg.sock", self.driver_name);
+        if !path.is_absolute() || path.file_name() != Some(want.as_ref()) {
+            return Err(format!(
+                "--registration-socket {} must be an absolute path ending in /{want} \
+                 (the registrar's socket in the kubelet's plugins_registry directory)",
+                path.display()
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {
@@ -231,6 +262,7 @@ impl ServeArgs {
                 "--driver-name {name:?} must be a domain-like name of at most 63 characters"
             ));
         }
+        self.check_registration_socket()?;
         for root in &self.allowed_path_roots {
             if !root.is_absolute() {
                 return Err(format!(
@@ -240,5 +272,64 @@ impl ServeArgs {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(extra: &[&str]) -> Result<(), String> {
+        let mut argv = vec![
+            "gds-csi",
+            "serve",
+            "--node-id",
+            "n1",
+            "--driver-name",
+            "d.example",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Serve(args) => args.validate(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn the_registration_socket_must_be_this_drivers() {
+        serve(&[]).unwrap();
+        serve(&[
+            "--registration-socket",
+            "/var/lib/kubelet/plugins_registry/d.example-reg.sock",
+        ])
+        .unwrap();
+        for bad in [
+            "/var/lib/kubelet/plugins_registry/other.example-reg.sock",
+            "/var/lib/kubelet/plugins/d.example/csi.sock",
+            "plugins_registry/d.example-reg.sock",
+        ] {
+            let e = serve(&["--registration-socket", bad]).unwrap_err();
+            assert!(
+                e.contains("--registration-socket") && e.contains("d.example-reg.sock"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_readiness_interval_defaults_to_30s_and_0_turns_it_off() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["gds-csi", "serve", "--node-id", "n1"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Serve(args) => args.readiness_interval,
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(parse(&[]), Duration::from_secs(30));
+        assert_eq!(parse(&["--readiness-interval", "0s"]), Duration::ZERO);
     }
 }

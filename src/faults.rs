@@ -29,16 +29,44 @@ pub enum KillPoint {
     DeleteBeforeWipe,
     /// DeleteVolume: the device is wiped and zeroed, the record not yet removed.
     DeleteAfterWipe,
+    /// CreateVolume (partition layout): the record is written, no partition carved yet.
+    PartAfterClaim,
+    /// CreateVolume (partition layout): the GPT and the kernel show the partition, the
+    /// record does not say so yet.
+    PartAfterLabel,
+    /// DeleteVolume (partition layout): the kernel no longer shows the erased partition,
+    /// the GPT still lists it.
+    PartAfterUnshow,
+    /// DeleteVolume (partition layout): the partition is gone from the GPT, the record
+    /// is not removed yet.
+    PartAfterRemove,
 }
 
 impl KillPoint {
-    pub const ALL: [KillPoint; 6] = [
+    pub const ALL: [KillPoint; 10] = [
         KillPoint::AfterAllocate,
         KillPoint::AfterMkfs,
         KillPoint::AfterStageMount,
         KillPoint::AfterBindMount,
         KillPoint::DeleteBeforeWipe,
         KillPoint::DeleteAfterWipe,
+        KillPoint::PartAfterClaim,
+        KillPoint::PartAfterLabel,
+        KillPoint::PartAfterUnshow,
+        KillPoint::PartAfterRemove,
+    ];
+
+    /// The points the partition layout passes, in the order of a volume's life (it also
+    /// passes after-allocate, after-mkfs, delete-before-wipe and delete-after-wipe).
+    pub const PARTITION: [KillPoint; 8] = [
+        KillPoint::PartAfterClaim,
+        KillPoint::PartAfterLabel,
+        KillPoint::AfterAllocate,
+        KillPoint::AfterMkfs,
+        KillPoint::DeleteBeforeWipe,
+        KillPoint::DeleteAfterWipe,
+        KillPoint::PartAfterUnshow,
+        KillPoint::PartAfterRemove,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -49,6 +77,10 @@ impl KillPoint {
             KillPoint::AfterBindMount => "after-bind-mount",
             KillPoint::DeleteBeforeWipe => "delete-before-wipe",
             KillPoint::DeleteAfterWipe => "delete-after-wipe",
+            KillPoint::PartAfterClaim => "part-after-claim",
+            KillPoint::PartAfterLabel => "part-after-label",
+            KillPoint::PartAfterUnshow => "part-after-unshow",
+            KillPoint::PartAfterRemove => "part-after-remove",
         }
     }
 

@@ -70,6 +70,14 @@ impl<H: Host> Host for TimedHost<H> {
         self.inner.mkfs(device, fs, uuid).await
     }
 
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+        let _timer = host_timer(match fs {
+            FsType::Ext4 => "resize2fs",
+            FsType::Xfs => "xfs_growfs",
+        });
+        self.inner.grow_filesystem(device, mount_point, fs).await
+    }
+
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
         let _timer = host_timer("wipe_signatures");
         self.inner.wipe_signatures(device).await

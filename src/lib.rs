@@ -7,8 +7,8 @@
 
 pub mod backend;
 pub mod block;
-pub mod client;
 pub mod config;
+pub mod csi;
 pub mod doctor;
 pub mod doctor_pod;
 pub mod error;
@@ -24,14 +24,9 @@ pub mod nfs;
 pub mod os;
 pub mod partition;
 pub mod pool;
+pub mod readiness;
 pub mod request;
 pub mod server;
 pub mod service;
 pub mod state_dir;
 pub mod volume_id;
-
-/// Code generated from the vendored `proto/csi.proto` (CSI spec v1.12.0).
-pub mod csi {
-    #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
-    tonic::include_proto!("csi.v1");
-}

@@ -130,6 +130,17 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             error!(error = %e, "pool initialisation failed; Probe stays not ready");
         }
     });
+    if args.mode != gds_csi::config::Mode::Controller {
+        if let Some(gate) = driver.gds_gate.clone() {
+            gds_csi::readiness::spawn(
+                gate,
+                gds_csi::readiness::WatchConfig {
+                    interval: args.readiness_interval,
+                    registration_socket: args.registration_socket.clone(),
+                },
+            );
+        }
+    }
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
@@ -158,7 +169,7 @@ async fn main() -> ExitCode {
         Command::Doctor(args) => return ExitCode::from(gds_csi::doctor::main(&args) as u8),
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
-            match gds_csi::client::Clients::connect_ready(socket.as_ref(), timeout).await {
+            match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {
                 Ok(_) => return ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("gds-csi probe: {e}");

@@ -18,6 +18,19 @@ const PARTITION_SUFFIX: &str = "part";
 /// A `stripe` volume (md RAID0, issue 14): its device id is its first member's pool
 /// device; the members are in its record.
 const STRIPE_SUFFIX: &str = "stripe";
+/// The longest layout suffix (`:stripe`), which the longest id carries.
+const LONGEST_SUFFIX: usize = if STRIPE_SUFFIX.len() > PARTITION_SUFFIX.len() {
+    STRIPE_SUFFIX.len()
+} else {
+    PARTITION_SUFFIX.len()
+};
+/// The longest node id: what the longest block id leaves of MAX_VOLUME_ID_LEN beside
+/// `blk:`, a device id (`nvme-`/`dev-` and 16 hex digits, pool::inventory::device_id), the
+/// 8-digit allocation, the separators and the longest layout suffix (`:stripe`). 86; it
+/// was 90 before the partition layout and 88 before the stripe layout, whose ids of a
+/// longer node would pass 128 bytes and be refused by every later call.
+pub const MAX_NODE_ID_LEN: usize =
+    MAX_VOLUME_ID_LEN - PREFIX.len() - 1 - 21 - 1 - 8 - 1 - 1 - LONGEST_SUFFIX;
 
 /// Which layout owns a block volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -114,11 +127,12 @@ impl BlockVolumeId {
 
 /// Node ids must fit in a volume id next to the device and allocation parts.
 pub fn check_node_id(node_id: &str) -> std::result::Result<(), String> {
-    if is_token(node_id, 90) {
+    if is_token(node_id, MAX_NODE_ID_LEN) {
         Ok(())
     } else {
         Err(format!(
-            "node id {node_id:?} must be 1-90 characters of letters, digits, '-', '.' or '_'"
+            "node id {node_id:?} must be 1-{MAX_NODE_ID_LEN} characters of letters, digits, \
+             '-', '.' or '_'"
         ))
     }
 }
@@ -180,5 +194,36 @@ mod tests {
             assert!(check_well_formed("volume_id", id).is_err(), "{id:?}");
         }
         check_well_formed("volume_id", "blk:dev-1:a:n").unwrap();
+    }
+
+    /// A node id with a ':' would issue ids that never parse back (the volume lost to
+    /// DeleteVolume), a longer one ids over the length limit: the longest allowed fits the
+    /// longest block id, a stripe's.
+    #[test]
+    fn node_ids_must_fit_in_a_volume_id() {
+        assert_eq!(MAX_NODE_ID_LEN, 86);
+        for ok in ["node-a", "ip-10-0-0-1.ec2.internal", "n_1", &"n".repeat(86)] {
+            check_node_id(ok).unwrap();
+            for suffix in ["part", "stripe"] {
+                let id = format!("blk:nvme-0123456789abcdef:01234567:{ok}:{suffix}");
+                assert!(BlockVolumeId::parse(&id).is_some(), "{id}");
+                check_well_formed("volume_id", &id).unwrap();
+            }
+        }
+        for bad in ["", "a:b", "node a", "a/b", "ä", &"n".repeat(87)] {
+            let err = check_node_id(bad).unwrap_err();
+            assert!(err.contains("1-86 characters"), "{bad:?}: {err}");
+        }
+    }
+
+    /// The limit is inclusive: an id of exactly MAX_VOLUME_ID_LEN bytes (what the NFS
+    /// backend may issue) is well formed, one byte more is not.
+    #[test]
+    fn ids_of_the_limit_pass_one_byte_more_does_not() {
+        let at = format!("blk:{}", "d".repeat(MAX_VOLUME_ID_LEN - 4));
+        assert_eq!(at.len(), MAX_VOLUME_ID_LEN);
+        check_well_formed("volume_id", &at).unwrap();
+        let err = check_well_formed("volume_id", &format!("{at}d")).unwrap_err();
+        assert!(err.to_string().contains("129 bytes"), "{err}");
     }
 }

@@ -13,7 +13,7 @@ use tonic::Code;
 
 mod common;
 use common::{digest_file, requests, Rig, SIZE};
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 
 fn create_req(name: &str) -> CreateVolumeRequest {
     requests::create_without_gds(name, requests::single_writer_mount())

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 

@@ -12,7 +12,7 @@ use tonic::Code;
 
 mod common;
 use common::{blkid_code, digest_file, requests, run, LoopDevice, Rig, SIZE};
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 
 use common::requests::{
     capability as cap, delete_request as delete_req, publish_request as publish_req,

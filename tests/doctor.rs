@@ -150,3 +150,58 @@ fn path_and_probe_check_the_volume_and_report_a_missing_library() {
         "passing checks are listed too"
     );
 }
+
+/// The check of `id` in doctor's JSON report.
+fn check<'a>(v: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    let checks = v["checks"].as_array().expect("checks is a list");
+    checks
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {v:#}"))
+}
+
+/// `doctor --path` on a volume of the partition layout: the stack from the partition to
+/// its NVMe namespace, the partition's own udev entry; a partition of a loop device is
+/// reported as no NVMe namespace.
+#[test]
+fn path_reports_a_partition_volume_and_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = Tree::new(dir.path());
+    tree.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .nvme_partition_volume(Path::new("/mnt/vol"), true);
+    let o = doctor(dir.path(), &["--path", "/mnt/vol", "--json"]);
+    let v = json(&o);
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    let stack = check(&v, "volume.block_stack");
+    assert_eq!(stack["status"], "pass", "{stack}");
+    assert_eq!(
+        stack["evidence"],
+        "nvme0n1p1 (partition) -> nvme0n1 (nvme, transport pcie)"
+    );
+    let udev = check(&v, "volume.udev");
+    assert_eq!(udev["status"], "pass", "{udev}");
+    assert!(
+        udev["evidence"].as_str().unwrap().contains("b259:1"),
+        "{udev}"
+    );
+    assert_eq!(check(&v, "volume.nvme_transport")["status"], "pass");
+
+    let dir = tempfile::tempdir().unwrap();
+    let tree = Tree::new(dir.path());
+    tree.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .loop_partition_volume(Path::new("/mnt/vol"));
+    let v = json(&doctor(dir.path(), &["--path", "/mnt/vol", "--json"]));
+    assert_eq!(
+        check(&v, "volume.block_stack")["evidence"],
+        "loop0p1 (partition) -> loop0"
+    );
+    let t = check(&v, "volume.nvme_transport");
+    assert_eq!(t["status"], "warn", "{t}");
+    let why = t["evidence"].as_str().unwrap();
+    assert!(
+        why.contains("loop0 is not an NVMe namespace (loop device)"),
+        "{why}"
+    );
+}

@@ -13,6 +13,8 @@
 //! each kill is checked against what the point promises before the restart.
 
 mod common;
+#[path = "faults/partition.rs"]
+mod partition;
 
 use std::fs;
 use std::io::Write;
@@ -21,8 +23,8 @@ use std::time::Duration;
 
 use common::tools::{blkid_tag, reads_back_zeros, Tools};
 use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, requests, Rig, SIZE};
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::faults::KillPoint;
 use sha2::{Digest, Sha256};
@@ -69,8 +71,19 @@ fn killed_step(point: KillPoint) -> Step {
         KillPoint::AfterStageMount => Step::Restage,
         KillPoint::AfterBindMount => Step::Republish,
         KillPoint::DeleteBeforeWipe | KillPoint::DeleteAfterWipe => Step::Delete,
+        other => panic!("{other:?} is a partition layout point (tests/faults/partition.rs)"),
     }
 }
+
+/// The points the whole-device layout passes.
+const DEVICE_POINTS: [KillPoint; 6] = [
+    KillPoint::AfterAllocate,
+    KillPoint::AfterMkfs,
+    KillPoint::AfterStageMount,
+    KillPoint::AfterBindMount,
+    KillPoint::DeleteBeforeWipe,
+    KillPoint::DeleteAfterWipe,
+];
 
 fn cap() -> VolumeCapability {
     VolumeCapability {
@@ -311,6 +324,7 @@ fn check_at_kill(rig: &Rig, tools: &Tools, ctx: &Ctx, point: KillPoint) {
             assert_eq!(blkid_code(&dev), Some(2), "wiped");
             assert!(reads_back_zeros(&dev), "erased before the kill");
         }
+        other => panic!("{other:?} is not a whole-device point"),
     }
 }
 
@@ -391,15 +405,16 @@ async fn scenario(point: KillPoint) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_kill_point_converges_after_restart() {
-    if !common::is_root() {
-        eprintln!("skipped: needs root for loop devices and mounts");
-        return;
-    }
+/// Runs `run` for each point (each in a task of its own, so one panic is one row) and
+/// prints the table; fails unless every point converged.
+async fn run_points<F, Fut>(points: &[KillPoint], run: F)
+where
+    F: Fn(KillPoint) -> Fut,
+    Fut: std::future::Future<Output = String> + Send + 'static,
+{
     let mut rows = Vec::new();
-    for point in KillPoint::ALL {
-        let outcome = match tokio::spawn(scenario(point)).await {
+    for &point in points {
+        let outcome = match tokio::spawn(run(point)).await {
             Ok(text) => Ok(text),
             Err(e) => {
                 let msg = e.try_into_panic().ok().and_then(|p| {
@@ -413,14 +428,32 @@ async fn every_kill_point_converges_after_restart() {
         rows.push((point, outcome));
     }
     let survived = rows.iter().filter(|(_, o)| o.is_ok()).count();
-    println!("{:<20} | outcome", "kill point");
-    println!("{:-<20}-|-{:-<60}", "", "");
+    println!("{:<24} | outcome", "kill point");
+    println!("{:-<24}-|-{:-<60}", "", "");
     for (point, outcome) in &rows {
         match outcome {
-            Ok(text) => println!("{:<20} | ok: {text}", point.as_str()),
-            Err(why) => println!("{:<20} | FAILED: {why}", point.as_str()),
+            Ok(text) => println!("{:<24} | ok: {text}", point.as_str()),
+            Err(why) => println!("{:<24} | FAILED: {why}", point.as_str()),
         }
     }
     println!("kill points survived: {survived}/{}", rows.len());
     assert_eq!(survived, rows.len(), "every kill point must converge");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kill_point_converges_after_restart() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root for loop devices and mounts");
+        return;
+    }
+    run_points(&DEVICE_POINTS, scenario).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_partition_kill_point_converges_after_restart() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root for loop devices and mounts");
+        return;
+    }
+    run_points(&KillPoint::PARTITION, partition::scenario).await;
 }

@@ -291,16 +291,11 @@ async fn required_refuses_publish_naming_every_failed_check() {
         topo.get(&format!("{DRIVER}/node")).map(String::as_str),
         Some("node-a")
     );
-    assert_eq!(
-        topo.get(&format!("{DRIVER}/gds-nvme")).map(String::as_str),
-        Some("false")
-    );
-    assert_eq!(
-        topo.get(&format!("{DRIVER}/gds-nfs-rdma"))
-            .map(String::as_str),
-        Some("false")
-    );
-    assert_eq!(topo.len(), 3);
+    // Not ready: no readiness keys at all (never "false", which the kubelet could not
+    // later change to "true").
+    assert_eq!(topo.get(&format!("{DRIVER}/gds-nvme")), None);
+    assert_eq!(topo.get(&format!("{DRIVER}/gds-nfs-rdma")), None);
+    assert_eq!(topo.len(), 1);
 }
 
 #[tokio::test]
@@ -393,11 +388,7 @@ async fn required_on_a_ready_node_publishes_and_advertises_readiness() {
         topo.get(&format!("{DRIVER}/gds-nvme")).map(String::as_str),
         Some("true")
     );
-    assert_eq!(
-        topo.get(&format!("{DRIVER}/gds-nfs-rdma"))
-            .map(String::as_str),
-        Some("false")
-    );
+    assert_eq!(topo.get(&format!("{DRIVER}/gds-nfs-rdma")), None);
     // The controller still takes a requirement that carries the extra keys.
     let vol = r
         .controller
@@ -509,7 +500,7 @@ async fn publish_latency_bench() {
 async fn h200_flow() {
     let socket = PathBuf::from(std::env::var("GDS_H200_SOCKET").expect("GDS_H200_SOCKET"));
     let work = PathBuf::from(std::env::var("GDS_H200_WORK").expect("GDS_H200_WORK"));
-    let mut c = gds_csi::client::Clients::connect(&socket).await.unwrap();
+    let mut c = gds_csi::csi::Clients::connect(&socket).await.unwrap();
     for _ in 0..100 {
         let ready = c
             .identity

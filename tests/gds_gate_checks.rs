@@ -47,11 +47,8 @@ fn healthy() -> VolumeCondition {
 #[tokio::test]
 async fn required_refuses_and_names_every_failed_check() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
     // The field failure: nvidia_fs loaded but only wekafsio registered; no udev entry.
-    t.gpu_node()
-        .nvidia_fs("wekafsio: 1\n")
-        .nvme_volume(Path::new(MP), false);
+    let t = Tree::gpu_nvme(dir.path(), "wekafsio: 1\n", Path::new(MP), false);
     let g = gate(&t, "compat", Duration::from_secs(60));
     let err = g
         .check_publish(&staged("vol-1"), Policy::Required)
@@ -115,10 +112,12 @@ async fn nvidia_fs_absent_fails_module_devices_and_driver() {
 async fn compat_marks_survive_a_restart_until_a_publish_passes() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let t = Tree::new(&dir.path().join("host"));
-    t.gpu_node()
-        .nvidia_fs("wekafsio: 1\n")
-        .nvme_volume(Path::new(MP), false);
+    let t = Tree::gpu_nvme(
+        &dir.path().join("host"),
+        "wekafsio: 1\n",
+        Path::new(MP),
+        false,
+    );
     let ttl = Duration::from_secs(60);
     let g = GdsGate::open(config(&t, "compat", ttl), &state).unwrap();
     let o = g
@@ -191,10 +190,7 @@ async fn disabled_runs_nothing_and_forgets_the_mark() {
 #[tokio::test]
 async fn ready_node_passes_and_probe_is_cached_per_volume() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
-    t.gpu_node()
-        .nvidia_fs("nvme: 1\n")
-        .nvme_volume(Path::new(MP), true);
+    let t = Tree::gpu_nvme(dir.path(), "nvme: 1\n", Path::new(MP), true);
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     let o = g
         .check_publish(&staged("vol-4"), Policy::Required)
@@ -237,10 +233,7 @@ async fn ready_node_passes_and_probe_is_cached_per_volume() {
 #[tokio::test]
 async fn another_device_is_probed_again() {
     let dir = tempfile::tempdir().unwrap();
-    let t = Tree::new(dir.path());
-    t.gpu_node()
-        .nvidia_fs("nvme: 1\n")
-        .nvme_volume(Path::new(MP), true);
+    let t = Tree::gpu_nvme(dir.path(), "nvme: 1\n", Path::new(MP), true);
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     g.check_publish(&staged("vol-7"), Policy::Required)
         .await
@@ -287,7 +280,7 @@ fn readiness_per_backend() {
     assert!(c.evidence.contains("no GPU"), "{}", c.evidence);
 }
 
-/// NodeGetInfo's segments: the node key, plus readiness per backend when there is a gate.
+/// NodeGetInfo's segments: the node key, plus `true` for each ready backend when there is a gate.
 #[test]
 fn node_topology_adds_readiness_to_the_node_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,8 +289,95 @@ fn node_topology_adds_readiness_to_the_node_key() {
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     let own = std::collections::HashMap::from([("d.example/node".into(), "node-a".into())]);
     let seg = gds_csi::gds_gate::node_topology(Some(&g), "d.example", own);
-    assert_eq!(seg.len(), 3, "{seg:?}");
+    // A backend that is not ready has no key (never "false": the kubelet would refuse to
+    // change it to "true" later).
+    assert_eq!(seg.len(), 2, "{seg:?}");
     assert_eq!(seg["d.example/node"], "node-a");
     assert_eq!(seg["d.example/gds-nvme"], "true");
-    assert_eq!(seg["d.example/gds-nfs-rdma"], "false");
+    assert!(!seg.contains_key("d.example/gds-nfs-rdma"), "{seg:?}");
+}
+
+/// The fixture's partition volume: `nvme0n1p1` (259:1), or `loop0p1` (259:5).
+fn staged_partition(id: &str, minor: u32) -> MountedVolume {
+    MountedVolume::block(id.into(), Some(Path::new(MP)), 259, minor)
+}
+
+/// A volume of the partition layout on an NVMe namespace is GDS-ready: the stack check
+/// walks from the partition to its namespace, the udev check reads the partition's own
+/// entry, and nvidia_fs must have the parent's driver (nvme) registered.
+#[tokio::test]
+async fn a_partition_of_an_nvme_namespace_passes_on_its_own_udev_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tree::new(dir.path());
+    t.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .nvme_partition_volume(Path::new(MP), true);
+    let g = gate(&t, "true_gds", Duration::from_secs(60));
+    let o = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap();
+    assert_eq!(o.verdict, Verdict::Ready, "{}", o.report.to_text());
+    let stack = o.report.get("volume.block_stack").unwrap();
+    assert_eq!(
+        stack.evidence, "nvme0n1p1 (partition) -> nvme0n1 (nvme, transport pcie)",
+        "{stack:?}"
+    );
+    let udev = o.report.get("volume.udev").unwrap();
+    assert!(udev.evidence.contains("b259:1"), "{udev:?}");
+    // The namespace's entry is no stand-in for the partition's: cuFile looks the
+    // mounted device (the partition) up.
+    t.nvme_partition_volume(Path::new(MP), false)
+        .write("run/udev/data/b259:0", "E:ID_PART_TABLE_TYPE=gpt\n");
+    let err = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\nvolume.udev: "), "{err}");
+    assert!(err.to_string().contains("b259:1"), "{err}");
+    // The parent's driver not registered with nvidia_fs: refused, naming it.
+    t.nvme_partition_volume(Path::new(MP), true)
+        .nvidia_fs("wekafsio: 1\n");
+    let err = g
+        .check_publish(&staged_partition("vol-p", 1), Policy::Required)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("\nnvidia_fs.storage_driver: "),
+        "{err}"
+    );
+}
+
+/// A partition of a non-NVMe device (a loop device here) gets no true GDS: cuFile answers
+/// compat mode, and the refusal names the cause, the device under the partition.
+#[tokio::test]
+async fn a_partition_of_a_loop_device_is_refused_naming_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tree::new(dir.path());
+    t.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .loop_partition_volume(Path::new(MP));
+    let g = gate(&t, "compat", Duration::from_secs(60));
+    let err = g
+        .check_publish(&staged_partition("vol-l", 5), Policy::Required)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("\ncufile.probe: "), "{msg}");
+    assert!(
+        msg.contains(
+            "\nwarning: volume.nvme_transport: loop0 is not an NVMe namespace (loop device)"
+        ),
+        "{msg}"
+    );
+    let o = g
+        .check_publish(&staged_partition("vol-l", 5), Policy::Preferred)
+        .await
+        .unwrap();
+    let Verdict::Compat(why) = &o.verdict else {
+        panic!("{:?}", o.verdict)
+    };
+    assert!(why.contains("loop0 is not an NVMe namespace"), "{why}");
+    let stack = o.report.get("volume.block_stack").unwrap();
+    assert_eq!(stack.evidence, "loop0p1 (partition) -> loop0", "{stack:?}");
 }

@@ -112,6 +112,8 @@ expect_render_error "nfs enabled without server is rejected" "nfs.server is requ
 expect_render_error "nfs enabled without share is rejected" "nfs.share is required" --set nfs.enabled=true --set nfs.server=s
 expect_render_error "fsType other than ext4/xfs is rejected" "fsType must be ext4 or xfs" --set storageClasses.nvme.fsType=btrfs
 expect_render_error "unknown gdsPolicy is rejected" "gdsPolicy must be" --set storageClasses.nvme.gdsPolicy=always
+expect_render_error "unknown layout is rejected" "layout" --set storageClasses.nvme.layout=lvm
+expect_render_error "nvme-gds-whole: fsType other than ext4/xfs is rejected" "storageClasses.nvmeWhole.fsType must be" --set storageClasses.nvmeWhole.fsType=btrfs
 expect_render_error "unknown onDelete is rejected" "onDelete must be" --set nfs.onDelete=shred
 
 # --- structure of the rendered objects (python3 + PyYAML) -----------------------
@@ -191,6 +193,14 @@ for a in ("serve", "--mode=all", "--endpoint=unix:///csi/csi.sock", "--node-id=$
           "--command-timeout=300s"):
     check(a in drv["args"], f"driver arg {a} missing")
 check("--nvme-discover" not in drv["args"], "--nvme-discover must be off by default")
+# Readiness labels that follow the node: the driver relinks the registrar's socket, which
+# it must see at the path the registrar creates it (registration-dir's hostPath) through
+# its kubelet-dir mount.
+check("--readiness-interval=30s" in drv["args"], "driver arg --readiness-interval=30s missing")
+check(f"--registration-socket=/var/lib/kubelet/plugins_registry/{driver}-reg.sock" in drv["args"],
+      f"driver must be given the registrar's socket: {drv['args']}")
+check({x["name"]: x for x in pod.get("volumes", [])}.get("registration-dir", {}).get("hostPath", {}).get("path")
+      == "/var/lib/kubelet/plugins_registry", "registration dir hostPath")
 env = {e["name"]: e for e in drv.get("env", [])}
 check(env.get("NODE_ID", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
       "NODE_ID must come from spec.nodeName")
@@ -247,7 +257,7 @@ for want in ("registry.k8s.io/sig-storage/csi-provisioner:v6.", "registry.k8s.io
     check(any(i.startswith(want) for i in images(d)), f"no image {want}*")
 
 # RBAC
-cr = one(d, "ClusterRole")
+cr = one(d, "ClusterRole", "gds-csi-external-provisioner")
 res = {r: set(rule["verbs"]) for rule in cr.get("rules", []) for r in rule["resources"]}
 for r in ("persistentvolumes", "persistentvolumeclaims", "storageclasses", "events", "csinodes", "nodes",
           "volumeattachments"):
@@ -258,14 +268,30 @@ roles = {r["metadata"]["name"]: r for r in d if r["kind"] == "Role"}
 rres = {x for r in roles.values() for rule in r["rules"] for x in rule["resources"]}
 check({"csistoragecapacities", "pods"} <= rres, "node Role needs csistoragecapacities and pods")
 check("leases" not in rres, "no leases without the NFS controller")
+# Expansion: a resizer per node (no leader election: each asks its own driver), its RBAC.
+rsz = container(pod, "csi-resizer")
+check("--leader-election=false" in rsz["args"] and "--csi-address=/csi/csi.sock" in rsz["args"],
+      f"node resizer args {rsz['args']}")
+check(any(i.startswith("registry.k8s.io/sig-storage/csi-resizer:v2.") for i in images(d)), "no csi-resizer v2 image")
+rcr = one(d, "ClusterRole", "gds-csi-external-resizer")
+rres_ = {r: set(rule["verbs"]) for rule in rcr.get("rules", []) for r in rule["resources"]}
+check("patch" in rres_.get("persistentvolumes", set()) and "patch" in rres_.get("persistentvolumeclaims/status", set()),
+      f"resizer ClusterRole must patch PVs and PVC status: {rres_}")
+check("secrets" not in rres_, "resizer: no secrets access")
+rcrb = one(d, "ClusterRoleBinding", "gds-csi-external-resizer")
+check([s_["name"] for s_ in rcrb.get("subjects", [])] == ["gds-csi-node"], "resizer binding: the node account only")
 
 # StorageClasses, defaults
 scs = {s["metadata"]["name"]: s for s in d if s["kind"] == "StorageClass"}
-check(set(scs) == {"nvme-gds"}, f"default StorageClasses: {sorted(scs)}")
-nv = scs.get("nvme-gds", {})
-check(nv.get("provisioner") == driver, "nvme-gds provisioner")
-check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", "nvme-gds must be WaitForFirstConsumer")
-check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required"}, f"nvme-gds parameters {nv.get('parameters')}")
+check(set(scs) == {"nvme-gds", "nvme-gds-whole"}, f"default StorageClasses: {sorted(scs)}")
+# nvme-gds carves exact-size GPT partitions (issue 13); nvme-gds-whole hands out whole namespaces.
+for name, layout, grows in (("nvme-gds", "partition", True), ("nvme-gds-whole", "device", False)):
+    nv = scs.get(name, {})
+    check(nv.get("provisioner") == driver, f"{name} provisioner")
+    check(nv.get("volumeBindingMode") == "WaitForFirstConsumer", f"{name} must be WaitForFirstConsumer")
+    check(nv.get("allowVolumeExpansion") is grows, f"{name} allowVolumeExpansion must be {grows}")
+    check(nv.get("parameters") == {"csi.storage.k8s.io/fstype": "ext4", "gdsPolicy": "required", "layout": layout},
+          f"{name} parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
 # NFS enabled (issue 16 item 4): the per-node provisioners are the driver's only ones, for
@@ -292,9 +318,9 @@ check("--node-deployment-immediate-binding=false" in prov["args"],
       "defaults: node provisioners take no Immediate claims without NFS")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}
 check("leases" not in nroles, "nfs enabled: no leader-election Role (no central provisioner)")
-crb = one(n, "ClusterRoleBinding")
+crb = one(n, "ClusterRoleBinding", "gds-csi-external-provisioner")
 check([s_["name"] for s_ in crb.get("subjects", [])] == ["gds-csi-node"], "ClusterRoleBinding binds the node account only")
-ncr = one(n, "ClusterRole")
+ncr = one(n, "ClusterRole", "gds-csi-external-provisioner")
 nres = {r: set(rule["verbs"]) for rule in ncr.get("rules", []) for r in rule["resources"]}
 check("update" in nres.get("persistentvolumeclaims", set()),
       "node provisioners may update PVCs (selected-node annotation for Immediate claims)")
@@ -314,7 +340,8 @@ check(nds.get("spec", {}).get("template", {}).get("spec", {}).get("hostNetwork")
 vds = one(v, "DaemonSet")
 vdrv = container(vds["spec"]["template"]["spec"], "gds-csi")
 for a in ("--nvme-discover", "--pool-device=/dev/nvme1n1", "--pool-device=/dev/nvme2n1",
-          "--allowed-path-root=/var/lib/k0s/kubelet"):
+          "--allowed-path-root=/var/lib/k0s/kubelet",
+          f"--registration-socket=/var/lib/k0s/kubelet/plugins_registry/{driver}-reg.sock"):
     check(a in vdrv["args"], f"variant: driver arg {a} missing")
 vmounts = {m["mountPath"]: m for m in vdrv["volumeMounts"]}
 check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidirectional",
@@ -337,7 +364,7 @@ fi
 
 # StorageClasses can be switched off. Rendered to a file first: a render error must fail
 # here, not read as "no StorageClass found".
-if ! render --set storageClasses.nvme.create=false "${NFS_SET[@]}" --set storageClasses.nfs.create=false \
+if ! render --set storageClasses.nvme.create=false --set storageClasses.nvmeWhole.create=false "${NFS_SET[@]}" --set storageClasses.nfs.create=false \
     >"$tmp/no-sc.yaml" 2>"$tmp/err"; then
   fail "helm template (storageClasses.*.create=false)" "$(cat "$tmp/err")"
 elif ! grep -q '^kind: DaemonSet' "$tmp/no-sc.yaml"; then

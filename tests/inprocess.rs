@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::host_double::HostDouble;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::os::Signature;
 use gds_csi::pool::{Pool, PoolConfig};

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::host_timing::TimedHost;
 use gds_csi::os::{FsType, Host, RealHost};

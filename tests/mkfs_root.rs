@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::tools::{blkid_tag, process_ended, reads_back_zeros, Tools, FOREIGN_UUID};
 use common::{mounts_at, requests, Rig};
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 

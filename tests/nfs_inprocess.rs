@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::host_double::HostDouble;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AccessModeKind, AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::nfs::NfsStore;
 use gds_csi::os::MountEntry;
@@ -142,6 +142,23 @@ impl Harness {
         })
         .await
         .map(|_| ())
+    }
+
+    /// NodePublishVolume of a staged `name` at its target; returns the target path.
+    async fn publish(&self, name: &str, v: &Volume, cap: VolumeCapability) -> String {
+        let (staging, target) = self.paths(name);
+        let mut n = self.c.node.clone();
+        n.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging,
+            target_path: target.clone(),
+            volume_capability: Some(cap),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        target
     }
 
     async fn delete(&self, id: &str) -> std::result::Result<(), tonic::Status> {
@@ -407,18 +424,7 @@ async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {
     assert_eq!(std::fs::read(&config).unwrap(), b"precious");
 
     // Its own publish is undone, and the target it created removed.
-    let (staging, target) = h.paths("vol-u");
-    let mut n = h.c.node.clone();
-    n.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging,
-        target_path: target.clone(),
-        volume_capability: Some(w),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let target = h.publish("vol-u", &v, w).await;
     unpublish(Path::new(&target)).await.unwrap();
     assert!(!Path::new(&target).exists());
 }
@@ -516,18 +522,9 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
         .await
         .unwrap();
     h.stage("vol-gone", &v, w.clone()).await.unwrap();
-    let (staging, target) = h.paths("vol-gone");
+    let target = h.publish("vol-gone", &v, w).await;
+    let (staging, _) = h.paths("vol-gone");
     let mut n = h.c.node.clone();
-    n.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging.clone(),
-        target_path: target.clone(),
-        volume_capability: Some(w),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
     h.host
         .server_gone
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -643,4 +640,97 @@ async fn teardown_works_without_the_nfs_backend() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("not enabled"), "{err:?}");
     assert_eq!(h.host.count("mount_nfs"), 0);
+}
+
+/// Stages and publishes `name`; returns the target path.
+async fn stage_and_publish(h: &Harness, name: &str, v: &Volume, w: VolumeCapability) -> String {
+    h.stage(name, v, w.clone()).await.unwrap();
+    h.publish(name, v, w).await
+}
+
+async fn stats_of(h: &Harness, id: &str, path: &str) -> NodeGetVolumeStatsResponse {
+    let mut n = h.c.node.clone();
+    n.node_get_volume_stats(NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// Someone remounted the target over TCP behind the driver (the VM rig does it for real):
+/// NodeGetVolumeStats reports it abnormal and says what the kernel negotiated.
+#[tokio::test]
+async fn stats_of_a_volume_remounted_over_tcp_names_the_proto() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeWriter, &[]);
+    let v = h.create("vol-s", params(&[]), w.clone(), 0).await.unwrap();
+    let target = stage_and_publish(&h, "vol-s", &v, w).await;
+    let healthy = stats_of(&h, &v.volume_id, &target).await;
+    let cond = healthy.volume_condition.unwrap();
+    assert!(!cond.abnormal, "{}", cond.message);
+    assert_eq!(healthy.usage.len(), 2);
+    for m in h.host.state.lock().unwrap().mounts.iter_mut() {
+        if m.mount_point == Path::new(&target) {
+            m.super_options.insert("proto".into(), Some("tcp".into()));
+            m.super_options.insert("port".into(), Some("2049".into()));
+        }
+    }
+    let cond = stats_of(&h, &v.volume_id, &target)
+        .await
+        .volume_condition
+        .unwrap();
+    assert!(cond.abnormal);
+    assert!(
+        cond.message.contains("without RDMA") && cond.message.contains("proto=tcp"),
+        "{}",
+        cond.message
+    );
+}
+
+/// The server gone: statvfs of a hard NFS mount blocks in the kernel. NodeGetVolumeStats
+/// answers abnormal at the NFS deadline (the harness's 5 s), and a second call while the
+/// first statvfs is still stuck answers at once instead of parking one more thread.
+#[tokio::test]
+async fn stats_with_the_server_gone_answer_abnormal_within_the_deadline() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h.create("vol-d", params(&[]), w.clone(), 0).await.unwrap();
+    let target = stage_and_publish(&h, "vol-d", &v, w).await;
+    let gone = |on| {
+        h.host
+            .server_gone
+            .store(on, std::sync::atomic::Ordering::SeqCst)
+    };
+    gone(true);
+    let bound = std::time::Duration::from_secs(15);
+    let t = std::time::Instant::now();
+    let first = tokio::time::timeout(bound, stats_of(&h, &v.volume_id, &target)).await;
+    let took = t.elapsed();
+    let t = std::time::Instant::now();
+    let second = tokio::time::timeout(bound, stats_of(&h, &v.volume_id, &target)).await;
+    let took_second = t.elapsed();
+    let statvfs_calls = h.host.count("statvfs");
+    gone(false);
+    let first = first.expect("NodeGetVolumeStats must not hang with the server gone");
+    let cond = first.volume_condition.unwrap();
+    assert!(cond.abnormal);
+    assert!(cond.message.contains("does not answer"), "{}", cond.message);
+    assert!(took < std::time::Duration::from_secs(8), "took {took:?}");
+    let cond = second.unwrap().volume_condition.unwrap();
+    assert!(cond.abnormal, "{}", cond.message);
+    assert!(
+        took_second < std::time::Duration::from_secs(1),
+        "took {took_second:?}"
+    );
+    assert_eq!(statvfs_calls, 1, "one statvfs stuck at a time");
+    // Back again: healthy once the stuck call has returned.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let cond = stats_of(&h, &v.volume_id, &target)
+        .await
+        .volume_condition
+        .unwrap();
+    assert!(!cond.abnormal, "{}", cond.message);
 }

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use common::requests::{self, publish, stage, unpublish, unstage};
 use common::Rig;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::os::mountinfo;
 use tonic::Code;
@@ -281,9 +281,9 @@ async fn a_symlink_swapped_in_during_stage_never_gets_the_volume_mounted_outside
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 nix::fcntl::renameat2(
-                    None,
+                    nix::fcntl::AT_FDCWD,
                     &race.join("a"),
-                    None,
+                    nix::fcntl::AT_FDCWD,
                     &race.join("b"),
                     nix::fcntl::RenameFlags::RENAME_EXCHANGE,
                 )

@@ -7,7 +7,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;

@@ -18,8 +18,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};

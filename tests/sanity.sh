@@ -11,17 +11,29 @@ install_csi_sanity
 build_driver
 
 # Run once per filesystem: ext4 here, then xfs (SANITY_FS_TYPE=xfs) on devices that
-# mkfs.xfs accepts (300 MiB and up since xfsprogs 5.19; CreateVolume rounds up to it).
+# mkfs.xfs accepts (300 MiB and up since xfsprogs 5.19; CreateVolume rounds up to it),
+# then the partition layout (SANITY_LAYOUT=partition): every volume a GPT partition
+# carved from ONE loop device (issue 13).
 FS_TYPE=${SANITY_FS_TYPE:-ext4}
+LAYOUT=${SANITY_LAYOUT:-device}
 VOLUME_SIZE=$((64 * 1024 * 1024))
 [ "$FS_TYPE" = xfs ] && VOLUME_SIZE=$((320 * 1024 * 1024))
 POOL_SIZE=8
+DEVICE_SIZE=$VOLUME_SIZE
+EXPAND_SIZE=$VOLUME_SIZE
+if [ "$LAYOUT" = partition ]; then
+  # A carved volume really grows: its partition in place, into the free space after it.
+  EXPAND_SIZE=$((2 * VOLUME_SIZE))
+  # Room for 15 volumes at once (the suite holds at most ~5) plus the GPT's own 2 MiB.
+  POOL_SIZE=1
+  DEVICE_SIZE=$((16 * VOLUME_SIZE))
+fi
 start_workdir sanity
 
 args=()
 LOOPS=()
 for i in $(seq 1 "$POOL_SIZE"); do
-  LOOPS+=("$(make_loop "$WORK/dev$i.img" "$VOLUME_SIZE")")
+  LOOPS+=("$(make_loop "$WORK/dev$i.img" "$DEVICE_SIZE")")
   args+=(--pool-device "${LOOPS[-1]}")
 done
 # The kill switch of the test-only fault injection is set: the release binary is built
@@ -34,14 +46,18 @@ DRIVER_PID=$!
 wait_for_ready "$WORK/csi.sock"
 RSS_IDLE=$(rss_kib "$DRIVER_PID")
 
+# Expansion specs grow a volume to --csi.testvolumeexpandsize and expect exactly that
+# capacity: a whole-device volume can grow only up to its device, which is VOLUME_SIZE;
+# a partition volume grows in place to twice its size.
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
 printf 'gdsPolicy: disabled\nfsType: %s\n' "$FS_TYPE" >"$WORK/params.yaml"
+[ "$LAYOUT" = device ] || printf 'layout: %s\n' "$LAYOUT" >>"$WORK/params.yaml"
 start=$(date +%s.%N)
 set +e
 csi-sanity --csi.endpoint "$WORK/csi.sock" \
   --csi.mountdir "$WORK/target" --csi.stagingdir "$WORK/staging" \
   --csi.testvolumeparameters "$WORK/params.yaml" \
-  --csi.testvolumesize "$VOLUME_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
+  --csi.testvolumesize "$VOLUME_SIZE" --csi.testvolumeexpandsize "$EXPAND_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
 status=$?
 set -e
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
@@ -52,7 +68,7 @@ if [ $status -ne 0 ]; then
   echo "--- csi-sanity output (tail) ---"; tail -n 80 "$WORK/sanity.out"
   echo "--- driver log (tail) ---"; tail -n 40 "$WORK/driver.log"
 fi
-echo "sanity ($FS_TYPE) wall time: ${elapsed}s; driver RSS idle ${RSS_IDLE} KiB, after sanity ${RSS_AFTER} KiB"
+echo "sanity ($FS_TYPE, layout $LAYOUT) wall time: ${elapsed}s; driver RSS idle ${RSS_IDLE} KiB, after sanity ${RSS_AFTER} KiB"
 cp "$WORK/sanity.out" "$WORK/driver.log" /tmp/ 2>/dev/null || true
 
 # Nothing may outlive csi-sanity's own cleanup: no mount under the work dir, none of a pool
@@ -64,6 +80,20 @@ while read -r m; do leaks+=("mount left at $m"); done < <(awk -v d="$WORK/" 'ind
 for dev in "${LOOPS[@]}"; do
   while read -r m; do leaks+=("$dev still mounted at $m"); done < <(findmnt -rn -o TARGET --source "$dev" || true)
 done
+if [ "$LAYOUT" = partition ]; then
+  # Every volume was deleted, so its partition must be gone from the kernel and from the
+  # label, and the label must still be one sgdisk finds valid.
+  dev=${LOOPS[0]}
+  while read -r p; do leaks+=("partition $p left in the kernel"); done < <(partitions_of "$dev")
+  entries=$(sgdisk -p "$dev" 2>/dev/null | awk 'f && NF {n++} /^Number/ {f=1} END {print n+0}')
+  [ "$entries" -eq 0 ] || leaks+=("$entries partition entries left in the label of $dev")
+  # sgdisk -v says "No problems found" even when it had to rebuild a corrupt backup
+  # header in memory; its cautions and CRC warnings count too.
+  verify=$(sgdisk -v "$dev" 2>&1 || true)
+  if ! grep -q "No problems found" <<<"$verify" || grep -Eqi "caution|warning|error|corrupt" <<<"$verify"; then
+    leaks+=("sgdisk -v finds problems on $dev: $(tr '\n' ' ' <<<"$verify")")
+  fi
+fi
 kill "$DRIVER_PID" 2>/dev/null || true
 wait "$DRIVER_PID" 2>/dev/null || true
 DRIVER_PID=
@@ -81,7 +111,8 @@ if [ ${#leaks[@]} -gt 0 ]; then
   done
   [ $status -ne 0 ] || status=1
 fi
-if [ $status -eq 0 ] && [ -z "${SANITY_FS_TYPE:-}" ]; then
+if [ $status -eq 0 ] && [ -z "${SANITY_FS_TYPE:-}" ] && [ -z "${SANITY_LAYOUT:-}" ]; then
   SANITY_FS_TYPE=xfs bash "$0" "$@" || status=$?
+  [ $status -ne 0 ] || SANITY_LAYOUT=partition SANITY_FS_TYPE=ext4 bash "$0" "$@" || status=$?
 fi
 exit $status

@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::host_double::HostDouble;
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode as AM, AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;

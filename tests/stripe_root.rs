@@ -3,7 +3,7 @@
 //! GetCapacity's maximum for a stripe class, ResourceExhausted counting the devices with
 //! room, bad geometry refused before anything changes, and DeleteVolume that refuses a
 //! member carrying a foreign signature (nothing erased) and otherwise zeroes and removes
-//! every member. (This machine has no md driver and no mdadm: NodeStage is refused
+//! every member; ControllerExpandVolume refused (OutOfRange) since stripes do not grow. (This machine has no md driver and no mdadm: NodeStage is refused
 //! here; arrays are the VM rig's business.)
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use gds_csi::client::Clients;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;
@@ -65,6 +65,18 @@ fn create_req(name: &str, bytes: u64, p: HashMap<String, String>) -> CreateVolum
             required_bytes: bytes as i64,
             limit_bytes: 0,
         }),
+        ..Default::default()
+    }
+}
+
+fn expand_req(id: &str, required: u64) -> ControllerExpandVolumeRequest {
+    ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(requests::single_writer_mount()),
         ..Default::default()
     }
 }
@@ -143,6 +155,28 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
         .unwrap();
     assert_eq!(again.volume_id, v2.volume_id);
     assert_eq!(members(&rig.0).len(), 2);
+
+    // ControllerExpandVolume: a stripe does not grow yet; OutOfRange saying so, nothing
+    // changed; its own size (a retried or no-op expand) is granted.
+    let digests: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
+    let err = c
+        .controller
+        .controller_expand_volume(expand_req(&v2.volume_id, 40 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err}");
+    assert!(err.message().contains("layout: stripe"), "{err}");
+    assert!(err.message().contains("do not grow"), "{err}");
+    let after: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
+    assert_eq!(digests, after, "a refused expand changed a device");
+    let same = c
+        .controller
+        .controller_expand_volume(expand_req(&v2.volume_id, 20 * MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(same.capacity_bytes as u64, 20 * MIB);
+    assert!(!same.node_expansion_required);
 
     // 4 members: one on every device.
     let v4 = c

@@ -8,8 +8,8 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::access_mode::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 
@@ -22,13 +22,7 @@ async fn published(rig: &mut Rig) -> (Clients, String, PathBuf, PathBuf) {
     let cap = requests::single_writer_mount();
     let id = requests::create_volume_id(&mut c, "cond", cap.clone()).await;
     let (staging, target) = (rig.path("staging/v"), rig.path("pods/p1/mount"));
-    fs::create_dir_all(&staging).unwrap();
-    requests::stage(&mut c, &id, &staging, cap.clone())
-        .await
-        .unwrap();
-    requests::publish(&mut c, &id, &staging, &target, cap)
-        .await
-        .unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, cap).await;
     (c, id, staging, target)
 }
 
@@ -75,13 +69,7 @@ async fn healthy_published_volumes_are_normal() {
     let cap = requests::capability(Mode::SingleNodeWriter, true);
     let id = requests::create_volume_id(&mut c, "raw", cap.clone()).await;
     let (staging, target) = (rig.path("staging/raw"), rig.path("pods/p2/dev"));
-    fs::create_dir_all(&staging).unwrap();
-    requests::stage(&mut c, &id, &staging, cap.clone())
-        .await
-        .unwrap();
-    requests::publish(&mut c, &id, &staging, &target, cap)
-        .await
-        .unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, cap).await;
     let cond = condition(&mut c, &id, &target, &staging).await;
     assert!(!cond.abnormal, "raw block: {cond:?}");
 }

@@ -5,6 +5,7 @@
 
 pub mod controller;
 pub mod device;
+pub mod expand;
 pub mod layout;
 pub mod partition;
 pub mod publish;
@@ -23,7 +24,7 @@ use tracing::info;
 pub use layout::{Capacity, Layout};
 pub use stage::{decide_format, FormatDecision};
 
-use crate::backend::{Publish, VolumeBackend};
+use crate::backend::{Expand, Expanded, Publish, VolumeBackend};
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::GdsGate;
@@ -184,6 +185,14 @@ impl VolumeBackend for BlockBackend {
 
     async fn delete(&self, id: &BlockVolumeId) -> Result<()> {
         controller::delete(self, id).await
+    }
+
+    async fn expand(&self, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {
+        expand::expand(self, id, req).await
+    }
+
+    async fn node_expand(&self, id: &BlockVolumeId, path: &Path, req: &Expand) -> Result<u64> {
+        expand::node_expand(self, id, path, req).await
     }
 
     fn capacity(&self, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {

@@ -1,7 +1,10 @@
 //! The stripe layout (issue 14): a volume is md RAID0 over `stripeCount` equal GPT
 //! partitions, each on a distinct pool device. The members are carved with the
-//! partition layout's code (`crate::partition`) under its label lock, in its labels;
-//! this module chooses the devices, sizes the members and records them.
+//! partition layout's code (`crate::partition`) in its labels, under its per-device
+//! locks (every member's, taken in the order of their device ids, so two multi-device
+//! callers never wait for each other crosswise) and with its deadline on each label
+//! write and BLKPG call (`guard::bounded`); this module chooses the devices, sizes the
+//! members and records them.
 //!
 //! Size: each member holds [`DATA_OFFSET`] for the md 1.2 superblock (the array is
 //! created with `--data-offset` of that, so the array's size is known before it
@@ -16,12 +19,15 @@
 //! NodeStage/NodeUnstage start and stop the array (`array.rs`). Not yet here:
 //! preferring distinct NVMe controllers over namespaces of one controller.
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{info, warn};
 
 use super::layout::{Capacity, Layout};
+use super::partition::guard::{bounded, DeviceGuard};
 use super::partition::{self as part_layout, csi_error, Partitioned};
 use crate::error::{Error, Result};
 use crate::md;
@@ -38,11 +44,11 @@ pub mod size;
 pub use size::{member_size, DATA_OFFSET};
 
 /// Each 1 GiB chunk of the offloaded zero-out must finish within this.
-const ZERO_CHUNK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
 
 pub struct Striped {
     pub pool: Arc<Pool>,
-    /// The partition layout whose labels the members live in (and whose lock guards them).
+    /// The partition layout whose labels the members live in (and whose locks guard them).
     pub parts: Arc<Partitioned>,
 }
 
@@ -133,7 +139,9 @@ impl Striped {
         let mut devices = Vec::new();
         for (dev, proof) in chosen {
             if let Some(proof) = proof {
-                label::create(&dev.path, proof).map_err(csi_error)?;
+                let (path, deadline) = (dev.path.clone(), self.parts.label_deadline());
+                let write = move || label::create(&path, proof);
+                bounded(&dev.path, "writing a new label", deadline, write).await?;
                 self.parts.keep_from_whole_device_use(&dev);
                 info!(device = %dev.path.display(), "new gds-csi partition table (stripe member)");
             }
@@ -215,8 +223,9 @@ impl Striped {
         })
     }
 
-    /// Carves (or finds) every member not yet recorded as carved.
-    fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
+    /// Carves (or finds) every member not yet recorded as carved; the caller holds the
+    /// members' device locks.
+    async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
         let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
         let rec = self.record(raw)?;
         let stripe = stripe_of(raw, &rec)?;
@@ -226,7 +235,11 @@ impl Striped {
             }
             let dev = self.member_device(m)?;
             let name = member_name(&id.allocation, i);
-            let carved = volume::carve(&dev.path, &name, stripe.member_bytes).map_err(csi_error)?;
+            let (path, len) = (dev.path.clone(), stripe.member_bytes);
+            let step = move || volume::carve(&path, &name, len);
+            let carved = self
+                .settled(&dev.path, "carving a stripe member", step)
+                .await?;
             let part = PartitionRecord {
                 partuuid: carved.partuuid.to_string(),
                 number: carved.number,
@@ -292,15 +305,28 @@ impl Layout for Striped {
         host: &dyn Host,
         req: &AllocationRequest,
     ) -> Result<(BlockVolumeId, VolumeRecord)> {
-        let _guard = self.parts.lock.lock().await;
         if let Some(raw) = self.existing(req)? {
-            return self.carve(&raw);
+            let _members = self.lock_members(&raw).await?;
+            return self.carve(&raw).await;
         }
         let geo = geometry(&req.parameters)?;
         let member = member_size(req.required_bytes, req.limit_bytes, geo)?;
+        // Every pool device, in order, so the labels read to choose are the ones carved.
+        let mut all = self
+            .lock_sorted(self.pool.devices().into_iter().map(|d| d.id))
+            .await;
         let devices = self.place(host, geo.count, member).await?;
         let raw = self.claim(req, &devices, geo, member)?;
-        self.carve(&raw)
+        let members = self.member_ids(&raw)?;
+        let _members = if members.iter().all(|m| all.iter().any(|(id, _)| id == m)) {
+            all.retain(|(id, _)| members.contains(id));
+            all
+        } else {
+            // A create of the same name claimed first on devices we do not hold.
+            drop(all);
+            self.lock_sorted(members).await
+        };
+        self.carve(&raw).await
     }
 
     async fn release(
@@ -309,7 +335,10 @@ impl Layout for Striped {
         volume_id: &str,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        let _guard = self.parts.lock.lock().await;
+        if self.record(volume_id).is_err() {
+            return Ok(());
+        }
+        let _members = self.lock_members(volume_id).await?;
         let Ok(rec) = self.record(volume_id) else {
             return Ok(());
         };
@@ -332,7 +361,10 @@ impl Layout for Striped {
                 md::zero_superblock(host.as_ref(), &carved.node).await?;
             }
             zero(host, &carved.node).await?;
-            udev_settled(|| volume::remove(&parent.path, &carved.partuuid)).map_err(csi_error)?;
+            let (path, guid) = (parent.path.clone(), carved.partuuid);
+            let step = move || volume::remove(&path, &guid);
+            self.settled(&parent.path, "removing a stripe member", step)
+                .await?;
             self.parts.keep_from_whole_device_use(parent);
         }
         self.pool.state.update(|s| {
@@ -472,46 +504,92 @@ impl Striped {
                     .map(|(_, e)| e.guid),
             };
             let Some(guid) = guid else { continue };
-            match volume::locate(&parent.path, &guid) {
+            match self.parts.locate_bounded(&parent.path, guid) {
                 Ok(c) => out.push((parent, c)),
-                Err(gpt::Error::NotFound(_)) => {}
-                Err(e) => return Err(csi_error(e)),
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
     }
 }
 
-/// Runs an idempotent partition step again while the kernel answers EBUSY for a moment.
-/// Seen on the VM rig (kernel 6.1 with systemd-udevd): after a member is written
-/// (`mdadm --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so
-/// BLKPG delete fails and succeeds 3 s later; after a label write udevd's re-read
-/// (see `crate::partition`) can add our partition just before we do, so our add finds
-/// the number taken, and the next try finds it shown; during that re-read the kernel
-/// shows none of the disk's partitions for a moment (kernel::node's NotFound).
-fn udev_settled<T>(step: impl Fn() -> gpt::Result<T>) -> gpt::Result<T> {
-    let mut tries = 0;
-    loop {
-        let result = step();
-        let transient = match &result {
-            Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
-            Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
-            _ => false,
-        };
-        if !transient || tries == UDEV_TRIES {
-            return result;
+impl Striped {
+    /// The device locks of `ids`, taken in sorted order (each once): the one order every
+    /// multi-device caller takes them in, so none waits for another crosswise.
+    async fn lock_sorted(
+        &self,
+        ids: impl IntoIterator<Item = String>,
+    ) -> Vec<(String, DeviceGuard)> {
+        let mut ids: Vec<String> = ids.into_iter().collect();
+        ids.sort();
+        ids.dedup();
+        let mut held = Vec::with_capacity(ids.len());
+        for id in ids {
+            let guard = self.parts.device_lock(&id).await;
+            held.push((id, guard));
         }
-        tries += 1;
-        std::thread::sleep(UDEV_PAUSE);
+        held
+    }
+
+    /// The pool device ids of a recorded stripe volume's members.
+    fn member_ids(&self, raw: &str) -> Result<Vec<String>> {
+        let rec = self.record(raw)?;
+        let stripe = stripe_of(raw, &rec)?;
+        Ok(stripe.members.iter().map(|m| m.device_id.clone()).collect())
+    }
+
+    /// Every member device's lock of a recorded stripe volume.
+    async fn lock_members(&self, raw: &str) -> Result<Vec<(String, DeviceGuard)>> {
+        Ok(self.lock_sorted(self.member_ids(raw)?).await)
+    }
+
+    /// Runs an idempotent label step or BLKPG call on `device` through the partition
+    /// layout's deadline (`guard::bounded`: its own thread, Aborted at the deadline), again
+    /// while the kernel answers a transient refusal, for at most [`UDEV_SETTLE`]; the
+    /// pause between tries is tokio's timer (no runtime thread blocked). Seen on the VM
+    /// rig (kernel 6.1 with systemd-udevd): after a member is written (`mdadm
+    /// --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so BLKPG
+    /// delete fails with EBUSY and succeeds 3 s later; after a label write udevd's
+    /// re-read (see `crate::partition`) can add our partition just before we do, and
+    /// during that re-read the kernel shows none of the disk's partitions for a moment
+    /// (kernel::node's NotFound).
+    async fn settled<T: Send + 'static>(
+        &self,
+        device: &Path,
+        what: &'static str,
+        step: impl Fn() -> gpt::Result<T> + Send + Sync + 'static,
+    ) -> Result<T> {
+        let step = Arc::new(step);
+        let until = tokio::time::Instant::now() + UDEV_SETTLE;
+        loop {
+            let once = Arc::clone(&step);
+            let deadline = self.parts.label_deadline();
+            let result = bounded(device, what, deadline, move || Ok(once())).await?;
+            if !transient(&result) || tokio::time::Instant::now() >= until {
+                return result.map_err(csi_error);
+            }
+            tokio::time::sleep(UDEV_PAUSE).await;
+        }
     }
 }
 
-const UDEV_TRIES: u32 = 25;
-const UDEV_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+/// Whether a partition step failed only because udevd had the disk for a moment.
+fn transient<T>(result: &gpt::Result<T>) -> bool {
+    match result {
+        Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
+        Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
+        _ => false,
+    }
+}
+
+/// How long a partition step is tried again while udevd holds the disk (3 s seen).
+const UDEV_SETTLE: Duration = Duration::from_secs(5);
+const UDEV_PAUSE: Duration = Duration::from_millis(200);
 
 /// Zeroes a member (offloaded where the device can, else written), so the next tenant
 /// reads zeros: the partition layout's erase, on a member.
-async fn zero(host: &Arc<dyn Host>, node: &std::path::Path) -> Result<()> {
+async fn zero(host: &Arc<dyn Host>, node: &Path) -> Result<()> {
     let owned = node.to_owned();
     let offloaded = tokio::task::spawn_blocking(move || {
         gpt::kernel::zero_offloaded(&owned, ZERO_CHUNK_DEADLINE)

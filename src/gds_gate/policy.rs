@@ -85,7 +85,7 @@ pub fn judge(policy: Policy, volume_id: &str, report: &Report) -> Result<Verdict
         return Ok(Verdict::Ready);
     }
     let failed = report.failures().len();
-    let lines = failure_lines(report);
+    let lines = failure_lines(report) + &volume_warnings(report);
     match policy {
         Policy::Required => Err(Error::FailedPrecondition(format!(
             "GDS is not available for volume {volume_id} ({PARAM}=required; use preferred to \
@@ -110,6 +110,19 @@ pub fn failure_line(c: &Check) -> String {
         Some(r) => format!("{}: {evidence} -> {r}", c.id),
         None => format!("{}: {evidence}", c.id),
     }
+}
+
+/// The volume's own warnings, one `warning: ` line each after a newline: what makes this
+/// volume compat-only when its checks pass but the probe fails (a volume on a loop device,
+/// or a partition of one, is no NVMe namespace: `volume.nvme_transport`), so a refusal
+/// names the cause and not only the probe's answer.
+fn volume_warnings(report: &Report) -> String {
+    report
+        .warnings()
+        .iter()
+        .filter(|c| c.id.starts_with("volume."))
+        .map(|c| format!("\nwarning: {}", failure_line(c)))
+        .collect()
 }
 
 /// Every failed check of `report`, one [`failure_line`] each, joined by newlines.

@@ -26,9 +26,13 @@ pub fn node_readiness(paths: &HostPaths) -> Vec<(&'static str, bool)> {
 }
 
 /// NodeGetInfo's topology: the node's own `segments`, plus `<driver>/gds-nvme` and
-/// `<driver>/gds-nfs-rdma` ("true"/"false") from the node checks at call time when there is a
-/// gate. The kubelet reads them once, at plugin registration: restart the node plugin pod to
-/// refresh them.
+/// `<driver>/gds-nfs-rdma` = "true" for each backend whose node checks pass at call time, when
+/// there is a gate. A backend that is not ready has no key at all, never "false": the kubelet
+/// turns these keys into node labels and refuses to change an existing label's value
+/// ("detected topology value collision", Kubernetes 1.34
+/// `pkg/volume/csi/nodeinfomanager/nodeinfomanager.go:340-348`), while it adds a new one.
+/// So a node that becomes ready gains its label when the kubelet next registers the driver,
+/// which the readiness watcher (`crate::readiness`) brings about.
 pub fn node_topology(
     gate: Option<&GdsGate>,
     driver_name: &str,
@@ -36,7 +40,9 @@ pub fn node_topology(
 ) -> HashMap<String, String> {
     if let Some(gate) = gate {
         for (key, ready) in gate.node_readiness() {
-            segments.insert(format!("{driver_name}/{key}"), ready.to_string());
+            if ready {
+                segments.insert(format!("{driver_name}/{key}"), "true".into());
+            }
         }
     }
     segments

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use tracing::info;
 
 use super::{fsops, NfsBackend, NfsRecord, NfsVolumeId, OnDelete};
+use crate::backend::{Expand, Expanded};
 use crate::csi;
 use crate::error::{Error, Result};
 use crate::request::{nfs, nfs_options, CreateVolume, NfsParams, Transport};
@@ -139,6 +140,27 @@ pub async fn delete(b: &NfsBackend, id: &NfsVolumeId) -> Result<()> {
     }
     b.store.registry.update(|m| {
         m.remove(&id_text);
+    })
+}
+
+/// ControllerExpandVolume as csi-driver-nfs answers it (pkg/nfs/controllerserver.go,
+/// ControllerExpandVolume at d3b27c0: the required size, no node step): capacity is not
+/// enforced for NFS (see GetCapacity), so the directory takes the new size as it is. The
+/// record keeps the larger size for ListVolumes.
+pub async fn expand(b: &NfsBackend, id: &NfsVolumeId, req: &Expand) -> Result<Expanded> {
+    let id_text = id.to_string();
+    let known = b.store.registry.get(&id_text).is_some();
+    if !known && !b.dir_exists(id).await? {
+        return Err(Error::VolumeNotFound(id_text));
+    }
+    b.store.registry.update(|m| {
+        if let Some(r) = m.get_mut(&id_text) {
+            r.capacity_bytes = r.capacity_bytes.max(req.required);
+        }
+    })?;
+    Ok(Expanded {
+        capacity: req.required,
+        node_expansion_required: false,
     })
 }
 

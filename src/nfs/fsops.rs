@@ -6,7 +6,7 @@
 //! deadline.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use nix::dir::Dir;
@@ -53,7 +53,7 @@ fn open_root(root: &Path) -> Result<Dir, FsError> {
 
 /// Opens `name` below `parent` as a directory, refusing symlinks.
 fn open_child(parent: &Dir, name: &str, shown: &str) -> Result<Option<Dir>, FsError> {
-    match Dir::openat(Some(parent.as_raw_fd()), name, open_flags(), Mode::empty()) {
+    match Dir::openat(parent, name, open_flags(), Mode::empty()) {
         Ok(d) => Ok(Some(d)),
         Err(Errno::ENOENT) => Ok(None),
         Err(Errno::ELOOP | Errno::ENOTDIR) => Err(FsError::NotADirectory(shown.to_owned())),
@@ -72,11 +72,7 @@ fn walk(root: &Path, components: &[&str], create: bool) -> Result<Option<Dir>, F
         }
         shown.push_str(c);
         if create {
-            match mkdirat(
-                Some(dir.as_raw_fd()),
-                *c,
-                Mode::from_bits_truncate(DIR_MODE),
-            ) {
+            match mkdirat(&dir, *c, Mode::from_bits_truncate(DIR_MODE)) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(sys("creating", &shown)(e)),
             }
@@ -97,7 +93,7 @@ fn split(rel: &str) -> Vec<&str> {
 /// whatever the umask. Idempotent.
 pub fn ensure_dir(root: &Path, rel: &str) -> Result<(), FsError> {
     let dir = walk(root, &split(rel), true)?.ok_or_else(|| FsError::BadPath(rel.to_owned()))?;
-    fchmod(dir.as_raw_fd(), Mode::from_bits_truncate(DIR_MODE)).map_err(sys("chmod", rel))
+    fchmod(&dir, Mode::from_bits_truncate(DIR_MODE)).map_err(sys("chmod", rel))
 }
 
 /// Whether `rel` exists below `root` as a real directory.
@@ -125,15 +121,15 @@ pub fn remove_tree(root: &Path, rel: &str) -> Result<(), FsError> {
 }
 
 fn remove_at(parent: &Dir, name: &CStr, shown: &str) -> Result<(), FsError> {
-    let fd = parent.as_raw_fd();
-    let st = match fstatat(Some(fd), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+    let fd = parent.as_fd();
+    let st = match fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::ENOENT) => return Ok(()),
         Err(e) => return Err(sys("stat", shown)(e)),
     };
     let is_dir = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
     if is_dir {
-        let mut dir = match Dir::openat(Some(fd), name, open_flags(), Mode::empty()) {
+        let mut dir = match Dir::openat(fd, name, open_flags(), Mode::empty()) {
             Ok(d) => d,
             Err(Errno::ENOENT) => return Ok(()),
             Err(e) => return Err(sys("opening", shown)(e)),
@@ -148,12 +144,12 @@ fn remove_at(parent: &Dir, name: &CStr, shown: &str) -> Result<(), FsError> {
             let child_shown = format!("{shown}/{}", child.to_string_lossy());
             remove_at(&dir, &child, &child_shown)?;
         }
-        match unlinkat(Some(fd), name, UnlinkatFlags::RemoveDir) {
+        match unlinkat(fd, name, UnlinkatFlags::RemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(sys("removing", shown)(e)),
         }
     } else {
-        match unlinkat(Some(fd), name, UnlinkatFlags::NoRemoveDir) {
+        match unlinkat(fd, name, UnlinkatFlags::NoRemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(sys("removing", shown)(e)),
         }
@@ -166,15 +162,14 @@ pub fn archive(root: &Path, rel: &str, suffix: &str) -> Result<Option<String>, F
     let Some((parent, leaf)) = parent_of(root, rel)? else {
         return Ok(None);
     };
-    let fd = parent.as_raw_fd();
-    match fstatat(Some(fd), leaf, AtFlags::AT_SYMLINK_NOFOLLOW) {
+    let fd = parent.as_fd();
+    match fstatat(fd, leaf, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Err(Errno::ENOENT) => return Ok(None),
         Err(e) => return Err(sys("stat", rel)(e)),
         Ok(_) => {}
     }
     let new_name = format!("archived-{leaf}-{suffix}");
-    nix::fcntl::renameat(Some(fd), leaf, Some(fd), new_name.as_str())
-        .map_err(sys("archiving", rel))?;
+    nix::fcntl::renameat(fd, leaf, fd, new_name.as_str()).map_err(sys("archiving", rel))?;
     Ok(Some(new_name))
 }
 

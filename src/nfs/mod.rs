@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::backend::{Publish, VolumeBackend};
+use crate::backend::{Expand, Expanded, Publish, VolumeBackend};
 use crate::csi;
 use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds_gate::GdsGate;
@@ -215,6 +215,18 @@ impl VolumeBackend for NfsBackend {
 
     async fn delete(&self, id: &NfsVolumeId) -> Result<()> {
         controller::delete(self, id).await
+    }
+
+    async fn expand(&self, id: &NfsVolumeId, req: &Expand) -> Result<Expanded> {
+        controller::expand(self, id, req).await
+    }
+
+    /// Never asked for by the controller (no node step); nothing to grow on the node.
+    async fn node_expand(&self, id: &NfsVolumeId, _: &Path, req: &Expand) -> Result<u64> {
+        if self.store.registry.get(&id.to_string()).is_none() && !self.dir_exists(id).await? {
+            return Err(Error::VolumeNotFound(id.to_string()));
+        }
+        Ok(req.required)
     }
 
     /// The server's free space is not tracked: capacity is not enforced for NFS.

@@ -1,7 +1,9 @@
 //! NodeGetVolumeStats of NFS volumes: statvfs under the deadline (a dead server would
 //! stall it), the condition from the mount table, the transport and the GDS gate.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
 
 use super::{transport_mismatch, NfsBackend, NfsVolumeId};
 use crate::csi::{self, VolumeCondition};
@@ -39,26 +41,19 @@ pub async fn stats(
             path.display()
         )));
     };
-    let (host, owned) = (std::sync::Arc::clone(&b.mounter.host), path.to_owned());
-    let st = b
-        .with_deadline(format!("statvfs {}", path.display()), move || {
-            host.statvfs(&owned)
-        })
-        .await;
-    let st = match st {
+    let st = match statvfs_once(b, path).await {
         Ok(st) => st,
         Err(e) => return Ok(abnormal(format!("the NFS server does not answer: {e}"))),
     };
-    let condition = if transport_mismatch(&entry, &id.transport).is_some() {
-        VolumeCondition {
+    let condition = match transport_mismatch(&entry, &id.transport) {
+        Some(why) => VolumeCondition {
             abnormal: true,
-            message: "mounted without RDMA".into(),
-        }
-    } else {
-        VolumeCondition {
+            message: format!("mounted without RDMA: {why}"),
+        },
+        None => VolumeCondition {
             abnormal: false,
             message: "mounted".into(),
-        }
+        },
     };
     Ok(csi::NodeGetVolumeStatsResponse {
         usage: crate::mounts::usage_of(&st),
@@ -68,4 +63,40 @@ pub async fn stats(
             condition,
         )),
     })
+}
+
+/// Paths with a statvfs still stuck in the kernel: a hard NFS mount's statvfs waits until
+/// the server answers, and its thread cannot be taken back at the deadline.
+static STATVFS_IN_FLIGHT: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(Mutex::default);
+
+fn in_flight() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
+    STATVFS_IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Leaves the set when the statvfs returns, however late.
+struct Leave(PathBuf);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        in_flight().remove(&self.0);
+    }
+}
+
+/// statvfs of `path` under the deadline, at most one per path at a time: the kubelet asks
+/// every minute, and with the server gone each call would otherwise leave one more
+/// blocking thread stuck until the pool is exhausted and every other call waits behind it.
+async fn statvfs_once(b: &NfsBackend, path: &Path) -> Result<crate::os::FsUsage> {
+    if !in_flight().insert(path.to_owned()) {
+        return Err(Error::FailedPrecondition(format!(
+            "an earlier statvfs of {} has not returned yet",
+            path.display()
+        )));
+    }
+    let leave = Leave(path.to_owned());
+    let (host, owned) = (std::sync::Arc::clone(&b.mounter.host), path.to_owned());
+    b.with_deadline(format!("statvfs {}", path.display()), move || {
+        let _leave = leave;
+        host.statvfs(&owned)
+    })
+    .await
 }

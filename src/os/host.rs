@@ -103,6 +103,10 @@ pub trait Host: Send + Sync + 'static {
     fn hold_device(&self, device: &Path) -> Result<DeviceHold>;
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    /// Grows the filesystem on `device`, mounted at `mount_point`, online to fill the
+    /// device: `resize2fs <device>` (ext4), `xfs_growfs <mount_point>` (xfs). Done
+    /// already when it fills the device.
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()>;
     /// Makes every block of the device read back as zeros (the erase on delete).
     async fn zero_device(&self, device: &Path) -> Result<()>;
     /// Mounts `device` onto `target`, which is pinned (`safepath::open`) when it is a
@@ -311,6 +315,34 @@ impl Host for RealHost {
         Ok(())
     }
 
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+        // resize2fs grows a mounted ext4 online through EXT4_IOC_RESIZE_FS and answers
+        // "Nothing to do!" (exit 0) when it fills the device already (e2fsprogs
+        // resize/main.c); xfs_growfs only works on a mounted xfs, by its mount point,
+        // and leaves a filesystem that fills the device as it is (xfsprogs growfs).
+        let (program, arg) = match fs {
+            FsType::Ext4 => ("resize2fs", device.as_os_str()),
+            FsType::Xfs => ("xfs_growfs", mount_point.as_os_str()),
+        };
+        let args: &[&OsStr] = match fs {
+            FsType::Ext4 => &[arg],
+            FsType::Xfs => &[os("-d"), arg],
+        };
+        match runner::run(program, args, self.command_timeout).await {
+            Ok(_) => Ok(()),
+            // resize2fs answers "Nothing to do!" before it asks the kernel, so only a
+            // real grow needs the capability.
+            Err(e) if fs == FsType::Ext4 && !has_cap_sys_resource() => {
+                Err(Error::FailedPrecondition(format!(
+                    "{e}; growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process \
+                     lacks (linux fs/ext4/resize.c ext4_resize_begin answers EPERM without \
+                     it): run the node plugin privileged"
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
         runner::run(
             "wipefs",
@@ -506,6 +538,18 @@ impl RealHost {
             Ok(Ok(r)) => r,
         }
     }
+}
+
+/// Whether CAP_SYS_RESOURCE (bit 24) is in this process's effective set
+/// (/proc/self/status CapEff, proc(5)); false when unreadable.
+fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {

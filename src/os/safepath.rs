@@ -16,7 +16,7 @@
 //! final component may be a mount point (an existing staging or publish mount).
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -147,7 +147,7 @@ impl Anchored {
     /// `fstat` of what the name holds now (the topmost mount's root, if mounted).
     pub fn stat_now(&self) -> Result<Option<FileStat>> {
         match self.reopen()? {
-            Some(fd) => fstat(fd.as_raw_fd())
+            Some(fd) => fstat(&fd)
                 .map(Some)
                 .map_err(|e| Error::io("stat", &self.path, e.into())),
             None => Ok(None),
@@ -174,7 +174,7 @@ impl Anchored {
         } else {
             UnlinkatFlags::NoRemoveDir
         };
-        match unlinkat(Some(pin.parent.as_raw_fd()), pin.name.as_c_str(), flag) {
+        match unlinkat(&pin.parent, pin.name.as_c_str(), flag) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             // Something was written into it while it was not mounted: not ours to drop.
             Err(Errno::ENOTEMPTY) => {
@@ -210,9 +210,7 @@ fn open_in(
     let how = OpenHow::new()
         .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
         .resolve(resolve(cross_mounts));
-    let fd = openat2(dir.as_raw_fd(), name, how)?;
-    // SAFETY: openat2 just returned this descriptor and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    openat2(dir, name, how)
 }
 
 fn cstring(name: &OsStr) -> CString {
@@ -260,11 +258,7 @@ fn symlink_or(dir: BorrowedFd<'_>, name: &std::ffi::CStr, errno: Errno) -> Errno
     if errno != Errno::ENOTDIR {
         return errno;
     }
-    match nix::sys::stat::fstatat(
-        Some(dir.as_raw_fd()),
-        name,
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    ) {
+    match nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) if kind(&st) == SFlag::S_IFLNK => Errno::ELOOP,
         _ => errno,
     }
@@ -378,8 +372,7 @@ fn open_root(root: &Path, create: Create) -> Result<Option<OwnedFd>> {
         other => other,
     }
     .map_err(|e| Error::io("opening allowed root", root, e.into()))?;
-    // SAFETY: open just returned this descriptor and nothing else owns it.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(root_fd) }))
+    Ok(Some(root_fd))
 }
 
 /// Walks down `parents` from the root one directory at a time, never following a symlink,
@@ -398,11 +391,7 @@ fn walk_parents(
         dir = match open_in(dir.as_fd(), name, flags, false) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if create != Create::Nothing => {
-                match mkdirat(
-                    Some(dir.as_raw_fd()),
-                    name.as_c_str(),
-                    Mode::from_bits_truncate(0o750),
-                ) {
+                match mkdirat(&dir, name.as_c_str(), Mode::from_bits_truncate(0o750)) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(Error::io("creating", &shown, e.into())),
                 }
@@ -434,19 +423,15 @@ fn open_last(
     }
     let made = match create {
         Create::Nothing => return Ok(None),
-        Create::Dir => mkdirat(
-            Some(dir.as_raw_fd()),
-            last.as_c_str(),
-            Mode::from_bits_truncate(0o750),
-        ),
+        Create::Dir => mkdirat(dir, last.as_c_str(), Mode::from_bits_truncate(0o750)),
         Create::File => nix::fcntl::openat(
-            Some(dir.as_raw_fd()),
+            dir,
             last.as_c_str(),
             OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o640),
         )
-        // SAFETY: openat just returned this descriptor; it is closed at once.
-        .map(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) })),
+        // Closed at once: only its creation counts.
+        .map(drop),
     };
     let made = match made {
         Ok(()) => true,
@@ -480,10 +465,8 @@ pub fn dir_is_empty(a: &Anchored) -> Result<bool> {
         true,
     )
     .map_err(|e| Error::io("opening", a.path(), e.into()))?;
-    let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())
-        .map_err(|e| Error::io("reading", a.path(), e.into()))?;
-    // Dir owns the descriptor from here.
-    std::mem::forget(fd);
+    let mut dir =
+        nix::dir::Dir::from_fd(fd).map_err(|e| Error::io("reading", a.path(), e.into()))?;
     let mut empty = true;
     for entry in dir.iter() {
         let entry = entry.map_err(|e| Error::io("reading", a.path(), e.into()))?;

@@ -154,7 +154,7 @@ impl Label {
     /// slot, with a fresh PARTUUID; returns its number. Only in memory: write the label.
     pub fn allocate(&mut self, name: &str, size: u64) -> Result<u32> {
         check_name(name)?;
-        if size == 0 || size % ALIGN != 0 {
+        if size == 0 || !size.is_multiple_of(ALIGN) {
             return Err(Error::Invalid(format!(
                 "size {size} is not a positive multiple of {ALIGN}"
             )));
@@ -193,7 +193,7 @@ impl Label {
     /// Grows partition `number` in place to `size` bytes; `Ok(false)` when it is already
     /// at least that large. Blocked, naming the neighbour, when the space after it is used.
     pub fn grow(&mut self, number: u32, size: u64) -> Result<bool> {
-        if size % ALIGN != 0 {
+        if !size.is_multiple_of(ALIGN) {
             return Err(Error::Invalid(format!(
                 "size {size} is not a multiple of {ALIGN}"
             )));

@@ -149,7 +149,8 @@ pub fn decode_header(sector: &[u8], at: u64) -> Result<Header, String> {
     if h.my_lba != at {
         return Err(format!("GPT header at LBA {at} says it is at {}", h.my_lba));
     }
-    if h.entry_size < 128 || h.entry_size % 128 != 0 || h.array_bytes() > MAX_ARRAY_BYTES {
+    if h.entry_size < 128 || !h.entry_size.is_multiple_of(128) || h.array_bytes() > MAX_ARRAY_BYTES
+    {
         return Err(format!(
             "GPT header at LBA {at} has {} entries of {} bytes",
             h.entry_count, h.entry_size

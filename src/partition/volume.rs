@@ -120,6 +120,16 @@ pub fn locate(device: &Path, partuuid: &Uuid) -> Result<Carved> {
     shown(device, &label, number)
 }
 
+/// The first half of [`remove`]: the kernel stops showing partition `partuuid` (refused
+/// while it is open); the label keeps it. Done already when the label lacks it.
+pub fn unshow(device: &Path, partuuid: &Uuid) -> Result<()> {
+    match find(device, partuuid) {
+        Err(Error::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+        Ok((_, number)) => kernel::delete(device, number),
+    }
+}
+
 /// Removes partition `partuuid`: from the kernel first (refused while it is open), then
 /// from the label. Done already when the label lacks it. Erase its blocks before.
 pub fn remove(device: &Path, partuuid: &Uuid) -> Result<()> {

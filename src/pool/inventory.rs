@@ -200,6 +200,12 @@ fn namespace(
         .ok_or("no wwid in sysfs; namespaces are only identified by wwid")?;
     let (major, minor) = read_devnum(&dir).ok_or("unreadable dev number")?;
     let key = format!("wwid:{wwid}");
+    // A namespace carved by the partition layout shows partitions, all of them volumes
+    // recorded under its key (the record is written before the partition is carved and
+    // dropped after it is removed), so it stays in the pool while any is left; carved
+    // empty, it shows none. Partitions with no record of ours (a foreign table, or a
+    // lost state dir) keep it out. A partition is never a pool device itself: its name
+    // is no namespace name, and `<sys>/block` lists whole disks only.
     if !allocated_keys.contains(&key) {
         let has_partitions = fs::read_dir(&dir)
             .map(|it| {
@@ -281,6 +287,36 @@ mod tests {
         for name in ["nvme0c0n1", "nvme0", "nvme0n1p1", "nvmen1", "loop0"] {
             assert!(!is_namespace_name(name), "{name}");
         }
+    }
+
+    /// A namespace carved by the partition layout (its partitions are volumes recorded
+    /// under its key) stays in the pool, whole; without such records its partitions keep
+    /// it out; a partition is never listed itself, even where discovery looks.
+    #[test]
+    fn a_carved_namespace_stays_and_its_partitions_are_never_pool_devices() {
+        let sys = tempfile::tempdir().unwrap();
+        namespace(sys.path(), "nvme0n1", "w-carved", "259:0", 2048);
+        for (p, devno) in [("nvme0n1p1", "259:1"), ("nvme0n1p2", "259:2")] {
+            let dir = sys.path().join("block/nvme0n1").join(p);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("partition"), "1\n").unwrap();
+            fs::write(dir.join("dev"), format!("{devno}\n")).unwrap();
+        }
+        // A partition where discovery looks (as /sys/class/block would list it).
+        namespace(sys.path(), "nvme0n1p1", "w-carved", "259:1", 1024);
+        let ours = HashSet::from(["wwid:w-carved".to_owned()]);
+        let (found, excluded) = nvme_namespaces(sys.path(), Path::new("/dev"), &[], &ours);
+        assert_eq!(found.len(), 1, "{found:?} {excluded:?}");
+        assert_eq!(found[0].path, Path::new("/dev/nvme0n1"));
+        assert_eq!(found[0].size_bytes, 2048 * 512, "the whole namespace");
+        assert!(excluded.is_empty(), "{excluded:?}");
+        // The same namespace with no volume recorded on it: its partitions are not ours.
+        let (found, excluded) =
+            nvme_namespaces(sys.path(), Path::new("/dev"), &[], &HashSet::new());
+        assert!(found.is_empty(), "{found:?}");
+        assert_eq!(excluded.len(), 1, "{excluded:?}");
+        assert_eq!(excluded[0].device, "nvme0n1");
+        assert!(excluded[0].reason.contains("partitions"));
     }
 
     #[test]

@@ -362,6 +362,55 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
     })
 }
 
+/// ControllerExpandVolume or NodeExpandVolume, parsed (bytes; a `limit` of 0 is none).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Expand {
+    pub required: u64,
+    pub limit: u64,
+    /// The capability given says raw block access: no filesystem to grow.
+    pub block: bool,
+}
+
+/// ControllerExpandVolume's or NodeExpandVolume's capacity range and capability.
+/// `range_required`: the controller call must name a range (CSI spec: REQUIRED).
+pub fn expand(
+    range: Option<&csi::CapacityRange>,
+    range_required: bool,
+    cap: Option<&csi::VolumeCapability>,
+) -> Result<Expand> {
+    let range = match range {
+        Some(r) => *r,
+        None if range_required => {
+            return Err(Error::invalid(
+                "capacity_range",
+                "required: give required_bytes (the new size)",
+            ))
+        }
+        None => csi::CapacityRange::default(),
+    };
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "bytes must not be negative",
+        ));
+    }
+    if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
+        return Err(Error::invalid(
+            "capacity_range",
+            "required_bytes is larger than limit_bytes",
+        ));
+    }
+    let block = matches!(
+        cap.and_then(|c| c.access_type.as_ref()),
+        Some(AccessType::Block(_))
+    );
+    Ok(Expand {
+        required: range.required_bytes as u64,
+        limit: range.limit_bytes as u64,
+        block,
+    })
+}
+
 /// Whether the parameters ask for an NFS volume (they name a server).
 pub fn is_nfs(params: &HashMap<String, String>) -> bool {
     params.contains_key(nfs::PARAM_SERVER)
@@ -511,6 +560,26 @@ mod tests {
         }
         let ok = host_path("target_path", &format!("{r}//a/./b/"), &roots).unwrap();
         assert_eq!(ok, root.path().join("a/b"));
+    }
+
+    /// The kernel's limits are inclusive: PATH_MAX counts the NUL, so 4095 bytes of path and
+    /// 255-byte names pass, one byte more is refused.
+    #[test]
+    fn paths_and_names_at_the_kernel_limits_pass() {
+        let root = tempfile::tempdir().unwrap();
+        let roots = vec![root.path().to_owned()];
+        let mut at_max = root.path().display().to_string();
+        while 4095 - at_max.len() > 202 {
+            at_max += &format!("/{}", "a".repeat(200));
+        }
+        at_max += &format!("/{}", "b".repeat(4095 - at_max.len() - 1));
+        assert_eq!(at_max.len(), 4095);
+        assert!(host_path("target_path", &at_max, &roots).is_ok());
+        let over = format!("{at_max}c");
+        let err = host_path("target_path", &over, &roots).unwrap_err();
+        assert!(err.to_string().contains("at most 4095"), "{err}");
+        let name = root.path().join("n".repeat(255));
+        assert!(host_path("target_path", name.to_str().unwrap(), &roots).is_ok());
     }
 
     #[test]

@@ -53,6 +53,26 @@ impl ControllerService {
         }
     }
 
+    async fn expand(
+        &self,
+        req: ControllerExpandVolumeRequest,
+    ) -> Result<ControllerExpandVolumeResponse> {
+        let d = &self.driver;
+        let volume = request::volume_ref(&req.volume_id)?;
+        let cap = req.volume_capability.as_ref();
+        let expand = request::expand(req.capacity_range.as_ref(), true, cap)?;
+        let _guard = d.locks.try_lock(&req.volume_id)?;
+        let done = match &volume {
+            VolumeRef::Block(id) => d.block.expand(id, &expand).await?,
+            VolumeRef::Nfs(id) => d.nfs()?.expand(id, &expand).await?,
+            VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
+        };
+        Ok(ControllerExpandVolumeResponse {
+            capacity_bytes: done.capacity as i64,
+            node_expansion_required: done.node_expansion_required,
+        })
+    }
+
     async fn validate(
         &self,
         req: ValidateVolumeCapabilitiesRequest,
@@ -212,6 +232,7 @@ impl Controller for ControllerService {
             RpcType::ListVolumes,
             RpcType::GetCapacity,
             RpcType::SingleNodeMultiWriter,
+            RpcType::ExpandVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -253,9 +274,9 @@ impl Controller for ControllerService {
 
     async fn controller_expand_volume(
         &self,
-        _: Request<ControllerExpandVolumeRequest>,
+        request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        unimplemented("ControllerExpandVolume")
+        Ok(Response::new(self.expand(request.into_inner()).await?))
     }
 
     async fn controller_get_volume(

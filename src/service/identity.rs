@@ -4,7 +4,8 @@ use tonic::{Request, Response, Status};
 
 use super::Driver;
 use crate::csi::identity_server::Identity;
-use crate::csi::plugin_capability::{service::Type as ServiceType, Service, Type};
+use crate::csi::plugin_capability::volume_expansion::Type as ExpansionType;
+use crate::csi::plugin_capability::{service::Type as ServiceType, Service, Type, VolumeExpansion};
 use crate::csi::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
@@ -37,12 +38,20 @@ impl Identity for IdentityService {
         if self.controller {
             services.push(ServiceType::ControllerService);
         }
-        let capabilities = services
+        let mut capabilities: Vec<_> = services
             .into_iter()
             .map(|t| PluginCapability {
                 r#type: Some(Type::Service(Service { r#type: t as i32 })),
             })
             .collect();
+        if self.controller {
+            // Partition volumes grow while published (the filesystem online on the node).
+            capabilities.push(PluginCapability {
+                r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                    r#type: ExpansionType::Online as i32,
+                })),
+            });
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))

@@ -133,10 +133,27 @@ impl NodeService {
         }
     }
 
+    async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
+        let d = &self.driver;
+        let volume = request::volume_ref(&req.volume_id)?;
+        let path = self.volume_path(&req.volume_id, &req.volume_path)?;
+        let cap = req.volume_capability.as_ref();
+        let expand = request::expand(req.capacity_range.as_ref(), false, cap)?;
+        let _guard = d.locks.try_lock(&volume.raw())?;
+        let capacity = match &volume {
+            VolumeRef::Block(id) => d.block.node_expand(id, &path, &expand).await?,
+            VolumeRef::Nfs(id) => d.nfs()?.node_expand(id, &path, &expand).await?,
+            VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
+        };
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: capacity as i64,
+        })
+    }
+
     /// NodeGetInfo's topology: the node key, plus `<driver>/gds-nvme` and
-    /// `<driver>/gds-nfs-rdma` ("true"/"false") from the gate's node checks at call time.
-    /// The kubelet reads them once, at plugin registration: restart the node plugin pod
-    /// to refresh them.
+    /// `<driver>/gds-nfs-rdma` = "true" for the backends whose node checks pass at call
+    /// time (absent when not). The kubelet reads them at plugin registration; the readiness
+    /// watcher (`crate::readiness`) makes it register again when they change.
     fn topology(&self) -> HashMap<String, String> {
         let d = &self.driver;
         crate::gds_gate::node_topology(d.gds_gate.as_deref(), &d.name, d.node_segment())
@@ -186,11 +203,9 @@ impl Node for NodeService {
 
     async fn node_expand_volume(
         &self,
-        _: Request<NodeExpandVolumeRequest>,
+        request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "volumes are whole devices and cannot be expanded",
-        ))
+        Ok(Response::new(self.expand(request.into_inner()).await?))
     }
 
     async fn node_get_capabilities(
@@ -202,6 +217,7 @@ impl Node for NodeService {
             RpcType::GetVolumeStats,
             RpcType::VolumeCondition,
             RpcType::SingleNodeMultiWriter,
+            RpcType::ExpandVolume,
         ]
         .into_iter()
         .map(|t| NodeServiceCapability {

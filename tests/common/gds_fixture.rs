@@ -30,6 +30,17 @@ impl Tree {
         }
     }
 
+    /// A GPU node with nvidia_fs loaded (`modules`: the drivers registered with it, as
+    /// /proc/driver/nvidia-fs/modules lists them) and the NVMe volume 259:0 mounted at
+    /// `mount_point` (`udev`: whether udev's database has its filesystem entry).
+    pub fn gpu_nvme(root: &Path, modules: &str, mount_point: &Path, udev: bool) -> Tree {
+        let t = Tree::new(root);
+        t.gpu_node()
+            .nvidia_fs(modules)
+            .nvme_volume(mount_point, udev);
+        t
+    }
+
     pub fn write(&self, rel: &str, text: &str) -> &Self {
         let p = self.root.join(rel);
         fs::create_dir_all(p.parent().expect("parent")).expect("fixture dir");
@@ -97,6 +108,61 @@ impl Tree {
             self.remove("run/udev/data/b259:0");
         }
         self
+    }
+
+    /// Partition 1 of the PCIe namespace `nvme0n1`, `nvme0n1p1` (dev 259:1), as the
+    /// partition layout carves it: ext4 mounted at `mount_point` with `data=ordered`;
+    /// `udev`: whether the udev database has the partition's entry (`b259:1`).
+    pub fn nvme_partition_volume(&self, mount_point: &Path, udev: bool) -> &Self {
+        let ctrl = "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0";
+        let part = format!("{ctrl}/nvme0n1/nvme0n1p1");
+        self.write(&format!("{ctrl}/transport"), "pcie\n")
+            .write(&format!("{ctrl}/nvme0n1/dev"), "259:0\n")
+            .link(&format!("{ctrl}/nvme0n1/device"), "..")
+            .write(&format!("{part}/dev"), "259:1\n")
+            .write(&format!("{part}/partition"), "1\n")
+            .write(&format!("{part}/start"), "2048\n")
+            .link(
+                "sys/dev/block/259:1",
+                "../../devices/pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1/nvme0n1p1",
+            )
+            .mountinfo(&format!(
+                "100 29 259:1 / {} rw,relatime shared:50 - ext4 /dev/nvme0n1p1 rw,data=ordered",
+                mount_point.display()
+            ));
+        self.udev_entry("259:1", udev)
+    }
+
+    /// Partition 1 of the loop device `loop0`, `loop0p1` (dev 259:5: loop partitions get
+    /// minors of the extended major), ext4 mounted at `mount_point`, with its udev entry.
+    pub fn loop_partition_volume(&self, mount_point: &Path) -> &Self {
+        let dir = "sys/devices/virtual/block/loop0";
+        self.write(&format!("{dir}/loop/backing_file"), "/var/img\n")
+            .write(&format!("{dir}/dev"), "7:0\n")
+            .write(&format!("{dir}/loop0p1/dev"), "259:5\n")
+            .write(&format!("{dir}/loop0p1/partition"), "1\n")
+            .link(
+                "sys/dev/block/259:5",
+                "../../devices/virtual/block/loop0/loop0p1",
+            )
+            .mountinfo(&format!(
+                "100 29 259:5 / {} rw,relatime shared:50 - ext4 /dev/loop0p1 rw,data=ordered",
+                mount_point.display()
+            ));
+        self.udev_entry("259:5", true)
+    }
+
+    fn udev_entry(&self, majmin: &str, present: bool) -> &Self {
+        let rel = format!("run/udev/data/b{majmin}");
+        if present {
+            self.write(
+                &rel,
+                "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\nE:ID_PART_ENTRY_NUMBER=1\n\
+                 E:ID_FS_UUID=5e1f1a4c-0000-4000-8000-000000000002\n",
+            )
+        } else {
+            self.remove(&rel)
+        }
     }
 
     /// md RAID0 `md0` (dev 9:0) over the PCIe namespaces `nvme0n1` (259:0) and `nvme1n1`

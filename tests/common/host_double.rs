@@ -44,7 +44,7 @@ pub struct HostDouble {
     /// What the "kernel" reports as an NFS mount's proto (None: what was asked).
     pub negotiate_proto: Mutex<Option<String>>,
     /// The NFS server is gone: a plain unmount of an NFS mount hangs, `umount -f` fails
-    /// (busy), `umount -l` detaches.
+    /// (busy), `umount -l` detaches, statvfs blocks until it is back.
     pub server_gone: AtomicBool,
 }
 
@@ -247,6 +247,14 @@ impl Host for HostDouble {
         self.state.lock().unwrap().signatures.remove(device);
         Ok(())
     }
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+        self.record(format!(
+            "grow {fs:?} {} at {}",
+            device.display(),
+            mount_point.display()
+        ));
+        Ok(())
+    }
     async fn zero_device(&self, device: &Path) -> Result<()> {
         self.record(format!("zero {}", device.display()));
         self.state.lock().unwrap().signatures.remove(device);
@@ -328,6 +336,11 @@ impl Host for HostDouble {
     }
     fn statvfs(&self, path: &Path) -> Result<FsUsage> {
         self.record(format!("statvfs {}", path.display()));
+        // A hard NFS mount's statvfs waits for the gone server (in the kernel, unkillable
+        // from here): blocks its thread until the server is back.
+        while self.server_gone.load(Ordering::SeqCst) && self.is_nfs_at(path) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         real().statvfs(path)
     }
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use gds_csi::client::Clients;
 use gds_csi::config::Mode;
+use gds_csi::csi::Clients;
 use gds_csi::service::Driver;
 use sha2::{Digest, Sha256};
 

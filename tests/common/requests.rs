@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use gds_csi::client::Clients;
 use gds_csi::csi::volume_capability::{
     access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 
 /// `mode` access to a raw block volume (`block`) or an ext4-by-default mount.
@@ -130,6 +130,20 @@ pub async fn publish(
         .node_publish_volume(publish_request(id, staging, target, cap))
         .await
         .map(drop)
+}
+
+/// Stage (the staging directory created first, as the kubelet does) and publish; panics
+/// on a failure: for tests whose subject comes after.
+pub async fn stage_and_publish(
+    c: &mut Clients,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+) {
+    std::fs::create_dir_all(staging).expect("staging dir");
+    stage(c, id, staging, cap.clone()).await.expect("stage");
+    publish(c, id, staging, target, cap).await.expect("publish");
 }
 
 pub async fn unpublish(c: &mut Clients, id: &str, target: &Path) -> Result<(), tonic::Status> {

@@ -362,7 +362,17 @@ check "the registrar's /healthz answers 200 ($REGISTRAR_HEALTH)" \
   curl -fsS --max-time 10 -o /dev/null "http://$REGISTRAR_HEALTH/healthz"
 node_label() { "$KUBECTL" get node "$NODE" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$1}"; }
 check "the kubelet labelled the node from NodeGetInfo ($DRIVER/node=$NODE)" [ "$(node_label node)" = "$NODE" ]
-check "the node's GDS label says no GDS here ($DRIVER/gds-nvme=false)" [ "$(node_label gds-nvme)" = false ]
+# Not ready is no label at all: a "false" label could never become "true" (the kubelet
+# refuses to change a topology label's value).
+check "the node has no GDS label here (no $DRIVER/gds-nvme: not ready)" [ -z "$(node_label gds-nvme)" ]
+if [ "$DEPLOY" = chart ]; then
+  # The chart's --registration-socket names the registrar's socket as the driver container
+  # sees it (through its kubelet-dir mount): what its readiness watcher relinks.
+  reg_socket_seen() {
+    "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- test -S "$KUBELET_DIR/plugins_registry/$DRIVER-reg.sock"
+  }
+  check "the driver container sees the registrar's socket at its --registration-socket path" reg_socket_seen
+fi
 check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
 echo "node and driver ready in $((SECONDS - start)) s"
 
@@ -545,6 +555,81 @@ pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the claim" wait_for 60 pv_gone
 check "no mounts left under the kubelet directory" wait_for 30 unstaged
 check "the node's capacity is back to 128 MiB" wait_for 60 has_capacity "$NODE" 128
+
+# --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
+# A second instance of the driver, with the stand-in registrar, as host processes in both
+# modes: its node checks read a fixture host tree (this machine has no GPU and no nvidia_fs),
+# where "loading nvidia_fs" is writing the files the checks read. The kubelet must label the
+# node without the driver or the registrar restarting: the driver's readiness watcher relinks
+# the registration socket and the kubelet registers it again (src/readiness).
+WATCHED_DRIVER=readiness.gds-csi.test
+R_HOST=$WORK/readiness-host
+R_SOCKET=$KUBELET_DIR/plugins/$WATCHED_DRIVER/csi.sock
+R_HEALTH=127.0.0.1:64455
+mkdir -p "$R_HOST/proc/driver/nvidia/gpus/0000:18:00.0" "$R_HOST/proc/sys/kernel" "$R_HOST/dev" \
+  "$R_HOST/sys/module" "$R_HOST/etc" "$R_HOST/run/udev/data" "$(dirname "$R_SOCKET")"
+echo "Model: NVIDIA H200" >"$R_HOST/proc/driver/nvidia/gpus/0000:18:00.0/information"
+: >"$R_HOST/dev/nvidia0"
+echo "BOOT_IMAGE=/vmlinuz ro iommu=pt" >"$R_HOST/proc/cmdline"
+echo "5.15.0-100-generic" >"$R_HOST/proc/sys/kernel/osrelease"
+cat >"$R_HOST/etc/cufile.json" <<'JSON'
+{ "logging": { "level": "ERROR" },
+  "properties": { "allow_compat_mode": false, "max_direct_io_size_kb": 16384 },
+  "denylist": { "drivers": [], "devices": [], "mounts": [], "filesystems": [] } }
+JSON
+"$GDS_CSI" serve --mode node --endpoint "unix://$R_SOCKET" --node-id "$NODE" --driver-name "$WATCHED_DRIVER" \
+  --state-dir "$WORK/readiness-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
+  --host-proc "$R_HOST/proc" --host-sys "$R_HOST/sys" --host-dev "$R_HOST/dev" \
+  --cufile-json "$R_HOST/etc/cufile.json" --udev-data-dir "$R_HOST/run/udev/data" \
+  --registration-socket "$KUBELET_DIR/plugins_registry/$WATCHED_DRIVER-reg.sock" --readiness-interval 1s \
+  2>"$WORK/readiness-driver.log" &
+R_DRIVER_PID=$!
+PIDS+=("$R_DRIVER_PID")
+wait_for_socket "$R_SOCKET"
+"$CACHE_BIN/gds-csi-registrar" --csi-address "$R_SOCKET" --kubelet-registration-path "$R_SOCKET" \
+  --plugin-registration-path "$KUBELET_DIR/plugins_registry" --http-endpoint "$R_HEALTH" \
+  >"$WORK/readiness-registrar.log" 2>&1 &
+R_REGISTRAR_PID=$!
+PIDS+=("$R_REGISTRAR_PID")
+r_label() {
+  "$KUBECTL" get node "$NODE" -o json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["labels"].get(sys.argv[1], ""))' "$WATCHED_DRIVER/gds-nvme"
+}
+r_keys() { "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$WATCHED_DRIVER\")].topologyKeys}"; }
+r_registered() { [[ "$(r_keys)" == *"$WATCHED_DRIVER/node"* ]]; }
+check "a second driver (fixture GDS host without nvidia_fs) registers with the kubelet" wait_for 60 r_registered
+r_not_ready() { [ -z "$(r_label)" ] && [[ "$(r_keys)" != *gds-nvme* ]]; }
+check "not ready: no $WATCHED_DRIVER/gds-nvme label, no gds-nvme topology key" r_not_ready
+registrations() { grep -c "registered with the kubelet" "$WORK/readiness-registrar.log"; }
+first_registrations=$(registrations)
+# nvidia_fs loaded after the driver started, with the NVMe driver registered with it.
+mkdir -p "$R_HOST/sys/module/nvidia_fs" "$R_HOST/proc/driver/nvidia-fs"
+echo "2.20.5" >"$R_HOST/sys/module/nvidia_fs/version"
+echo "version: 2.20" >"$R_HOST/proc/driver/nvidia-fs/version"
+echo "nvme: 1" >"$R_HOST/proc/driver/nvidia-fs/modules"
+: >"$R_HOST/dev/nvidia-fs0"
+flip=$SECONDS
+r_ready() { [ "$(r_label)" = true ] && [[ "$(r_keys)" == *"$WATCHED_DRIVER/gds-nvme"* ]]; }
+check "nvidia_fs loaded later: the kubelet labels the node $WATCHED_DRIVER/gds-nvme=true" wait_for 60 r_ready
+echo "     label changed $((SECONDS - flip)) s after the flip (watcher interval 1s)"
+same_processes() {
+  kill -0 "$R_DRIVER_PID" && kill -0 "$R_REGISTRAR_PID" &&
+    [ "$(registrations)" -gt "$first_registrations" ] &&
+    curl -fsS --max-time 10 -o /dev/null "http://$R_HEALTH/healthz"
+}
+check "by a new registration through the same driver and registrar processes (registrar /healthz 200)" same_processes
+relinked() { grep -q "registration socket relinked" "$WORK/readiness-driver.log"; }
+check "the driver's log says it relinked the registration socket" relinked
+# Unloaded again: the CSINode's keys follow; the label is the kubelet's and stays.
+ready_registrations=$(registrations)
+rm -rf "$R_HOST/sys/module/nvidia_fs" "$R_HOST/proc/driver/nvidia-fs" "$R_HOST/dev/nvidia-fs0"
+r_key_dropped() {
+  [ "$(registrations)" -gt "$ready_registrations" ] && r_registered && [[ "$(r_keys)" != *gds-nvme* ]]
+}
+check "nvidia_fs unloaded: re-registered, the CSINode's topology keys drop gds-nvme" wait_for 60 r_key_dropped
+check "while the kubelet keeps the label (it never removes one; the publish gate still refuses)" \
+  [ "$(r_label)" = true ]
+kill "$R_REGISTRAR_PID" "$R_DRIVER_PID"
 
 echo "kubelet e2e wall time: $((SECONDS - start)) s"
 echo "$passed passed, $failed failed"

@@ -73,12 +73,12 @@ export PATH="$VENV/bin:$PATH"
 set +e
 timeout 840 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
   --qemu-opts="$qemu_opts" \
-  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN" 2>&1 | tee "$WORK/console.log"
+  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN ${VM_PARTITION:+partition}" 2>&1 | tee "$WORK/console.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo
 echo "=== summary"
-grep -hE "^csi-sanity (nvme|nfs):" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
+grep -hE "^csi-sanity (nvme|nfs|nvme-partition):|sgdisk -v" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
 grep -hE "^(PASS|FAIL) " "$OUT/scenarios.out" 2>/dev/null | sed 's/^/  /' || true
 grep -hE "^scenarios:" "$OUT/scenarios.out" 2>/dev/null || true
 echo "outputs: $OUT (csi-sanity outputs, driver log), console: $WORK/console.log"

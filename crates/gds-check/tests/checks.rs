@@ -766,3 +766,128 @@ fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {
         "{c:#?}"
     );
 }
+
+/// Each passthrough/off argument the IOMMU check documents is enough on its own; without one
+/// an active IOMMU is a warning, and without IOMMU units there is nothing to pass through.
+#[test]
+fn iommu_each_documented_argument_alone_passes() {
+    let h = Host::new();
+    h.write("proc/cmdline", "ro iommu=pt\n");
+    let iommu = |h: &Host| get(&node_checks(&h.paths, Backend::Nvme), "iommu").clone();
+    assert_eq!(iommu(&h).status, Status::Pass, "no IOMMU units");
+    h.mkdir("sys/class/iommu/dmar0");
+    for arg in [
+        "iommu=pt",
+        "iommu.passthrough=1",
+        "intel_iommu=off",
+        "amd_iommu=off",
+    ] {
+        h.write("proc/cmdline", &format!("ro quiet {arg}\n"));
+        let c = iommu(&h);
+        assert_eq!(c.status, Status::Pass, "{arg}: {}", c.evidence);
+        assert!(c.evidence.contains("dmar0"), "{}", c.evidence);
+    }
+    h.write("proc/cmdline", "ro quiet iommu=on\n");
+    assert_eq!(iommu(&h).status, Status::Warn);
+}
+
+/// The RDMA check names cufile.json's NFS RDMA addresses when there are some, and only then.
+#[test]
+fn rdma_evidence_names_the_configured_addresses() {
+    let h = Host::new();
+    h.nvfs_loaded("rpcrdma: 1\n")
+        .mkdir("sys/class/infiniband/mlx5_0")
+        .write("etc/cufile.json", CUFILE_OK);
+    let ev = get(&node_checks(&h.paths, Backend::NfsRdma), "rdma.devices")
+        .evidence
+        .clone();
+    assert!(ev.contains("mlx5_0"), "{ev}");
+    assert!(!ev.contains("rdma_dev_addr_list"), "{ev}");
+    h.write(
+        "etc/cufile.json",
+        r#"{ "fs": { "nfs": { "rdma_dev_addr_list": ["192.0.2.7", "192.0.2.8"] } } }"#,
+    );
+    let ev = get(&node_checks(&h.paths, Backend::NfsRdma), "rdma.devices")
+        .evidence
+        .clone();
+    assert!(
+        ev.contains("fs.nfs.rdma_dev_addr_list: 192.0.2.7 192.0.2.8"),
+        "{ev}"
+    );
+}
+
+/// nvidia_fs loaded but without NVMe registered, and P2PDMA not available either: the
+/// P2PDMA check is a failure naming what is missing, not "not used (nvidia_fs path is
+/// ready)" because some other nvidia_fs check passed.
+#[test]
+fn p2pdma_fails_when_only_other_nvidia_fs_checks_pass() {
+    let h = Host::new();
+    h.nvfs_loaded("wekafsio: 1\n")
+        .write("etc/cufile.json", CUFILE_OK)
+        .write("proc/sys/kernel/osrelease", "5.15.0\n");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    assert_eq!(get(&c, "nvidia_fs.module").status, Status::Pass);
+    assert_eq!(get(&c, "nvidia_fs.storage_driver").status, Status::Fail);
+    let p = get(&c, "nvme.p2pdma");
+    assert_eq!(p.status, Status::Fail, "{}", p.evidence);
+    assert!(p.evidence.contains("missing"), "{}", p.evidence);
+}
+
+/// cufile.json's evidence line shows each key's value, and "unset" for an absent one.
+#[test]
+fn cufile_config_evidence_shows_set_and_unset_keys() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "allow_compat_mode": false, "use_poll_mode": true } }"#,
+    );
+    let ev = get(&node_checks(&h.paths, Backend::Nvme), "cufile.config")
+        .evidence
+        .clone();
+    for want in [
+        "allow_compat_mode=false",
+        "force_compat_mode=unset",
+        "use_pci_p2pdma=unset",
+        "use_poll_mode=true",
+    ] {
+        assert!(ev.contains(want), "{want} in {ev}");
+    }
+}
+
+/// Only `nvidia-fs<N>` (nvidia-fs0 .. nvidia-fs15) are nvidia-fs's device nodes: a bare
+/// `nvidia-fs` or another suffix is not one.
+#[test]
+fn device_nodes_are_nvidia_fs_and_a_number() {
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n")
+        .write("dev/nvidia-fs", "")
+        .write("dev/nvidia-fsctl", "");
+    let c = node_checks(&h.paths, Backend::Nvme);
+    let d = get(&c, "nvidia_fs.devices");
+    assert_eq!(d.status, Status::Pass);
+    assert!(
+        d.evidence.starts_with("nvidia-fs0 nvidia-fs1 in "),
+        "{}",
+        d.evidence
+    );
+}
+
+/// An NVMe-oF/RDMA volume while nvidia_fs registers only the PCIe driver (read with a device
+/// held open, as cuFile sees it): a failure naming nvme_rdma.
+#[test]
+fn nvme_of_volume_fails_without_nvme_rdma_registered() {
+    let h = nvme_volume("302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw", true);
+    h.write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "rdma\n",
+    );
+    let _d = double(&h, &["nvme"], false);
+    let c = volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/vol"));
+    let t = get(&c, "volume.nvme_transport");
+    assert_eq!(t.status, Status::Fail, "{t:#?}");
+    assert!(
+        t.evidence.contains("nvme_rdma is not registered"),
+        "{}",
+        t.evidence
+    );
+}

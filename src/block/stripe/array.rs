@@ -31,8 +31,9 @@ struct Member {
 impl Striped {
     /// The volume's array running (created, adopted or assembled); its node.
     pub async fn ensure_array(&self, host: &dyn Host, id: &BlockVolumeId) -> Result<PathBuf> {
-        let _guard = self.parts.lock.lock().await;
         let raw = id.to_string();
+        // The members' labels stay as they are while the array is assembled over them.
+        let _members = self.lock_members(&raw).await?;
         let rec = self.record(&raw)?;
         let stripe = stripe_of(&raw, &rec)?;
         if let Some(running) = stripe

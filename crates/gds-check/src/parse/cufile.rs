@@ -123,6 +123,29 @@ pub fn parse_cufile_json(text: &str) -> Result<CufileConfig, ParseError> {
 mod tests {
     use super::*;
 
+    /// Compat mode is allowed by default, off only with allow_compat_mode false, and forced
+    /// on by force_compat_mode whatever allow_compat_mode says.
+    #[test]
+    fn compat_allowed_follows_both_keys() {
+        for (props, allowed) in [
+            ("", true),
+            (r#""allow_compat_mode": true"#, true),
+            (r#""allow_compat_mode": false"#, false),
+            (
+                r#""allow_compat_mode": false, "force_compat_mode": false"#,
+                false,
+            ),
+            (
+                r#""allow_compat_mode": false, "force_compat_mode": true"#,
+                true,
+            ),
+            (r#""force_compat_mode": false"#, true),
+        ] {
+            let c = parse_cufile_json(&format!(r#"{{ "properties": {{ {props} }} }}"#)).unwrap();
+            assert_eq!(c.compat_allowed(), allowed, "{props}");
+        }
+    }
+
     #[test]
     fn cufile_config() {
         let t = r#"{

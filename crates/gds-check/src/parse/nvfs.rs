@@ -232,6 +232,11 @@ mod tests {
         assert!(parse_modules("").unwrap().is_empty());
         assert!(parse_modules("\u{0}\u{1}garbage here: x").is_err());
         assert!(parse_modules(": 1").is_err());
+        // The error names the line, counted from 1.
+        match parse_modules("nvme: 1\nnvme_rdma: 1\nbad name: 1\n") {
+            Err(ParseError::Malformed { line, .. }) => assert_eq!(line, 3),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -107,6 +107,16 @@ pub(super) fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<La
     }
     let dir = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let name = name_of(&dir);
+    // A partition (the partition layout's volumes, issue 13) is followed to its disk and
+    // judged as that disk: nvidia_fs has no notion of partitions. It maps the block
+    // requests of the disk's queue (`nvfs_blk_rq_check`: `req->q`, gds-nvidia-fs
+    // src/nvfs-dma.c:246-247) through the DMA ops the disk's driver registered
+    // (`nvme_v1/v2_register_nvfs_dma_ops`, src/nvfs-dma.c:61-80), and the block layer
+    // remaps a partition's I/O onto its disk's queue. So a partition of an NVMe namespace
+    // needs the parent's driver (nvme) registered, which the node's
+    // `nvidia_fs.storage_driver` check asks; a partition of device-mapper, md or a loop
+    // device is judged by what lies below it. The udev entry cuFile needs is the mounted
+    // device's own, the partition's (`block_checks::udev_check` with the mount's dev).
     if dir.join("partition").exists() {
         out.push(Layer::Partition(name));
         if let Some(parent) = dir.parent() {

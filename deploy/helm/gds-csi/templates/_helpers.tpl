@@ -77,10 +77,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.logFormat (list "text" "json")) -}}
 {{- fail (printf "logFormat must be text or json, got %q" .Values.logFormat) -}}
 {{- end -}}
-{{- if not (has .Values.storageClasses.nvme.fsType (list "ext4" "xfs")) -}}
-{{- fail (printf "storageClasses.nvme.fsType must be ext4 or xfs, got %q" .Values.storageClasses.nvme.fsType) -}}
+{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nvmeWhole" .Values.storageClasses.nvmeWhole -}}
+{{- if not (has $sc.fsType (list "ext4" "xfs")) -}}
+{{- fail (printf "storageClasses.%s.fsType must be ext4 or xfs, got %q" $name $sc.fsType) -}}
 {{- end -}}
-{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nfs" .Values.storageClasses.nfs -}}
+{{- end -}}
+{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nvmeWhole" .Values.storageClasses.nvmeWhole "nfs" .Values.storageClasses.nfs -}}
 {{- if not (has $sc.gdsPolicy (list "required" "preferred" "disabled")) -}}
 {{- fail (printf "storageClasses.%s.gdsPolicy must be required, preferred or disabled, got %q" $name $sc.gdsPolicy) -}}
 {{- end -}}

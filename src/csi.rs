@@ -1,27 +1,22 @@
-//! A CSI client over the unix socket, for the demo, the tests and the benches.
+//! The CSI v1 API: the code generated from the vendored `proto/csi.proto` (CSI spec
+//! v1.12.0), and the client the demo, the scenarios, the bench, the tests and `gds-csi
+//! probe` share: the three services on one channel, and the wait for Probe `ready`.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
-use crate::csi::controller_client::ControllerClient;
-use crate::csi::identity_client::IdentityClient;
-use crate::csi::node_client::NodeClient;
-use crate::csi::ProbeRequest;
-
-pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
-    let socket = socket.to_owned();
-    // The URI is required by tonic but unused: every connection goes to the socket.
-    Endpoint::from_static("http://[::1]:1")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
-        .await
+mod generated {
+    #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    tonic::include_proto!("csi.v1");
 }
+pub use generated::*;
+
+use controller_client::ControllerClient;
+use identity_client::IdentityClient;
+use node_client::NodeClient;
 
 /// The three CSI clients on one channel.
 #[derive(Clone)]
@@ -32,8 +27,13 @@ pub struct Clients {
 }
 
 impl Clients {
+    /// Connects through tonic's own `unix:` endpoint (tonic 0.14.9
+    /// src/transport/channel/endpoint.rs:209-214 turns `unix://PATH` into a socket endpoint,
+    /// :632-633 connects it with uds_connector.rs:41's `UnixStream::connect`). A path that is
+    /// not UTF-8 is refused by tonic as an invalid URI.
     pub async fn connect(socket: &Path) -> Result<Self, tonic::transport::Error> {
-        let channel = connect(socket).await?;
+        let uri = [b"unix://", socket.as_os_str().as_bytes()].concat();
+        let channel = Endpoint::from_shared(uri)?.connect().await?;
         Ok(Clients {
             identity: IdentityClient::new(channel.clone()),
             controller: ControllerClient::new(channel.clone()),

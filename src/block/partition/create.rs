@@ -1,0 +1,200 @@
+//! CreateVolume of the partition layout: pick a device, claim the volume in the state
+//! file, carve its partition, record where it is, all under the chosen device's lock.
+//!
+//! Picking runs in a short pool-wide section (`placing`): the devices whose lock is free
+//! are locked and their labels read; the best fit keeps its lock, the others are let go
+//! at once. A device busy with another create or a delete (an erase can take minutes) is
+//! passed over, so a create never waits for another drive while one that fits is free;
+//! only when nothing free fits does it wait for the busy ones and pick again. The label
+//! read under the lock is the one the carve changes (it reads it again, still under the
+//! lock), so two creates never carve the same extent.
+
+use tracing::info;
+
+use super::guard::{bounded, DeviceGuard};
+use super::{csi_error, read_label, Partitioned};
+use crate::error::{Error, Result};
+use crate::faults::{self, KillPoint};
+use crate::os::Host;
+use crate::partition::{self as gpt, label, volume, OnDisk, SizeRange};
+use crate::pool::{AllocationRequest, PartitionRecord, PoolDevice, VolumeRecord};
+use crate::volume_id::{BlockVolumeId, IdLayout};
+
+/// Free devices locked with what they carry, and the ids of the busy ones.
+type Locked = (Vec<(PoolDevice, OnDisk, DeviceGuard)>, Vec<String>);
+
+impl Partitioned {
+    pub(super) async fn allocate_volume(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)> {
+        if let Some((id, rec)) = self.existing(req)? {
+            if rec.partition.is_some() {
+                return Ok((id, rec));
+            }
+            let _device = self.device_lock(&rec.device_id).await;
+            return self.carve(&id.to_string()).await;
+        }
+        let range = SizeRange {
+            required: req.required_bytes,
+            limit: req.limit_bytes,
+        };
+        let size = range.size(gpt::ALIGN).map_err(csi_error)?;
+        let (dev, mut guard) = self.place(host, size).await?;
+        let raw = self.claim(req, &dev, size)?;
+        // A create of the same name that claimed first (on another device) wins: carve
+        // its claim under its device's lock.
+        let rec = self.record(&raw)?;
+        if rec.device_id != dev.id {
+            drop(guard);
+            guard = self.device_lock(&rec.device_id).await;
+        }
+        faults::reached(KillPoint::PartAfterClaim);
+        let done = self.carve(&raw).await;
+        drop(guard);
+        done
+    }
+
+    /// A pool device to carve `size` bytes from, returned locked (see the module doc).
+    async fn place(&self, host: &dyn Host, size: u64) -> Result<(PoolDevice, DeviceGuard)> {
+        loop {
+            let busy = {
+                let _placing = self.placing.lock().await;
+                let (free, busy) = self.lock_free_devices();
+                if let Some(found) = self.pick(host, free, size).await? {
+                    return Ok(found);
+                }
+                busy
+            };
+            if busy.is_empty() {
+                return Err(Error::ResourceExhausted(format!(
+                    "no pool device on node {} has a free extent of {size} bytes, and no \
+                     blank device is big enough; delete a volume or add devices",
+                    self.pool.node_id()
+                )));
+            }
+            // Nothing free fits: wait until the busy devices are done, then pick again.
+            for id in busy {
+                drop(self.device_lock(&id).await);
+            }
+        }
+    }
+
+    fn lock_free_devices(&self) -> Locked {
+        let (mut free, mut busy) = (Vec::new(), Vec::new());
+        for dev in self.carvable() {
+            match self.locks.try_lock(&dev.id) {
+                Some(g) => free.extend(read_label(dev).map(|(d, on)| (d, on, g))),
+                None => busy.push(dev.id),
+            }
+        }
+        (free, busy)
+    }
+
+    /// The best fit among our labels, else the smallest blank free device (probed, then
+    /// labelled). None when no locked device can hold `size`.
+    async fn pick(
+        &self,
+        host: &dyn Host,
+        mut locked: Vec<(PoolDevice, OnDisk, DeviceGuard)>,
+        size: u64,
+    ) -> Result<Option<(PoolDevice, DeviceGuard)>> {
+        let labels: Vec<_> = locked
+            .iter()
+            .filter_map(|(d, on, _)| match on {
+                OnDisk::Ours { label, .. } => Some((d.path.clone(), label.clone())),
+                _ => None,
+            })
+            .collect();
+        if let Some((path, _)) = volume::choose(&labels, size) {
+            let at = locked.iter().position(|(d, _, _)| d.path == path);
+            return Ok(at.map(|i| locked.swap_remove(i)).map(|(d, _, g)| (d, g)));
+        }
+        locked.retain(|(d, on, _)| *on == OnDisk::Blank && super::blank_capacity(d).1 >= size);
+        locked.sort_by_key(|(d, _, _)| (d.size_bytes, d.id.clone()));
+        let mounts = host.mount_table()?;
+        for (dev, _, guard) in locked {
+            if !self.pool.uses(&dev, &mounts).is_empty() {
+                continue;
+            }
+            let sigs = host.probe_signatures(&dev.path).await?;
+            let Some(proof) = label::Blank::from_signature_probe(&dev.path, &sigs) else {
+                continue;
+            };
+            let path = dev.path.clone();
+            let write = move || label::create(&path, proof);
+            bounded(&dev.path, "writing a new label", self.label_deadline, write).await?;
+            self.keep_from_whole_device_use(&dev);
+            info!(device = %dev.path.display(), "new gds-csi partition table");
+            return Ok(Some((dev, guard)));
+        }
+        Ok(None)
+    }
+
+    /// A device carrying our label is no free whole device, also once its last
+    /// partition is gone (the start-up probe says the same from its signature).
+    pub(crate) fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
+        let why = "a gds-csi partition table (layout: partition)".to_owned();
+        self.pool.set_foreign(&dev.id, Some(why));
+    }
+
+    /// Records the volume on `dev` before carving, so a retry carves the same partition.
+    fn claim(&self, req: &AllocationRequest, dev: &PoolDevice, size: u64) -> Result<String> {
+        self.pool.state.update(|state| {
+            if let Some((id, _)) = state.by_name(&req.name) {
+                return Ok(id.clone());
+            }
+            let uuid = uuid::Uuid::new_v4();
+            let id = BlockVolumeId {
+                device_id: dev.id.clone(),
+                allocation: uuid.simple().to_string()[..8].to_owned(),
+                node_id: self.pool.node_id().to_owned(),
+                layout: IdLayout::Partition,
+            };
+            let record = VolumeRecord {
+                name: req.name.clone(),
+                device_id: dev.id.clone(),
+                device_key: dev.key.clone(),
+                capacity_bytes: size,
+                fs_type: req.fs_type,
+                parameters: req.parameters.clone(),
+                fs_uuid: uuid.hyphenated().to_string(),
+                formatted: false,
+                deleting: false,
+                device_identity: None,
+                partition: None,
+                stripe: None,
+            };
+            state.volumes.insert(id.to_string(), record);
+            Ok(id.to_string())
+        })
+    }
+
+    /// Carves (or finds) the claimed volume's partition and records where it is. The
+    /// caller holds the device's lock.
+    async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
+        let rec = self.record(raw)?;
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let dev = self.parent(&rec)?;
+        let (path, name, size) = (dev.path.clone(), id.allocation.clone(), rec.capacity_bytes);
+        let write = move || volume::carve(&path, &name, size);
+        let carved = bounded(&dev.path, "carving a partition", self.label_deadline, write).await?;
+        faults::reached(KillPoint::PartAfterLabel);
+        let part = PartitionRecord {
+            partuuid: carved.partuuid.to_string(),
+            number: carved.number,
+        };
+        let rec = self.pool.state.update(|s| {
+            let r = s
+                .volumes
+                .get_mut(raw)
+                .ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+            r.partition = Some(part);
+            Ok(r.clone())
+        })?;
+        faults::reached(KillPoint::AfterAllocate);
+        info!(volume_id = raw, node = %carved.node.display(), "partition carved");
+        Ok((id, rec))
+    }
+}

@@ -1,0 +1,126 @@
+//! DeleteVolume of the partition layout, under the device's lock: erase the partition
+//! (signatures wiped, every block zeroed), take it out of the kernel, then out of the
+//! label, then drop the record. Each step is idempotent, so a retry after a crash at any
+//! kill point finds where the last try stopped and finishes the job.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::guard::bounded;
+use super::{as_device, csi_error, Partitioned, ZERO_CHUNK_DEADLINE};
+use crate::error::{Error, Result};
+use crate::faults::{self, KillPoint};
+use crate::os::{Host, MountEntry};
+use crate::partition::{self as gpt, volume, Carved};
+use crate::pool::{PoolDevice, VolumeRecord};
+
+impl Partitioned {
+    pub(super) async fn release_volume(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        let Ok(rec) = self.record(volume_id) else {
+            return Ok(());
+        };
+        let _device = self.device_lock(&rec.device_id).await;
+        let parent = self.pool.fresh_device(&rec.device_id, mounts);
+        if let Some(parent) = &parent {
+            if let Some(carved) = self.carved(volume_id, &rec, &parent.path)? {
+                self.erase(host, volume_id, &rec, parent, &carved, mounts)
+                    .await?;
+                faults::reached(KillPoint::DeleteAfterWipe);
+                self.remove(&parent.path, carved.partuuid).await?;
+                self.keep_from_whole_device_use(parent);
+            }
+        }
+        self.pool.state.update(|s| {
+            s.volumes.remove(volume_id);
+            Ok(())
+        })?;
+        info!(volume_id, "partition released");
+        Ok(())
+    }
+
+    /// Out of the kernel (refused while open), then out of the label, each bounded.
+    async fn remove(&self, parent: &std::path::Path, partuuid: uuid::Uuid) -> Result<()> {
+        let path = parent.to_owned();
+        let unshow = move || volume::unshow(&path, &partuuid);
+        bounded(
+            parent,
+            "removing a partition from the kernel",
+            self.label_deadline,
+            unshow,
+        )
+        .await?;
+        faults::reached(KillPoint::PartAfterUnshow);
+        let path = parent.to_owned();
+        let remove = move || volume::remove(&path, &partuuid);
+        bounded(
+            parent,
+            "removing a partition from the label",
+            self.label_deadline,
+            remove,
+        )
+        .await?;
+        faults::reached(KillPoint::PartAfterRemove);
+        Ok(())
+    }
+
+    /// Wipes the volume's filesystem signature and zeroes the partition (offloaded where
+    /// the device can, else written), so the next tenant reads zeros.
+    async fn erase(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        rec: &VolumeRecord,
+        parent: &PoolDevice,
+        carved: &Carved,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        let dev = as_device(parent, rec, carved).ok_or_else(|| {
+            Error::FailedPrecondition(format!("{} is gone", carved.node.display()))
+        })?;
+        if let Some(u) = self.pool.uses(&dev, mounts).first() {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {volume_id} is still in use: {u}; unpublish and unstage it first"
+            )));
+        }
+        self.pool.state.update(|s| {
+            if let Some(r) = s.volumes.get_mut(volume_id) {
+                r.deleting = true;
+            }
+            Ok(())
+        })?;
+        faults::reached(KillPoint::DeleteBeforeWipe);
+        let sigs = host.probe_signatures(&dev.path).await?;
+        if sigs
+            .iter()
+            .any(|s| s.uuid.as_deref() != Some(rec.fs_uuid.as_str()))
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "partition {} of volume {volume_id} carries {}, not the volume's filesystem; \
+                 it is left as it is",
+                dev.path.display(),
+                crate::pool::describe_signatures(&sigs)
+            )));
+        }
+        if !sigs.is_empty() {
+            host.wipe_signatures(&dev.path).await?;
+        }
+        let node = dev.path.clone();
+        let offloaded = tokio::task::spawn_blocking(move || {
+            gpt::kernel::zero_offloaded(&node, ZERO_CHUNK_DEADLINE)
+        })
+        .await
+        .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
+        .map_err(csi_error)?;
+        if offloaded == gpt::Erased::Unsupported {
+            host.zero_device(&dev.path).await?;
+        }
+        info!(volume_id, node = %dev.path.display(), "partition erased");
+        Ok(())
+    }
+}
