@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use tracing::{info, warn};
 
 use super::layout::{Capacity, Layout};
-use super::partition::guard::{bounded, DeviceGuard};
+use super::partition::guard::bounded;
 use super::partition::{self as part_layout, csi_error, Partitioned};
 use crate::error::{Error, Result};
 use crate::md;
@@ -40,6 +40,7 @@ use crate::request::{stripe as params, StripeParams};
 use crate::volume_id::{BlockVolumeId, IdLayout};
 
 pub mod array;
+mod locks;
 pub mod size;
 pub use size::{member_size, DATA_OFFSET};
 
@@ -513,79 +514,6 @@ impl Striped {
         Ok(out)
     }
 }
-
-impl Striped {
-    /// The device locks of `ids`, taken in sorted order (each once): the one order every
-    /// multi-device caller takes them in, so none waits for another crosswise.
-    async fn lock_sorted(
-        &self,
-        ids: impl IntoIterator<Item = String>,
-    ) -> Vec<(String, DeviceGuard)> {
-        let mut ids: Vec<String> = ids.into_iter().collect();
-        ids.sort();
-        ids.dedup();
-        let mut held = Vec::with_capacity(ids.len());
-        for id in ids {
-            let guard = self.parts.device_lock(&id).await;
-            held.push((id, guard));
-        }
-        held
-    }
-
-    /// The pool device ids of a recorded stripe volume's members.
-    fn member_ids(&self, raw: &str) -> Result<Vec<String>> {
-        let rec = self.record(raw)?;
-        let stripe = stripe_of(raw, &rec)?;
-        Ok(stripe.members.iter().map(|m| m.device_id.clone()).collect())
-    }
-
-    /// Every member device's lock of a recorded stripe volume.
-    async fn lock_members(&self, raw: &str) -> Result<Vec<(String, DeviceGuard)>> {
-        Ok(self.lock_sorted(self.member_ids(raw)?).await)
-    }
-
-    /// Runs an idempotent label step or BLKPG call on `device` through the partition
-    /// layout's deadline (`guard::bounded`: its own thread, Aborted at the deadline), again
-    /// while the kernel answers a transient refusal, for at most [`UDEV_SETTLE`]; the
-    /// pause between tries is tokio's timer (no runtime thread blocked). Seen on the VM
-    /// rig (kernel 6.1 with systemd-udevd): after a member is written (`mdadm
-    /// --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so BLKPG
-    /// delete fails with EBUSY and succeeds 3 s later; after a label write udevd's
-    /// re-read (see `crate::partition`) can add our partition just before we do, and
-    /// during that re-read the kernel shows none of the disk's partitions for a moment
-    /// (kernel::node's NotFound).
-    async fn settled<T: Send + 'static>(
-        &self,
-        device: &Path,
-        what: &'static str,
-        step: impl Fn() -> gpt::Result<T> + Send + Sync + 'static,
-    ) -> Result<T> {
-        let step = Arc::new(step);
-        let until = tokio::time::Instant::now() + UDEV_SETTLE;
-        loop {
-            let once = Arc::clone(&step);
-            let deadline = self.parts.label_deadline();
-            let result = bounded(device, what, deadline, move || Ok(once())).await?;
-            if !transient(&result) || tokio::time::Instant::now() >= until {
-                return result.map_err(csi_error);
-            }
-            tokio::time::sleep(UDEV_PAUSE).await;
-        }
-    }
-}
-
-/// Whether a partition step failed only because udevd had the disk for a moment.
-fn transient<T>(result: &gpt::Result<T>) -> bool {
-    match result {
-        Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
-        Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
-        _ => false,
-    }
-}
-
-/// How long a partition step is tried again while udevd holds the disk (3 s seen).
-const UDEV_SETTLE: Duration = Duration::from_secs(5);
-const UDEV_PAUSE: Duration = Duration::from_millis(200);
 
 /// Zeroes a member (offloaded where the device can, else written), so the next tenant
 /// reads zeros: the partition layout's erase, on a member.
