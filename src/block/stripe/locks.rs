@@ -51,7 +51,9 @@ impl Striped {
     /// delete fails with EBUSY and succeeds 3 s later; after a label write udevd's
     /// re-read (see `crate::partition`) can add our partition just before we do, and
     /// during that re-read the kernel shows none of the disk's partitions for a moment
-    /// (kernel::node's NotFound).
+    /// (kernel::node's NotFound), and right after it the kernel lists a partition whose
+    /// /dev node devtmpfs has not made yet (kernel::node's stat: ENOENT on the
+    /// partition's node, seen on the rig's 4-member create).
     pub(super) async fn settled<T: Send + 'static>(
         &self,
         device: &Path,
@@ -64,7 +66,7 @@ impl Striped {
             let once = Arc::clone(&step);
             let deadline = self.parts.label_deadline();
             let result = bounded(device, what, deadline, move || Ok(once())).await?;
-            if !transient(&result) || tokio::time::Instant::now() >= until {
+            if !transient(&result, device) || tokio::time::Instant::now() >= until {
                 return result.map_err(csi_error);
             }
             tokio::time::sleep(UDEV_PAUSE).await;
@@ -73,10 +75,14 @@ impl Striped {
 }
 
 /// Whether a partition step failed only because udevd had the disk for a moment.
-fn transient<T>(result: &gpt::Result<T>) -> bool {
+fn transient<T>(result: &gpt::Result<T>, disk: &Path) -> bool {
     match result {
         Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
         Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
+        // A partition's node not yet in /dev (never the disk itself missing).
+        Err(gpt::Error::Io { device, source, .. }) => {
+            device.as_path() != disk && source.raw_os_error() == Some(libc::ENOENT)
+        }
         _ => false,
     }
 }
