@@ -90,3 +90,33 @@ fn transient<T>(result: &gpt::Result<T>, disk: &Path) -> bool {
 /// How long a partition step is tried again while udevd holds the disk (3 s seen).
 const UDEV_SETTLE: Duration = Duration::from_secs(5);
 const UDEV_PAUSE: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(device: &str, errno: i32) -> gpt::Result<()> {
+        Err(gpt::Error::Io {
+            what: "stat",
+            device: device.into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    /// Only udevd's moments are waited out: a missing partition node, not a missing
+    /// disk or any other error.
+    #[test]
+    fn only_udevs_moments_are_tried_again() {
+        let disk = Path::new("/dev/nvme0n1");
+        assert!(transient(&io("/dev/nvme0n1p1", libc::ENOENT), disk));
+        assert!(!transient(&io("/dev/nvme0n1", libc::ENOENT), disk));
+        assert!(!transient(&io("/dev/nvme0n1p1", libc::EIO), disk));
+        let gone = gpt::Error::NotFound("1 in the kernel's view of /dev/nvme0n1".into());
+        assert!(transient::<()>(&Err(gone), disk));
+        assert!(!transient::<()>(
+            &Err(gpt::Error::NotFound("3".into())),
+            disk
+        ));
+        assert!(!transient(&Ok(()), disk));
+    }
+}
