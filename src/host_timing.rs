@@ -6,6 +6,7 @@
 //! would silently fall back to the default): a new `Host` method needs one forwarding method
 //! here.
 
+use std::ffi::OsStr;
 use std::path::Path;
 
 use async_trait::async_trait;
@@ -121,5 +122,10 @@ impl<H: Host> Host for TimedHost<H> {
     async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
         let _timer = host_timer("mount_nfs");
         self.inner.mount_nfs(source, target, options).await
+    }
+
+    async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
+        let _timer = host_timer("mdadm");
+        self.inner.mdadm(args).await
     }
 }

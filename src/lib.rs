@@ -17,6 +17,7 @@ pub mod gds_gate;
 pub mod host_timing;
 pub mod jobs;
 pub mod locks;
+pub mod md;
 pub mod metrics;
 pub mod mounts;
 pub mod nfs;

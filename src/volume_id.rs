@@ -15,12 +15,22 @@ use crate::error::{Error, Result};
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 const PREFIX: &str = "blk";
 const PARTITION_SUFFIX: &str = "part";
+/// A `stripe` volume (md RAID0, issue 14): its device id is its first member's pool
+/// device; the members are in its record.
+const STRIPE_SUFFIX: &str = "stripe";
+/// The longest layout suffix (`:stripe`), which the longest id carries.
+const LONGEST_SUFFIX: usize = if STRIPE_SUFFIX.len() > PARTITION_SUFFIX.len() {
+    STRIPE_SUFFIX.len()
+} else {
+    PARTITION_SUFFIX.len()
+};
 /// The longest node id: what the longest block id leaves of MAX_VOLUME_ID_LEN beside
 /// `blk:`, a device id (`nvme-`/`dev-` and 16 hex digits, pool::inventory::device_id), the
-/// 8-digit allocation, the separators and `:part`. 88; it was 90 before the partition
-/// layout, whose ids of a 90-character node were 130 bytes and refused by every later call.
+/// 8-digit allocation, the separators and the longest layout suffix (`:stripe`). 86; it
+/// was 90 before the partition layout and 88 before the stripe layout, whose ids of a
+/// longer node would pass 128 bytes and be refused by every later call.
 pub const MAX_NODE_ID_LEN: usize =
-    MAX_VOLUME_ID_LEN - PREFIX.len() - 1 - 21 - 1 - 8 - 1 - 1 - PARTITION_SUFFIX.len();
+    MAX_VOLUME_ID_LEN - PREFIX.len() - 1 - 21 - 1 - 8 - 1 - 1 - LONGEST_SUFFIX;
 
 /// Which layout owns a block volume.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -28,6 +38,7 @@ pub enum IdLayout {
     #[default]
     Device,
     Partition,
+    Stripe,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -48,6 +59,7 @@ impl fmt::Display for BlockVolumeId {
         match self.layout {
             IdLayout::Device => Ok(()),
             IdLayout::Partition => write!(f, ":{PARTITION_SUFFIX}"),
+            IdLayout::Stripe => write!(f, ":{STRIPE_SUFFIX}"),
         }
     }
 }
@@ -98,6 +110,7 @@ impl BlockVolumeId {
         let layout = match parts.next() {
             None => IdLayout::Device,
             Some(PARTITION_SUFFIX) => IdLayout::Partition,
+            Some(STRIPE_SUFFIX) => IdLayout::Stripe,
             Some(_) => return None,
         };
         if !(is_token(device_id, 40) && is_token(allocation, 16) && is_token(node_id, 100)) {
@@ -145,7 +158,13 @@ mod tests {
             part.to_string(),
             "blk:dev-0123456789abcdef:a1b2c3d4:gpu-node-1.example:part"
         );
-        assert_eq!(BlockVolumeId::parse(&part.to_string()), Some(part));
+        assert_eq!(BlockVolumeId::parse(&part.to_string()), Some(part.clone()));
+        let stripe = BlockVolumeId {
+            layout: IdLayout::Stripe,
+            ..part
+        };
+        assert!(stripe.to_string().ends_with(":gpu-node-1.example:stripe"));
+        assert_eq!(BlockVolumeId::parse(&stripe.to_string()), Some(stripe));
     }
 
     #[test]
@@ -179,19 +198,21 @@ mod tests {
 
     /// A node id with a ':' would issue ids that never parse back (the volume lost to
     /// DeleteVolume), a longer one ids over the length limit: the longest allowed fits the
-    /// longest block id, a partition's.
+    /// longest block id, a stripe's.
     #[test]
     fn node_ids_must_fit_in_a_volume_id() {
-        assert_eq!(MAX_NODE_ID_LEN, 88);
-        for ok in ["node-a", "ip-10-0-0-1.ec2.internal", "n_1", &"n".repeat(88)] {
+        assert_eq!(MAX_NODE_ID_LEN, 86);
+        for ok in ["node-a", "ip-10-0-0-1.ec2.internal", "n_1", &"n".repeat(86)] {
             check_node_id(ok).unwrap();
-            let id = format!("blk:nvme-0123456789abcdef:01234567:{ok}:part");
-            assert!(BlockVolumeId::parse(&id).is_some(), "{id}");
-            check_well_formed("volume_id", &id).unwrap();
+            for suffix in ["part", "stripe"] {
+                let id = format!("blk:nvme-0123456789abcdef:01234567:{ok}:{suffix}");
+                assert!(BlockVolumeId::parse(&id).is_some(), "{id}");
+                check_well_formed("volume_id", &id).unwrap();
+            }
         }
-        for bad in ["", "a:b", "node a", "a/b", "ä", &"n".repeat(89)] {
+        for bad in ["", "a:b", "node a", "a/b", "ä", &"n".repeat(87)] {
             let err = check_node_id(bad).unwrap_err();
-            assert!(err.contains("1-88 characters"), "{bad:?}: {err}");
+            assert!(err.contains("1-86 characters"), "{bad:?}: {err}");
         }
     }
 

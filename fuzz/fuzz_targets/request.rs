@@ -71,7 +71,15 @@ fuzz_target!(|input: Input| {
             assert!(
                 matches!(
                     k.as_str(),
-                    "fsType" | "gdsPolicy" | "layout" | "server" | "share" | "subDir" | "onDelete"
+                    "fsType"
+                        | "gdsPolicy"
+                        | "layout"
+                        | "server"
+                        | "share"
+                        | "subDir"
+                        | "onDelete"
+                        | "stripeCount"
+                        | "stripeChunk"
                 ),
                 "{k:?}"
             );
@@ -83,6 +91,12 @@ fuzz_target!(|input: Input| {
             assert!(has("server"), "{:?}", p.stored);
         }
         assert!(!(has("server") && has("layout")), "{:?}", p.stored);
+        // Stripe geometry only with layout: stripe, and then always parsed.
+        let stripe = p.stored.get("layout").map(String::as_str) == Some("stripe");
+        if has("stripeCount") || has("stripeChunk") {
+            assert!(stripe, "{:?}", p.stored);
+        }
+        assert_eq!(p.stripe.is_some(), stripe, "{:?}", p.stored);
     }
 
     if let Ok(n) = request::name(input.name) {

@@ -77,6 +77,7 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
     let kind = match req.params.layout {
         request::LayoutKind::Device => IdLayout::Device,
         request::LayoutKind::Partition => IdLayout::Partition,
+        request::LayoutKind::Stripe => IdLayout::Stripe,
     };
     let (id, rec) = b
         .layout_of(kind)
@@ -166,11 +167,13 @@ pub fn capacity(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let kind = match request::layout_kind(&params)? {
-        request::LayoutKind::Device => IdLayout::Device,
-        request::LayoutKind::Partition => IdLayout::Partition,
+    let kind = request::layout_kind(&params)?;
+    let stripe = request::stripe::stripe_params(&params, kind == request::LayoutKind::Stripe)?;
+    let capacity = match (kind, stripe) {
+        (_, Some(geo)) => b.striped.capacity_for(geo),
+        (request::LayoutKind::Partition, _) => b.layout_of(IdLayout::Partition).capacity(),
+        _ => b.layout_of(IdLayout::Device).capacity(),
     };
-    let capacity = b.layout_of(kind).capacity();
     Ok(csi::GetCapacityResponse {
         available_capacity: capacity.available as i64,
         maximum_volume_size: capacity.maximum.map(|m| m as i64),

@@ -42,10 +42,11 @@ pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Resul
             id.node_id, b.node.node_id
         )));
     }
-    let located = b.locate(id)?;
     let capacity = match id.layout {
-        IdLayout::Device => whole_device(&located, req)?,
-        IdLayout::Partition => grow_partition(b, &located, req).await?,
+        // Not located: a stripe's device is its array, running only while staged.
+        IdLayout::Stripe => return stripe_fixed(b, id, req),
+        IdLayout::Device => whole_device(&b.locate(id)?, req)?,
+        IdLayout::Partition => grow_partition(b, &b.locate(id)?, req).await?,
     };
     // A whole device's filesystem fills it from mkfs on; a raw block volume has none.
     let grew_fs = id.layout == IdLayout::Partition && !req.block;
@@ -69,6 +70,26 @@ fn whole_device(vol: &Located, req: &Expand) -> Result<u64> {
     }
     never_shrinks(vol, size, req)?;
     Ok(size)
+}
+
+/// A stripe keeps its size (growing every member and the md array is not done yet):
+/// what it has already is granted, more is OutOfRange.
+fn stripe_fixed(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {
+    let rec = b.record(&id.to_string())?;
+    let size = rec.capacity_bytes;
+    if req.required > size || (req.limit != 0 && size > req.limit) {
+        return Err(Error::OutOfRange(format!(
+            "capacity_range: volume {id} is a stripe (layout: stripe) of {size} bytes and \
+             cannot change size to {} bytes (limit {}); stripe volumes do not grow yet: \
+             create a larger volume and copy the data, or use a StorageClass with \
+             `layout: partition` for volumes that can grow",
+            req.required, req.limit
+        )));
+    }
+    Ok(Expanded {
+        capacity: size,
+        node_expansion_required: false,
+    })
 }
 
 fn never_shrinks(vol: &Located, size: u64, req: &Expand) -> Result<()> {

@@ -11,6 +11,7 @@ pub mod partition;
 pub mod publish;
 pub mod stage;
 pub mod stats;
+pub mod stripe;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,6 +52,7 @@ pub struct BlockBackend {
     pub(crate) pool: Arc<Pool>,
     pub(crate) layout: Arc<dyn Layout>,
     pub(crate) partitioned: Arc<partition::Partitioned>,
+    pub(crate) striped: Arc<stripe::Striped>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
     ready: AtomicBool,
@@ -69,11 +71,16 @@ impl BlockBackend {
             pool: Arc::clone(&pool),
         });
         let partitioned = Arc::new(partition::Partitioned::new(Arc::clone(&pool)));
+        let striped = Arc::new(stripe::Striped::new(
+            Arc::clone(&pool),
+            Arc::clone(&partitioned),
+        ));
         BlockBackend {
             mounter,
             pool,
             layout,
             partitioned,
+            striped,
             gate: None,
             node,
             ready: AtomicBool::new(false),
@@ -119,6 +126,7 @@ impl BlockBackend {
         match kind {
             IdLayout::Device => self.layout.as_ref(),
             IdLayout::Partition => self.partitioned.as_ref(),
+            IdLayout::Stripe => self.striped.as_ref(),
         }
     }
 
@@ -209,11 +217,23 @@ impl VolumeBackend for BlockBackend {
         staging: &Path,
         cap: Option<&csi::VolumeCapability>,
     ) -> Result<()> {
+        if id.layout == IdLayout::Stripe {
+            self.check_ready()?;
+            stage::required_capability(cap)?;
+            self.striped
+                .ensure_array(self.mounter.host.as_ref(), id)
+                .await?;
+        }
         stage::stage(self, id, staging, cap).await
     }
 
     async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
         stage::unstage(self, id, staging).await?;
+        if id.layout == IdLayout::Stripe {
+            self.striped
+                .stop_array(self.mounter.host.as_ref(), id)
+                .await?;
+        }
         // The gate's compat mark belongs to the staged volume; the next stage publishes anew.
         match &self.gate {
             Some(gate) => gate.forget(&id.to_string()),

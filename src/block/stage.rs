@@ -304,6 +304,7 @@ mod tests {
             deleting: false,
             device_identity: None,
             partition: None,
+            stripe: None,
         }
     }
 

@@ -139,6 +139,15 @@ pub trait Host: Send + Sync + 'static {
     /// The usage of the filesystem mounted at `path`. Blocking: on NFS it asks the
     /// server, so callers run it under a deadline.
     fn statvfs(&self, path: &Path) -> Result<FsUsage>;
+    /// `mdadm <args>` under the command deadline, its output whatever its exit status
+    /// (the md port, `crate::md`, builds the arguments and reads the answer). Hosts
+    /// without md refuse.
+    async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
+        let _ = args;
+        Err(Error::FailedPrecondition(
+            "this host port runs no mdadm (stripe volumes need md RAID0)".into(),
+        ))
+    }
 }
 
 /// What a path is, as [`Host::stat`] tells it.
@@ -263,6 +272,10 @@ impl Host for RealHost {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(device_in_use(device)),
             Err(e) => Err(Error::io("opening (exclusively)", device, e)),
         }
+    }
+
+    async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
+        Ok(runner::run_raw("mdadm", args, self.command_timeout).await?)
     }
 
     async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {

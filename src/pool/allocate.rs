@@ -143,6 +143,7 @@ impl Pool {
                 deleting: false,
                 device_identity: now.identity.clone(),
                 partition: None,
+                stripe: None,
             };
             state.volumes.insert(id.to_string(), record);
             Ok(Some(id.to_string()))

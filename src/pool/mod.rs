@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
 
 pub use inventory::{Excluded, Observed, PoolDevice};
-pub use state::{PartitionRecord, State, StateStore, VolumeRecord};
+pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
@@ -68,6 +68,11 @@ impl Pool {
             state,
             jobs: Jobs::default(),
         })
+    }
+
+    /// The host's sysfs (`/sys`, or a test's tree).
+    pub fn host_sys(&self) -> &std::path::Path {
+        &self.config.host_sys
     }
 
     pub fn node_id(&self) -> &str {

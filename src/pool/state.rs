@@ -42,6 +42,33 @@ pub struct VolumeRecord {
     /// for a whole-device volume and in records written before layouts existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionRecord>,
+    /// The md RAID0 array and its members (the `stripe` layout, issue 14); `None` for
+    /// every other layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<StripeRecord>,
+}
+
+/// A stripe volume: its members in array order and, once created, the array's UUID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeRecord {
+    pub chunk_bytes: u64,
+    /// Bytes of each member partition (all equal).
+    pub member_bytes: u64,
+    pub members: Vec<StripeMember>,
+    /// The md array UUID (`mdadm --examine --export` MD_UUID) once `mdadm --create`
+    /// ran; only an array and member superblocks with this UUID are ever touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_uuid: Option<String>,
+}
+
+/// One member partition of a stripe volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeMember {
+    pub device_id: String,
+    pub device_key: String,
+    /// `None` between the claim and the carve (found again by its name then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionRecord>,
 }
 
 /// Where a partition volume lives on its parent pool device.
@@ -146,6 +173,7 @@ mod tests {
             deleting: false,
             device_identity: None,
             partition: None,
+            stripe: None,
         }
     }
 

@@ -14,12 +14,14 @@ pub mod nfs;
 pub mod nfs_id;
 pub mod nfs_options;
 pub mod path;
+pub mod stripe;
 
 pub use path::host_path;
 
 pub use nfs::{NfsCapability, NfsParams, OnDelete};
 pub use nfs_id::NfsVolumeId;
 pub use nfs_options::{MountOptions, Transport};
+pub use stripe::StripeParams;
 
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
@@ -38,6 +40,8 @@ const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_SHARE,
     PARAM_SUB_DIR,
     PARAM_ON_DELETE,
+    stripe::PARAM_STRIPE_COUNT,
+    stripe::PARAM_STRIPE_CHUNK,
 ];
 /// Parameters the Kubernetes sidecars add themselves (PVC name and namespace, ...).
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
@@ -181,6 +185,8 @@ pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
 pub struct VolumeParameters {
     pub fs_type: Option<FsType>,
     pub layout: LayoutKind,
+    /// The md RAID0 geometry of `layout: stripe`; None for every other layout.
+    pub stripe: Option<StripeParams>,
     /// The driver's own parameters (sidecar-added ones dropped), kept with the volume.
     pub stored: BTreeMap<String, String>,
 }
@@ -219,6 +225,7 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
         }
     }
     let layout = layout_kind(&stored)?;
+    let stripe = stripe::stripe_params(&stored, layout == LayoutKind::Stripe)?;
     if stored.contains_key(PARAM_SERVER) && stored.contains_key(PARAM_LAYOUT) {
         return Err(Error::invalid(
             "parameters.layout",
@@ -228,6 +235,7 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
     Ok(VolumeParameters {
         fs_type,
         layout,
+        stripe,
         stored,
     })
 }
@@ -241,6 +249,8 @@ pub enum LayoutKind {
     Device,
     /// The volume is a GPT partition carved from a pool device.
     Partition,
+    /// The volume is md RAID0 over equal partitions of distinct pool devices (issue 14).
+    Stripe,
 }
 
 /// The `layout` parameter; absent means `device`.
@@ -248,9 +258,10 @@ pub fn layout_kind(params: &BTreeMap<String, String>) -> Result<LayoutKind> {
     match params.get(PARAM_LAYOUT).map(String::as_str) {
         None | Some("device") => Ok(LayoutKind::Device),
         Some("partition") => Ok(LayoutKind::Partition),
+        Some("stripe") => Ok(LayoutKind::Stripe),
         Some(other) => Err(Error::invalid(
             "parameters.layout",
-            format!("{other:?} is not a layout; use device or partition"),
+            format!("{other:?} is not a layout; use device, partition or stripe"),
         )),
     }
 }

@@ -166,7 +166,7 @@ impl Partitioned {
 
     /// A device carrying our label is no free whole device, also once its last
     /// partition is gone (the start-up probe says the same from its signature).
-    pub(super) fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
+    pub(crate) fn keep_from_whole_device_use(&self, dev: &PoolDevice) {
         let why = "a gds-csi partition table (layout: partition)".to_owned();
         self.pool.set_foreign(&dev.id, Some(why));
     }
@@ -196,6 +196,7 @@ impl Partitioned {
                 deleting: false,
                 device_identity: None,
                 partition: None,
+                stripe: None,
             };
             state.volumes.insert(id.to_string(), record);
             Ok(id.to_string())

@@ -67,9 +67,9 @@ pub fn csi_error(e: gpt::Error) -> Error {
     }
 }
 
-/// Whether a state key names a volume of the partition layout.
+/// Whether a state key names a volume carved from labels (partition or stripe layout).
 fn is_partition_id(id: &str) -> bool {
-    BlockVolumeId::parse(id).is_some_and(|i| i.layout == IdLayout::Partition)
+    BlockVolumeId::parse(id).is_some_and(|i| i.layout != IdLayout::Device)
 }
 
 impl Partitioned {
@@ -118,7 +118,7 @@ impl Partitioned {
 
     /// Carvable pool devices with what they carry (read without their locks: for
     /// GetCapacity and start-up, never to choose where to carve).
-    fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
+    pub(crate) fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
         let carvable = self.carvable();
         carvable.into_iter().filter_map(read_label).collect()
     }
@@ -206,7 +206,7 @@ impl Partitioned {
     }
 
     /// [`volume::locate`] (which may tell the kernel of the partition) with a deadline.
-    fn locate_bounded(&self, parent: &Path, guid: uuid::Uuid) -> Result<Carved> {
+    pub(crate) fn locate_bounded(&self, parent: &Path, guid: uuid::Uuid) -> Result<Carved> {
         let path = parent.to_owned();
         bounded_sync(
             parent,
@@ -236,7 +236,7 @@ fn read_label(d: PoolDevice) -> Option<(PoolDevice, OnDisk)> {
 }
 
 /// What a blank device would offer once labelled: (available, largest).
-fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
+pub(crate) fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
     let geometry = std::fs::File::open(&dev.path)
         .map_err(|e| gpt::Error::io("opening", &dev.path, e))
         .and_then(|f| label::geometry(&f, &dev.path));

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The stripe layout (issue 14) on the real-kernel rig, as its own suite entry (it adds
+# about a minute): a QEMU VM with Debian's kernel (md, raid0) and 4 pool NVMe drives
+# throttled by QEMU to a fixed bandwidth each, plus a foreign md array. Runs
+# examples/stripe_vm.rs inside. Root; needs the vng venv of tests/vm/run.sh and mdadm
+# (from PATH, or MDADM_DIR pointing at a folder holding an mdadm binary).
+# Usage: flock /work/wt/heavy.lock bash tests/vm/stripe.sh
+set -euo pipefail
+. "$(dirname "$0")/../../scripts/lib.sh"
+need_root
+cd "$REPO_ROOT"
+VENV="${VENV:-$REPO_ROOT/.cache/vng-venv}"
+# mdadm: from PATH, else Debian's package unpacked under .cache (not installed: its
+# initramfs and udev hooks have no business on the build machine).
+if [ -z "${MDADM_DIR:-}" ]; then
+  if command -v mdadm >/dev/null; then
+    MDADM_DIR=$(dirname "$(command -v mdadm)")
+  else
+    MDADM_DIR="$REPO_ROOT/.cache/mdadm/sbin"
+    if [ ! -x "$MDADM_DIR/mdadm" ]; then
+      d=$(mktemp -d); (cd "$d" && apt-get download -qq mdadm && dpkg -x mdadm_*.deb root)
+      mkdir -p "$REPO_ROOT/.cache/mdadm" && cp -a "$d/root/sbin" "$REPO_ROOT/.cache/mdadm/" && rm -rf "$d"
+    fi
+  fi
+fi
+cargo build --quiet --bin gds-csi --example stripe_vm
+KERNEL=$(ls /boot/vmlinuz-*-amd64 | sort -V | tail -1)
+WORK=$(mktemp -d /tmp/gds-stripe-vm.XXXXXX)
+OUT="$WORK/out"; mkdir -p "$OUT"
+BPS=$((100 * 1024 * 1024))   # each pool drive: 100 MiB/s read and write
+q=""
+for i in 0 1 2 3; do
+  truncate -s 192M "$WORK/pool$i.img"
+  q+=" -device nvme,serial=pool$i,id=nvme$i"
+  q+=" -drive file=$WORK/pool$i.img,if=none,id=p$i,format=raw,throttling.bps-read=$BPS,throttling.bps-write=$BPS"
+  q+=" -device nvme-ns,drive=p$i,bus=nvme$i,nsid=1"
+done
+truncate -s 32M "$WORK/f1.img"; truncate -s 32M "$WORK/f2.img"
+q+=" -device nvme,serial=foreign,id=nvmef"
+q+=" -drive file=$WORK/f1.img,if=none,id=f1,format=raw -device nvme-ns,drive=f1,bus=nvmef,nsid=1"
+q+=" -drive file=$WORK/f2.img,if=none,id=f2,format=raw -device nvme-ns,drive=f2,bus=nvmef,nsid=2"
+T0=$SECONDS
+set +e
+PATH="$VENV/bin:$PATH" timeout 600 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
+  --qemu-opts="$q" --exec "bash $REPO_ROOT/tests/vm/stripe_guest.sh $OUT $REPO_ROOT/target/debug $MDADM_DIR" \
+  >"$WORK/console.log" 2>&1
+rc=$?
+set -e
+cat "$OUT/scenarios.log" 2>/dev/null || tail -30 "$WORK/console.log"
+echo "stripe VM suite: rc=$rc, $((SECONDS - T0)) s wall (boot included); logs in $WORK"
+rm -f "$WORK"/*.img
+exit $rc
