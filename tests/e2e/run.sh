@@ -135,6 +135,7 @@ pvc_and_pod p1 24Mi nvme-gds node-b
 pvc_and_pod p2 40Mi nvme-gds node-b
 both_bound() { is_bound p1 && is_bound p2; }
 check "PVCs p1 (24Mi) and p2 (40Mi) of class nvme-gds are bound" wait_for 90 both_bound
+both_bound || "$KUBECTL" get pvc,pod -o wide 2>&1 | sed 's/^/     /'
 handle_of() { "$KUBECTL" get pv "$("$KUBECTL" get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}'; }
 h1=$(handle_of p1 2>/dev/null || true)
 h2=$(handle_of p2 2>/dev/null || true)
@@ -154,7 +155,7 @@ echo "     nvme-gds on node-b: $free0 MiB free before, $free1 MiB with both clai
 max_fits() { [ "$max1" -gt 0 ] && [ "$max1" -le "$free1" ]; }
 check "maximumVolumeSize is reported and fits in the rest" max_fits
 "$KUBECTL" delete pod p1 p2 --grace-period=0 --force >/dev/null 2>&1 || true
-"$KUBECTL" delete pvc p1 p2 --wait=false >/dev/null
+"$KUBECTL" delete pvc p1 p2 --wait=false --ignore-not-found >/dev/null
 back() { [ "$(part_free)" = "$free0" ]; }
 check "after deleting both, nvme-gds capacity on node-b is back to $free0 MiB" wait_for 60 back
 
