@@ -160,7 +160,8 @@ YAML
 pvc_phase() { "$KUBECTL" get pvc "$1" -o jsonpath='{.status.phase}'; }
 is_bound() { [ "$(pvc_phase "$1")" = Bound ]; }
 
-# capacity_of NODE: MiB that node's CSIStorageCapacity objects report for class nvme-gds.
+# capacity_of NODE [CLASS [FIELD]]: MiB that node's CSIStorageCapacity objects report for
+# CLASS (default nvme-gds-whole) in FIELD (capacity, or maximumVolumeSize: the largest).
 capacity_of() {
   "$KUBECTL" -n "$NS" get csistoragecapacities -o json | python3 -c '
 import json, sys
@@ -170,10 +171,10 @@ def quantity(s):
         if s.endswith(suffix):
             return int(float(s[:-2]) * mult)
     return int(s or 0)
-node, key = sys.argv[1], sys.argv[2]
-items = json.load(sys.stdin)["items"]
-print(sum(quantity(i.get("capacity", "0")) for i in items
-          if i["nodeTopology"]["matchLabels"].get(key) == node
-          and i["storageClassName"] == "nvme-gds") >> 20)' "$1" "$DRIVER/node"
+node, key, cls, field = sys.argv[1:5]
+values = [quantity(i.get(field, "0")) for i in json.load(sys.stdin)["items"]
+          if i["nodeTopology"]["matchLabels"].get(key) == node and i["storageClassName"] == cls]
+print((max(values, default=0) if field == "maximumVolumeSize" else sum(values)) >> 20)' \
+    "$1" "$DRIVER/node" "${2:-nvme-gds-whole}" "${3:-capacity}"
 }
-has_capacity() { [ "$(capacity_of "$1")" = "$2" ]; }
+has_capacity() { [ "$(capacity_of "$1" "${3:-nvme-gds-whole}")" = "$2" ]; } # NODE MIB [CLASS]

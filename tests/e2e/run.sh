@@ -42,9 +42,9 @@ apiVersion: v1
 kind: Node
 metadata:
   name: $node
-  # What the kubelet writes from NodeGetInfo's topology (no GPU here: GDS not ready).
-  labels: {kubernetes.io/hostname: $node, nvidia.com/gpu.present: "true", $DRIVER/node: $node,
-           $DRIVER/gds-nvme: "false", $DRIVER/gds-nfs-rdma: "false"}
+  # What the kubelet writes from NodeGetInfo's topology: no GPU here, so GDS is not ready
+  # and NodeGetInfo reports only $DRIVER/node (a readiness key appears only when true).
+  labels: {kubernetes.io/hostname: $node, nvidia.com/gpu.present: "true", $DRIVER/node: $node}
 YAML
   "$KUBECTL" patch node "$node" --subresource=status --type=merge -p \
     '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"E2E","message":"simulated"}],"capacity":{"cpu":"8","memory":"16Gi","pods":"110"},"allocatable":{"cpu":"8","memory":"16Gi","pods":"110"}}}' >/dev/null
@@ -55,7 +55,7 @@ apiVersion: storage.k8s.io/v1
 kind: CSINode
 metadata: {name: $node}
 spec:
-  drivers: [{name: $DRIVER, nodeID: $node, topologyKeys: [$DRIVER/node, $DRIVER/gds-nvme, $DRIVER/gds-nfs-rdma]}]
+  drivers: [{name: $DRIVER, nodeID: $node, topologyKeys: [$DRIVER/node]}]
 YAML
   args=()
   i=0
@@ -71,18 +71,20 @@ YAML
   start_provisioner "$node" "$WORK/$node/csi.sock" "$WORK/$node/provisioner.log"
 done
 
+# Capacity checks without a class are for nvme-gds-whole (layout: device); the partition
+# class nvme-gds has its own section below.
 check "CSIStorageCapacity shows node-a's pool (128 MiB)" wait_for 60 has_capacity node-a 128
 check "CSIStorageCapacity shows node-b's pool (128 MiB)" wait_for 60 has_capacity node-b 128
 
 # --- a PVC and a Pod: scheduled, provisioned on the chosen node, bound ------------------
-pvc_and_pod() { # NAME SIZE
-  pvc "$1" nvme-gds "$2"
+pvc_and_pod() { # NAME SIZE [CLASS [NODE]]
+  pvc "$1" "${3:-nvme-gds-whole}" "$2"
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default}
 spec:
-  nodeSelector: {nvidia.com/gpu.present: "true"}
+  nodeSelector: {nvidia.com/gpu.present: "true"${4:+, kubernetes.io/hostname: $4}}
   containers: [{name: app, image: registry.invalid/none, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: $1}}]
 YAML
@@ -103,7 +105,8 @@ handle=$("$KUBECTL" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 echo "     pod on $node, PV $pv affinity $affinity, handle $handle"
 check "the scheduler placed the pod on the node with a fitting device (node-b)" [ "$node" = node-b ]
 check "the PV has that node's affinity" [ "$affinity" = "$node" ]
-check "the volume handle names that node" [ "${handle##*:}" = "$node" ]
+# blk:<device>:<id>:<node>[:part]
+check "the volume handle names that node" [ "$(cut -d: -f4 <<<"$handle")" = "$node" ]
 check "CreateVolume succeeded on that node's plugin" succeeded CreateVolume "$WORK/$node/driver.log"
 check "node-b's capacity dropped to 0" wait_for 30 has_capacity node-b 0
 
@@ -122,6 +125,39 @@ pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the PVC" wait_for 60 pv_gone
 check "DeleteVolume succeeded on $node" succeeded DeleteVolume "$WORK/$node/driver.log"
 check "node-b's capacity is back to 128 MiB" wait_for 60 has_capacity node-b 128
+
+# --- layout: partition: two claims carved from node-b's one device -------------------
+part_free() { capacity_of node-b nvme-gds; }
+has_part_capacity() { [ "$(part_free)" -gt 0 ]; }
+check "CSIStorageCapacity for nvme-gds (partition) on node-b shows free space" wait_for 60 has_part_capacity
+free0=$(part_free)
+pvc_and_pod p1 24Mi nvme-gds node-b
+pvc_and_pod p2 40Mi nvme-gds node-b
+both_bound() { is_bound p1 && is_bound p2; }
+check "PVCs p1 (24Mi) and p2 (40Mi) of class nvme-gds are bound" wait_for 90 both_bound
+both_bound || "$KUBECTL" get pvc,pod -o wide 2>&1 | sed 's/^/     /'
+handle_of() { "$KUBECTL" get pv "$("$KUBECTL" get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}'; }
+h1=$(handle_of p1 2>/dev/null || true)
+h2=$(handle_of p2 2>/dev/null || true)
+echo "     handles $h1 $h2"
+is_part_on_b() { [ "${1%%:*}:$(cut -d: -f4,5 <<<"$1")" = blk:node-b:part ]; }
+both_parts() { is_part_on_b "$h1" && is_part_on_b "$h2"; }
+same_device() { [ -n "$h1" ] && [ "$(cut -d: -f2 <<<"$h1")" = "$(cut -d: -f2 <<<"$h2")" ]; }
+distinct() { [ -n "$h1" ] && [ "$h1" != "$h2" ]; }
+check "both are partitions (:part) on node-b" both_parts
+check "both handles name the same pool device" same_device
+check "the two volumes are distinct" distinct
+fell() { [ "$(part_free)" -le $((free0 - 64)) ]; }
+check "nvme-gds capacity on node-b fell by at least 64 MiB (from $free0 MiB)" wait_for 60 fell
+free1=$(part_free)
+max1=$(capacity_of node-b nvme-gds maximumVolumeSize)
+echo "     nvme-gds on node-b: $free0 MiB free before, $free1 MiB with both claims, maximumVolumeSize $max1 MiB"
+max_fits() { [ "$max1" -gt 0 ] && [ "$max1" -le "$free1" ]; }
+check "maximumVolumeSize is reported and fits in the rest" max_fits
+"$KUBECTL" delete pod p1 p2 --grace-period=0 --force >/dev/null 2>&1 || true
+"$KUBECTL" delete pvc p1 p2 --wait=false --ignore-not-found >/dev/null
+back() { [ "$(part_free)" = "$free0" ]; }
+check "after deleting both, nvme-gds capacity on node-b is back to $free0 MiB" wait_for 60 back
 
 echo "e2e wall time: $((SECONDS - start)) s"
 echo "$passed passed, $failed failed"
