@@ -113,7 +113,10 @@ sanity() {
 # The VM has no GPU: the GDS gate is on unless the class says otherwise, so the class says so.
 log "csi-sanity: NVMe backend (--nvme-discover, 64 MiB namespaces)"
 printf 'gdsPolicy: disabled\n' >"$W/nvme-params.yaml"
-sanity nvme --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nvme-params.yaml"
+# Expansion specs expect exactly --csi.testvolumeexpandsize back: a whole namespace grows
+# only up to itself (the 64 MiB one best fit hands out).
+sanity nvme --csi.testvolumesize $((64 << 20)) --csi.testvolumeexpandsize $((64 << 20)) \
+  --csi.testvolumeparameters "$W/nvme-params.yaml"
 log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
 printf 'server: %s\nshare: /\ngdsPolicy: disabled\n' "$SERVER" >"$W/nfs-params.yaml"
 sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
@@ -134,7 +137,8 @@ fi
 partition_sanity() {
   log "csi-sanity: NVMe backend, layout: partition (16 MiB partitions)"
   printf 'gdsPolicy: disabled\nlayout: partition\n' >"$W/part-params.yaml"
-  sanity nvme-partition --csi.testvolumesize $((16 << 20)) --csi.testvolumeparameters "$W/part-params.yaml"
+  sanity nvme-partition --csi.testvolumesize $((16 << 20)) --csi.testvolumeexpandsize $((32 << 20)) \
+    --csi.testvolumeparameters "$W/part-params.yaml"
   local d verify
   for d in /dev/nvme*n*; do
     [[ "$d" =~ n[0-9]+$ ]] || continue
