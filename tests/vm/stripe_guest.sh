@@ -4,7 +4,6 @@
 # (serials pool0..pool3, one controller each) and a foreign md RAID0 over the two
 # namespaces of controller "foreign", assembled before the driver starts.
 set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=$1; BIN=$2; MDADM_DIR=$3
 export PATH="$MDADM_DIR:/usr/sbin:/sbin:$PATH"
 W=/run/gds
