@@ -210,6 +210,8 @@ check(mounts.get("/var/lib/kubelet", {}).get("mountPropagation") == "Bidirection
       "kubelet dir must be Bidirectional")
 for p in ("/host/dev", "/host/sys", "/run/udev", "/host/proc/driver", "/etc/cufile.json"):
     check(mounts.get(p, {}).get("readOnly") is True, f"{p} must be mounted read-only")
+check(mounts.get("/dev", {}).get("name") == "host-dev",
+      "the host's /dev must be mounted at /dev (partition and md nodes appear after the container starts)")
 check("/var/lib/gds-csi" in mounts, "state dir must be mounted")
 check(not mounts.get("/var/lib/gds-csi", {}).get("readOnly"), "state dir must be writable")
 vols = {x["name"]: x for x in pod.get("volumes", [])}
