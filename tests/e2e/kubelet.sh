@@ -379,6 +379,11 @@ if [ "$DEPLOY" = chart ]; then
   check "the driver container sees the registrar's socket at its --registration-socket path" reg_socket_seen
 fi
 check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
+# What the carving class (nvme-gds, layout partition) offers on blank devices: the same
+# figure must come back once its claims are deleted (a GPT label stays, its space is free).
+part_published() { [ "$(capacity_of "$NODE" nvme-gds)" -gt 0 ]; }
+check "CSIStorageCapacity shows the carving class too" wait_for 60 part_published
+part_capacity=$(capacity_of "$NODE" nvme-gds)
 echo "node and driver ready in $((SECONDS - start)) s"
 
 # pod NAME CLAIM SCRIPT: a run-once busybox pod on $NODE with CLAIM at /data. It runs as
@@ -494,8 +499,14 @@ check "and bind-mounted into the writer pod's volume directory" [ "$(published_m
 data_dev=$(awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1 {print $(NF - 1); exit}' /proc/self/mountinfo)
 superblock() { dumpe2fs -h "$data_dev" 2>/dev/null | grep -E '^Filesystem (UUID|created):'; }
 first_superblock=$(superblock)
-in_pool() { [ -n "$first_superblock" ] && [[ " ${DEVICES[*]} " == *" $data_dev "* ]]; }
-check "the staged filesystem is ext4 on one of the pool's devices ($data_dev)" in_pool
+# nvme-gds carves: the filesystem is on a partition (<pool device>p<N>) of a pool device.
+in_pool() {
+  [ -n "$first_superblock" ] || return 1
+  local d
+  for d in "${DEVICES[@]}"; do [[ "$data_dev" =~ ^${d}p[0-9]+$ ]] && return 0; done
+  return 1
+}
+check "the staged filesystem is ext4 on a partition of one of the pool's devices ($data_dev)" in_pool
 # Published in compat mode (no GPU here): the gate's mark, which NodeGetVolumeStats reports,
 # is kept in the state dir, so the restarted plugin below still has it.
 handle=$("$KUBECTL" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
@@ -559,7 +570,7 @@ check "the same filesystem, not a new mkfs (superblock UUID and creation time un
 pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the claim" wait_for 60 pv_gone
 check "no mounts left under the kubelet directory" wait_for 30 unstaged
-check "the node's capacity is back to 128 MiB" wait_for 60 has_capacity "$NODE" 128
+check "the carving class's capacity is back to ${part_capacity} MiB" wait_for 60 has_capacity "$NODE" "$part_capacity" nvme-gds
 
 # --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
 # A second instance of the driver, with the stand-in registrar, as host processes in both
