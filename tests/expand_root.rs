@@ -14,41 +14,12 @@ use gds_csi::partition::kernel;
 use tonic::Code;
 
 mod common;
-use common::{digest_file, requests, run, Rig};
+use common::{digest_file, requests, run, PartRig, Rig};
 
 const MIB: u64 = 1 << 20;
 
-/// A rig whose loop devices lose their partitions before they are detached (a plain
-/// loop device keeps them after `losetup -d`), as in partition_layout_root.rs.
-struct PartRig(Rig);
-
-impl Drop for PartRig {
-    fn drop(&mut self) {
-        self.0.kill9();
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts = common::mount_points_under(&mountinfo, self.0.dir.path());
-        mounts.sort();
-        for m in mounts.iter().rev() {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(m)
-                .status();
-        }
-        for dev in &self.0.loops {
-            for p in kernel::list(dev).unwrap_or_default() {
-                for _ in 0..50 {
-                    if kernel::delete(dev, p.number).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-            }
-        }
-    }
-}
-
 fn part_rig(size: u64) -> Option<PartRig> {
-    Rig::with_size(1, size).map(PartRig)
+    PartRig::with_size(1, size)
 }
 
 fn mount_cap(fs_type: &str) -> VolumeCapability {

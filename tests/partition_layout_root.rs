@@ -9,62 +9,15 @@ use std::path::{Path, PathBuf};
 
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::partition::kernel;
 use tonic::Code;
 
 mod common;
-use common::{digest_file, requests, run, Rig};
+use common::{digest_file, requests, run, PartRig};
 
 const MIB: u64 = 1 << 20;
 
-/// A rig whose loop devices lose their partitions before they are detached, even when
-/// the test fails: a plain loop device keeps them after `losetup -d`, and the next test
-/// given that device would find them (partition/mod.rs).
-struct PartRig(Rig);
-
-impl Drop for PartRig {
-    fn drop(&mut self) {
-        self.0.kill9();
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts = common::mount_points_under(&mountinfo, self.0.dir.path());
-        mounts.sort();
-        for m in mounts.iter().rev() {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(m)
-                .status();
-        }
-        for dev in &self.0.loops {
-            for p in kernel::list(dev).unwrap_or_default() {
-                let mut tries = 0;
-                while let Err(e) = kernel::delete(dev, p.number) {
-                    tries += 1;
-                    if tries == 50 {
-                        eprintln!("cleanup of {}: {e}", dev.display());
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-            }
-        }
-    }
-}
-
-impl std::ops::Deref for PartRig {
-    type Target = Rig;
-    fn deref(&self) -> &Rig {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for PartRig {
-    fn deref_mut(&mut self) -> &mut Rig {
-        &mut self.0
-    }
-}
-
 fn part_rig(size: u64) -> Option<PartRig> {
-    Rig::with_size(1, size).map(PartRig)
+    PartRig::with_size(1, size)
 }
 
 fn params() -> std::collections::HashMap<String, String> {

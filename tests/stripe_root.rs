@@ -17,30 +17,12 @@ use gds_csi::partition::kernel;
 use tonic::Code;
 
 mod common;
-use common::{digest_file, requests, run, Rig};
+use common::{digest_file, requests, run, PartRig, Rig};
 
 const MIB: u64 = 1 << 20;
 
 /// Loop devices lose their partitions before they are detached, even when the test
 /// fails (a plain loop device keeps them after `losetup -d`; partition/mod.rs).
-struct StripeRig(Rig);
-
-impl Drop for StripeRig {
-    fn drop(&mut self) {
-        self.0.kill9();
-        for dev in &self.0.loops {
-            for p in kernel::list(dev).unwrap_or_default() {
-                for _ in 0..50 {
-                    if kernel::delete(dev, p.number).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-            }
-        }
-    }
-}
-
 fn params(count: &str, chunk: Option<&str>) -> HashMap<String, String> {
     let mut p: HashMap<String, String> = [
         ("gdsPolicy", "disabled"),
@@ -118,7 +100,7 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     let Some(rig) = Rig::with_sizes(&[64 * MIB, 64 * MIB, 64 * MIB, 40 * MIB]) else {
         return;
     };
-    let mut rig = StripeRig(rig);
+    let mut rig = PartRig(rig);
     let mut c = rig.0.start().await;
     // Four devices: the 4th-largest room (the 40 MiB device) bounds a 4-member stripe.
     let max4 = maximum(&mut c, params("4", None)).await;
@@ -279,7 +261,7 @@ async fn bad_stripe_geometry_is_invalid_argument_naming_the_field_and_changes_no
     let Some(rig) = Rig::with_size(2, 32 * MIB) else {
         return;
     };
-    let mut rig = StripeRig(rig);
+    let mut rig = PartRig(rig);
     let before: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     let mut c = rig.0.start().await;
     let mut partition_with_count = params("2", None);

@@ -340,3 +340,55 @@ pub fn blkid_code(dev: &Path) -> Option<i32> {
         .unwrap()
         .code()
 }
+
+/// A rig whose loop devices lose their partitions before they are detached, even when the
+/// test fails: a plain loop device keeps them after `losetup -d`, and the next test given
+/// that device would find them (partition/mod.rs). Mounts under the rig go first, so no
+/// partition is held open.
+pub struct PartRig(pub Rig);
+
+impl PartRig {
+    /// `count` loop devices of `size` bytes; None where root tests skip.
+    pub fn with_size(count: usize, size: u64) -> Option<PartRig> {
+        Rig::with_size(count, size).map(PartRig)
+    }
+}
+
+impl Drop for PartRig {
+    fn drop(&mut self) {
+        use gds_csi::partition::kernel;
+        self.0.kill9();
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts = mount_points_under(&mountinfo, self.0.dir.path());
+        mounts.sort();
+        for m in mounts.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+        for dev in &self.0.loops {
+            for p in kernel::list(dev).unwrap_or_default() {
+                let mut tries = 0;
+                while let Err(e) = kernel::delete(dev, p.number) {
+                    tries += 1;
+                    if tries == 50 {
+                        eprintln!("cleanup of {}: {e}", dev.display());
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for PartRig {
+    type Target = Rig;
+    fn deref(&self) -> &Rig {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PartRig {
+    fn deref_mut(&mut self) -> &mut Rig {
+        &mut self.0
+    }
+}

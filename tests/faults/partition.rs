@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::common::tools::blkid_tag;
-use super::common::{killed_by_sigkill, requests, run, Rig};
+use super::common::{killed_by_sigkill, requests, run, PartRig, Rig};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::faults::KillPoint;
@@ -53,32 +53,6 @@ fn killed_step(point: KillPoint) -> Step {
 
 /// Unmounts and takes the partitions out of the kernel before the rig detaches the
 /// device (a plain loop device keeps them after `losetup -d`).
-struct PartRig(Rig);
-
-impl Drop for PartRig {
-    fn drop(&mut self) {
-        self.0.kill9();
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts = super::common::mount_points_under(&info, self.0.dir.path());
-        mounts.sort();
-        for m in mounts.iter().rev() {
-            let _ = std::process::Command::new("umount")
-                .args(["-l", m])
-                .status();
-        }
-        for dev in &self.0.loops {
-            for p in kernel::list(dev).unwrap_or_default() {
-                for _ in 0..50 {
-                    if kernel::delete(dev, p.number).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-    }
-}
-
 fn create_req(name: &str, bytes: u64) -> CreateVolumeRequest {
     CreateVolumeRequest {
         name: name.into(),
