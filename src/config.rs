@@ -46,6 +46,16 @@ pub struct GdsArgs {
     /// The host's udev database (`b<major>:<minor>` files).
     #[arg(long, env = "GDS_CSI_UDEV_DATA_DIR", default_value = "/run/udev/data")]
     pub udev_data_dir: PathBuf,
+    /// The host's udev rules directories, highest precedence first (repeat the flag or separate
+    /// with commas): on the host `/etc/udev/rules.d,/run/udev/rules.d,/usr/lib/udev/rules.d,
+    /// /lib/udev/rules.d`, in the plugin's pod where it mounts them. The md RAID check reads
+    /// mdadm's rule there; unset, that check warns that it cannot see the rule.
+    #[arg(
+        long = "udev-rules-dir",
+        env = "GDS_CSI_UDEV_RULES_DIRS",
+        value_delimiter = ','
+    )]
+    pub udev_rules_dirs: Vec<PathBuf>,
     /// libcufile to load in the probe (default: libcufile.so.0 from the loader's search path).
     #[arg(long, env = "GDS_CSI_CUFILE_LIBRARY")]
     pub cufile_library: Option<PathBuf>,
@@ -98,6 +108,7 @@ impl GdsArgs {
             dev_root: dev_root.to_owned(),
             udev_data_dir: self.udev_data_dir.clone(),
             cufile_json: self.cufile_json.clone(),
+            udev_rules_dirs: self.udev_rules_dirs.clone(),
         }
     }
 }

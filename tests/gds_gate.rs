@@ -938,6 +938,7 @@ fn doctor_args(
         gds: gds_csi::config::GdsArgs {
             cufile_json: tree.paths.cufile_json.clone(),
             udev_data_dir: tree.paths.udev_data_dir.clone(),
+            udev_rules_dirs: tree.paths.udev_rules_dirs.clone(),
             cufile_library: Some(lib.to_owned()),
             probe_timeout: Duration::from_secs(20),
         },

@@ -37,7 +37,23 @@ pub struct HostPaths {
     /// udev database (`b<major>:<minor>` files); cuFile reads it to identify block devices.
     pub udev_data_dir: PathBuf,
     pub cufile_json: PathBuf,
+    /// The host's udev rules directories, highest precedence first (`/etc/udev/rules.d`,
+    /// `/run/udev/rules.d`, `/usr/lib/udev/rules.d`, `/lib/udev/rules.d`): the md RAID check
+    /// reads the rule that fills an array's udev entry. Empty: not visible here (a plugin
+    /// container that does not mount them), and that check only warns.
+    #[serde(default)]
+    pub udev_rules_dirs: Vec<PathBuf>,
 }
+
+/// udev's rules directories on a host, highest precedence first: a file in an earlier one
+/// overrides the same name in a later one (udev(7), "Rules Files").
+pub const UDEV_RULES_DIRS: [&str; 5] = [
+    "etc/udev/rules.d",
+    "run/udev/rules.d",
+    "usr/local/lib/udev/rules.d",
+    "usr/lib/udev/rules.d",
+    "lib/udev/rules.d",
+];
 
 impl Default for HostPaths {
     fn default() -> Self {
@@ -47,6 +63,10 @@ impl Default for HostPaths {
             dev_root: "/dev".into(),
             udev_data_dir: "/run/udev/data".into(),
             cufile_json: default_cufile_json(),
+            udev_rules_dirs: UDEV_RULES_DIRS
+                .iter()
+                .map(|d| Path::new("/").join(d))
+                .collect(),
         }
     }
 }
@@ -61,7 +81,7 @@ pub fn default_cufile_json() -> PathBuf {
 
 impl HostPaths {
     /// The host's root mounted at `root` (e.g. `/host`): `root/proc`, `root/sys`, `root/dev`,
-    /// `root/run/udev/data`, `root/etc/cufile.json`.
+    /// `root/run/udev/data`, `root/etc/cufile.json`, and udev's rules directories under it.
     pub fn under(root: &Path) -> Self {
         HostPaths {
             proc_root: root.join("proc"),
@@ -69,6 +89,7 @@ impl HostPaths {
             dev_root: root.join("dev"),
             udev_data_dir: root.join("run/udev/data"),
             cufile_json: root.join("etc/cufile.json"),
+            udev_rules_dirs: UDEV_RULES_DIRS.iter().map(|d| root.join(d)).collect(),
         }
     }
 

@@ -25,8 +25,17 @@ pub(super) fn block_checks(paths: &HostPaths, backend: Backend, layers: &[Layer]
 fn stack_check(layers: &[Layer], stack: &str) -> Check {
     let title = "block device stack supported";
     let dm = layers.iter().any(|l| matches!(l, Layer::Dm(_)));
+    // md RAID0 only. NVIDIA documents RAID0 over NVMe as the nvidia-fs route (gds-diag
+    // checks/fs_matrix.py `raid0`: "RAID0 over supported NVMe devices. The nvidia-fs/nvfs
+    // direct path is supported."; GDS troubleshooting guide, "Adding udev Rules for RAID
+    // Volumes"); libcufile 1.20 also names raid1/raid10, but only as P2PDMA config keys
+    // (`block.raid1.use_pci_p2pdma`, `strings`), undocumented. The level is the kernel's
+    // `md/level` (drivers/md/md.c `level_show`: the personality name, `raid0`).
     let bad_md = layers.iter().find_map(|l| match l {
-        Layer::Md(md) if md.level != "raid0" => Some(format!("{} is {}", md.name, md.level)),
+        Layer::Md(md) if md.level.is_empty() => Some(format!("{}: md/level unreadable", md.name)),
+        Layer::Md(md) if md.level != "raid0" => {
+            Some(format!("{} is {} (md/level)", md.name, md.level))
+        }
         _ => None,
     });
     if dm {
@@ -40,8 +49,9 @@ fn stack_check(layers: &[Layer], stack: &str) -> Check {
         Check::fail(
             "volume.block_stack",
             title,
-            format!("{stack}: {md}; GDS supports md RAID0 only"),
-            "use md RAID0 or a single namespace",
+            format!("{stack}: {md}; GDS supports md RAID0 (level 0) only"),
+            "put the volume on md RAID0 over NVMe (the stripe layout) or on a single NVMe \
+             namespace or partition; other md levels get no GDS path",
         )
     } else {
         Check::pass("volume.block_stack", title, stack.to_string())

@@ -1,11 +1,14 @@
 //! Volume-level checks: will I/O on this mounted volume get true GDS?
 //!
 //! `mount` finds the volume in mountinfo; `fs_checks` judges the filesystem and the denylist;
-//! `stack` walks the block devices under it, `block_checks` judges them, `md_udev` the udev
-//! entry of an md array.
+//! `stack` walks the block devices under it, `block_checks` judges them; for an md array,
+//! `md_members` judges its state and members, `md_udev` its udev entry and `md_rule` the udev
+//! rule that writes that entry.
 
 mod block_checks;
 mod fs_checks;
+mod md_members;
+mod md_rule;
 mod md_udev;
 mod mount;
 mod stack;
@@ -105,7 +108,9 @@ fn device_checks(
         Layer::Md(md) => Some(md),
         _ => None,
     }) {
+        out.push(md_members::md_members_check(paths, md));
         out.push(md_udev::md_udev_check(paths, &m.majmin, md));
+        out.push(md_rule::md_rule_check(paths, md));
     }
     out
 }

@@ -17,48 +17,97 @@ pub(super) enum Layer {
     Other(String),
 }
 
-/// An md array as sysfs shows it: `md/level` and one `slaves/<member>` link per member.
+/// An md array as sysfs shows it. The kernel's md driver (drivers/md/md.c) publishes, under
+/// the array's `md/` directory, `level` (`level_show`: the personality's name, `raid0`),
+/// `array_state` (`array_state_show`: `clear`, `inactive`, `clean`, `active`, ..., and
+/// `broken` when `MD_BROKEN` is set: a RAID0 or linear array that lost a member), and one
+/// `dev-<member>` directory per member (`bind_rdev_to_array`: `kobject_add(..., "dev-%s")`)
+/// holding the link `block` to the member's block device and its `state` (`state_show`:
+/// `faulty`, `in_sync`, `spare`, ...). `bd_link_disk_holder` also links each member into the
+/// array's `slaves/` (block/holder.c). Layout seen on the VM rig (Debian kernel 6.1).
 #[derive(Debug)]
 pub(super) struct MdArray {
     pub(super) name: String,
     pub(super) level: String,
+    /// `md/array_state`; None when absent.
+    pub(super) array_state: Option<String>,
     pub(super) members: Vec<MdMember>,
 }
 
 #[derive(Debug)]
 pub(super) struct MdMember {
-    /// Kernel name (`nvme0n1`, `nvme0n1p1`).
+    /// Kernel name (`nvme0n1p1`, `nvme0n1`).
     pub(super) name: String,
     /// From the member's sysfs `dev` file: names its udev database entry.
     pub(super) majmin: Option<String>,
+    /// The disk under a partition member (`nvme0n1` for `nvme0n1p1`); None: a whole disk.
+    pub(super) parent: Option<String>,
     /// An NVMe namespace, or a partition of one.
     pub(super) nvme: bool,
+    /// The NVMe transport of its namespace's controller (`pcie`, `rdma`, `tcp`, ...).
+    pub(super) transport: Option<String>,
+    /// `md/dev-<member>/state`; None when the member came from `slaves/` only.
+    pub(super) state: Option<String>,
 }
 
-fn md_members(dir: &Path) -> Vec<MdMember> {
-    let mut v: Vec<PathBuf> = fs::read_dir(dir.join("slaves"))
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    v.sort();
-    v.iter()
-        .map(|p| {
-            let real = fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-            let name = name_of(p);
-            let majmin = fs::read_to_string(real.join("dev"))
-                .ok()
-                .map(|s| s.trim().to_string());
-            let whole = if real.join("partition").exists() {
-                real.parent().map(name_of).unwrap_or_default()
-            } else {
-                name.clone()
-            };
-            MdMember {
-                nvme: is_nvme_namespace(&whole),
-                name,
-                majmin,
-            }
+/// The array's members: `md/dev-*/block` (the array's own list, with each member's state),
+/// else `slaves/` (a kernel or fixture without the `dev-*` entries).
+fn md_members(paths: &HostPaths, dir: &Path) -> Vec<MdMember> {
+    let mut found: Vec<(PathBuf, Option<String>)> = fs::read_dir(dir.join("md"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
         })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| name_of(p).starts_with("dev-") && p.join("block").exists())
+        .map(|p| {
+            let state = fs::read_to_string(p.join("state")).ok();
+            (p.join("block"), state.map(|s| s.trim().to_string()))
+        })
+        .collect();
+    if found.is_empty() {
+        found = fs::read_dir(dir.join("slaves"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| (e.path(), None))
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(link, state)| md_member(paths, &link, state))
         .collect()
+}
+
+fn md_member(paths: &HostPaths, link: &Path, state: Option<String>) -> MdMember {
+    let real = fs::canonicalize(link).unwrap_or_else(|_| link.to_path_buf());
+    let name = name_of(&real);
+    let majmin = fs::read_to_string(real.join("dev"))
+        .ok()
+        .map(|s| s.trim().to_string());
+    // A partition's sysfs directory lies inside its disk's (block/partitions/core.c).
+    let disk_dir = if real.join("partition").exists() {
+        real.parent().map(Path::to_path_buf)
+    } else {
+        None
+    };
+    let disk = disk_dir.as_deref().map(name_of).unwrap_or(name.clone());
+    let nvme = is_nvme_namespace(&disk);
+    let transport = nvme
+        .then(|| nvme_transport(paths, disk_dir.as_deref().unwrap_or(&real), &disk))
+        .flatten();
+    MdMember {
+        parent: disk_dir.is_some().then_some(disk),
+        name,
+        majmin,
+        nvme,
+        transport,
+        state,
+    }
 }
 
 fn name_of(p: &Path) -> String {
@@ -138,11 +187,12 @@ pub(super) fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<La
         out.push(Layer::Dm(format!("{name} ({})", dm_name.trim())));
         slaves(out);
     } else if dir.join("md").is_dir() {
-        let level = fs::read_to_string(dir.join("md/level")).unwrap_or_default();
+        let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
         out.push(Layer::Md(MdArray {
             name,
-            level: level.trim().to_string(),
-            members: md_members(&dir),
+            level: read("md/level").unwrap_or_default(),
+            array_state: read("md/array_state").ok(),
+            members: md_members(paths, &dir),
         }));
         slaves(out);
     } else if is_nvme_namespace(&name) {

@@ -1,0 +1,169 @@
+//! The md RAID members check: the array runs, and each member is an NVMe namespace (or a
+//! partition of one, as the stripe layout builds them) whose driver nvidia_fs has registered.
+//!
+//! Grounding:
+//! - nvidia-fs has no notion of md: gds-nvidia-fs 2.28.4 src/ holds no reference to md or RAID
+//!   (`git grep -i raid src/` is empty). md RAID0 splits each bio by chunk and submits the
+//!   pieces to its members' queues (drivers/md/raid0.c `raid0_make_request`), and nvidia-fs
+//!   maps the GPU pages of a request on the member's queue (`nvfs_blk_rq_check`,
+//!   src/nvfs-dma.c:246-247) through the DMA ops the member's driver registered. The drivers
+//!   it can register for NVMe are `nvme` (PCIe) and `nvme_rdma` (NVMe-oF/RDMA) only
+//!   (`modules_list`, src/nvfs-dma.c:61-97; names in src/nvfs-dma.h:61-62). So every member's
+//!   driver must be registered, and a member on another transport (tcp, fc) has no DMA path.
+//! - A partition member is judged as its disk: the block layer remaps a partition's I/O onto
+//!   the disk's queue (see `stack::walk`).
+//! - libcufile 1.20.0.107 (`strings`): "RAID member not supported by cuFile in RAID group",
+//!   "cuFile support has been disabled for members in the RAID group": one unsupported
+//!   member costs the whole array its GDS path (inferred from the strings; the source is
+//!   closed).
+//! - NVIDIA gds-diag (MagnumIO gds-diag/checks/fs_matrix.py, `raid0`): "RAID0 over supported
+//!   NVMe devices. The nvidia-fs/nvfs direct path is supported."
+
+use super::stack::{MdArray, MdMember};
+use crate::node::registered_drivers;
+use crate::{Check, HostPaths};
+use std::collections::BTreeSet;
+
+const ID: &str = "volume.md_members";
+const TITLE: &str =
+    "md array running; each member an NVMe partition whose driver nvidia_fs registered";
+
+/// The nvidia-fs registration name of the driver behind an NVMe transport; None: nvidia-fs
+/// has no DMA ops for it.
+fn nvfs_driver(transport: &str) -> Option<&'static str> {
+    match transport {
+        "pcie" => Some("nvme"),
+        "rdma" => Some("nvme_rdma"),
+        _ => None,
+    }
+}
+
+pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
+    // Read as a cuFile process sees it (a nvidia-fs node held open); None: not readable, which
+    // the node check `nvidia_fs.storage_driver` reports.
+    let registered: Option<Vec<String>> =
+        registered_drivers(paths).map(|m| m.into_iter().map(|m| m.name).collect());
+    let mut problems = Vec::new();
+    let mut remedies = BTreeSet::new();
+    if let Some(st) = md.array_state.as_deref() {
+        if matches!(st, "broken" | "inactive" | "clear" | "suspended") {
+            problems.push(format!("{} array_state is {st}", md.name));
+            remedies.insert(format!(
+                "the array lost a member or is not running: see `mdadm --detail /dev/{}`; \
+                 bring the member's drive back (a stripe volume's NodeStage reassembles it)",
+                md.name
+            ));
+        }
+    }
+    if md.members.is_empty() {
+        problems.push(format!(
+            "{} lists no member in md/dev-*/block or slaves/",
+            md.name
+        ));
+    }
+    let mut ev = Vec::new();
+    for m in &md.members {
+        let (desc, problem, remedy) = judge_member(m, registered.as_deref());
+        ev.push(desc);
+        if let Some(p) = problem {
+            problems.push(p);
+        }
+        if let Some(r) = remedy {
+            remedies.insert(r);
+        }
+    }
+    let state = md.array_state.as_deref().unwrap_or("unknown");
+    let evidence = format!(
+        "{} ({}, array_state {state}): {}",
+        md.name,
+        md.level,
+        if ev.is_empty() {
+            "no members".into()
+        } else {
+            ev.join("; ")
+        }
+    );
+    if problems.is_empty() {
+        return Check::pass(ID, TITLE, evidence);
+    }
+    let remedy: Vec<String> = remedies.into_iter().collect();
+    Check::fail(
+        ID,
+        TITLE,
+        format!("{evidence}; {}", problems.join("; ")),
+        remedy.join("; "),
+    )
+}
+
+/// One member: how it reads, what is wrong with it, and the fix.
+fn judge_member(
+    m: &MdMember,
+    registered: Option<&[String]>,
+) -> (String, Option<String>, Option<String>) {
+    let mut desc = format!("{} ({}", m.name, m.majmin.as_deref().unwrap_or("no dev"));
+    if let Some(p) = &m.parent {
+        desc += &format!(", partition of {p}");
+    }
+    if let Some(st) = &m.state {
+        desc += &format!(", state {st}");
+    }
+    if st_faulty(m) {
+        desc += ")";
+        let why = format!("member {} is faulty", m.name);
+        let fix = "replace or bring back the faulty member (`mdadm --detail` names it)";
+        return (desc, Some(why), Some(fix.into()));
+    }
+    if !m.nvme {
+        desc += ", not NVMe)";
+        let why = format!(
+            "member {} is not on an NVMe namespace: nvidia-fs has no DMA path for it, and \
+             cuFile disables GDS for the whole RAID group",
+            m.name
+        );
+        let fix = "build the RAID0 from NVMe namespaces or their partitions only";
+        return (desc, Some(why), Some(fix.into()));
+    }
+    let transport = m.transport.as_deref().unwrap_or("unknown");
+    let Some(driver) = nvfs_driver(transport) else {
+        desc += &format!(", NVMe over {transport})");
+        let why = format!(
+            "member {} is NVMe over {transport}: nvidia-fs registers DMA ops for nvme (PCIe) \
+             and nvme_rdma only",
+            m.name
+        );
+        return (
+            desc,
+            Some(why),
+            Some("use NVMe over PCIe or RDMA members".into()),
+        );
+    };
+    match registered {
+        Some(r) if r.iter().any(|n| n == driver) => {
+            desc += &format!(", NVMe over {transport}, driver {driver} registered)");
+            (desc, None, None)
+        }
+        Some(_) => {
+            desc += &format!(", NVMe over {transport}, driver {driver} NOT registered)");
+            let why = format!(
+                "member {}: its driver {driver} is not registered with nvidia_fs \
+                 (/proc/driver/nvidia-fs/modules, read with a nvidia-fs node open)",
+                m.name
+            );
+            let fix = format!(
+                "load a GDS-enabled {driver} driver after nvidia_fs (MLNX_OFED/DOCA builds \
+                 one), so that nvidia-fs lists `{driver}` in /proc/driver/nvidia-fs/modules"
+            );
+            (desc, Some(why), Some(fix))
+        }
+        None => {
+            desc += &format!(", NVMe over {transport}, driver {driver}: registration unread)");
+            (desc, None, None)
+        }
+    }
+}
+
+fn st_faulty(m: &MdMember) -> bool {
+    m.state
+        .as_deref()
+        .is_some_and(|s| s.split(',').any(|f| f == "faulty"))
+}
