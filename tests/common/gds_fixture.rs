@@ -165,27 +165,35 @@ impl Tree {
         }
     }
 
-    /// md RAID0 `md0` (dev 9:0) over the PCIe namespaces `nvme0n1` (259:0) and `nvme1n1`
-    /// (259:2), ext4 mounted at `mount_point` with `data=ordered`; every device has its udev
-    /// entry. `rule`: the array's entry carries the members as NVIDIA's udev rule for RAID
-    /// volumes exports them (`mdadm --detail --export`); else what mdadm's stock rule gives
-    /// (`--no-devices`: level and count, no members).
+    /// md RAID0 `md0` (dev 9:0) over partition 1 of the PCIe namespaces `nvme0n1` and
+    /// `nvme1n1` (`nvme0n1p1` 259:1, `nvme1n1p1` 259:3), as the stripe layout builds it, ext4
+    /// mounted at `mount_point` with `data=ordered`; every device has its udev entry. Laid out
+    /// as drivers/md/md.c shows an array: `md/level`, `md/array_state`, `md/dev-<member>/block`
+    /// and `state` (`bind_rdev_to_array`), and `slaves/` (`bd_link_disk_holder`). `rule`: the
+    /// host has NVIDIA's udev rule for RAID volumes (`mdadm --detail --export`, in
+    /// /etc/udev/rules.d over mdadm's stock file) and the array's entry carries the members as
+    /// it exports them; else only mdadm's stock rule (`--no-devices`: level and count, no
+    /// members).
     pub fn md_volume(&self, mount_point: &Path, rule: bool) -> &Self {
         let pci = "sys/devices/pci0000:00/0000:00:01.0/nvme";
-        for (ctrl, ns, dev) in [("nvme0", "nvme0n1", "259:0"), ("nvme1", "nvme1n1", "259:2")] {
+        let md = "sys/devices/virtual/block/md0";
+        for (i, ctrl) in ["nvme0", "nvme1"].iter().enumerate() {
+            let (ns, part) = (format!("{ctrl}n1"), format!("{ctrl}n1p1"));
+            let from_md = format!("../../../../../pci0000:00/0000:00:01.0/nvme/{ctrl}/{ns}/{part}");
+            let pdir = format!("{pci}/{ctrl}/{ns}/{part}");
             self.write(&format!("{pci}/{ctrl}/transport"), "pcie\n")
-                .write(&format!("{pci}/{ctrl}/{ns}/dev"), &format!("{dev}\n"))
-                .link(&format!("{pci}/{ctrl}/{ns}/device"), "..")
-                .link(
-                    &format!("sys/dev/block/{dev}"),
-                    &format!("../../devices/pci0000:00/0000:00:01.0/nvme/{ctrl}/{ns}"),
-                )
-                .link(
-                    &format!("sys/devices/virtual/block/md0/slaves/{ns}"),
-                    &format!("../../../../pci0000:00/0000:00:01.0/nvme/{ctrl}/{ns}"),
-                )
                 .write(
-                    &format!("run/udev/data/b{dev}"),
+                    &format!("{pci}/{ctrl}/{ns}/dev"),
+                    &format!("259:{}\n", 2 * i),
+                )
+                .link(&format!("{pci}/{ctrl}/{ns}/device"), "..")
+                .write(&format!("{pdir}/dev"), &format!("259:{}\n", 2 * i + 1))
+                .write(&format!("{pdir}/partition"), "1\n")
+                .link(&format!("{md}/md/dev-{part}/block"), &from_md)
+                .write(&format!("{md}/md/dev-{part}/state"), "in_sync\n")
+                .link(&format!("{md}/slaves/{part}"), &from_md[3..])
+                .write(
+                    &format!("run/udev/data/b259:{}", 2 * i + 1),
                     "E:ID_FS_TYPE=linux_raid_member\nE:ID_FS_USAGE=raid\n",
                 );
         }
@@ -193,12 +201,23 @@ impl Tree {
             "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\nE:MD_LEVEL=raid0\nE:MD_DEVICES=2\n\
              E:MD_METADATA=1.2\nE:MD_UUID=4d8bea96:08136ba8:75029197:fe2e2a4b\n",
         );
+        let stock = "KERNEL!=\"md*\", GOTO=\"md_end\"\n\
+                     IMPORT{program}=\"/sbin/mdadm --detail --no-devices --export $devnode\"\n\
+                     LABEL=\"md_end\"\n";
+        self.write("lib/udev/rules.d/63-md-raid-arrays.rules", stock);
         if rule {
-            entry += "E:MD_DEVICE_dev_nvme0n1_ROLE=0\nE:MD_DEVICE_dev_nvme0n1_DEV=/dev/nvme0n1\n\
-                      E:MD_DEVICE_dev_nvme1n1_ROLE=1\nE:MD_DEVICE_dev_nvme1n1_DEV=/dev/nvme1n1\n";
+            entry += "E:MD_DEVICE_dev_nvme0n1p1_ROLE=0\nE:MD_DEVICE_dev_nvme0n1p1_DEV=/dev/nvme0n1p1\n\
+                      E:MD_DEVICE_dev_nvme1n1p1_ROLE=1\nE:MD_DEVICE_dev_nvme1n1p1_DEV=/dev/nvme1n1p1\n";
+            self.write(
+                "etc/udev/rules.d/63-md-raid-arrays.rules",
+                &stock.replace(" --no-devices", ""),
+            );
+        } else {
+            self.remove("etc/udev/rules.d/63-md-raid-arrays.rules");
         }
-        self.write("sys/devices/virtual/block/md0/md/level", "raid0\n")
-            .write("sys/devices/virtual/block/md0/dev", "9:0\n")
+        self.write(&format!("{md}/md/level"), "raid0\n")
+            .write(&format!("{md}/md/array_state"), "clean\n")
+            .write(&format!("{md}/dev"), "9:0\n")
             .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
             .write("run/udev/data/b9:0", &entry)
             .mountinfo(&format!(
