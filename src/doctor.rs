@@ -103,6 +103,14 @@ fn pod_and_node_notes(
     notes
 }
 
+/// For a volume on md RAID: the array and each member as the checks read them (level, state,
+/// partition, transport, driver registration), which the check list shows only on failure.
+fn md_note(report: &Report) -> Option<String> {
+    report
+        .get("volume.md_members")
+        .map(|c| format!("md RAID volume: {}", c.evidence))
+}
+
 /// What the cuFile probe said, in a sentence for the operator.
 fn probe_note(probe: Option<&ProbeOutcome>, timeout: std::time::Duration) -> String {
     match probe {
@@ -158,6 +166,7 @@ pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) ->
     }
 
     let mut notes = pod_and_node_notes(&paths, args, &report);
+    notes.extend(md_note(&report));
     notes.push(probe_note(probe.as_ref(), args.gds.probe_timeout));
     Diagnosis {
         backend,

@@ -1184,6 +1184,11 @@ async fn md_raid0_refusals_name_the_fix_and_doctor_json_carries_them() {
         }
         // doctor --json: every md check, with its status and evidence.
         let d = node.doctor_agrees(what, gds_check::Backend::Nvme, Some(&[]));
+        assert!(
+            d.to_text().contains("* md RAID volume: md0 (raid"),
+            "{what}: {}",
+            d.to_text()
+        );
         let v: serde_json::Value = serde_json::from_str(&d.to_json()).unwrap();
         let ids: Vec<&str> = v["checks"]
             .as_array()

@@ -182,7 +182,10 @@ fn member_problems(paths: &HostPaths, md: &MdArray) -> (Vec<String>, Vec<String>
         }
     }
     if md.members.is_empty() {
-        problems.push(format!("{} has no members in sysfs (md/dev-*/block, slaves/)", md.name));
+        problems.push(format!(
+            "{} has no members in sysfs (md/dev-*/block, slaves/)",
+            md.name
+        ));
     }
     (problems, ev)
 }
