@@ -459,8 +459,9 @@ async fn mkfs_aligns_the_filesystem_to_the_stripe_geometry() {
     }
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let img = dir.path().join("fs.img");
-    // mkfs.xfs wants more than 300 MB.
-    fs::File::create(&img).unwrap().set_len(320 * MIB).unwrap();
+    // mkfs.xfs wants more than 300 MB, and with a stripe unit more again (xfsprogs 6.1:
+    // 512 MiB is refused, "Log size must be at least 64MB"; 700 MiB is taken).
+    fs::File::create(&img).unwrap().set_len(1024 * MIB).unwrap();
     let dev = LoopDevice::attach(&img);
     let host = host();
     let uuid = "5e1f1a4c-0000-4000-8000-0000000000b1";
