@@ -5,7 +5,7 @@
 //! member carrying a foreign signature (nothing erased) and otherwise zeroes and removes
 //! every member; ControllerExpandVolume refused (OutOfRange) since stripes do not grow.
 //! At the layout level: a device whose lock is held never stalls a stripe over other
-//! devices. And mkfs through the host port aligns xfs and ext4 to the stripe geometry.
+//! devices, and namespaces of one NVMe controller count once. And mkfs through the host port aligns xfs and ext4 to the stripe geometry.
 //! (This machine has no md driver and no mdadm: NodeStage is refused here; arrays are
 //! the VM rig's business.)
 
@@ -24,6 +24,7 @@ use gds_csi::csi::*;
 use gds_csi::os::{FsType, Host, RealHost, StripeGeometry};
 use gds_csi::partition::kernel;
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
+use gds_csi::request::StripeParams;
 use tonic::Code;
 
 mod common;
@@ -327,9 +328,13 @@ fn host() -> Arc<dyn Host> {
 
 /// The stripe layout over the rig's loop devices, as the driver builds it.
 fn striped(rig: &Rig, host: &Arc<dyn Host>) -> Arc<Striped> {
+    striped_with_sys(rig, host, "/sys".into())
+}
+
+fn striped_with_sys(rig: &Rig, host: &Arc<dyn Host>, host_sys: std::path::PathBuf) -> Arc<Striped> {
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
-        host_sys: "/sys".into(),
+        host_sys,
         host_dev: "/dev".into(),
         listed: rig.loops.clone(),
         nvme_discover: false,
@@ -502,4 +507,88 @@ async fn mkfs_aligns_the_filesystem_to_the_stripe_geometry() {
         info.contains("sunit=0") && info.contains("swidth=0 blks"),
         "{info}"
     );
+}
+
+/// A sysfs for the pool (`host_sys`) that puts each loop device behind the NVMe
+/// controller `ctrls[i]` the way the kernel links a namespace to its controller
+/// (`<disk>/device -> ../../nvmeX`), with the device's real size; everything else the
+/// layout reads (labels, partitions) is the real device's.
+fn sysfs_with_controllers(rig: &Rig, ctrls: &[&str]) -> std::path::PathBuf {
+    let sys = rig.dir.path().join("fake-sys");
+    for (dev, ctrl) in rig.loops.iter().zip(ctrls) {
+        let name = dev.file_name().unwrap().to_string_lossy().into_owned();
+        let num = fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap();
+        let size = fs::read_to_string(format!("/sys/block/{name}/size")).unwrap();
+        let disk = sys.join(format!("devices/pci0000:00/nvme/{ctrl}/{name}"));
+        fs::create_dir_all(disk.join("holders")).unwrap();
+        fs::write(disk.join("size"), size).unwrap();
+        fs::write(disk.join("dev"), &num).unwrap();
+        std::os::unix::fs::symlink(format!("../../{ctrl}"), disk.join("device")).unwrap();
+        fs::create_dir_all(sys.join("dev/block")).unwrap();
+        let link = sys.join("dev/block").join(num.trim());
+        std::os::unix::fs::symlink(&disk, link).unwrap();
+    }
+    sys
+}
+
+/// Two namespaces of one controller count once: a 2-member stripe takes one of them and
+/// the other controller's device; a 3-member stripe is ResourceExhausted naming the
+/// shared controller, nothing carved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_of_one_controller_count_once() {
+    let Some(rig) = PartRig::with_size(3, 64 * MIB) else {
+        return;
+    };
+    let host = host();
+    let sys = sysfs_with_controllers(&rig.0, &["nvme0", "nvme0", "nvme1"]);
+    let s = striped_with_sys(&rig.0, &host, sys);
+    assert_eq!(s.pool.devices().len(), 3);
+    let three = StripeParams {
+        count: 3,
+        chunk_bytes: 512 * 1024,
+    };
+    assert_eq!(
+        s.capacity_for(three).maximum,
+        None,
+        "two controllers give no 3-member stripe"
+    );
+
+    let (_, rec) = s
+        .allocate(host.as_ref(), &stripe_req("two", "2", 8 * MIB))
+        .await
+        .unwrap();
+    let at = member_devices(&s, &rig.0, &rec);
+    assert!(at == vec![0, 2] || at == vec![1, 2], "{at:?}");
+    let mut ctrls: Vec<_> = rec
+        .stripe
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.controller.clone().unwrap())
+        .collect();
+    ctrls.sort();
+    assert_eq!(ctrls, vec!["nvme0", "nvme1"]);
+
+    let before: Vec<_> = rig
+        .0
+        .loops
+        .iter()
+        .map(|d| kernel::list(d).unwrap().len())
+        .collect();
+    let err = s
+        .allocate(host.as_ref(), &stripe_req("three", "3", 6 * MIB))
+        .await
+        .unwrap_err()
+        .to_string();
+    let (a, b) = (rig.0.loops[0].display(), rig.0.loops[1].display());
+    assert!(err.contains("has 2 such device(s)"), "{err}");
+    assert!(err.contains(&format!("nvme0 ({a}, {b})")), "{err}");
+    let after: Vec<_> = rig
+        .0
+        .loops
+        .iter()
+        .map(|d| kernel::list(d).unwrap().len())
+        .collect();
+    assert_eq!(before, after, "a refused stripe carved nothing");
 }
