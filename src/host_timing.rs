@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::metrics::host_timer;
 use crate::os::{
     Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, MountEntry, Signature,
+    StripeGeometry,
 };
 
 /// `inner`, with its operations timed.
@@ -65,9 +66,15 @@ impl<H: Host> Host for TimedHost<H> {
         self.inner.probe_signatures(device).await
     }
 
-    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        stripe: Option<StripeGeometry>,
+    ) -> Result<()> {
         let _timer = host_timer(mkfs_operation(fs));
-        self.inner.mkfs(device, fs, uuid).await
+        self.inner.mkfs(device, fs, uuid, stripe).await
     }
 
     async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()> {

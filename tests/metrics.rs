@@ -278,7 +278,7 @@ async fn host_operations_are_timed_by_the_wrapper_around_the_host() {
     let timed = TimedHost::new(real_host());
     let uuid = "5e1f1a4c-0000-4000-8000-00000000000a";
     assert!(timed.probe_signatures(&img).await.unwrap().is_empty());
-    timed.mkfs(&img, FsType::Ext4, uuid).await.unwrap();
+    timed.mkfs(&img, FsType::Ext4, uuid, None).await.unwrap();
     assert!(!timed.probe_signatures(&img).await.unwrap().is_empty());
     timed
         .wipe_signatures(&dir.path().join("missing"))

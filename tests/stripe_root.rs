@@ -3,21 +3,32 @@
 //! GetCapacity's maximum for a stripe class, ResourceExhausted counting the devices with
 //! room, bad geometry refused before anything changes, and DeleteVolume that refuses a
 //! member carrying a foreign signature (nothing erased) and otherwise zeroes and removes
-//! every member; ControllerExpandVolume refused (OutOfRange) since stripes do not grow. (This machine has no md driver and no mdadm: NodeStage is refused
-//! here; arrays are the VM rig's business.)
+//! every member; ControllerExpandVolume refused (OutOfRange) since stripes do not grow.
+//! At the layout level: a device whose lock is held never stalls a stripe over other
+//! devices, and namespaces of one NVMe controller count once. And mkfs through the host port aligns xfs and ext4 to the stripe geometry.
+//! (This machine has no md driver and no mdadm: NodeStage is refused here; arrays are
+//! the VM rig's business.)
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use gds_csi::block::layout::Layout;
+use gds_csi::block::partition::Partitioned;
+use gds_csi::block::stripe::Striped;
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
+use gds_csi::os::{FsType, Host, RealHost, StripeGeometry};
 use gds_csi::partition::kernel;
+use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
+use gds_csi::request::StripeParams;
 use tonic::Code;
 
 mod common;
-use common::{digest_file, requests, run, PartRig, Rig};
+use common::{digest_file, requests, run, LoopDevice, PartRig, Rig};
 
 const MIB: u64 = 1 << 20;
 
@@ -125,6 +136,25 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     let m = members(&rig.0);
     assert_eq!(m.len(), 2, "{m:?}");
     assert_ne!(m[0].0, m[1].0, "members on one device: {m:?}");
+    // Loop devices have no controller: each is its own, named in the volume context.
+    let ctrls = &v2.volume_context["stripeControllers"];
+    let on: Vec<&str> = ctrls.split(',').collect();
+    let used: Vec<String> = m
+        .iter()
+        .map(|p| {
+            rig.0.loops[p.0]
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(on.len(), 2, "{ctrls}");
+    assert!(
+        on.iter().all(|c| used.iter().any(|u| u == c)),
+        "{ctrls} vs {used:?}"
+    );
+    assert_ne!(on[0], on[1], "{ctrls}");
     assert!(m.iter().all(|p| p.2 == 11 * MIB), "{m:?}");
     // Idempotent by name.
     let again = c
@@ -287,4 +317,278 @@ async fn bad_stripe_geometry_is_invalid_argument_naming_the_field_and_changes_no
     rig.0.kill9();
     let after: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     assert_eq!(before, after);
+}
+
+fn host() -> Arc<dyn Host> {
+    Arc::new(RealHost {
+        command_timeout: Duration::from_secs(60),
+        mount_timeout: Duration::from_secs(30),
+    })
+}
+
+/// The stripe layout over the rig's loop devices, as the driver builds it.
+fn striped(rig: &Rig, host: &Arc<dyn Host>) -> Arc<Striped> {
+    striped_with_sys(rig, host, "/sys".into())
+}
+
+fn striped_with_sys(rig: &Rig, host: &Arc<dyn Host>, host_sys: std::path::PathBuf) -> Arc<Striped> {
+    let pool = Pool::open(PoolConfig {
+        node_id: "node-a".into(),
+        host_sys,
+        host_dev: "/dev".into(),
+        listed: rig.loops.clone(),
+        nvme_discover: false,
+        state_dir: rig.dir.path().join("layout-state"),
+    })
+    .unwrap();
+    pool.rescan(&host.mount_table().unwrap());
+    let pool = Arc::new(pool);
+    let parts = Arc::new(Partitioned::new(Arc::clone(&pool)));
+    Arc::new(Striped::new(pool, parts))
+}
+
+fn stripe_req(name: &str, count: &str, bytes: u64) -> AllocationRequest {
+    AllocationRequest {
+        name: name.into(),
+        required_bytes: bytes,
+        limit_bytes: 0,
+        fs_type: FsType::Ext4,
+        parameters: BTreeMap::from([
+            ("layout".into(), "stripe".into()),
+            ("stripeCount".into(), count.into()),
+        ]),
+    }
+}
+
+/// The loop devices (by index in the rig) holding a stripe record's members.
+fn member_devices(s: &Striped, rig: &Rig, rec: &gds_csi::pool::VolumeRecord) -> Vec<usize> {
+    let devices = s.pool.devices();
+    let mut at: Vec<usize> = rec
+        .stripe
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| {
+            let dev = devices.iter().find(|d| d.id == m.device_id).unwrap();
+            rig.loops.iter().position(|l| *l == dev.path).unwrap()
+        })
+        .collect();
+    at.sort_unstable();
+    at
+}
+
+/// Placement try-locks: a device held busy (as a long erase holds it) never stalls a
+/// stripe that fits on the others; a stripe that needs it waits its turn, then lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_device_never_stalls_a_stripe_over_other_devices() {
+    let Some(rig) = PartRig::with_size(3, 64 * MIB) else {
+        return;
+    };
+    let host = host();
+    let s = striped(&rig.0, &host);
+    let busy = s
+        .pool
+        .devices()
+        .into_iter()
+        .find(|d| d.path == rig.0.loops[0])
+        .unwrap();
+    let held = s.parts.device_lock(&busy.id).await;
+
+    let began = Instant::now();
+    let (id2, rec2) = tokio::time::timeout(
+        Duration::from_secs(20),
+        s.allocate(host.as_ref(), &stripe_req("two", "2", 8 * MIB)),
+    )
+    .await
+    .expect("a stripe over free devices must not wait for a busy one")
+    .unwrap();
+    let took = began.elapsed();
+    assert_eq!(member_devices(&s, &rig.0, &rec2), vec![1, 2]);
+    // Each member's controller is recorded: a loop device is its own.
+    let devices = s.pool.devices();
+    for m in &rec2.stripe.as_ref().unwrap().members {
+        let dev = devices.iter().find(|d| d.id == m.device_id).unwrap();
+        let name = dev.path.file_name().unwrap().to_string_lossy();
+        assert_eq!(m.controller.as_deref(), Some(name.as_ref()), "{m:?}");
+    }
+
+    // Three members need the busy device: the create waits for it, holding nothing.
+    let (s2, h) = (Arc::clone(&s), Arc::clone(&host));
+    let three = tokio::spawn(async move {
+        s2.allocate(h.as_ref(), &stripe_req("three", "3", 6 * MIB))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !three.is_finished(),
+        "a stripe that needs the busy device waited"
+    );
+    // Meanwhile the free devices still serve at once.
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        s.allocate(host.as_ref(), &stripe_req("two-more", "2", 4 * MIB)),
+    )
+    .await
+    .expect("the free devices serve while a create waits for the busy one")
+    .unwrap();
+    drop(held);
+    let (id3, rec3) = tokio::time::timeout(Duration::from_secs(60), three)
+        .await
+        .expect("the create finished once the device was free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(member_devices(&s, &rig.0, &rec3), vec![0, 1, 2]);
+    println!("stripe over the free devices while one was held: {took:?}");
+
+    // Delete (the shared erase path) leaves the members' partitions gone.
+    let mounts = host.mount_table().unwrap();
+    for id in [id2.to_string(), id3.to_string()] {
+        s.release(&host, &id, &mounts).await.unwrap();
+    }
+    let left: usize = rig
+        .0
+        .loops
+        .iter()
+        .map(|d| kernel::list(d).unwrap().len())
+        .sum();
+    assert_eq!(left, 2, "only two-more's members remain");
+}
+
+/// mkfs through the host port with a stripe geometry: xfs `su`/`sw` and ext4
+/// `stride`/`stripe_width` as `xfs_info` and `dumpe2fs` read them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mkfs_aligns_the_filesystem_to_the_stripe_geometry() {
+    if !common::is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let img = dir.path().join("fs.img");
+    // mkfs.xfs wants more than 300 MB, and with a stripe unit more again (xfsprogs 6.1:
+    // 512 MiB is refused, "Log size must be at least 64MB"; 700 MiB is taken).
+    fs::File::create(&img).unwrap().set_len(1024 * MIB).unwrap();
+    let dev = LoopDevice::attach(&img);
+    let host = host();
+    let uuid = "5e1f1a4c-0000-4000-8000-0000000000b1";
+
+    let geo = StripeGeometry::new(512 * 1024, 4).unwrap();
+    host.mkfs(dev.path(), FsType::Xfs, uuid, Some(geo))
+        .await
+        .unwrap();
+    let info = run("xfs_info", &[&dev.arg()]);
+    // In 4 KiB blocks: a 512 KiB unit, 4 of them per stripe.
+    assert!(
+        info.contains("sunit=128") && info.contains("swidth=512 blks"),
+        "{info}"
+    );
+
+    run("wipefs", &["-a", "-q", &dev.arg()]);
+    let geo = StripeGeometry::new(64 * 1024, 2).unwrap();
+    host.mkfs(dev.path(), FsType::Ext4, uuid, Some(geo))
+        .await
+        .unwrap();
+    let sb = run("dumpe2fs", &["-h", &dev.arg()]);
+    let field = |name: &str| {
+        sb.lines()
+            .find(|l| l.starts_with(name))
+            .map(|l| l[name.len()..].trim().to_owned())
+    };
+    assert_eq!(field("Block size:").as_deref(), Some("4096"), "{sb}");
+    assert_eq!(field("RAID stride:").as_deref(), Some("16"), "{sb}");
+    assert_eq!(field("RAID stripe width:").as_deref(), Some("32"), "{sb}");
+
+    // Without a geometry nothing is aligned (the loop device reports no topology).
+    run("wipefs", &["-a", "-q", &dev.arg()]);
+    host.mkfs(dev.path(), FsType::Xfs, uuid, None)
+        .await
+        .unwrap();
+    let info = run("xfs_info", &[&dev.arg()]);
+    assert!(
+        info.contains("sunit=0") && info.contains("swidth=0 blks"),
+        "{info}"
+    );
+}
+
+/// A sysfs for the pool (`host_sys`) that puts each loop device behind the NVMe
+/// controller `ctrls[i]` the way the kernel links a namespace to its controller
+/// (`<disk>/device -> ../../nvmeX`), with the device's real size; everything else the
+/// layout reads (labels, partitions) is the real device's.
+fn sysfs_with_controllers(rig: &Rig, ctrls: &[&str]) -> std::path::PathBuf {
+    let sys = rig.dir.path().join("fake-sys");
+    for (dev, ctrl) in rig.loops.iter().zip(ctrls) {
+        let name = dev.file_name().unwrap().to_string_lossy().into_owned();
+        let num = fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap();
+        let size = fs::read_to_string(format!("/sys/block/{name}/size")).unwrap();
+        let disk = sys.join(format!("devices/pci0000:00/nvme/{ctrl}/{name}"));
+        fs::create_dir_all(disk.join("holders")).unwrap();
+        fs::write(disk.join("size"), size).unwrap();
+        fs::write(disk.join("dev"), &num).unwrap();
+        std::os::unix::fs::symlink(format!("../../{ctrl}"), disk.join("device")).unwrap();
+        fs::create_dir_all(sys.join("dev/block")).unwrap();
+        let link = sys.join("dev/block").join(num.trim());
+        std::os::unix::fs::symlink(&disk, link).unwrap();
+    }
+    sys
+}
+
+/// Two namespaces of one controller count once: a 2-member stripe takes one of them and
+/// the other controller's device; a 3-member stripe is ResourceExhausted naming the
+/// shared controller, nothing carved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_of_one_controller_count_once() {
+    let Some(rig) = PartRig::with_size(3, 64 * MIB) else {
+        return;
+    };
+    let host = host();
+    let sys = sysfs_with_controllers(&rig.0, &["nvme0", "nvme0", "nvme1"]);
+    let s = striped_with_sys(&rig.0, &host, sys);
+    assert_eq!(s.pool.devices().len(), 3);
+    let three = StripeParams {
+        count: 3,
+        chunk_bytes: 512 * 1024,
+    };
+    assert_eq!(
+        s.capacity_for(three).maximum,
+        None,
+        "two controllers give no 3-member stripe"
+    );
+
+    let (_, rec) = s
+        .allocate(host.as_ref(), &stripe_req("two", "2", 8 * MIB))
+        .await
+        .unwrap();
+    let at = member_devices(&s, &rig.0, &rec);
+    assert!(at == vec![0, 2] || at == vec![1, 2], "{at:?}");
+    let mut ctrls: Vec<_> = rec
+        .stripe
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.controller.clone().unwrap())
+        .collect();
+    ctrls.sort();
+    assert_eq!(ctrls, vec!["nvme0", "nvme1"]);
+
+    let before: Vec<_> = rig
+        .0
+        .loops
+        .iter()
+        .map(|d| kernel::list(d).unwrap().len())
+        .collect();
+    let err = s
+        .allocate(host.as_ref(), &stripe_req("three", "3", 6 * MIB))
+        .await
+        .unwrap_err()
+        .to_string();
+    let (a, b) = (rig.0.loops[0].display(), rig.0.loops[1].display());
+    assert!(err.contains("has 2 such device(s)"), "{err}");
+    assert!(err.contains(&format!("nvme0 ({a}, {b})")), "{err}");
+    let after: Vec<_> = rig
+        .0
+        .loops
+        .iter()
+        .map(|d| kernel::list(d).unwrap().len())
+        .collect();
+    assert_eq!(before, after, "a refused stripe carved nothing");
 }

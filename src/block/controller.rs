@@ -14,6 +14,7 @@ use crate::volume_id::{BlockVolumeId, IdLayout};
 fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
     ctx.insert(PARAM_FS_TYPE.into(), rec.fs_type.as_str().into());
+    ctx.extend(super::stripe::controllers::context(rec));
     ctx
 }
 

@@ -230,7 +230,8 @@ async fn format_job(
         FormatDecision::Refuse(why) => return Err(VolumeError::FormatRefused(why).into()),
     }
     info!(%volume_id, device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
-    host.mkfs(&device, fs, &record.fs_uuid).await?;
+    let stripe = super::stripe::array::mkfs_geometry(&record)?;
+    host.mkfs(&device, fs, &record.fs_uuid, stripe).await?;
     faults::reached(KillPoint::AfterMkfs);
     Ok(())
 }

@@ -14,6 +14,7 @@ use super::device_io::{device_in_use, zero_blocks};
 pub use super::device_io::{hold_when_free, HOLD_PATIENCE};
 use super::error::HostError;
 use super::inflight;
+use super::mkfs::StripeGeometry;
 use super::mountinfo::{self, MountEntry};
 use super::runner;
 use super::safepath::{self, Anchored};
@@ -101,7 +102,14 @@ pub trait Host: Send + Sync + 'static {
     /// (util-linux's lock, a mount, md/dm, or an exclusive open such as a running mkfs),
     /// and keeps cooperating programs out until the hold is dropped.
     fn hold_device(&self, device: &Path) -> Result<DeviceHold>;
-    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()>;
+    /// mkfs with the filesystem's UUID, aligned to `stripe` when the device is an md array.
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        stripe: Option<StripeGeometry>,
+    ) -> Result<()>;
     async fn wipe_signatures(&self, device: &Path) -> Result<()>;
     /// Grows the filesystem on `device`, mounted at `mount_point`, online to fill the
     /// device: `resize2fs <device>` (ext4), `xfs_growfs <mount_point>` (xfs). Done
@@ -278,40 +286,17 @@ impl Host for RealHost {
         Ok(runner::run_raw("mdadm", args, self.command_timeout).await?)
     }
 
-    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
-        let dev = device.as_os_str();
-        // No force flags. mkfs.xfs then refuses an existing filesystem; mkfs.ext4 does not
-        // when stdin is not a terminal (e2fsprogs misc/mke2fs.c lines 2912-2921 check for
-        // an existing filesystem only under isatty), so the guard is the caller's probe,
-        // taken again under `hold_device`. mkfs still refuses a device in use (O_EXCL).
-        match fs {
-            FsType::Ext4 => {
-                runner::run(
-                    "mkfs.ext4",
-                    &[
-                        os("-q"),
-                        os("-U"),
-                        os(uuid),
-                        os("-m"),
-                        os("0"),
-                        os("-E"),
-                        os("nodiscard,lazy_itable_init=1,lazy_journal_init=1"),
-                        dev,
-                    ],
-                    self.command_timeout,
-                )
-                .await?
-            }
-            FsType::Xfs => {
-                let uuid_opt = format!("uuid={uuid}");
-                runner::run(
-                    "mkfs.xfs",
-                    &[os("-q"), os("-K"), os("-m"), os(&uuid_opt), dev],
-                    self.command_timeout,
-                )
-                .await?
-            }
-        };
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        stripe: Option<StripeGeometry>,
+    ) -> Result<()> {
+        // mkfs still refuses a device in use (O_EXCL); see `mkfs::command` for the rest.
+        let (program, args) = super::mkfs::command(device, fs, uuid, stripe);
+        let args: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        runner::run(program, &args, self.command_timeout).await?;
         Ok(())
     }
 

@@ -8,6 +8,7 @@ pub mod error;
 mod fd_mount;
 pub mod host;
 pub mod inflight;
+pub mod mkfs;
 pub mod mountinfo;
 pub mod runner;
 pub mod safepath;
@@ -19,5 +20,6 @@ pub use host::{
     hold_when_free, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, RealHost, Signature,
     HOLD_PATIENCE,
 };
+pub use mkfs::StripeGeometry;
 pub use mountinfo::MountEntry;
 pub use safepath::Anchored;

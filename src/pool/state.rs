@@ -69,6 +69,10 @@ pub struct StripeMember {
     /// `None` between the claim and the carve (found again by its name then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionRecord>,
+    /// The NVMe controller (or subsystem) the member's drive sits behind when it was
+    /// chosen (`block::stripe::controllers`); absent in records older than the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<String>,
 }
 
 /// Where a partition volume lives on its parent pool device.

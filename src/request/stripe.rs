@@ -16,9 +16,10 @@ pub const MAX_MEMBERS: u32 = 16;
 const KIB: u64 = 1024;
 /// mdadm refuses a chunk below 4 KiB (mdadm.c: `s.chunk < 8` sectors is
 /// "invalid chunk/rounding value"); its upper bound (INT_MAX sectors) is far above what
-/// a stripe needs, so 1 GiB is this driver's bound.
+/// a stripe needs. The bound is what mkfs can align to: ext4's stride holds 128 MiB at
+/// most (`os::mkfs::MAX_CHUNK`).
 pub const MIN_CHUNK: u64 = 4 * KIB;
-pub const MAX_CHUNK: u64 = 1 << 30;
+pub const MAX_CHUNK: u64 = crate::os::mkfs::MAX_CHUNK;
 /// mdadm's own default chunk for RAID0 with 1.2 metadata (mdadm man page, `--chunk`):
 /// large enough that a 1 MiB GDS read spans two members at most.
 pub const DEFAULT_CHUNK: u64 = 512 * KIB;
@@ -107,7 +108,7 @@ fn chunk(v: &str) -> Result<u64> {
         Error::invalid(
             field(PARAM_STRIPE_CHUNK),
             format!(
-                "{v:?} must be a power of two from 4 KiB to 1 GiB, in KiB (\"512\", \
+                "{v:?} must be a power of two from 4 KiB to 128 MiB, in KiB (\"512\", \
                  \"512K\") or MiB (\"1M\"); leave it out for {} KiB",
                 DEFAULT_CHUNK / KIB
             ),
@@ -138,7 +139,12 @@ mod tests {
     fn count_and_chunk_are_checked_and_named() {
         let ok = parse(&[("stripeCount", "4")], true).unwrap().unwrap();
         assert_eq!((ok.count, ok.chunk_bytes), (4, 512 * KIB));
-        for (v, bytes) in [("4", 4 * KIB), ("64K", 64 * KIB), ("1M", 1 << 20)] {
+        for (v, bytes) in [
+            ("4", 4 * KIB),
+            ("64K", 64 * KIB),
+            ("1M", 1 << 20),
+            ("128M", 1 << 27),
+        ] {
             let p = parse(&[("stripeCount", "2"), ("stripeChunk", v)], true);
             assert_eq!(p.unwrap().unwrap().chunk_bytes, bytes, "{v}");
         }
@@ -154,6 +160,7 @@ mod tests {
             "3K",
             "2G",
             "2048M",
+            "256M",
             "1T",
             "K",
             "",

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use gds_csi::error::{Error, Result};
 use gds_csi::os::{
     Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, HostError, MountEntry,
-    RealHost, Signature,
+    RealHost, Signature, StripeGeometry,
 };
 use tokio::sync::Semaphore;
 
@@ -226,7 +226,13 @@ impl Host for HostDouble {
         self.record(format!("hold {}", device.display()));
         Ok(DeviceHold::nothing_to_lock())
     }
-    async fn mkfs(&self, device: &Path, fs: FsType, uuid: &str) -> Result<()> {
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        _stripe: Option<StripeGeometry>,
+    ) -> Result<()> {
         let hang = self.hang_mkfs.lock().unwrap().get(device).cloned();
         if let Some(hang) = hang {
             let _permit = hang.acquire().await.unwrap();

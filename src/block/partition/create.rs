@@ -61,7 +61,7 @@ impl Partitioned {
         loop {
             let mut refused = Vec::new();
             let busy = {
-                let _placing = self.placing.lock().await;
+                let _placing = self.placing().await;
                 let (free, busy) = self.lock_free_devices();
                 if let Some(found) = self.pick(host, free, size, &mut refused).await? {
                     return Ok(found);
@@ -86,7 +86,9 @@ impl Partitioned {
         }
     }
 
-    fn lock_free_devices(&self) -> Locked {
+    /// Every carvable device whose lock is free, locked, with its label read under the
+    /// lock; the others are named busy (never waited for here).
+    pub(crate) fn lock_free_devices(&self) -> Locked {
         let (mut free, mut busy) = (Vec::new(), Vec::new());
         for dev in self.carvable() {
             match self.locks.try_lock(&dev.id) {

@@ -3,6 +3,7 @@
 //! label, then drop the record. Each step is idempotent, so a retry after a crash at any
 //! kill point finds where the last try stopped and finishes the job.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tracing::info;
@@ -11,7 +12,7 @@ use super::guard::bounded;
 use super::{as_device, csi_error, Partitioned, ZERO_CHUNK_DEADLINE};
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
-use crate::os::{Host, MountEntry};
+use crate::os::{Host, MountEntry, Signature};
 use crate::partition::{self as gpt, volume, Carved};
 use crate::pool::{PoolDevice, VolumeRecord};
 
@@ -122,34 +123,53 @@ impl Partitioned {
             Ok(())
         })?;
         faults::reached(KillPoint::DeleteBeforeWipe);
-        let sigs = host.probe_signatures(&dev.path).await?;
-        if sigs
-            .iter()
-            .any(|s| s.uuid.as_deref() != Some(rec.fs_uuid.as_str()))
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "partition {} of volume {volume_id} carries {}, not the volume's filesystem; \
-                 it is left as it is",
-                dev.path.display(),
-                crate::pool::describe_signatures(&sigs)
-            )));
-        }
-        if !sigs.is_empty() {
-            host.wipe_signatures(&dev.path).await?;
-        }
-        // One line per zero-out run: a retry that joins the job adds none.
-        info!(volume_id, node = %dev.path.display(), "zeroing the partition");
-        let node = dev.path.clone();
-        let offloaded = tokio::task::spawn_blocking(move || {
-            gpt::kernel::zero_offloaded(&node, ZERO_CHUNK_DEADLINE)
+        erase_partition(host, volume_id, &dev.path, |sigs| {
+            let foreign = sigs
+                .iter()
+                .any(|s| s.uuid.as_deref() != Some(rec.fs_uuid.as_str()));
+            foreign.then(|| {
+                format!(
+                    "partition {} of volume {volume_id} carries {}, not the volume's \
+                     filesystem; it is left as it is",
+                    dev.path.display(),
+                    crate::pool::describe_signatures(sigs)
+                )
+            })
         })
-        .await
-        .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
-        .map_err(csi_error)?;
-        if offloaded == gpt::Erased::Unsupported {
-            host.zero_device(&dev.path).await?;
-        }
+        .await?;
         info!(volume_id, node = %dev.path.display(), "partition erased");
         Ok(())
     }
+}
+
+/// The one erase of a partition of ours, a partition volume or a stripe member: its
+/// signatures probed again and refused (FailedPrecondition, `refuse`'s reason, nothing
+/// changed) unless the caller knows them as its own, then wiped, then every block zeroed
+/// (offloaded where the device can, else written), so the next tenant reads zeros.
+pub(crate) async fn erase_partition(
+    host: &Arc<dyn Host>,
+    volume_id: &str,
+    node: &Path,
+    refuse: impl Fn(&[Signature]) -> Option<String>,
+) -> Result<()> {
+    let sigs = host.probe_signatures(node).await?;
+    if let Some(why) = refuse(&sigs) {
+        return Err(Error::FailedPrecondition(why));
+    }
+    if !sigs.is_empty() {
+        host.wipe_signatures(node).await?;
+    }
+    // One line per zero-out run: a retry that joins the job adds none.
+    info!(volume_id, node = %node.display(), "zeroing the partition");
+    let owned = node.to_owned();
+    let offloaded = tokio::task::spawn_blocking(move || {
+        gpt::kernel::zero_offloaded(&owned, ZERO_CHUNK_DEADLINE)
+    })
+    .await
+    .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
+    .map_err(csi_error)?;
+    if offloaded == gpt::Erased::Unsupported {
+        host.zero_device(node).await?;
+    }
+    Ok(())
 }

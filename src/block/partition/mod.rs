@@ -18,6 +18,8 @@ mod create;
 mod delete;
 pub mod guard;
 
+pub(crate) use delete::erase_partition;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +100,12 @@ impl Partitioned {
     /// of it) changes. Other devices never wait for it.
     pub async fn device_lock(&self, device_id: &str) -> DeviceGuard {
         self.locks.lock(device_id).await
+    }
+
+    /// The short pool-wide section in which a create (partition or stripe) picks its
+    /// devices by try-locking them (`create`).
+    pub(crate) async fn placing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.placing.lock().await
     }
 
     /// Pool devices a whole-device volume does not hold.

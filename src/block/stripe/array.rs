@@ -11,7 +11,7 @@ use tracing::info;
 use super::{stripe_of, Striped, DATA_OFFSET};
 use crate::error::{Error, Result};
 use crate::md::{self, CreateSpec, Examined, HOMEHOST};
-use crate::os::{Host, MountEntry};
+use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
 use crate::volume_id::BlockVolumeId;
 
@@ -196,6 +196,15 @@ impl Striped {
         self.stop_ours(host, &raw, stripe_of(&raw, &rec)?, &mounts)
             .await
     }
+}
+
+/// The geometry mkfs aligns a stripe volume's filesystem to (None for other layouts).
+pub fn mkfs_geometry(rec: &VolumeRecord) -> Result<Option<StripeGeometry>> {
+    let Some(stripe) = &rec.stripe else {
+        return Ok(None);
+    };
+    let members = u32::try_from(stripe.members.len()).unwrap_or(u32::MAX);
+    StripeGeometry::new(stripe.chunk_bytes, members).map(Some)
 }
 
 /// Assembling by the recorded UUID: every member must carry it.
