@@ -7,7 +7,7 @@ use std::process::Command;
 
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
-use gds_csi::os::FsType;
+use gds_csi::os::{FsType, StripeGeometry};
 use gds_csi::pool::fs_min;
 use tonic::Code;
 
@@ -49,15 +49,51 @@ fn xfs_accepts(bytes: u64) -> bool {
 
 #[tokio::test]
 async fn the_minimum_is_what_the_installed_mkfs_accepts() {
-    let xfs = fs_min::min_bytes(FsType::Xfs).await.unwrap();
+    let xfs = fs_min::min_bytes(FsType::Xfs, None).await.unwrap();
     assert!(xfs_accepts(xfs), "mkfs.xfs refuses {xfs}");
     assert!(
         !xfs_accepts(xfs - 4096),
         "mkfs.xfs accepts {} too",
         xfs - 4096
     );
-    let ext4 = fs_min::min_bytes(FsType::Ext4).await.unwrap();
+    let ext4 = fs_min::min_bytes(FsType::Ext4, None).await.unwrap();
     assert!(ext4 > 0 && ext4 < (1 << 20), "ext4 minimum {ext4}");
+}
+
+#[tokio::test]
+async fn a_stripe_geometry_raises_the_minimum_to_what_mkfs_accepts_with_it() {
+    // A 512 KiB stripe unit makes mkfs.xfs cap the log's stripe unit and ask for a 64 MiB
+    // log: a stripe volume sized by the plain minimum would never format.
+    let g = StripeGeometry::new(512 << 10, 2).unwrap();
+    let accepts = |bytes: u64| {
+        let f = std::env::temp_dir().join(format!("fs-min-su-{}", std::process::id()));
+        std::fs::File::create(&f).unwrap().set_len(bytes).unwrap();
+        let ok = Command::new("mkfs.xfs")
+            .args(["-N", "-d", "su=512k,sw=2"])
+            .arg(&f)
+            .output()
+            .unwrap()
+            .status
+            .success();
+        std::fs::remove_file(&f).unwrap();
+        ok
+    };
+    let plain = fs_min::min_bytes(FsType::Xfs, None).await.unwrap();
+    let striped = fs_min::min_bytes(FsType::Xfs, Some(g)).await.unwrap();
+    assert!(
+        accepts(striped),
+        "mkfs.xfs -d su=512k,sw=2 refuses {striped}"
+    );
+    assert!(
+        !accepts(striped - 4096),
+        "it accepts {} too",
+        striped - 4096
+    );
+    assert!(
+        !accepts(plain),
+        "this mkfs.xfs takes the geometry at {plain}: no case to test"
+    );
+    assert!(striped > plain);
 }
 
 #[tokio::test]
@@ -67,7 +103,7 @@ async fn xfs_on_devices_below_its_minimum_is_refused_at_create() {
         return;
     };
     let mut c = rig.start().await;
-    let min = fs_min::min_bytes(FsType::Xfs).await.unwrap();
+    let min = fs_min::min_bytes(FsType::Xfs, None).await.unwrap();
     assert!(
         min > common::SIZE,
         "this test needs an xfs minimum above 64 MiB"

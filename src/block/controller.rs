@@ -7,6 +7,7 @@ use super::BlockBackend;
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::os::FsType;
+use crate::os::StripeGeometry;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
 use crate::volume_id::{BlockVolumeId, IdLayout};
@@ -66,7 +67,11 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
         }
     }
     // A device that the node's mkfs refuses would never stage: round up or refuse here.
-    let min = fs_min::min_bytes(fs_type).await?;
+    let geometry = match req.params.stripe {
+        Some(p) => Some(StripeGeometry::new(p.chunk_bytes, p.count)?),
+        None => None,
+    };
+    let min = fs_min::min_bytes(fs_type, geometry).await?;
     let required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
     let alloc = AllocationRequest {
         name: req.name.clone(),

@@ -29,7 +29,7 @@ const MAX_MEMBERS: u32 = 256;
 /// least one 4 KiB block and at most [`MAX_CHUNK`], over 2 to 256 members. Only
 /// [`StripeGeometry::new`] makes one, so mkfs never gets a geometry it would refuse or
 /// silently drop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StripeGeometry {
     chunk_bytes: u64,
     members: u32,
@@ -111,6 +111,25 @@ pub(super) fn command(
         }
     };
     args.push(device.as_os_str().to_owned());
+    (program, args)
+}
+
+/// The same command as [`command`] as a dry run on a scratch file (`mke2fs -n`: "do not
+/// actually create a filesystem", mke2fs(8); `mkfs.xfs -N`: "print out the filesystem
+/// parameters without really creating", mkfs.xfs(8)); both still check the size, so the
+/// smallest size this accepts is the smallest the real mkfs formats, geometry included.
+pub fn dry_run_command(
+    file: &Path,
+    fs: FsType,
+    stripe: Option<StripeGeometry>,
+) -> (&'static str, Vec<OsString>) {
+    const ANY_UUID: &str = "00000000-0000-4000-8000-000000000000";
+    let (program, mut args) = command(file, fs, ANY_UUID, stripe);
+    let flag = match fs {
+        FsType::Ext4 => "-n",
+        FsType::Xfs => "-N",
+    };
+    args.insert(0, flag.into());
     (program, args)
 }
 

@@ -1,20 +1,22 @@
 //! The smallest device each filesystem's installed mkfs accepts, so that CreateVolume never
 //! makes a volume that NodeStage cannot format. Read from the mkfs itself, not a constant
-//! that drifts between versions: dry runs on a sparse file (`mkfs.xfs -N`, `mke2fs -n`),
+//! that drifts between versions: dry runs on a sparse file of the command the real mkfs
+//! runs, stripe geometry included (`os::mkfs::dry_run_command`),
 //! a binary search once per filesystem at first use, cached for the process's life.
 //! xfsprogs 5.19+ refuses data sections under 300 MiB (mkfs/xfs_mkfs.c: `sb_dblocks <
 //! MEGABYTES(300, ...)` -> "Filesystem must be larger than 300MB", skipped when fstests'
 //! TEST_DIR, TEST_DEV and QA_CHECK_FS are all set: the dry run sees the driver's environment,
 //! as the real mkfs does); e2fsprogs' floor is some 60 KiB.
 
-use std::ffi::OsStr;
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
-use crate::os::{runner, FsType};
+use crate::os::{mkfs, runner, FsType, StripeGeometry};
 
 /// Search step and floor: mkfs sizes are in 4 KiB blocks at most.
 const STEP: u64 = 4096;
@@ -23,19 +25,29 @@ const CEILING: u64 = 64 << 30;
 /// Deadline of one dry run (they take milliseconds).
 const DRY_RUN_TIMEOUT: Duration = Duration::from_secs(20);
 
-static EXT4: OnceCell<u64> = OnceCell::const_new();
-static XFS: OnceCell<u64> = OnceCell::const_new();
+/// One search per filesystem and stripe geometry: a stripe unit changes the floor
+/// (mkfs.xfs 6.1 caps the log's stripe unit at 256 KiB and then wants a 64 MiB log, so a
+/// 512 KiB-chunk xfs needs some 560 MiB where a plain one needs 300 MiB).
+type Key = (FsType, Option<StripeGeometry>);
+static FOUND: Mutex<Option<HashMap<Key, Arc<OnceCell<u64>>>>> = Mutex::new(None);
 
-/// The smallest size in bytes that the installed mkfs of `fs` accepts (a multiple of 4 KiB).
-pub async fn min_bytes(fs: FsType) -> Result<u64> {
-    let cell = match fs {
-        FsType::Ext4 => &EXT4,
-        FsType::Xfs => &XFS,
+/// The smallest size in bytes that the installed mkfs of `fs` accepts with `stripe`'s
+/// geometry (a multiple of 4 KiB).
+pub async fn min_bytes(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
+    let cell = {
+        let mut found = FOUND
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        found
+            .get_or_insert_with(HashMap::new)
+            .entry((fs, stripe))
+            .or_default()
+            .clone()
     };
-    cell.get_or_try_init(|| search(fs)).await.copied()
+    cell.get_or_try_init(|| search(fs, stripe)).await.copied()
 }
 
-async fn search(fs: FsType) -> Result<u64> {
+async fn search(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
     let file = Scratch(std::env::temp_dir().join(format!(
         "gds-csi-fs-min-{}-{}",
         std::process::id(),
@@ -54,7 +66,7 @@ async fn search(fs: FsType) -> Result<u64> {
             ))
         })?;
     let path = file.0.as_path();
-    if !accepts(fs, path, CEILING).await? {
+    if !accepts(fs, stripe, path, CEILING).await? {
         return Err(Error::FailedPrecondition(format!(
             "the installed mkfs for {} refuses even a {} GiB device in a dry run; check the node image",
             fs.as_str(),
@@ -65,7 +77,7 @@ async fn search(fs: FsType) -> Result<u64> {
     let (mut lo, mut hi) = (0u64, CEILING / STEP);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if accepts(fs, path, mid * STEP).await? {
+        if accepts(fs, stripe, path, mid * STEP).await? {
             hi = mid;
         } else {
             lo = mid;
@@ -74,6 +86,7 @@ async fn search(fs: FsType) -> Result<u64> {
     let min = hi * STEP;
     tracing::info!(
         fs = fs.as_str(),
+        stripe = ?stripe,
         min_bytes = min,
         "smallest filesystem read from mkfs"
     );
@@ -89,8 +102,13 @@ impl Drop for Scratch {
     }
 }
 
-/// One dry run on a sparse file of `bytes`: nothing is written by mkfs.
-async fn accepts(fs: FsType, file: &Path, bytes: u64) -> Result<bool> {
+/// One dry run on a sparse file of `bytes`, with the arguments the real mkfs gets.
+async fn accepts(
+    fs: FsType,
+    stripe: Option<StripeGeometry>,
+    file: &Path,
+    bytes: u64,
+) -> Result<bool> {
     std::fs::OpenOptions::new()
         .write(true)
         .open(file)
@@ -100,17 +118,8 @@ async fn accepts(fs: FsType, file: &Path, bytes: u64) -> Result<bool> {
             path: file.to_owned(),
             source: e,
         })?;
-    let f = file.as_os_str();
-    // mke2fs is the program that mkfs.ext4 links to (`-t ext4` picks the same profile);
-    // -n: "do not actually create a filesystem" (mke2fs(8)). mkfs.xfs -N: "print out the
-    // filesystem parameters without really creating" (mkfs.xfs(8)); both still check size.
-    let (program, args): (&str, Vec<&OsStr>) = match fs {
-        FsType::Ext4 => (
-            "mke2fs",
-            vec![OsStr::new("-t"), OsStr::new("ext4"), OsStr::new("-n"), f],
-        ),
-        FsType::Xfs => ("mkfs.xfs", vec![OsStr::new("-N"), f]),
-    };
+    let (program, args) = mkfs::dry_run_command(file, fs, stripe);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let out = runner::run_raw(program, &args, DRY_RUN_TIMEOUT)
         .await
         .map_err(|e| {
