@@ -3,7 +3,7 @@
 //! partition layout's code (`crate::partition`) in its labels, under its per-device
 //! locks (every member's, taken in the order of their device ids, so two multi-device
 //! callers never wait for each other crosswise) and with its deadline on each label
-//! write and BLKPG call (`guard::bounded`); this module chooses the devices, sizes the
+//! write and BLKPG call (`guard::settled`); this module chooses the devices, sizes the
 //! members and records them.
 //!
 //! Size: each member holds [`DATA_OFFSET`] for the md 1.2 superblock (the array is
@@ -27,7 +27,6 @@ use async_trait::async_trait;
 use tracing::{info, warn};
 
 use super::layout::{Capacity, Layout};
-use super::partition::guard::bounded;
 use super::partition::{self as part_layout, csi_error, Partitioned};
 use crate::error::{Error, Result};
 use crate::md;
@@ -140,9 +139,10 @@ impl Striped {
         let mut devices = Vec::new();
         for (dev, proof) in chosen {
             if let Some(proof) = proof {
-                let (path, deadline) = (dev.path.clone(), self.parts.label_deadline());
-                let write = move || label::create(&path, proof);
-                bounded(&dev.path, "writing a new label", deadline, write).await?;
+                let path = dev.path.clone();
+                let write = move || label::create(&path, proof.clone());
+                self.settled(&dev.path, "writing a new label", write)
+                    .await?;
                 self.parts.keep_from_whole_device_use(&dev);
                 info!(device = %dev.path.display(), "new gds-csi partition table (stripe member)");
             }
