@@ -128,8 +128,19 @@ pub fn flock_patiently(file: &File, device: &Path, patience: Duration) -> Result
 /// between, so udevd can finish) while it fails only for one of udevd's moments
 /// ([`transient`]), until `window` has passed; then its last answer.
 pub fn settled<T>(device: &Path, window: Duration, step: impl Fn() -> Result<T>) -> Result<T> {
+    settled_counting(device, window, step).0
+}
+
+/// [`settled`], with how many times the step ran (1 when udevd never got in the way).
+pub fn settled_counting<T>(
+    device: &Path,
+    window: Duration,
+    step: impl Fn() -> Result<T>,
+) -> (Result<T>, u32) {
     let until = Instant::now() + window;
+    let mut tries = 0;
     loop {
+        tries += 1;
         let patience = until.saturating_duration_since(Instant::now());
         let result = DiskLock::take(device, patience.max(PAUSE)).and_then(|lock| {
             let r = step();
@@ -137,7 +148,7 @@ pub fn settled<T>(device: &Path, window: Duration, step: impl Fn() -> Result<T>)
             r
         });
         if !transient(&result, device) || Instant::now() + PAUSE >= until {
-            return result;
+            return (result, tries);
         }
         std::thread::sleep(PAUSE);
     }

@@ -186,6 +186,21 @@ fn window(deadline: Duration) -> Duration {
     gpt::wholedisk::SETTLE.min(deadline / 2)
 }
 
+/// `step` under the disk's lock within `within`; a step that had to wait for udevd says
+/// so in the log (how often the rig's runs needed the retries at all).
+fn locked_step<T>(
+    device: &Path,
+    what: &str,
+    within: Duration,
+    step: impl Fn() -> gpt::Result<T>,
+) -> gpt::Result<T> {
+    let (result, tries) = gpt::wholedisk::settled_counting(device, within, step);
+    if tries > 1 {
+        tracing::info!(device = %device.display(), what, tries, ok = result.is_ok(), "label step tried again while udevd had the disk");
+    }
+    result
+}
+
 /// A label write or BLKPG step on whole disk `device` under its lock, tried again while
 /// udevd has the disk (`partition::wholedisk::settled`), on its own thread within
 /// `deadline` ([`bounded`]). Every label step of the partition and stripe layouts runs
@@ -199,7 +214,7 @@ pub async fn settled<T: Send + 'static>(
     let dev = device.to_owned();
     let within = window(deadline);
     bounded(device, what, deadline, move || {
-        gpt::wholedisk::settled(&dev, within, step)
+        locked_step(&dev, what, within, step)
     })
     .await
 }
@@ -214,7 +229,7 @@ pub fn settled_sync<T: Send + 'static>(
     let dev = device.to_owned();
     let within = window(deadline);
     bounded_sync(device, what, deadline, move || {
-        gpt::wholedisk::settled(&dev, within, step)
+        locked_step(&dev, what, within, step)
     })
 }
 
