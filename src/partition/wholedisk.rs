@@ -4,27 +4,33 @@
 //!
 //! The convention (<https://systemd.io/BLOCK_DEVICE_LOCKING/>): a program changing a
 //! disk's partition table holds a BSD `flock(LOCK_EX)` on the whole disk's node. What
-//! systemd-udevd does about it (systemd 252, Debian 12's udev, src/udev/udevd.c):
-//! - `worker_lock_block_device` takes `flock(LOCK_SH|LOCK_NB)` on the whole disk before a
-//!   worker runs the rules (blkid probe included) for the disk *or any of its partitions*
-//!   (`device_get_block_device` maps a partition to its parent) and holds it while it runs;
-//!   when the disk is locked, `worker_process_device` answers `EVENT_RESULT_TRY_AGAIN` and
-//!   `event_requeue` retries the event every 200 ms (`EVENT_RETRY_INTERVAL_USEC`) for up
-//!   to 3 min. So taking LOCK_EX waits for a running probe (which holds a partition open:
-//!   BLKPG delete EBUSY) to end, and no probe starts while we hold it.
-//! - `on_inotify` → `synthesize_change`: after a writer closes the disk node
-//!   (IN_CLOSE_WRITE) udevd takes `flock(LOCK_EX|LOCK_NB)` and re-reads the table
-//!   (BLKRRPART); with a kernel GPT parser that drops every partition of the disk and
-//!   adds them again (block/partitions/core.c bdev_disk_changed; refused while one is
-//!   open), so for a moment the kernel shows none (NotFound) or lists one whose /dev node
-//!   is not there yet (ENOENT). While the lock is held udevd skips the re-read and only
-//!   synthesises "change" events (which its workers then requeue as above). Taking LOCK_EX
-//!   also waits for a re-read in progress: udevd holds the lock across its BLKRRPART.
+//! systemd-udevd does about it (systemd-stable tag v252.31, the series of Debian 12's udev
+//! 252.39; src/udev/udevd.c unless named):
+//! - `worker_process_device` (udevd.c:602, :621-623) calls `worker_lock_whole_disk`
+//!   (udevd.c:516), which takes `flock(LOCK_SH|LOCK_NB)` (udevd.c:547) on the whole disk
+//!   (`device_get_whole_disk`, udevd.c:468/490: a partition maps to its parent) before the
+//!   rules (blkid probe included) run for the disk *or any of its partitions*, and holds
+//!   it while they run. When the disk is locked the event is answered
+//!   `EVENT_RESULT_TRY_AGAIN` and requeued (udevd.c:1219, `event_requeue` :999), tried
+//!   again every 200 ms for up to 3 min (udevd.c:77-78). So taking LOCK_EX waits for a
+//!   running probe (which holds a partition open: BLKPG delete EBUSY) to end, and no
+//!   probe starts while we hold it.
+//! - `on_inotify` (udevd.c:1404) → `synthesize_change` (udevd.c:1363, :1448): after a
+//!   writer closes the disk node (IN_CLOSE_WRITE), `blockdev_reread_partition_table`
+//!   (src/shared/blockdev-util.c:832) takes `flock(LOCK_EX|LOCK_NB)` (:843) and re-reads
+//!   the table (BLKRRPART, :846); with a kernel GPT parser that drops every partition of
+//!   the disk and adds them again (block/partitions/core.c bdev_disk_changed; refused
+//!   while one is open), so for a moment the kernel shows none (NotFound) or lists one
+//!   whose /dev node is not there yet (ENOENT). While the lock is held udevd skips the
+//!   re-read and only synthesises "change" events (which its workers requeue as above).
+//!   Taking LOCK_EX also waits for a re-read in progress: udevd holds the lock across it.
 //!
 //! So each step holds LOCK_EX on the disk from before it reads the kernel's view to after
 //! its last BLKPG call; the label is written through a second descriptor (`label::write`
 //! sees the lock is held by this thread and takes none of its own) and closed while the
-//! lock is still held. What remains (a re-read started after we let go, a probe of a
+//! lock is still held. (Before, only the label write held it: its close let go of the lock
+//! and told udevd at once, and udevd's re-read raced the BLKPG add that followed: the 7
+//! csi-sanity failures on the VM rig.) What remains (a re-read started after we let go, a probe of a
 //! program that ignores the convention) is waited out: a step that failed only for such a
 //! moment is tried again, with the lock let go in between, until the window ends.
 //! Everything here is blocking: callers run it on a thread of its own under a deadline
