@@ -83,7 +83,7 @@ echo "=== summary"
 grep -hE "^csi-sanity (nvme|nfs|nvme-partition):|sgdisk -v" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
 for f in scenarios scenarios-partition; do
   grep -hE "^(PASS|FAIL) " "$OUT/$f.out" 2>/dev/null | sed 's/^/  /' || true
-  grep -hE "^scenarios:" "$OUT/$f.out" 2>/dev/null | sed "s/^/$f: /" || true
+  grep -hE "^scenarios:" "$OUT/$f.out" 2>/dev/null | sed "s/^scenarios:/$f:/" || true
 done
 echo "outputs: $OUT (csi-sanity outputs, driver log), console: $WORK/console.log"
 echo "vm rig wall time: $((SECONDS - T0)) s; result: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (rc $rc)")"
