@@ -6,7 +6,11 @@
 //! Prints one line per scenario (`PASS name: detail` / `FAIL name: error`), exits 1 on
 //! any failure.
 //!
-//! Usage: vm_scenarios SOCKET WORK_DIR
+//! With a third argument `partition`, only the partition layout's scenario runs
+//! (`vm_scenarios/partition.rs`: partitions dropped with `partx -d`, the driver
+//! restarted, checksums compared).
+//!
+//! Usage: vm_scenarios SOCKET WORK_DIR [partition]
 //! Env: GUEST_HELPER (tests/vm/guest.sh), DRIVER_LOG, NFS_SERVER, NFS_EXPORT_DIR.
 
 use std::collections::HashMap;
@@ -17,6 +21,9 @@ use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType,
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
+
+#[path = "vm_scenarios/partition.rs"]
+mod partition;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -914,6 +921,15 @@ async fn main() -> Result<()> {
     r.log_start = std::fs::read_to_string(&r.driver_log)?.len();
     let started = Instant::now();
     let mut failed = 0;
+    if args.next().as_deref() == Some("partition") {
+        let res = partition::s_partx_restart(&mut r).await;
+        report(
+            "partition layout: partx -d, driver restarted (re-sync), restaged, checksums equal",
+            res,
+            &mut failed,
+        );
+        return finish(failed, started);
+    }
     let server = r.nfs_server.clone();
     let nfs_params = [("server", server.as_str()), ("share", "/")];
 
@@ -1049,6 +1065,10 @@ async fn main() -> Result<()> {
             .map(|_| "ListVolumes empty".to_owned()),
         &mut failed,
     );
+    finish(failed, started)
+}
+
+fn finish(failed: usize, started: Instant) -> Result<()> {
     println!(
         "scenarios: {} failed, {:.1} s",
         failed,

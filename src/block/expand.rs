@@ -128,12 +128,16 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
     })?;
     let guid = partuuid(&located)?;
     let path = parent.path.clone();
-    // The inner result keeps the neighbour that blocks the grow for `blocked` to name.
-    let grown = guard::bounded(
+    // The inner result keeps the neighbour that blocks the grow for `blocked` to name;
+    // udevd's moments are waited out (`guard::settled`).
+    let grown = guard::settled(
         &parent.path,
         "growing a partition",
         b.partitioned.label_deadline(),
-        move || Ok(volume::grow(&path, &guid, size)),
+        move || match volume::grow(&path, &guid, size) {
+            Err(e @ gpt::Error::Blocked { .. }) => Ok(Err(e)),
+            other => other.map(Ok),
+        },
     )
     .await?;
     let carved = grown.map_err(|e| match e {

@@ -2,7 +2,7 @@
 //! partitions, each on a distinct pool device behind a distinct NVMe controller
 //! (`controllers`). The members are carved with the partition layout's code
 //! (`crate::partition`) in its labels, under its per-device locks and with its deadline
-//! on each label write and BLKPG call (`guard::bounded`); this module chooses the
+//! on each label write and BLKPG call (`guard::settled`); this module chooses the
 //! devices, sizes the members and records them.
 //!
 //! - `create`: CreateVolume. Devices are picked among those whose lock is free (the

@@ -8,15 +8,15 @@ use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::gpt::{self, Entry, Header, Label, Mbr, ENTRIES, ENTRY_SIZE, TYPE_GUID};
-use super::{Error, Result};
+use super::{wholedisk, Error, Result};
 
 /// Proof that the full signature probe of a device found nothing on it. The only way to
 /// get a new label written: the caller probes (the host port's `probe_signatures`) and
 /// hands its result here; [`create`] checks again for a partition table itself.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Blank {
     device: PathBuf,
 }
@@ -69,34 +69,19 @@ pub fn geometry(file: &File, device: &Path) -> Result<(u64, u64)> {
 const LOCK_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Opens `device`; for a write, takes the BSD lock that partitioning tools and udev
-/// honour (LOCK_EX on the whole disk: udev neither probes nor re-reads the partition
-/// table of a locked disk; sfdisk, wipefs and mkfs take it too; see systemd's
-/// docs/BLOCK_DEVICE_LOCKING.md). The lock goes with the descriptor.
+/// honour (LOCK_EX on the whole disk, `wholedisk`), unless this thread holds it already
+/// (a step under `wholedisk::settled`: then this descriptor is closed, and udevd told
+/// of the write, while the step's lock still holds). The lock goes with the descriptor.
 fn open(device: &Path, write: bool) -> Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(write)
         .open(device)
         .map_err(|e| Error::io("opening", device, e))?;
-    if !write {
-        return Ok(file);
+    if write && !wholedisk::held_here(&file) {
+        wholedisk::flock_patiently(&file, device, LOCK_PATIENCE)?;
     }
-    let until = Instant::now() + LOCK_PATIENCE;
-    loop {
-        // SAFETY: flock on a descriptor this function owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(file);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || Instant::now() > until {
-            return Err(Error::io(
-                "locking (another program holds its lock)",
-                device,
-                e,
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Ok(file)
 }
 
 /// Reads and classifies the label of a block device.

@@ -10,6 +10,7 @@
 //! - [`alloc`]: free extents, the size a CSI CapacityRange asks for, best fit, growth.
 //! - [`kernel`]: the kernel's partition table (BLKPG, sysfs), re-sync, nodes, discard.
 //! - [`volume`]: the layout's idempotent steps: choose, carve, grow, locate, remove.
+//! - [`wholedisk`]: the whole-disk lock udevd honours, and the retries around each step.
 //!
 //! This module depends only on std, libc, uuid and crc32fast: the layout composes it
 //! with the host port (signature probe, wipe, zero-out) and the state store.
@@ -33,14 +34,16 @@
 //!   synthesize_change), which the kernel refuses while a partition is open
 //!   (block/partitions/core.c bdev_disk_changed, `open_partitions`). With a GPT parser
 //!   that rebuilds our partitions; without one it drops the unused ones, so the layout
-//!   locates (and so re-adds) a partition before each use. Holding any BSD lock on the
-//!   disk for the driver's lifetime would stop that re-read.
+//!   locates (and so re-adds) a partition before each use. Every label write and
+//!   BLKPG call holds the disk's BSD lock ([`wholedisk`]), so udevd neither probes nor
+//!   re-reads meanwhile, and what it does after is waited out.
 
 pub mod alloc;
 pub mod gpt;
 pub mod kernel;
 pub mod label;
 pub mod volume;
+pub mod wholedisk;
 
 use std::path::{Path, PathBuf};
 

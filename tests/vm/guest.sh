@@ -3,7 +3,7 @@
 # read-only, this repository included). Sets up NVMe, an NFS server over soft-RoCE
 # RDMA, starts the driver, then runs csi-sanity on both backends and the scenarios.
 #
-#   guest.sh run OUT_DIR          the whole rig (what run.sh calls)
+#   guest.sh run OUT_DIR [BIN]    the whole rig (what run.sh calls)
 #   guest.sh nfs-stop | nfs-start | restart-driver | kill-driver   helpers for the scenarios
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -92,6 +92,8 @@ mkdir -p /run/warm && mount -t nfs -o rdma,port=20049,vers=4.1 "$SERVER:/" /run/
   echo "  warm-up mount: $(awk '$5 == "/run/warm" {print $(NF)}' /proc/self/mountinfo | tr ',' '\n' | grep -E '^(vers|proto|port)=' | tr '\n' ',')" &&
   umount /run/warm
 
+# udevd (virtme-ng's init starts it) is what the partition layout's disk lock is for.
+log "udevd: $(pgrep -a systemd-udevd | head -1 || echo 'not running')"
 log "driver"
 start_driver || exit 1
 grep -E "device not in the pool|not clean|pool ready" "$W/driver.log" | sed 's/^/  /'
@@ -152,11 +154,20 @@ partition_sanity() {
     fi
   done
 }
-# Opt-in (VM_PARTITION=1 tests/vm/run.sh) until it passes: on 2026-11-30 it failed 7 of 42
-# specs here (BLKPG add/delete EBUSY and partitions missing from the kernel's view after
-# Debian's kernel, which has a GPT parser, re-read the table), while the same suite passes
-# on loop devices (tests/sanity.sh).
-[ "${4:-}" = partition ] && partition_sanity
+# Every label write and BLKPG call holds the disk's BSD lock (systemd's block device
+# locking convention, src/partition/wholedisk.rs), so udevd neither probes nor re-reads a
+# disk while the driver changes it. On 2026-11-30, before that, this run failed 7 of 42
+# specs here (BLKPG EBUSY, partitions missing right after a carve).
+partition_sanity
+
+# The partition scenario (issue 13): carved volumes written, their partitions dropped
+# with partx -d, the driver restarted (start-up re-sync), restaged, checksums compared.
+if [ -x "$SCENARIOS" ]; then
+  log "scenarios: partition layout"
+  GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_LOG="$W/driver.log" NFS_SERVER=$SERVER NFS_EXPORT_DIR=$EXP \
+    "$SCENARIOS" "$W/csi.sock" "$W" partition 2>&1 | tee "$OUT/scenarios-partition.out"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+fi
 
 cp "$W/driver.log" "$OUT/driver.log" 2>/dev/null
 kill_driver

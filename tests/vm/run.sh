@@ -3,7 +3,9 @@
 # 2 NVMe controllers and 8 namespaces of 4 sizes, an NFS v4.1 server exporting over
 # soft-RoCE RDMA (port 20049), and the driver built here. Inside it runs csi-sanity
 # against the NVMe backend and against the NFS backend, then the scenarios of
-# examples/vm_scenarios.rs. Exits non-zero on any failure. Root; Debian 12.
+# examples/vm_scenarios.rs, then csi-sanity with layout: partition and the partition
+# scenario (examples/vm_scenarios/partition.rs). Exits non-zero on any failure. Root;
+# Debian 12.
 # See /work/shared/notes/vm-rig.md for the recipe and its gotchas.
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
@@ -71,16 +73,18 @@ add_ns 1 64M; add_ns 1 64M; add_ns 1 128M; add_ns 1 64M
 echo "booting $KERNEL (software emulation) with 2 NVMe controllers, $ns namespaces"
 export PATH="$VENV/bin:$PATH"
 set +e
-timeout 840 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
+timeout 1140 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
   --qemu-opts="$qemu_opts" \
-  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN ${VM_PARTITION:+partition}" 2>&1 | tee "$WORK/console.log"
+  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN" 2>&1 | tee "$WORK/console.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo
 echo "=== summary"
 grep -hE "^csi-sanity (nvme|nfs|nvme-partition):|sgdisk -v" "$WORK/console.log" || echo "csi-sanity: no summary (see $WORK/console.log)"
-grep -hE "^(PASS|FAIL) " "$OUT/scenarios.out" 2>/dev/null | sed 's/^/  /' || true
-grep -hE "^scenarios:" "$OUT/scenarios.out" 2>/dev/null || true
+for f in scenarios scenarios-partition; do
+  grep -hE "^(PASS|FAIL) " "$OUT/$f.out" 2>/dev/null | sed 's/^/  /' || true
+  grep -hE "^scenarios:" "$OUT/$f.out" 2>/dev/null | sed "s/^scenarios:/$f:/" || true
+done
 echo "outputs: $OUT (csi-sanity outputs, driver log), console: $WORK/console.log"
 echo "vm rig wall time: $((SECONDS - T0)) s; result: $([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (rc $rc)")"
 exit "$rc"

@@ -11,7 +11,7 @@
 
 use tracing::{info, warn};
 
-use super::guard::{bounded, DeviceGuard};
+use super::guard::{settled, DeviceGuard};
 use super::{csi_error, read_label, Partitioned};
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
@@ -149,8 +149,8 @@ impl Partitioned {
                 }
             };
             let path = dev.path.clone();
-            let write = move || label::create(&path, proof);
-            match bounded(&dev.path, "writing a new label", self.label_deadline, write).await {
+            let write = move || label::create(&path, proof.clone());
+            match settled(&dev.path, "writing a new label", self.label_deadline, write).await {
                 Ok(_) => {}
                 // Still pending in the kernel: it may yet land (the mark stays).
                 Err(e @ Error::Aborted(_)) => return Err(e),
@@ -213,7 +213,7 @@ impl Partitioned {
         let dev = self.parent(&rec)?;
         let (path, name, size) = (dev.path.clone(), id.allocation.clone(), rec.capacity_bytes);
         let write = move || volume::carve(&path, &name, size);
-        let carved = bounded(&dev.path, "carving a partition", self.label_deadline, write).await?;
+        let carved = settled(&dev.path, "carving a partition", self.label_deadline, write).await?;
         faults::reached(KillPoint::PartAfterLabel);
         let part = PartitionRecord {
             partuuid: carved.partuuid.to_string(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use super::guard::bounded;
+use super::guard::settled;
 use super::{as_device, csi_error, Partitioned, ZERO_CHUNK_DEADLINE};
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
@@ -76,7 +76,7 @@ impl Partitioned {
     async fn remove(&self, parent: &std::path::Path, partuuid: uuid::Uuid) -> Result<()> {
         let path = parent.to_owned();
         let unshow = move || volume::unshow(&path, &partuuid);
-        bounded(
+        settled(
             parent,
             "removing a partition from the kernel",
             self.label_deadline,
@@ -86,7 +86,7 @@ impl Partitioned {
         faults::reached(KillPoint::PartAfterUnshow);
         let path = parent.to_owned();
         let remove = move || volume::remove(&path, &partuuid);
-        bounded(
+        settled(
             parent,
             "removing a partition from the label",
             self.label_deadline,

@@ -11,6 +11,8 @@
 //!   `os::inflight` does for mount syscalls). The calls on one device also run one at a
 //!   time on their threads: a caller that is cancelled (its gRPC call dropped) gives its
 //!   device lock back while its write goes on, and the next write waits for it there.
+//! - [`settled`] / [`settled_sync`]: [`bounded`] around a step that holds the whole
+//!   disk's BSD lock and waits out udevd (`crate::partition::wholedisk`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -176,6 +178,59 @@ pub fn bounded_sync<T: Send + 'static>(
         ))),
         Ok(r) => r.map_err(super::csi_error),
     }
+}
+
+/// How long a step may keep trying while udevd has the disk: half the deadline at most,
+/// so a settled step still answers before it.
+fn window(deadline: Duration) -> Duration {
+    gpt::wholedisk::SETTLE.min(deadline / 2)
+}
+
+/// `step` under the disk's lock within `within`; a step that had to wait for udevd says
+/// so in the log (how often the rig's runs needed the retries at all).
+fn locked_step<T>(
+    device: &Path,
+    what: &str,
+    within: Duration,
+    step: impl Fn() -> gpt::Result<T>,
+) -> gpt::Result<T> {
+    let (result, tries) = gpt::wholedisk::settled_counting(device, within, step);
+    if tries > 1 {
+        tracing::info!(device = %device.display(), what, tries, ok = result.is_ok(), "label step tried again while udevd had the disk");
+    }
+    result
+}
+
+/// A label write or BLKPG step on whole disk `device` under its lock, tried again while
+/// udevd has the disk (`partition::wholedisk::settled`), on its own thread within
+/// `deadline` ([`bounded`]). Every label step of the partition and stripe layouts runs
+/// through this (or [`settled_sync`]).
+pub async fn settled<T: Send + 'static>(
+    device: &Path,
+    what: &'static str,
+    deadline: Duration,
+    step: impl Fn() -> gpt::Result<T> + Send + 'static,
+) -> Result<T> {
+    let dev = device.to_owned();
+    let within = window(deadline);
+    bounded(device, what, deadline, move || {
+        locked_step(&dev, what, within, step)
+    })
+    .await
+}
+
+/// [`settled`] for the synchronous paths (locating a volume's partition for stage).
+pub fn settled_sync<T: Send + 'static>(
+    device: &Path,
+    what: &'static str,
+    deadline: Duration,
+    step: impl Fn() -> gpt::Result<T> + Send + 'static,
+) -> Result<T> {
+    let dev = device.to_owned();
+    let within = window(deadline);
+    bounded_sync(device, what, deadline, move || {
+        locked_step(&dev, what, within, step)
+    })
 }
 
 fn spawn(what: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {

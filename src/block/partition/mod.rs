@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use guard::{bounded_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
+use guard::{settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
 use super::layout::{Capacity, Layout};
 use crate::error::{Error, Result};
@@ -136,7 +136,7 @@ impl Partitioned {
         for (dev, on) in self.candidates() {
             if let OnDisk::Ours { .. } = on {
                 let path = dev.path.clone();
-                let done = bounded_sync(
+                let done = settled_sync(
                     &dev.path,
                     "re-syncing partitions",
                     self.label_deadline,
@@ -213,10 +213,11 @@ impl Partitioned {
         }
     }
 
-    /// [`volume::locate`] (which may tell the kernel of the partition) with a deadline.
+    /// [`volume::locate`] (which may tell the kernel of the partition) under the disk's
+    /// lock, udevd's moments waited out, with a deadline.
     pub(crate) fn locate_bounded(&self, parent: &Path, guid: uuid::Uuid) -> Result<Carved> {
         let path = parent.to_owned();
-        bounded_sync(
+        settled_sync(
             parent,
             "locating a partition",
             self.label_deadline,

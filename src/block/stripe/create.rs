@@ -16,7 +16,7 @@ use tracing::info;
 
 use super::{controllers, member_name, stripe_of, Striped, DATA_OFFSET};
 use crate::block::partition::blank_capacity;
-use crate::block::partition::guard::{bounded, DeviceGuard};
+use crate::block::partition::guard::DeviceGuard;
 use crate::error::{Error, Result};
 use crate::os::Host;
 use crate::partition::{label, volume, OnDisk};
@@ -209,9 +209,9 @@ impl Striped {
     async fn label_blank(&self, dev: &PoolDevice, proof: label::Blank) -> Result<()> {
         let why = "a gds-csi partition table (layout: stripe)".to_owned();
         let before = self.pool.reserve_for_carving(&dev.id, why)?;
-        let (path, deadline) = (dev.path.clone(), self.parts.label_deadline());
-        let write = move || label::create(&path, proof);
-        match bounded(&dev.path, "writing a new label", deadline, write).await {
+        let path = dev.path.clone();
+        let write = move || label::create(&path, proof.clone());
+        match self.settled(&dev.path, "writing a new label", write).await {
             Ok(_) => {}
             // Still pending in the kernel: it may yet land (the mark stays).
             Err(e @ Error::Aborted(_)) => return Err(e),

@@ -1,14 +1,11 @@
 //! The stripe layout's share of the partition layout's guards: every member's device
-//! lock, taken in one order, and label steps under the label deadline, tried again while
-//! udevd holds the disk for a moment.
+//! lock, taken in one order, and label steps run like the partition layout's (the whole
+//! disk's lock, udevd's moments waited out, the label deadline).
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
 use super::{stripe_of, Striped};
-use crate::block::partition::csi_error;
-use crate::block::partition::guard::{bounded, DeviceGuard};
+use crate::block::partition::guard::{settled, DeviceGuard};
 use crate::error::Result;
 use crate::partition as gpt;
 
@@ -42,81 +39,18 @@ impl Striped {
         Ok(self.lock_sorted(self.member_ids(raw)?).await)
     }
 
-    /// Runs an idempotent label step or BLKPG call on `device` through the partition
-    /// layout's deadline (`guard::bounded`: its own thread, Aborted at the deadline), again
-    /// while the kernel answers a transient refusal, for at most [`UDEV_SETTLE`]; the
-    /// pause between tries is tokio's timer (no runtime thread blocked). Seen on the VM
-    /// rig (kernel 6.1 with systemd-udevd): after a member is written (`mdadm
+    /// Runs an idempotent label step or BLKPG call on `device` the way the partition
+    /// layout runs its own: under the whole disk's BSD lock, udevd's moments waited out,
+    /// within the label deadline (`guard::settled`, `crate::partition::wholedisk`). Seen
+    /// on the VM rig (kernel 6.1 with systemd-udevd): after a member is written (`mdadm
     /// --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so BLKPG
-    /// delete fails with EBUSY and succeeds 3 s later; after a label write udevd's
-    /// re-read (see `crate::partition`) can add our partition just before we do, and
-    /// during that re-read the kernel shows none of the disk's partitions for a moment
-    /// (kernel::node's NotFound), and right after it the kernel lists a partition whose
-    /// /dev node devtmpfs has not made yet (kernel::node's stat: ENOENT on the
-    /// partition's node, seen on the rig's 4-member create).
+    /// delete failed with EBUSY and succeeded 3 s later.
     pub(super) async fn settled<T: Send + 'static>(
         &self,
         device: &Path,
         what: &'static str,
         step: impl Fn() -> gpt::Result<T> + Send + Sync + 'static,
     ) -> Result<T> {
-        let step = Arc::new(step);
-        let until = tokio::time::Instant::now() + UDEV_SETTLE;
-        loop {
-            let once = Arc::clone(&step);
-            let deadline = self.parts.label_deadline();
-            let result = bounded(device, what, deadline, move || Ok(once())).await?;
-            if !transient(&result, device) || tokio::time::Instant::now() >= until {
-                return result.map_err(csi_error);
-            }
-            tokio::time::sleep(UDEV_PAUSE).await;
-        }
-    }
-}
-
-/// Whether a partition step failed only because udevd had the disk for a moment.
-fn transient<T>(result: &gpt::Result<T>, disk: &Path) -> bool {
-    match result {
-        Err(gpt::Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
-        Err(gpt::Error::NotFound(m)) => m.contains("in the kernel's view"),
-        // A partition's node not yet in /dev (never the disk itself missing).
-        Err(gpt::Error::Io { device, source, .. }) => {
-            device.as_path() != disk && source.raw_os_error() == Some(libc::ENOENT)
-        }
-        _ => false,
-    }
-}
-
-/// How long a partition step is tried again while udevd holds the disk (3 s seen).
-const UDEV_SETTLE: Duration = Duration::from_secs(5);
-const UDEV_PAUSE: Duration = Duration::from_millis(200);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn io(device: &str, errno: i32) -> gpt::Result<()> {
-        Err(gpt::Error::Io {
-            what: "stat",
-            device: device.into(),
-            source: std::io::Error::from_raw_os_error(errno),
-        })
-    }
-
-    /// Only udevd's moments are waited out: a missing partition node, not a missing
-    /// disk or any other error.
-    #[test]
-    fn only_udevs_moments_are_tried_again() {
-        let disk = Path::new("/dev/nvme0n1");
-        assert!(transient(&io("/dev/nvme0n1p1", libc::ENOENT), disk));
-        assert!(!transient(&io("/dev/nvme0n1", libc::ENOENT), disk));
-        assert!(!transient(&io("/dev/nvme0n1p1", libc::EIO), disk));
-        let gone = gpt::Error::NotFound("1 in the kernel's view of /dev/nvme0n1".into());
-        assert!(transient::<()>(&Err(gone), disk));
-        assert!(!transient::<()>(
-            &Err(gpt::Error::NotFound("3".into())),
-            disk
-        ));
-        assert!(!transient(&Ok(()), disk));
+        settled(device, what, self.parts.label_deadline(), step).await
     }
 }
