@@ -126,7 +126,7 @@ fn checksums(dir: &Path) -> Result<String> {
 fn write_files(dir: &Path) -> Result<String> {
     for i in 0..3 {
         sh(&format!(
-            "dd if=/dev/urandom of={}/f{i} bs=1M count=4 status=none",
+            "dd if=/dev/urandom of={}/f{i} bs=1M count=1 status=none",
             dir.display()
         ))?;
     }
@@ -225,7 +225,7 @@ async fn s_kill_staged(r: &mut Rig) -> Result<(Vol, Vec<Member>, String)> {
     )?;
     vm_common::unpublish(&mut r.c, &v).await?;
     vm_common::unstage(&mut r.c, &v).await?;
-    Ok((v, m, "3 files of 4 MiB: sha256 equal after SIGKILL + restart, stage/publish 2x, unstage (array stopped) and restage".into()))
+    Ok((v, m, "3 files of 1 MiB: sha256 equal after SIGKILL + restart, stage/publish 2x, unstage (array stopped) and restage".into()))
 }
 
 /// SIGKILL of the driver and its children (mdadm, mkfs) in the middle of the first
