@@ -1,111 +1,71 @@
 //! The stripe layout's scenarios on the VM rig (issue 14), run inside the guest against
 //! a driver serving SOCKET, with mdadm and Debian's md driver present. Prints
-//! `PASS name: detail` / `FAIL name: error` per scenario; exits 1 on any failure.
-//! Usage: stripe_vm SOCKET WORK_DIR DETACH_CMD
+//! `PASS name: detail` / `FAIL name: error` per scenario and the fio table; exits 1 on
+//! any failure.
+//! Usage: stripe_vm SOCKET WORK_DIR DETACH_CMD FOREIGN_UUID
 //! DETACH_CMD is a shell command that detaches one pool drive (run last).
+//! Env: GUEST_HELPER (tests/vm/stripe_guest.sh: restart-driver, kill-driver-tree),
+//! FIO_RUNS (runs per figure, default 3), FIO_SECONDS (each run's length, default 2).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gds_csi::csi::volume_capability::access_mode::Mode;
-use gds_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use gds_csi::csi::Clients;
-use gds_csi::csi::*;
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-const MIB: i64 = 1 << 20;
+#[allow(dead_code)] // each example uses part of it
+mod vm_common;
+use vm_common::{ensure, mount_cap, mountinfo, report, sh, CsiResult, Result, Vol, MIB};
 
-fn cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    }
+#[path = "stripe_vm_parts/fio.rs"]
+mod fio;
+
+pub struct Rig {
+    pub c: Clients,
+    socket: PathBuf,
+    pub work: PathBuf,
+    helper: String,
 }
 
-fn sh(cmd: &str) -> Result<String> {
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("{cmd}: {}", String::from_utf8_lossy(&out.stderr)).into());
+impl Rig {
+    /// CreateVolume of a stripe of `count` members (512 KiB chunk), or of a partition
+    /// volume on one drive for a count of 1.
+    pub async fn create(
+        &mut self,
+        name: &str,
+        count: &str,
+        fs: &str,
+        bytes: i64,
+    ) -> CsiResult<Vol> {
+        let mut params = vec![("gdsPolicy", "disabled")];
+        if count == "1" {
+            params.push(("layout", "partition"));
+        } else {
+            params.extend([
+                ("layout", "stripe"),
+                ("stripeCount", count),
+                ("stripeChunk", "512K"),
+            ]);
+        }
+        let cap = mount_cap(Mode::SingleNodeWriter, fs);
+        vm_common::create(&mut self.c, &self.work, name, &params, (bytes, 0), cap).await
     }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
 
-fn ensure(cond: bool, what: impl Into<String>) -> Result<()> {
-    if cond {
+    /// SIGKILLs the driver (and, with `tree`, every process it started, as a container's
+    /// death would), starts it again and reconnects.
+    async fn restart(&mut self, tree: bool) -> Result<()> {
+        vm_common::helper(
+            &self.helper,
+            if tree {
+                "kill-driver-tree"
+            } else {
+                "kill-driver"
+            },
+        )?;
+        vm_common::helper(&self.helper, "start-driver")?;
+        self.c = Clients::connect_ready(&self.socket, vm_common::READY_DEADLINE).await?;
         Ok(())
-    } else {
-        Err(what.into().into())
     }
-}
-
-async fn create(c: &mut Clients, name: &str, count: &str, fs: &str, bytes: i64) -> Result<Volume> {
-    let params: HashMap<String, String> = [
-        ("gdsPolicy", "disabled"),
-        ("layout", "stripe"),
-        ("stripeCount", count),
-        ("stripeChunk", "512K"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let req = CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![cap(fs)],
-        parameters: params,
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes,
-            limit_bytes: 0,
-        }),
-        ..Default::default()
-    };
-    Ok(c.controller
-        .create_volume(req)
-        .await?
-        .into_inner()
-        .volume
-        .ok_or("no volume")?)
-}
-
-async fn stage(
-    c: &mut Clients,
-    id: &str,
-    staging: &Path,
-    fs: &str,
-) -> std::result::Result<(), tonic::Status> {
-    let req = NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap(fs)),
-        ..Default::default()
-    };
-    c.node.node_stage_volume(req).await.map(drop)
-}
-
-async fn unstage(c: &mut Clients, id: &str, staging: &Path) -> Result<()> {
-    let req = NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.display().to_string(),
-    };
-    c.node.node_unstage_volume(req).await?;
-    Ok(())
-}
-
-async fn delete(c: &mut Clients, id: &str) -> Result<()> {
-    let req = DeleteVolumeRequest {
-        volume_id: id.into(),
-        ..Default::default()
-    };
-    c.controller.delete_volume(req).await?;
-    Ok(())
 }
 
 fn md_count() -> usize {
@@ -115,25 +75,83 @@ fn md_count() -> usize {
         .unwrap_or(0)
 }
 
+/// The md device a staging path is mounted from (`/dev/mdN`).
+pub fn md_of(staging: &Path) -> Result<String> {
+    let (_, src, _) = mountinfo(staging).ok_or("staging path not mounted")?;
+    ensure(
+        src.starts_with("/dev/md"),
+        format!("staged from {src}, not an md array"),
+    )?;
+    Ok(src)
+}
+
+/// One array member: its partition, the drive holding it, and where it lies (bytes).
+struct Member {
+    part: String,
+    disk: String,
+    start: u64,
+    size: u64,
+}
+
+/// The members of a running array, from sysfs.
+fn members(md: &str) -> Result<Vec<Member>> {
+    let name = sh(&format!("basename $(realpath {md})"))?;
+    let mut out = Vec::new();
+    for part in sh(&format!("ls /sys/block/{name}/slaves"))?.split_whitespace() {
+        let sys = format!("/sys/class/block/{part}");
+        let disk = sh(&format!("basename $(dirname $(realpath {sys}))"))?;
+        let sectors =
+            |f: &str| -> Result<u64> { Ok(sh(&format!("cat {sys}/{f}"))?.parse::<u64>()? * 512) };
+        out.push(Member {
+            part: part.to_owned(),
+            disk: format!("/dev/{disk}"),
+            start: sectors("start")?,
+            size: sectors("size")?,
+        });
+    }
+    ensure(!out.is_empty(), format!("{md} has no members in sysfs"))?;
+    Ok(out)
+}
+
+/// sha256 of every file under DIR, after dropping the page cache so they are read
+/// from the drives.
+fn checksums(dir: &Path) -> Result<String> {
+    sh(&format!(
+        "sync; echo 3 > /proc/sys/vm/drop_caches; cd {} && sha256sum $(ls | grep '^f[0-9]') ",
+        dir.display()
+    ))
+}
+
+/// Three files of random data under DIR; their checksums.
+fn write_files(dir: &Path) -> Result<String> {
+    for i in 0..3 {
+        sh(&format!(
+            "dd if=/dev/urandom of={}/f{i} bs=1M count=1 status=none",
+            dir.display()
+        ))?;
+    }
+    checksums(dir)
+}
+
 /// Create, stage, write, unstage (array stopped), restage, data intact; stop by hand
-/// (as after a reboot), restage, data intact. Returns the staging path's source.
-async fn s_lifecycle(
-    c: &mut Clients,
-    work: &Path,
-    count: &str,
-    fs: &str,
-) -> Result<(String, String)> {
-    let v = create(c, &format!("stripe-{count}-{fs}"), count, fs, 48 * MIB).await?;
-    let id = v.volume_id.clone();
-    let staging = work.join(format!("staging-{count}-{fs}"));
+/// (as after a reboot), restage, data intact. Returns the volume, its members and the
+/// filesystem's stripe geometry.
+async fn s_lifecycle(r: &mut Rig, count: &str, fs: &str) -> Result<(Vol, Vec<Member>, String)> {
+    let v = r
+        .create(&format!("stripe-{count}-{fs}"), count, fs, 48 * MIB)
+        .await?;
     let before = md_count();
-    stage(c, &id, &staging, fs).await?;
-    let src = sh(&format!("findmnt -n -o SOURCE {}", staging.display()))?;
-    ensure(src.starts_with("/dev/md"), format!("staged from {src}"))?;
+    vm_common::stage(&mut r.c, &v).await?;
+    let src = md_of(&v.staging)?;
     let size = sh(&format!("blockdev --getsize64 {src}"))?;
     ensure(
-        size == v.capacity_bytes.to_string(),
-        format!("array {size} bytes, volume {}", v.capacity_bytes),
+        size == v.capacity.to_string(),
+        format!("array {size} bytes, volume {}", v.capacity),
+    )?;
+    let m = members(&src)?;
+    ensure(
+        m.len().to_string() == count,
+        format!("{} members, want {count}", m.len()),
     )?;
     let geometry = match fs {
         "ext4" => sh(&format!(
@@ -141,69 +159,168 @@ async fn s_lifecycle(
         ))?,
         _ => sh(&format!(
             "xfs_info {} | grep -o 'sunit=[0-9]* *swidth=[0-9]* blks'",
-            staging.display()
+            v.staging.display()
         ))?,
     };
-    let file = staging.join("data");
-    sh(&format!(
-        "dd if=/dev/urandom of={} bs=1M count=20 status=none && sync",
-        file.display()
-    ))?;
-    let sum = sh(&format!("sha256sum {} | cut -d' ' -f1", file.display()))?;
-    unstage(c, &id, &staging).await?;
+    let sums = write_files(&v.staging)?;
+    vm_common::unstage(&mut r.c, &v).await?;
     ensure(
         md_count() == before,
         "the array still runs after NodeUnstage",
     )?;
-    stage(c, &id, &staging, fs).await?;
-    ensure(
-        sh(&format!("sha256sum {} | cut -d' ' -f1", file.display()))? == sum,
-        "data changed after restage",
-    )?;
+    vm_common::stage(&mut r.c, &v).await?;
+    ensure(checksums(&v.staging)? == sums, "data changed after restage")?;
     // By hand, as a reboot would: unmount and stop the array.
-    let node = sh(&format!("findmnt -n -o SOURCE {}", staging.display()))?;
+    let node = md_of(&v.staging)?;
     sh(&format!(
         "umount {} && mdadm --stop {node}",
-        staging.display()
+        v.staging.display()
     ))?;
-    stage(c, &id, &staging, fs).await?;
     ensure(
-        sh(&format!("sha256sum {} | cut -d' ' -f1", file.display()))? == sum,
+        md_count() == before,
+        "the array still runs after mdadm --stop",
+    )?;
+    vm_common::stage(&mut r.c, &v).await?;
+    ensure(
+        checksums(&v.staging)? == sums,
         "data changed after reassembly",
     )?;
-    unstage(c, &id, &staging).await?;
-    Ok((id, geometry.replace('\n', "; ")))
+    vm_common::unstage(&mut r.c, &v).await?;
+    Ok((v, m, geometry.replace('\n', "; ")))
 }
 
-async fn s_delete(c: &mut Clients, ids: &[String]) -> Result<String> {
-    let parts_before = sh("cat /proc/partitions | grep -c 'nvme.*p[0-9]' || true")?;
-    for id in ids {
-        if let Err(e) = delete(c, id).await {
-            // Diagnostics for the report: who holds the members, then one retry.
-            let diag = sh("cat /proc/mdstat; for h in /sys/block/nvme*/nvme*p*/holders; do echo $h: $(ls $h); done; ls /sys/block | tr '\\n' ' '")
-                .unwrap_or_else(|e| e.to_string());
-            println!("DIAG delete {id}: {e}\n{diag}");
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            delete(c, id)
-                .await
-                .map_err(|e2| format!("{e}; retried after 3 s: {e2}"))?;
-        }
+/// SIGKILL while a stripe volume is staged and published, restart: the mounts outlived
+/// the driver; stage/publish again are no-ops; unstage stops the array and a restage
+/// reassembles it, the files byte for byte the same each time.
+async fn s_kill_staged(r: &mut Rig) -> Result<(Vol, Vec<Member>, String)> {
+    let v = r.create("stripe-kill", "2", "ext4", 32 * MIB).await?;
+    vm_common::stage(&mut r.c, &v).await?;
+    vm_common::publish(&mut r.c, &v).await?;
+    let m = members(&md_of(&v.staging)?)?;
+    let sums = write_files(&v.target)?;
+    r.restart(false).await?;
+    ensure(
+        mountinfo(&v.target).is_some(),
+        "the published mount is gone after the restart",
+    )?;
+    ensure(
+        checksums(&v.target)? == sums,
+        "files differ after the restart",
+    )?;
+    for _ in 0..2 {
+        vm_common::stage(&mut r.c, &v).await?;
+        vm_common::publish(&mut r.c, &v).await?;
     }
-    let parts = sh("cat /proc/partitions | grep -c 'nvme.*p[0-9]' || true")?;
-    let sb = sh("for d in /dev/nvme*n*; do mdadm --examine --export $d 2>/dev/null | grep MD_NAME=gds-csi; done || true")?;
-    ensure(sb.is_empty(), format!("md superblocks of ours left: {sb}"))?;
-    ensure(parts == "0", format!("partitions left: {parts}"))?;
-    Ok(format!(
-        "partitions {parts_before} -> {parts}, no gds-csi md superblock"
+    vm_common::unpublish(&mut r.c, &v).await?;
+    vm_common::unstage(&mut r.c, &v).await?;
+    ensure(
+        mountinfo(&v.staging).is_none(),
+        "still mounted after unstage",
+    )?;
+    vm_common::stage(&mut r.c, &v).await?;
+    vm_common::publish(&mut r.c, &v).await?;
+    ensure(
+        checksums(&v.target)? == sums,
+        "files differ after unstage and restage",
+    )?;
+    vm_common::unpublish(&mut r.c, &v).await?;
+    vm_common::unstage(&mut r.c, &v).await?;
+    Ok((v, m, "3 files of 1 MiB: sha256 equal after SIGKILL + restart, stage/publish 2x, unstage (array stopped) and restage".into()))
+}
+
+/// SIGKILL of the driver and its children (mdadm, mkfs) in the middle of the first
+/// NodeStage of a fresh stripe; the restarted driver's NodeStage must finish the job.
+async fn s_kill_mid_stage(r: &mut Rig, after: Duration) -> Result<(Vol, Vec<Member>, String)> {
+    let v = r.create("stripe-kill-stage", "2", "ext4", 32 * MIB).await?;
+    let mut c = r.c.clone();
+    let first_call = v.clone();
+    let call = tokio::spawn(async move { vm_common::stage(&mut c, &first_call).await });
+    tokio::time::sleep(after).await;
+    let finished = call.is_finished();
+    r.restart(true).await?;
+    let first = call.await?;
+    vm_common::stage(&mut r.c, &v).await?;
+    let m = members(&md_of(&v.staging)?)?;
+    let fs = sh(&format!("findmnt -n -o FSTYPE {}", v.staging.display()))?;
+    ensure(fs == "ext4", format!("staged as {fs}"))?;
+    let sums = write_files(&v.staging)?;
+    vm_common::unstage(&mut r.c, &v).await?;
+    vm_common::stage(&mut r.c, &v).await?;
+    ensure(checksums(&v.staging)? == sums, "files differ after restage")?;
+    vm_common::unstage(&mut r.c, &v).await?;
+    let when = if finished {
+        "after it had finished".to_owned()
+    } else {
+        format!(
+            "{} ms in ({:?})",
+            after.as_millis(),
+            first.err().map(|e| e.code())
+        )
+    };
+    Ok((
+        v,
+        m,
+        format!("killed {when}; restaged ext4 on the array, files intact across a restage"),
     ))
 }
 
-async fn s_foreign(c: &mut Clients, work: &Path, foreign_uuid: &str) -> Result<String> {
-    let v = create(c, "stripe-near-foreign", "2", "ext4", 16 * MIB).await?;
-    let staging = work.join("staging-near-foreign");
-    stage(c, &v.volume_id, &staging, "ext4").await?;
-    unstage(c, &v.volume_id, &staging).await?;
-    delete(c, &v.volume_id).await?;
+/// `mdadm --examine` of the bytes a member occupied, through a read-only loop device
+/// over its drive (the partition itself is gone).
+fn examine_where(m: &Member) -> Result<String> {
+    let lo = sh(&format!(
+        "losetup -f --show -r -o {} --sizelimit {} {}",
+        m.start, m.size, m.disk
+    ))?;
+    let out = sh(&format!("mdadm --examine {lo} 2>&1; true"));
+    sh(&format!("losetup -d {lo}"))?;
+    out
+}
+
+async fn s_delete(r: &mut Rig, vols: &[(Vol, Vec<Member>)]) -> Result<String> {
+    let parts = || sh("grep -c 'nvme.*p[0-9]' /proc/partitions || true");
+    let parts_before = parts()?;
+    let mut n = 0;
+    for (v, ms) in vols {
+        for m in ms {
+            // Present before: the check below can see a superblock where there is one.
+            let uuid = sh(&format!(
+                "mdadm --examine --export /dev/{} | grep MD_UUID=",
+                m.part
+            ))?;
+            ensure(
+                examine_where(m)?.contains("Magic"),
+                format!("{}: no superblock seen through the loop device", m.part),
+            )?;
+            ensure(
+                !uuid.is_empty(),
+                format!("{}: no md superblock before delete", m.part),
+            )?;
+        }
+        vm_common::delete(&mut r.c, v).await?;
+        vm_common::delete(&mut r.c, v).await?; // idempotent
+        for m in ms {
+            let e = examine_where(m)?;
+            ensure(
+                e.contains("No md superblock detected"),
+                format!("{} ({} at {}): {e}", m.part, m.disk, m.start),
+            )?;
+            n += 1;
+        }
+    }
+    let left = parts()?;
+    ensure(left == "0", format!("partitions left: {left}"))?;
+    let sb = sh("for d in /dev/nvme*n*; do mdadm --examine --export $d 2>/dev/null | grep MD_NAME=gds-csi; done || true")?;
+    ensure(sb.is_empty(), format!("md superblocks of ours left: {sb}"))?;
+    Ok(format!("partitions {parts_before} -> 0; the {n} members' former extents: `mdadm --examine` finds no md superblock (it found ours before)"))
+}
+
+async fn s_foreign(r: &mut Rig, foreign_uuid: &str) -> Result<String> {
+    let v = r
+        .create("stripe-near-foreign", "2", "ext4", 16 * MIB)
+        .await?;
+    vm_common::stage(&mut r.c, &v).await?;
+    vm_common::unstage(&mut r.c, &v).await?;
+    vm_common::delete(&mut r.c, &v).await?;
     let still = sh(&format!(
         "cat /sys/block/md*/md/uuid | grep -c {foreign_uuid} || true"
     ))?;
@@ -213,15 +330,14 @@ async fn s_foreign(c: &mut Clients, work: &Path, foreign_uuid: &str) -> Result<S
     ))
 }
 
-async fn s_detached(c: &mut Clients, work: &Path, detach: &str) -> Result<String> {
-    let v = create(c, "stripe-detach", "4", "ext4", 32 * MIB).await?;
-    let staging = work.join("staging-detach");
-    stage(c, &v.volume_id, &staging, "ext4").await?;
-    unstage(c, &v.volume_id, &staging).await?;
+async fn s_detached(r: &mut Rig, detach: &str) -> Result<String> {
+    let v = r.create("stripe-detach", "4", "ext4", 32 * MIB).await?;
+    vm_common::stage(&mut r.c, &v).await?;
+    vm_common::unstage(&mut r.c, &v).await?;
     sh(detach)?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = md_count();
-    let err = match stage(c, &v.volume_id, &staging, "ext4").await {
+    let err = match vm_common::stage(&mut r.c, &v).await {
         Ok(()) => return Err("staged with a member detached".into()),
         Err(e) => e,
     };
@@ -237,49 +353,68 @@ async fn s_detached(c: &mut Clients, work: &Path, detach: &str) -> Result<String
     Ok(err.message().to_owned())
 }
 
-fn report(name: &str, res: Result<String>, failed: &mut usize) {
-    match res {
-        Ok(d) => println!("PASS {name}: {d}"),
-        Err(e) => {
-            *failed += 1;
-            println!("FAIL {name}: {e}");
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let socket = PathBuf::from(
-        args.next()
-            .ok_or("usage: stripe_vm SOCKET WORK_DIR DETACH FOREIGN_UUID")?,
-    );
-    let work = PathBuf::from(args.next().ok_or("WORK_DIR")?);
-    let detach = args.next().ok_or("DETACH")?;
-    let foreign = args.next().ok_or("FOREIGN_UUID")?;
-    let mut c = Clients::connect_ready(&socket, Duration::from_secs(60)).await?;
+    let usage = "usage: stripe_vm SOCKET WORK_DIR DETACH FOREIGN_UUID";
+    let socket = PathBuf::from(args.next().ok_or(usage)?);
+    let work = PathBuf::from(args.next().ok_or(usage)?);
+    let detach = args.next().ok_or(usage)?;
+    let foreign = args.next().ok_or(usage)?;
+    let helper = std::env::var("GUEST_HELPER").map_err(|_| "GUEST_HELPER is not set")?;
+    let c = Clients::connect_ready(&socket, vm_common::READY_DEADLINE).await?;
+    let mut r = Rig {
+        c,
+        socket,
+        work,
+        helper,
+    };
+    let started = Instant::now();
     let mut failed = 0;
-    let mut ids = Vec::new();
+    report(
+        "fio: O_DIRECT sequential read on 1, 2 and 4 drives",
+        fio::bench(&mut r).await,
+        &mut failed,
+    );
+    let mut vols = Vec::new();
     for (count, fs) in [("2", "ext4"), ("4", "xfs")] {
-        let res = s_lifecycle(&mut c, &work, count, fs).await;
-        let res = res.map(|(id, geo)| {
-            ids.push(id);
-            format!("staged, unstaged (array stopped), restaged, stopped by hand, reassembled: data intact; {geo}")
+        let res = s_lifecycle(&mut r, count, fs).await.map(|(v, m, geo)| {
+            vols.push((v, m));
+            format!("staged, unstaged (array stopped), restaged, stopped by hand (mdadm --stop), reassembled: sha256 equal; {geo}")
         });
         report(&format!("stripe-{count}-{fs}"), res, &mut failed);
     }
-    report("delete", s_delete(&mut c, &ids).await, &mut failed);
+    let res = s_kill_staged(&mut r).await.map(|(v, m, d)| {
+        vols.push((v, m));
+        d
+    });
+    report("SIGKILL while staged, restart, restage", res, &mut failed);
+    let res = s_kill_mid_stage(&mut r, Duration::from_millis(1500))
+        .await
+        .map(|(v, m, d)| {
+            vols.push((v, m));
+            d
+        });
+    report(
+        "SIGKILL (driver and children) during the first NodeStage",
+        res,
+        &mut failed,
+    );
+    report("delete", s_delete(&mut r, &vols).await, &mut failed);
     report(
         "foreign-array",
-        s_foreign(&mut c, &work, &foreign).await,
+        s_foreign(&mut r, &foreign).await,
         &mut failed,
     );
     report(
         "member-detached",
-        s_detached(&mut c, &work, &detach).await,
+        s_detached(&mut r, &detach).await,
         &mut failed,
     );
-    println!("stripe scenarios: {failed} failed");
+    println!(
+        "stripe scenarios: {failed} failed, {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     if failed > 0 {
         std::process::exit(1);
     }

@@ -17,25 +17,21 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 
 #[path = "vm_scenarios/partition.rs"]
 mod partition;
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// How long a (re)started driver may take to scan its pool.
-const READY_DEADLINE: Duration = Duration::from_secs(60);
-const MIB: i64 = 1 << 20;
+#[allow(dead_code)] // each example uses part of it
+mod vm_common;
+use vm_common::{
+    ensure, mount_cap, mountinfo, report, sh, CsiResult, Result, Vol, MIB, READY_DEADLINE,
+};
 
 fn cap(mode: Mode) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
+    mount_cap(mode, "")
 }
 
 struct Rig {
@@ -48,57 +44,6 @@ struct Rig {
     export_dir: PathBuf,
     /// Where the driver's log stood when the scenarios began.
     log_start: usize,
-    /// CreateVolume's accessible_topology, by volume name.
-    topology: HashMap<String, Vec<Topology>>,
-}
-
-struct Vol {
-    id: String,
-    ctx: HashMap<String, String>,
-    cap: VolumeCapability,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-/// One mountinfo line's interesting fields: fs type, source, super options.
-fn mountinfo(path: &Path) -> Option<(String, String, String)> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = path.display().to_string();
-    text.lines().rev().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        if left.split(' ').nth(4)? != want {
-            return None;
-        }
-        let mut r = right.split(' ');
-        Some((
-            r.next()?.to_owned(),
-            r.next()?.to_owned(),
-            r.next()?.to_owned(),
-        ))
-    })
-}
-
-fn sh(cmd: &str) -> Result<String> {
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "`{cmd}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-fn ensure(cond: bool, what: impl Into<String>) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(what.into().into())
-    }
 }
 
 impl Rig {
@@ -109,7 +54,7 @@ impl Rig {
         required: i64,
         limit: i64,
         cap: VolumeCapability,
-    ) -> std::result::Result<Vol, tonic::Status> {
+    ) -> CsiResult<Vol> {
         // The VM has no GPU: the GDS gate (on by default) is turned off explicitly.
         let params: Vec<(&str, &str)> = params
             .iter()
@@ -127,120 +72,40 @@ impl Rig {
         required: i64,
         limit: i64,
         cap: VolumeCapability,
-    ) -> std::result::Result<Vol, tonic::Status> {
-        let v = self
-            .c
-            .controller
-            .create_volume(CreateVolumeRequest {
-                name: name.into(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: required,
-                    limit_bytes: limit,
-                }),
-                volume_capabilities: vec![cap.clone()],
-                parameters: params
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .volume
-            .ok_or_else(|| tonic::Status::internal("no volume"))?;
-        self.topology.insert(name.to_owned(), v.accessible_topology);
-        Ok(Vol {
-            id: v.volume_id,
-            ctx: v.volume_context,
+    ) -> CsiResult<Vol> {
+        vm_common::create(
+            &mut self.c,
+            &self.work,
+            name,
+            params,
+            (required, limit),
             cap,
-            staging: self.work.join(format!("kubelet/staging/{name}")),
-            target: self.work.join(format!("kubelet/pods/{name}/mount")),
-        })
+        )
+        .await
     }
 
-    async fn stage(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
-        std::fs::create_dir_all(&v.staging).ok();
-        self.c
-            .node
-            .node_stage_volume(NodeStageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: v.staging.display().to_string(),
-                volume_capability: Some(v.cap.clone()),
-                volume_context: v.ctx.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
+    async fn stage(&mut self, v: &Vol) -> CsiResult<()> {
+        vm_common::stage(&mut self.c, v).await
     }
 
-    async fn publish(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
-        self.c
-            .node
-            .node_publish_volume(NodePublishVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: v.staging.display().to_string(),
-                target_path: v.target.display().to_string(),
-                volume_capability: Some(v.cap.clone()),
-                volume_context: v.ctx.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
+    async fn publish(&mut self, v: &Vol) -> CsiResult<()> {
+        vm_common::publish(&mut self.c, v).await
     }
 
-    async fn unpublish(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
-        self.c
-            .node
-            .node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: v.id.clone(),
-                target_path: v.target.display().to_string(),
-            })
-            .await
-            .map(|_| ())
+    async fn unpublish(&mut self, v: &Vol) -> CsiResult<()> {
+        vm_common::unpublish(&mut self.c, v).await
     }
 
-    async fn unstage(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
-        self.c
-            .node
-            .node_unstage_volume(NodeUnstageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: v.staging.display().to_string(),
-            })
-            .await
-            .map(|_| ())
-    }
-
-    async fn delete(&mut self, v: &Vol) -> std::result::Result<(), tonic::Status> {
-        self.c
-            .controller
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: v.id.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
+    async fn unstage(&mut self, v: &Vol) -> CsiResult<()> {
+        vm_common::unstage(&mut self.c, v).await
     }
 
     async fn teardown(&mut self, v: &Vol) -> Result<()> {
-        // Twice each: every call must be idempotent.
-        for _ in 0..2 {
-            self.unpublish(v).await?;
-        }
-        for _ in 0..2 {
-            self.unstage(v).await?;
-        }
-        for _ in 0..2 {
-            self.delete(v).await?;
-        }
-        Ok(())
+        vm_common::teardown(&mut self.c, v).await
     }
 
     fn helper(&self, what: &str) -> Result<()> {
-        let status = std::process::Command::new("bash")
-            .arg(&self.helper)
-            .arg(what)
-            .status()?;
-        ensure(status.success(), format!("guest helper {what} failed"))
+        vm_common::helper(&self.helper, what)
     }
 
     /// mkfs runs on the volume's namespace, from the driver's log. The format runs as a job
@@ -557,16 +422,7 @@ async fn s_gate_nfs(r: &mut Rig, req: &Vol, pref: &Vol, off: &Vol) -> Result<Str
     let key = format!("{name}/gds-nfs-rdma");
     // CreateVolume: only the required volume is confined to ready nodes.
     let topo = |v: &Vol| -> Vec<HashMap<String, String>> {
-        let name = v
-            .staging
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        r.topology[&name]
-            .iter()
-            .map(|t| t.segments.clone())
-            .collect()
+        v.topology.iter().map(|t| t.segments.clone()).collect()
     };
     let want = vec![HashMap::from([(key.clone(), "true".to_owned())])];
     ensure(
@@ -890,16 +746,6 @@ async fn unmount_dead(r: &mut Rig, v: &Vol, bound: Duration) -> Result<(Duration
     Ok((took_unpub, took_unstage))
 }
 
-fn report(name: &str, res: Result<String>, failed: &mut usize) {
-    match res {
-        Ok(detail) => println!("PASS {name}: {detail}"),
-        Err(e) => {
-            *failed += 1;
-            println!("FAIL {name}: {e}");
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -915,7 +761,6 @@ async fn main() -> Result<()> {
         driver_log: env("DRIVER_LOG")?.into(),
         nfs_server: env("NFS_SERVER")?,
         export_dir: env("NFS_EXPORT_DIR")?.into(),
-        topology: HashMap::new(),
         log_start: 0,
     };
     r.log_start = std::fs::read_to_string(&r.driver_log)?.len();

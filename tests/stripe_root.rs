@@ -236,6 +236,15 @@ async fn stripe_members_are_equal_partitions_on_distinct_devices_and_die_with_th
     assert!(err.message().contains("mdadm"), "{err}");
     let after: Vec<_> = rig.0.loops.iter().map(|d| digest_file(d)).collect();
     assert_eq!(digests, after);
+    // NodeUnpublish and NodeUnstage of a stripe never staged (no array running): OK,
+    // as csi-sanity's cleanup expects.
+    let target = rig.0.path("target");
+    requests::unpublish(&mut c, &v2.volume_id, &target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &v2.volume_id, &staging)
+        .await
+        .unwrap();
 
     // A foreign filesystem on a member: delete refuses and erases no member.
     let s4_members: Vec<_> = members(&rig.0)

@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use super::stage::required_capability;
 use super::{BlockBackend, Located};
 use crate::backend::Publish;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::gds_gate::{GateOutcome, MountedVolume, Policy};
 use crate::mounts::already_published;
 use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
 use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
-use crate::volume_id::BlockVolumeId;
+use crate::volume_id::{BlockVolumeId, IdLayout};
 
 pub async fn publish(b: &BlockBackend, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
     let cap = required_capability(req.capability)?;
@@ -159,6 +159,12 @@ pub async fn unpublish(b: &BlockBackend, id: &BlockVolumeId, target: &Path) -> R
         // A volume of this node whose record is gone (deleted): nothing at the target can
         // be recognised as its, so nothing is unmounted or removed.
         Err(Error::VolumeNotFound(_)) if id.node_id == b.node.node_id => {
+            b.mounter.unpublish(&raw, target, &|_, _| false).await
+        }
+        // A stripe's device is its md array, which runs only while the volume is staged
+        // (an array cannot be stopped while mounted): with none running, nothing at the
+        // target is of it (csi-sanity unpublishes volumes it never staged).
+        Err(Error::Volume(VolumeError::DeviceAbsent { .. })) if id.layout == IdLayout::Stripe => {
             b.mounter.unpublish(&raw, target, &|_, _| false).await
         }
         Err(e) => Err(e),

@@ -93,12 +93,17 @@ impl Pool {
                 }),
             }
         }
+        // Every device a volume lives on: a stripe's members too, or after a restart the
+        // devices holding only later members (partitioned, held by md) are left out.
         let allocated: HashSet<String> = self
             .state
             .snapshot()
             .volumes
             .into_values()
-            .map(|v| v.device_key)
+            .flat_map(|v| {
+                let members = v.stripe.into_iter().flat_map(|s| s.members);
+                std::iter::once(v.device_key).chain(members.map(|m| m.device_key))
+            })
             .collect();
         if self.config.nvme_discover {
             // Namespaces the driver allocated are mounted by the driver: never exclude them.

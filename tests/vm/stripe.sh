@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The stripe layout (issue 14) on the real-kernel rig, as its own suite entry (it adds
-# about a minute): a QEMU VM with Debian's kernel (md, raid0) and 4 pool NVMe drives
-# throttled by QEMU to a fixed bandwidth each, plus a foreign md array. Runs
-# examples/stripe_vm.rs inside. Root; needs the vng venv of tests/vm/run.sh and mdadm
-# (from PATH, or MDADM_DIR pointing at a folder holding an mdadm binary).
+# The stripe layout (issue 14) on the real-kernel rig, as its own suite entry: a QEMU VM
+# with Debian's kernel (md, raid0) and 4 pool NVMe drives throttled by QEMU to a fixed
+# bandwidth each, plus a foreign md array. Inside (tests/vm/stripe_guest.sh): csi-sanity
+# with `layout: stripe`, then examples/stripe_vm.rs (fio figures on 1, 2 and 4 drives, the
+# scenarios). Exits non-zero on any failure. Root; needs the vng venv of tests/vm/run.sh,
+# fio (installed from Debian here) and mdadm (from PATH, or MDADM_DIR pointing at a
+# folder holding an mdadm binary).
 # Usage: flock /work/wt/heavy.lock bash tests/vm/stripe.sh
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
@@ -23,6 +25,12 @@ if [ -z "${MDADM_DIR:-}" ]; then
     fi
   fi
 fi
+# fio runs in the guest, which shares this root read-only.
+if ! command -v fio >/dev/null; then
+  echo "installing fio"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio >/dev/null
+fi
+install_csi_sanity
 cargo build --quiet --bin gds-csi --example stripe_vm
 KERNEL=$(ls /boot/vmlinuz-*-amd64 | sort -V | tail -1)
 WORK=$(mktemp -d /tmp/gds-stripe-vm.XXXXXX)
@@ -30,7 +38,7 @@ OUT="$WORK/out"; mkdir -p "$OUT"
 BPS=$((100 * 1024 * 1024))   # each pool drive: 100 MiB/s read and write
 q=""
 for i in 0 1 2 3; do
-  truncate -s 192M "$WORK/pool$i.img"
+  truncate -s 256M "$WORK/pool$i.img"
   q+=" -device nvme,serial=pool$i,id=nvme$i"
   q+=" -drive file=$WORK/pool$i.img,if=none,id=p$i,format=raw,throttling.bps-read=$BPS,throttling.bps-write=$BPS"
   q+=" -device nvme-ns,drive=p$i,bus=nvme$i,nsid=1"
@@ -41,11 +49,12 @@ q+=" -drive file=$WORK/f1.img,if=none,id=f1,format=raw -device nvme-ns,drive=f1,
 q+=" -drive file=$WORK/f2.img,if=none,id=f2,format=raw -device nvme-ns,drive=f2,bus=nvmef,nsid=2"
 T0=$SECONDS
 set +e
-PATH="$VENV/bin:$PATH" timeout 600 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
-  --qemu-opts="$q" --exec "bash $REPO_ROOT/tests/vm/stripe_guest.sh $OUT $REPO_ROOT/target/debug $MDADM_DIR" \
+PATH="$VENV/bin:$PATH" timeout 1200 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
+  --qemu-opts="$q" --exec "bash $REPO_ROOT/tests/vm/stripe_guest.sh run $OUT $REPO_ROOT/target/debug $MDADM_DIR $CACHE_BIN" \
   >"$WORK/console.log" 2>&1
 rc=$?
 set -e
+cat "$OUT/sanity.summary" 2>/dev/null || echo "csi-sanity stripe: no summary"
 cat "$OUT/scenarios.log" 2>/dev/null || tail -30 "$WORK/console.log"
 echo "stripe VM suite: rc=$rc, $((SECONDS - T0)) s wall (boot included); logs in $WORK"
 rm -f "$WORK"/*.img
