@@ -173,6 +173,18 @@ mod tests {
         );
     }
 
+    /// A comment may open the file and hold a `*`; only `/*` opens one, so a stray `*`
+    /// stays where the operator wrote it (and the JSON error points at it).
+    #[test]
+    fn comments_end_only_at_star_slash_and_open_only_at_slash_star() {
+        assert_eq!(strip_json_comments("/* head */{}").unwrap(), " {}");
+        assert_eq!(
+            strip_json_comments("{\"a\": 1 /* 2 * 3 */}").unwrap(),
+            "{\"a\": 1  }"
+        );
+        assert_eq!(strip_json_comments("[1 */ 2]").unwrap(), "[1 */ 2]");
+    }
+
     /// A comma and a bracket inside a string are text, not a trailing comma; a `//`
     /// comment may end the file without a newline.
     #[test]
