@@ -681,6 +681,24 @@ async fn stats_of_a_path_that_is_gone_is_not_found() {
     assert!(err.message().contains(&target), "{err:?}");
 }
 
+/// A repeated NodePublishVolume (the kubelet retries one whose answer it lost) finds
+/// the volume at its target and mounts nothing more.
+#[tokio::test]
+async fn a_repeated_publish_mounts_once() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-twice", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    h.stage("vol-twice", &v, w.clone()).await.unwrap();
+    let target = h.publish("vol-twice", &v, w.clone()).await;
+    let binds = h.host.count("bind");
+    assert_eq!(h.publish("vol-twice", &v, w).await, target);
+    assert_eq!(h.host.count("bind"), binds, "{:?}", h.host.calls());
+    assert_eq!(h.host.mounts_at(Path::new(&target)), 1);
+}
+
 /// A staging directory that holds files is refused (a mount there would hide them):
 /// FailedPrecondition naming the path, nothing mounted, the file left as it was.
 #[tokio::test]
