@@ -58,7 +58,18 @@ run() {
       args+=(--shard "1/$shards" --sharding round-robin)
     fi
   fi
-  GDS_CSI_NO_SKIP=1 cargo mutants "${args[@]}" -- "${tests[@]}"
+  # The test targets go to every cargo call, the build too: after `--` they would reach
+  # only `cargo test`, and each mutant's build would link every test binary of the package.
+  local i
+  for ((i = 0; i < ${#tests[@]}; i++)); do
+    if [ "${tests[i]}" = --test ]; then
+      args+=("--cargo-arg=--test=${tests[i + 1]}")
+      i=$((i + 1))
+    else
+      args+=("--cargo-arg=${tests[i]}")
+    fi
+  done
+  GDS_CSI_NO_SKIP=1 cargo mutants "${args[@]}"
   local status=$?
   # 0: all caught; 2: some missed; 3: timeouts. Anything else is a broken run.
   case $status in 0 | 2 | 3) ;; *) echo "$name: cargo mutants failed ($status)"; return 1 ;; esac

@@ -577,6 +577,152 @@ async fn unmounts_with_the_server_gone_force_then_detach_and_succeed() {
     assert!(!Path::new(&target).exists());
 }
 
+/// Stage and publish one NFS volume; its target and staging paths.
+async fn published(h: &Harness, name: &str) -> (String, String, String) {
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h.create(name, params(&[]), w.clone(), 0).await.unwrap();
+    h.stage(name, &v, w.clone()).await.unwrap();
+    let target = h.publish(name, &v, w).await;
+    let (staging, _) = h.paths(name);
+    (v.volume_id, target, staging)
+}
+
+async fn unpublish(h: &Harness, volume: &str, target: &str) -> Result<(), tonic::Status> {
+    let mut n = h.c.node.clone();
+    let call = n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: volume.to_owned(),
+        target_path: target.to_owned(),
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(30), call)
+        .await
+        .expect("unpublish must not hang")
+        .map(drop)
+}
+
+/// A plain unmount that ran into its own deadline (umount(8) killed at the host's
+/// command deadline) escalates like a hung one; once `umount -f` has taken the mount
+/// away, nothing is detached lazily.
+#[tokio::test]
+async fn an_unmount_that_timed_out_is_forced_and_no_more() {
+    let h = harness().await;
+    let (volume, target, _) = published(&h, "vol-slow").await;
+    *h.host.unmount_fails.lock().unwrap() = Some(|| {
+        gds_csi::error::CommandError::Timeout {
+            command: "umount".into(),
+            after: std::time::Duration::from_secs(1),
+        }
+        .into()
+    });
+    unpublish(&h, &volume, &target).await.unwrap();
+    assert_eq!(
+        h.host.calls_of("umount"),
+        vec![format!("umount {target}"), format!("umount -f {target}")]
+    );
+    assert_eq!(h.host.mounts_at(Path::new(&target)), 0);
+}
+
+/// A plain unmount refused for another reason (the mount point is busy) is the answer:
+/// nothing is forced, the mount stays.
+#[tokio::test]
+async fn a_busy_unmount_is_reported_not_forced() {
+    let h = harness().await;
+    let (volume, target, _) = published(&h, "vol-busy").await;
+    *h.host.unmount_fails.lock().unwrap() =
+        Some(|| gds_csi::error::Error::FailedPrecondition("umount: target is busy".into()));
+    let err = unpublish(&h, &volume, &target).await.unwrap_err();
+    assert!(err.message().contains("target is busy"), "{err:?}");
+    assert_eq!(h.host.calls_of("umount"), vec![format!("umount {target}")]);
+    assert_eq!(h.host.mounts_at(Path::new(&target)), 1);
+}
+
+/// `umount -f` that answers OK while the mount is still there (another one stacked
+/// below) is followed by the lazy detach, within the one call.
+#[tokio::test]
+async fn a_forced_unmount_that_leaves_the_mount_is_followed_by_a_detach() {
+    let h = harness().await;
+    let (volume, target, _) = published(&h, "vol-stuck").await;
+    h.host
+        .server_gone
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    h.host
+        .force_leaves_mount
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    unpublish(&h, &volume, &target).await.unwrap();
+    assert_eq!(
+        h.host.calls_of("umount"),
+        vec![
+            format!("umount {target}"),
+            format!("umount -f {target}"),
+            format!("umount -l {target}"),
+        ]
+    );
+    assert_eq!(h.host.mounts_at(Path::new(&target)), 0);
+}
+
+/// NodeGetVolumeStats where the volume's path does not exist (unpublished since):
+/// NotFound naming the path (csi-sanity's "volume does not exist on the specified
+/// path"), not an abnormal condition of a path that is not there.
+#[tokio::test]
+async fn stats_of_a_path_that_is_gone_is_not_found() {
+    let h = harness().await;
+    let (volume, target, _) = published(&h, "vol-where").await;
+    unpublish(&h, &volume, &target).await.unwrap();
+    assert!(!Path::new(&target).exists());
+    let mut n = h.c.node.clone();
+    let err = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: volume,
+            volume_path: target.clone(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains(&target), "{err:?}");
+}
+
+/// A repeated NodePublishVolume (the kubelet retries one whose answer it lost) finds
+/// the volume at its target and mounts nothing more.
+#[tokio::test]
+async fn a_repeated_publish_mounts_once() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-twice", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    h.stage("vol-twice", &v, w.clone()).await.unwrap();
+    let target = h.publish("vol-twice", &v, w.clone()).await;
+    let binds = h.host.count("bind");
+    assert_eq!(h.publish("vol-twice", &v, w).await, target);
+    assert_eq!(h.host.count("bind"), binds, "{:?}", h.host.calls());
+    assert_eq!(h.host.mounts_at(Path::new(&target)), 1);
+}
+
+/// A staging directory that holds files is refused (a mount there would hide them):
+/// FailedPrecondition naming the path, nothing mounted, the file left as it was.
+#[tokio::test]
+async fn a_staging_directory_with_files_in_it_is_refused() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let v = h
+        .create("vol-full", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    let (staging, _) = h.paths("vol-full");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(Path::new(&staging).join("keep"), b"operator data").unwrap();
+    let err = h.stage("vol-full", &v, w).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("is not empty"), "{err:?}");
+    assert!(err.message().contains(&staging), "{err:?}");
+    assert_eq!(h.host.mounts_at(Path::new(&staging)), 0);
+    assert_eq!(
+        std::fs::read(Path::new(&staging).join("keep")).unwrap(),
+        b"operator data"
+    );
+}
+
 /// The chart's per-node external-provisioners take an immediate-binding NFS claim only
 /// when GetCapacity says `request <= available` (external-provisioner v6.4.0,
 /// pkg/controller/controller.go:1736): NFS capacity is not enforced, so no request may

@@ -19,80 +19,10 @@ use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;
 
+use common::frozen::FrozenDevice;
 use common::{requests, Rig};
 
 const MIB: u64 = 1 << 20;
-
-/// A loop device whose writes block while `freeze(true)`: its backing file sits on an
-/// ext4 of its own (on another loop device).
-struct Freezable {
-    _dir: tempfile::TempDir,
-    outer: PathBuf,
-    mnt: PathBuf,
-    dev: PathBuf,
-}
-
-impl Freezable {
-    fn new(size: u64) -> Option<Freezable> {
-        if !common::is_root() {
-            return None;
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("gds-erase-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let img = dir.path().join("outer.img");
-        fs::File::create(&img)
-            .unwrap()
-            .set_len(size + 64 * MIB)
-            .unwrap();
-        common::run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]);
-        let outer = common::attach_loop(&img);
-        let mnt = dir.path().join("mnt");
-        fs::create_dir(&mnt).unwrap();
-        common::run("mount", &[outer.to_str().unwrap(), mnt.to_str().unwrap()]);
-        let inner = mnt.join("dev.img");
-        fs::File::create(&inner).unwrap().set_len(size).unwrap();
-        let dev = common::attach_loop(&inner);
-        Some(Freezable {
-            _dir: dir,
-            outer,
-            mnt,
-            dev,
-        })
-    }
-
-    fn freeze(&self, on: bool) {
-        let flag = if on { "-f" } else { "-u" };
-        common::run("fsfreeze", &[flag, self.mnt.to_str().unwrap()]);
-    }
-}
-
-impl Drop for Freezable {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("fsfreeze")
-            .args(["-u", self.mnt.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .status();
-        for p in kernel::list(&self.dev).unwrap_or_default() {
-            for _ in 0..100 {
-                if kernel::delete(&self.dev, p.number).is_ok() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        common::detach_loop(&self.dev);
-        for _ in 0..100 {
-            let umount = std::process::Command::new("umount").arg(&self.mnt).status();
-            if umount.is_ok_and(|s| s.success()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        common::detach_loop(&self.outer);
-    }
-}
 
 fn create_req(name: &str, bytes: u64) -> CreateVolumeRequest {
     CreateVolumeRequest {
@@ -156,7 +86,7 @@ async fn delete(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
-    let Some(f) = Freezable::new(768 * MIB) else {
+    let Some(f) = FrozenDevice::new(768 * MIB) else {
         return;
     };
     let mut rig = Rig::with_sizes(&[]).unwrap();

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::frozen::FrozenDevice;
 use gds_csi::block::layout::Layout;
 use gds_csi::block::partition::Partitioned;
 use gds_csi::os::{FsType, Host, RealHost};
@@ -245,88 +246,12 @@ async fn parallel_creates_on_one_device_never_overlap() {
     }
 }
 
-/// A pool device whose writes block in the kernel until thawed: a loop device over a file
-/// on a small ext4 of its own (itself on a loop device), frozen with `fsfreeze`. The loop
-/// driver's writes to the backing file wait for the thaw, as writes to a hung drive do.
-struct Freezable {
-    dir: tempfile::TempDir,
-    outer: PathBuf,
-    mnt: PathBuf,
-    dev: PathBuf,
-}
-
-impl Freezable {
-    fn new() -> Option<Freezable> {
-        if !common::is_root() {
-            return None;
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("gds-freeze-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let img = dir.path().join("outer.img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(96 * MIB)
-            .unwrap();
-        common::run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]);
-        let outer = common::attach_loop(&img);
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        common::run("mount", &[outer.to_str().unwrap(), mnt.to_str().unwrap()]);
-        let inner = mnt.join("dev.img");
-        std::fs::File::create(&inner)
-            .unwrap()
-            .set_len(64 * MIB)
-            .unwrap();
-        let dev = common::attach_loop(&inner);
-        Some(Freezable {
-            dir,
-            outer,
-            mnt,
-            dev,
-        })
-    }
-
-    fn freeze(&self, on: bool) {
-        let flag = if on { "-f" } else { "-u" };
-        common::run("fsfreeze", &[flag, self.mnt.to_str().unwrap()]);
-    }
-}
-
-impl Drop for Freezable {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("fsfreeze")
-            .args(["-u", self.mnt.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .status();
-        for p in kernel::list(&self.dev).unwrap_or_default() {
-            for _ in 0..50 {
-                if kernel::delete(&self.dev, p.number).is_ok() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        common::detach_loop(&self.dev);
-        // The inner device goes once a write that was blocked has returned: retry.
-        for _ in 0..50 {
-            let umount = std::process::Command::new("umount").arg(&self.mnt).status();
-            if umount.is_ok_and(|s| s.success()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        common::detach_loop(&self.outer);
-    }
-}
-
 /// A label write that blocks in the kernel answers Aborted at its deadline; the device is
 /// refused at once (nothing run) while that write is still blocked; once it returns, the
 /// retried create finishes the same volume, and the label holds no partition twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_write_blocked_in_the_kernel_answers_at_its_deadline() {
-    let Some(f) = Freezable::new() else {
+    let Some(f) = FrozenDevice::new(64 * MIB) else {
         return;
     };
     let host = host();

@@ -46,6 +46,11 @@ pub struct HostDouble {
     /// The NFS server is gone: a plain unmount of an NFS mount hangs, `umount -f` fails
     /// (busy), `umount -l` detaches, statvfs blocks until it is back.
     pub server_gone: AtomicBool,
+    /// What a plain unmount answers instead of unmounting (a busy mount point, a
+    /// `umount` that ran into its own deadline); `None`: it unmounts.
+    pub unmount_fails: Mutex<Option<fn() -> Error>>,
+    /// `umount -f` answers OK but the mount stays (a mount stacked below).
+    pub force_leaves_mount: AtomicBool,
 }
 
 fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
@@ -300,6 +305,9 @@ impl Host for HostDouble {
         if self.server_gone.load(Ordering::SeqCst) && self.is_nfs_at(target) {
             std::future::pending::<()>().await;
         }
+        if let Some(fails) = *self.unmount_fails.lock().unwrap() {
+            return Err(fails());
+        }
         self.remove_top(target);
         Ok(())
     }
@@ -309,6 +317,9 @@ impl Host for HostDouble {
             ForceUnmount::Lazy => "-l",
         };
         self.record(format!("umount {flag} {}", target.display()));
+        if how == ForceUnmount::Force && self.force_leaves_mount.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         if how == ForceUnmount::Force && self.server_gone.load(Ordering::SeqCst) {
             return Err(Error::FailedPrecondition(
                 "umount.nfs4: device is busy".into(),

@@ -5,6 +5,7 @@
 //! Also the in-process server the gRPC tests over host doubles share.
 #![allow(dead_code)]
 
+pub mod frozen;
 pub mod gds_fixture;
 pub mod host_double;
 pub mod requests;

@@ -157,4 +157,44 @@ mod tests {
         assert!(strip_json_comments("{ /* open").is_err());
         assert!(strip_json_comments("{ \"open").is_err());
     }
+
+    /// An error names the line its string or comment opened on, counting the newlines
+    /// of code, strings and comments alike.
+    #[test]
+    fn errors_name_the_line_it_opened_on() {
+        let line = |t: &str| match strip_json_comments(t) {
+            Err(ParseError::Malformed { line, .. }) => line,
+            other => panic!("{t:?}: {other:?}"),
+        };
+        assert_eq!(line("{\n\n  \"a\": 1, /* open"), 3);
+        assert_eq!(
+            line("{\n \"a\": \"x\ny\", /* two\nlines */\n \"b\": \"open"),
+            5
+        );
+    }
+
+    /// A comment may open the file and hold a `*`; only `/*` opens one, so a stray `*`
+    /// stays where the operator wrote it (and the JSON error points at it).
+    #[test]
+    fn comments_end_only_at_star_slash_and_open_only_at_slash_star() {
+        assert_eq!(strip_json_comments("/* head */{}").unwrap(), " {}");
+        assert_eq!(
+            strip_json_comments("{\"a\": 1 /* 2 * 3 */}").unwrap(),
+            "{\"a\": 1  }"
+        );
+        assert_eq!(strip_json_comments("[1 */ 2]").unwrap(), "[1 */ 2]");
+    }
+
+    /// A comma and a bracket inside a string are text, not a trailing comma; a `//`
+    /// comment may end the file without a newline.
+    #[test]
+    fn commas_in_strings_stay_and_a_comment_may_end_the_file() {
+        let v =
+            |t: &str| -> Value { serde_json::from_str(&strip_json_comments(t).unwrap()).unwrap() };
+        let got = v(r#"{"a": "x,}", "b": "q\",]", "c": [1,],}"#);
+        assert_eq!(got["a"], "x,}");
+        assert_eq!(got["b"], "q\",]");
+        assert_eq!(got["c"], serde_json::json!([1]));
+        assert_eq!(v("{\"a\": 1} // the end")["a"], 1);
+    }
 }

@@ -120,4 +120,16 @@ mod tests {
         assert_eq!(unescape_mount_path("/mnt/a\\040b"), "/mnt/a b");
         assert_eq!(unescape_mount_path("/mnt/\\04"), "/mnt/\\04");
     }
+
+    /// Every octal digit counts with its weight (`\134` = 1*64 + 3*8 + 4, a backslash;
+    /// `\011` a tab): a `\040` alone has zeros where a wrong weight or sign hides.
+    #[test]
+    fn unescape_weighs_every_octal_digit() {
+        assert_eq!(unescape_mount_path("/mnt/a\\134b"), "/mnt/a\\b");
+        assert_eq!(unescape_mount_path("/mnt/a\\011b"), "/mnt/a\tb");
+        // Octal digits without a backslash, past a byte, or not octal: kept as written.
+        assert_eq!(unescape_mount_path("/mnt/a040"), "/mnt/a040");
+        assert_eq!(unescape_mount_path("/mnt/\\400"), "/mnt/\\400");
+        assert_eq!(unescape_mount_path("/mnt/\\048"), "/mnt/\\048");
+    }
 }
