@@ -249,7 +249,8 @@ check "the kubelet registered $NODE and it is Ready" wait_for 120 node_ready
 
 # --- the driver: the chart's DaemonSet, or the same parts as host processes ----------------
 MiB=$((1024 * 1024))
-DEVICES=("$(make_loop "$WORK/dev1.img" $((64 * MiB)))" "$(make_loop "$WORK/dev2.img" $((64 * MiB)))")
+# Sparse; 512 MiB each leaves room for the xfs claim of the expansion check (mkfs.xfs wants 300 MiB).
+DEVICES=("$(make_loop "$WORK/dev1.img" $((512 * MiB)))" "$(make_loop "$WORK/dev2.img" $((512 * MiB)))")
 SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
 if [ "$DEPLOY" = chart ]; then
   # The chart mounts the host's udev database read-only; this machine runs no udev.
@@ -394,7 +395,7 @@ if [ "$DEPLOY" = chart ]; then
   }
   check "the driver container sees the registrar's socket at its --registration-socket path" reg_socket_seen
 fi
-check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
+check "CSIStorageCapacity shows the node's pool (1024 MiB)" wait_for 60 has_capacity "$NODE" 1024
 # What the carving class (nvme-gds, layout partition) offers on blank devices: the same
 # figure must come back once its claims are deleted (a GPT label stays, its space is free).
 part_published() { [ "$(capacity_of "$NODE" nvme-gds)" -gt 0 ]; }
@@ -607,10 +608,20 @@ write_kubeconfig "$WORK/resizer.kubeconfig" "$("$KUBECTL" -n "$NS" create token 
   >"$WORK/other-resizer.log" 2>&1 &
 OTHER_RESIZER_PID=$!
 PIDS+=("$OTHER_RESIZER_PID")
+# xfs: this machine withholds CAP_SYS_RESOURCE from every process (CapBnd lacks bit 24), and
+# the kernel grows a mounted ext4 only with it (fs/ext4/resize.c ext4_resize_begin), so here
+# only xfs can grow online (xfs_growfs needs CAP_SYS_ADMIN, which the node pod has); the
+# driver's refusal for ext4 is checked by tests/expand_root.rs.
+"$KUBECTL" get storageclass nvme-gds-preferred -o json | python3 -c '
+import json, sys
+sc = json.load(sys.stdin)
+sc["metadata"] = {"name": "nvme-gds-xfs"}
+sc["parameters"]["csi.storage.k8s.io/fstype"] = "xfs"
+print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
 GROW_TOKEN=$(random_token)
-pvc grow nvme-gds-preferred 16Mi
+pvc grow nvme-gds-xfs 320Mi
 pod grower grow "echo $GROW_TOKEN > /data/token && sync && cat /data/token && exec sleep 3600"
-check "a pod writes to a 16Mi claim of the carving class (layout: partition)" wait_for 120 logs_are grower "$GROW_TOKEN"
+check "a pod writes to a 320Mi xfs claim of the carving class (layout: partition)" wait_for 120 logs_are grower "$GROW_TOKEN"
 grow_pv=$("$KUBECTL" get pvc grow -o jsonpath='{.spec.volumeName}')
 # The pod's view of its filesystem: 1K-blocks of /data.
 df_kib() { "$KUBECTL" exec grower -- df -k /data | awk 'NR == 2 {print $2}'; }
@@ -621,28 +632,28 @@ df_before=$(df_kib)
 uuid_before=$(partuuid)
 echo "     before: $grow_dev $(blockdev --getsize64 "$grow_dev") bytes, df ${df_before} KiB"
 grow_start=$SECONDS
-"$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"40Mi"}}}}' >/dev/null
+"$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}' >/dev/null
 pvc_json() { "$KUBECTL" get pvc grow -o json; }
-# Done: status capacity 40Mi (the kubelet's write after NodeExpandVolume), no resize status
+# Done: status capacity 400Mi (the kubelet's write after NodeExpandVolume), no resize status
 # or resize condition left (the resizer's FileSystemResizePending, NodeResizePending).
 grown() {
   pvc_json | python3 -c '
 import json, sys
 st = json.load(sys.stdin)["status"]
-assert st["capacity"]["storage"] == "40Mi", st
+assert st["capacity"]["storage"] == "400Mi", st
 assert "storage" not in (st.get("allocatedResourceStatuses") or {}), st
 assert not [c for c in st.get("conditions") or [] if c["type"] in ("Resizing", "FileSystemResizePending", "ControllerResizeError", "NodeResizeError")], st'
 }
-check "the claim grows to 40Mi online: status capacity 40Mi, no resize status or condition left" wait_for 180 grown
+check "the claim grows to 400Mi online: status capacity 400Mi, no resize status or condition left" wait_for 180 grown
 echo "     grown in $((SECONDS - grow_start)) s (the kubelet looks again at each pod sync, every 10 s here)"
-check "the PV's capacity is 40Mi (what ControllerExpandVolume answered)" \
-  [ "$("$KUBECTL" get pv "$grow_pv" -o jsonpath='{.spec.capacity.storage}')" = 40Mi ]
-grown_in_place() { [ "$(blockdev --getsize64 "$grow_dev")" -eq $((40 * MiB)) ] && [ "$(partuuid)" = "$uuid_before" ]; }
-check "the partition grew in place to 40 MiB (same device $grow_dev, same PARTUUID)" grown_in_place
+check "the PV's capacity is 400Mi (what ControllerExpandVolume answered)" \
+  [ "$("$KUBECTL" get pv "$grow_pv" -o jsonpath='{.spec.capacity.storage}')" = 400Mi ]
+grown_in_place() { [ "$(blockdev --getsize64 "$grow_dev")" -eq $((400 * MiB)) ] && [ "$(partuuid)" = "$uuid_before" ]; }
+check "the partition grew in place to 400 MiB (same device $grow_dev, same PARTUUID)" grown_in_place
 df_after=$(df_kib)
 echo "     after: df ${df_after} KiB"
-check "df in the pod grows by more than 20 MiB (${df_before} -> ${df_after} KiB)" \
-  [ "${df_after:-0}" -gt $((${df_before:-0} + 20 * 1024)) ]
+check "df in the pod grows by more than 64 MiB (${df_before} -> ${df_after} KiB)" \
+  [ "${df_after:-0}" -gt $((${df_before:-0} + 64 * 1024)) ]
 check "the file written before the grow reads back after it" \
   [ "$("$KUBECTL" exec grower -- cat /data/token)" = "$GROW_TOKEN" ]
 check "ControllerExpandVolume and NodeExpandVolume succeeded in this node's driver" \
