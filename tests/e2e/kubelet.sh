@@ -322,6 +322,8 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev, cufile.json), not libcufile (in the image)" \
     pod_pieces_named
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
+  # The node pod's resizer (the stand-in at /csi-resizer in its image), as the host sees it.
+  owner_resizer() { pgrep -f '^/csi-resizer ' | head -1; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
       -o jsonpath='{.status.containerStatuses[?(@.name=="gds-csi")].restartCount}')" -ge 1 ] &&
@@ -352,7 +354,9 @@ else
   start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
   PROVISIONER_PID=$!
   "$CACHE_BIN/gds-csi-resizer" --csi-address "$SOCKET" --kubeconfig "$WORK/sa.kubeconfig" >"$WORK/resizer.log" 2>&1 &
-  PIDS+=($!)
+  OWNER_RESIZER=$!
+  PIDS+=("$OWNER_RESIZER")
+  owner_resizer() { echo "$OWNER_RESIZER"; }
   driver_log() { cat "$WORK/driver.log"; }
   restart_plugin() {
     kill -KILL "$PLUGIN_PID"
@@ -631,9 +635,31 @@ partuuid() { blkid -p -s PART_ENTRY_UUID -o value "$grow_dev"; }
 df_before=$(df_kib)
 uuid_before=$(partuuid)
 echo "     before: $grow_dev $(blockdev --getsize64 "$grow_dev") bytes, df ${df_before} KiB"
-grow_start=$SECONDS
-"$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}' >/dev/null
+# The owning node's resizer is held (SIGSTOP) until the other node's resizer has asked its
+# driver: the race between them is then decided, and what the other's answer leaves is seen.
+owner_pid=$(owner_resizer)
 pvc_json() { "$KUBECTL" get pvc grow -o json; }
+kill -STOP "$owner_pid"
+"$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}' >/dev/null
+other_asked() { grep '"call failed"' "$WORK/other-driver.log" | grep -q '"ControllerExpandVolume"'; }
+check "with this node's resizer held, the other node's resizer asks its driver (ControllerExpandVolume refused)" \
+  wait_for 30 other_asked
+# What the refusal left: the claim as the other resizer marked it before asking
+# (ControllerResizeInProgress), no error condition, the PV and the partition unchanged.
+left_alone() {
+  pvc_json | python3 -c '
+import json, sys
+st = json.load(sys.stdin)["status"]
+assert st["capacity"]["storage"] == "320Mi", st
+assert st.get("allocatedResourceStatuses", {}).get("storage") == "ControllerResizeInProgress", st
+assert not [c for c in st.get("conditions") or [] if c["type"] in ("ControllerResizeError", "NodeResizeError")], st' &&
+    [ "$("$KUBECTL" get pv "$grow_pv" -o jsonpath='{.spec.capacity.storage}')" = 320Mi ] &&
+    [ "$(blockdev --getsize64 "$grow_dev")" -eq $((320 * MiB)) ]
+}
+check "the other node's answer leaves the claim alone: no error condition, PV and partition still 320 MiB" left_alone
+events_of grow | grep VolumeResizeFailed | head -1 | cut -c1-300 | sed 's/^/     /'
+kill -CONT "$owner_pid"
+grow_start=$SECONDS
 # Done: status capacity 400Mi (the kubelet's write after NodeExpandVolume), no resize status
 # or resize condition left (the resizer's FileSystemResizePending, NodeResizePending).
 grown() {
@@ -666,8 +692,7 @@ resize_events() {
 }
 check "the claim's events: Resizing and FileSystemResizeRequired (resizer), FileSystemResizeSuccessful (kubelet)" \
   wait_for 30 resize_events
-# The other node's driver: whatever its resizer asked (it may find the claim done first), it
-# grew nothing and answered only Aborted, naming the owner.
+# The other node's driver grew nothing and answered only Aborted, naming the owner.
 other_answers() {
   python3 - "$WORK/other-driver.log" "$NODE" <<'PY'
 import sys
@@ -679,9 +704,9 @@ assert all("Aborted" in l and sys.argv[2] in l for l in refused), refused
 print(len(refused))
 PY
 }
-other_refused=$(other_answers) || other_refused=
-check "the other node's driver expanded nothing and answered only Aborted naming $NODE (asked ${other_refused:-?} times)" \
-  [ -n "$other_refused" ]
+other_refused=$(other_answers) || other_refused=0
+check "the other node's driver expanded nothing and answered only Aborted naming $NODE (asked ${other_refused} times)" \
+  [ "$other_refused" -ge 1 ]
 kill "$OTHER_RESIZER_PID" "$OTHER_DRIVER_PID"
 "$KUBECTL" delete pod grower --wait=false >/dev/null
 check "the grower pod is deleted" wait_for 90 pod_gone grower
