@@ -73,6 +73,18 @@ render --set storageClasses.nvme.fsType=xfs --set node.nvmeDiscover=true \
   && pass "helm template (xfs, discovery, pool devices, no cufile, k0s kubelet dir)" \
   || fail "helm template (xfs, discovery, pool devices, no cufile)" "$(cat "$tmp/err")"
 
+# sidecars.resizer.enabled=false drops the resizer container and its RBAC, nothing else.
+if render --set sidecars.resizer.enabled=false >"$tmp/noresizer.yaml" 2>"$tmp/err"; then
+  if ! grep -qE 'csi-resizer|name: [a-z0-9-]*external-resizer' "$tmp/noresizer.yaml" && grep -q 'name: csi-resizer' "$tmp/default.yaml" \
+    && [ "$(grep -c 'name: csi-provisioner' "$tmp/noresizer.yaml")" = "$(grep -c 'name: csi-provisioner' "$tmp/default.yaml")" ]; then
+    pass "sidecars.resizer.enabled=false: no resizer container, no resizer RBAC"
+  else
+    fail "sidecars.resizer.enabled=false" "$(grep -n 'resizer' "$tmp/noresizer.yaml")"
+  fi
+else
+  fail "helm template (resizer disabled)" "$(cat "$tmp/err")"
+fi
+
 # The node plugin's state dir is unique per driver name: two releases must never share
 # one (the driver refuses a state dir another process holds). The default driver name
 # keeps /var/lib/gds-csi, so an upgrade finds its state; an explicit stateDir wins.
@@ -282,6 +294,20 @@ check("patch" in rres_.get("persistentvolumes", set()) and "patch" in rres_.get(
 check("secrets" not in rres_, "resizer: no secrets access")
 rcrb = one(d, "ClusterRoleBinding", "gds-csi-external-resizer")
 check([s_["name"] for s_ in rcrb.get("subjects", [])] == ["gds-csi-node"], "resizer binding: the node account only")
+check("leases" not in rres_, "resizer: no leases (no leader election)")
+# Why per node (deploy/README.md, "Volume expansion"): each resizer reaches only the driver
+# in its own pod, which grows its own node's volumes and answers Aborted for the others;
+# a central resizer would ask a driver that holds no volume's partition.
+for docs, label in ((d, "defaults"), (n, "nfs enabled")):
+    for w in [x for x in docs if x["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]:
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if "csi-resizer" not in c["image"]:
+                continue
+            where = f"{label}: {w['metadata']['name']}/{c['name']}"
+            check(w["kind"] == "DaemonSet", f"{where}: a resizer outside the node DaemonSet")
+            check({"name": "socket-dir", "mountPath": "/csi"} in c.get("volumeMounts", []),
+                  f"{where}: the resizer must share the node driver's socket dir")
+            check("--leader-election=false" in c["args"], f"{where}: a per-node resizer without leader election")
 
 # StorageClasses, defaults
 scs = {s["metadata"]["name"]: s for s in d if s["kind"] == "StorageClass"}

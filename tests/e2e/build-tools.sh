@@ -46,6 +46,15 @@ if ! stamp_ok kubelet "$NODE_STAMP" || ! stamp_ok kube-proxy "$NODE_STAMP"; then
   timed build
   for b in kubelet kube-proxy; do stamp "$b" "$NODE_STAMP"; done
 fi
+# The stand-in for external-resizer (the module proxy refuses it too), stamped on its own
+# so that adding it did not change the kubelet's stamp; static, so its image needs no base.
+RESIZER_STAMP="$K8S_VERSION-static-$(sha256sum <"$HERE/tools/k8s/resizer/main.go" | cut -c1-12)"
+if ! stamp_ok gds-csi-resizer "$RESIZER_STAMP"; then
+  echo "building the resizer helper"
+  build() { (cd "$HERE/tools/k8s" && CGO_ENABLED=0 go build -o "$BIN/gds-csi-resizer" ./resizer); }
+  timed build
+  stamp gds-csi-resizer "$RESIZER_STAMP"
+fi
 if ! stamp_ok etcd "$ETCD_VERSION"; then
   echo "building etcd $ETCD_VERSION"
   build() { (cd "$HERE/tools/etcd" && go build -o "$BIN/etcd" go.etcd.io/etcd/server/v3); }

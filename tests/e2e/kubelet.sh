@@ -9,8 +9,8 @@
 #
 # usage: kubelet.sh [chart|processes]
 #   chart (default)  `helm install` of deploy/helm/gds-csi: the node DaemonSet runs the
-#                    driver, the external-provisioner, the registrar and the liveness
-#                    probe as pods, with the chart's privileges, mounts and probes.
+#                    driver, the external-provisioner, the resizer, the registrar and the
+#                    liveness probe as pods, with the chart's privileges, mounts and probes.
 #   processes        the same parts as host processes, for debugging the driver alone.
 #
 # Scenario: a class with gdsPolicy=required is refused on this GPU-less node with an
@@ -18,6 +18,9 @@
 # survives a SIGKILL of the driver, is deleted (unpublish + unstage); (chart) the chart is
 # uninstalled and installed again with the claim bound; a second pod on the same node
 # reads the file back from the same filesystem; deleting the claim returns the device.
+# Expansion: a carved claim grows while a pod uses it (the resizer's ControllerExpandVolume
+# grows the partition, the kubelet's NodeExpandVolume the mounted ext4), with a second
+# driver and resizer on another node id beside it, as every other node of a cluster runs.
 set -euo pipefail
 DEPLOY=${1:-chart}
 case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2; exit 2 ;; esac
@@ -32,7 +35,7 @@ need_root
 install_host_tools
 install_container_runtime
 e2e_tools etcd kube-apiserver kube-controller-manager kube-scheduler kubectl csi-provisioner \
-  kubelet kube-proxy gds-csi-registrar gds-csi-livenessprobe
+  kubelet kube-proxy gds-csi-registrar gds-csi-livenessprobe gds-csi-resizer
 if [ "$DEPLOY" = chart ]; then
   install_helm
   RUNTIME_BASE=$(bash "$E2E_DIR/images/runtime-base.sh")
@@ -109,7 +112,8 @@ dump_logs() {
   "$KUBECTL" get pods -A -o wide 2>/dev/null
   "$KUBECTL" get events -A 2>/dev/null | tail -20
   local f
-  for f in kubelet.log containerd.log kube-proxy.log driver.log registrar.log provisioner.log; do
+  for f in kubelet.log containerd.log kube-proxy.log driver.log registrar.log provisioner.log resizer.log \
+    other-driver.log other-resizer.log; do
     [ -e "$WORK/$f" ] && { echo "--- $f"; tail -25 "$WORK/$f"; }
   done
   for f in "$WORK"/pod-logs/"${NS}"_*/*/*.log; do
@@ -124,24 +128,27 @@ build_image() { python3 "$E2E_DIR/images/build-image.py" "$@"; }
 mkdir -p "$WORK/images/pause" "$WORK/images/busybox/bin"
 gcc -static -O2 -o "$WORK/images/pause/pause" "$E2E_DIR/images/pause.c"
 cp "$(command -v busybox)" "$WORK/images/busybox/bin/busybox"
-for applet in sh cat echo grep sync sleep; do ln -s busybox "$WORK/images/busybox/bin/$applet"; done
+for applet in sh cat echo grep sync sleep df; do ln -s busybox "$WORK/images/busybox/bin/$applet"; done
 build_image "$PAUSE_IMAGE" "$WORK/images/pause.tar" --layer "$WORK/images/pause" /pause
 build_image "$APP_IMAGE" "$WORK/images/busybox.tar" --layer "$WORK/images/busybox" /bin/sh
 if [ "$DEPLOY" = chart ]; then
   # The driver as the Dockerfile's runtime stage holds it, and each sidecar binary at the
   # path its upstream image uses (the chart's registrar probe runs /csi-node-driver-registrar).
   mkdir -p "$WORK/images/driver/usr/local/bin" "$WORK/images/provisioner" "$WORK/images/registrar" \
-    "$WORK/images/livenessprobe"
+    "$WORK/images/livenessprobe" "$WORK/images/resizer"
   cp "$GDS_CSI" "$WORK/images/driver/usr/local/bin/gds-csi"
   cp "$CACHE_BIN/csi-provisioner" "$WORK/images/provisioner/csi-provisioner"
   cp "$CACHE_BIN/gds-csi-registrar" "$WORK/images/registrar/csi-node-driver-registrar"
   cp "$CACHE_BIN/gds-csi-livenessprobe" "$WORK/images/livenessprobe/livenessprobe"
+  cp "$CACHE_BIN/gds-csi-resizer" "$WORK/images/resizer/csi-resizer"
   build_image "$IMAGES/gds-csi:e2e" "$WORK/images/gds-csi.tar" --layer "$RUNTIME_BASE" \
     --layer "$WORK/images/driver" --entrypoint /usr/local/bin/gds-csi serve
   for part in provisioner:csi-provisioner registrar:csi-node-driver-registrar livenessprobe:livenessprobe; do
     build_image "$IMAGES/${part%%:*}:e2e" "$WORK/images/${part%%:*}.tar" --layer "$RUNTIME_BASE" \
       --layer "$WORK/images/${part%%:*}" --entrypoint "/${part##*:}"
   done
+  # The resizer stand-in is a static binary (build-tools.sh): its image needs no base.
+  build_image "$IMAGES/resizer:e2e" "$WORK/images/resizer.tar" --layer "$WORK/images/resizer" --entrypoint /csi-resizer
 fi
 
 # --- containerd with its own root, state, socket and CNI config -------------------------
@@ -172,8 +179,14 @@ JSON
 containerd --config "$WORK/containerd/config.toml" >"$WORK/containerd.log" 2>&1 &
 CONTAINERD_PID=$!
 wait_for 30 "${CTR[@]}" version || { tail -20 "$WORK/containerd.log"; exit 1; }
-for image in "$WORK"/images/*.tar; do "${CTR[@]}" images import "$image" >/dev/null; done
-echo "containerd up with $(ls "$WORK"/images/*.tar | wc -l) local images in $((SECONDS - start)) s"
+# Each tar goes once imported: the images share the runtime base, which containerd keeps once.
+n_images=0
+for image in "$WORK"/images/*.tar; do
+  "${CTR[@]}" images import "$image" >/dev/null
+  rm "$image"
+  n_images=$((n_images + 1))
+done
+echo "containerd up with $n_images local images in $((SECONDS - start)) s"
 
 # --- control plane, with the kubelet's and kube-proxy's identities ------------------------
 ip addr replace "$NODE_IP/32" dev lo
@@ -222,6 +235,10 @@ authorization: {mode: AlwaysAllow}
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# A running pod's volumes are looked at again (online expansion: NodeExpandVolume) when the
+# pod syncs (pkg/kubelet/volumemanager/populator/desired_state_of_world_populator.go:276-285,
+# ReprocessPod); every 10 s instead of the default minute keeps the expansion check short.
+syncFrequency: 10s
 YAML
 "$CACHE_BIN/kubelet" --config "$WORK/kubelet.yaml" --kubeconfig "$WORK/kubelet.kubeconfig" \
   --root-dir "$KUBELET_DIR" --hostname-override "$NODE" --node-ip "$NODE_IP" \
@@ -232,7 +249,8 @@ check "the kubelet registered $NODE and it is Ready" wait_for 120 node_ready
 
 # --- the driver: the chart's DaemonSet, or the same parts as host processes ----------------
 MiB=$((1024 * 1024))
-DEVICES=("$(make_loop "$WORK/dev1.img" $((64 * MiB)))" "$(make_loop "$WORK/dev2.img" $((64 * MiB)))")
+# Sparse; 512 MiB each leaves room for the xfs claim of the expansion check (mkfs.xfs wants 300 MiB).
+DEVICES=("$(make_loop "$WORK/dev1.img" $((512 * MiB)))" "$(make_loop "$WORK/dev2.img" $((512 * MiB)))")
 SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
 if [ "$DEPLOY" = chart ]; then
   # The chart mounts the host's udev database read-only; this machine runs no udev.
@@ -245,13 +263,10 @@ if [ "$DEPLOY" = chart ]; then
     # TEST-NET address: this kernel has no NFS client, so an NFS CreateVolume can only
     # get as far as the mount, which is what shows where the claim went.
     --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds
-    --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s
-    # No csi-resizer image: the module proxy refuses github.com/kubernetes-csi/external-resizer
-    # at every version (403), no registry is reachable, and there is no stand-in yet.
-    # Expansion is covered by tests/expand_root.rs and csi-sanity; tests/helm.sh checks the
-    # resizer's wiring in the chart.
-    --set sidecars.resizer.enabled=false)
-  for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe; do
+    --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s)
+  # The resizer's image holds the stand-in (tests/e2e/tools/k8s/resizer): the module proxy
+  # refuses github.com/kubernetes-csi/external-resizer at every version (403).
+  for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe resizer:resizer; do
     helm_set+=(--set "sidecars.${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"
       --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
   done
@@ -307,6 +322,8 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev, cufile.json), not libcufile (in the image)" \
     pod_pieces_named
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
+  # The node pod's resizer (the stand-in at /csi-resizer in its image), as the host sees it.
+  owner_resizer() { pgrep -f '^/csi-resizer ' | head -1; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
       -o jsonpath='{.status.containerStatuses[?(@.name=="gds-csi")].restartCount}')" -ge 1 ] &&
@@ -336,6 +353,10 @@ else
   PIDS+=($!)
   start_provisioner "$NODE" "$SOCKET" "$WORK/provisioner.log"
   PROVISIONER_PID=$!
+  "$CACHE_BIN/gds-csi-resizer" --csi-address "$SOCKET" --kubeconfig "$WORK/sa.kubeconfig" >"$WORK/resizer.log" 2>&1 &
+  OWNER_RESIZER=$!
+  PIDS+=("$OWNER_RESIZER")
+  owner_resizer() { echo "$OWNER_RESIZER"; }
   driver_log() { cat "$WORK/driver.log"; }
   restart_plugin() {
     kill -KILL "$PLUGIN_PID"
@@ -378,7 +399,7 @@ if [ "$DEPLOY" = chart ]; then
   }
   check "the driver container sees the registrar's socket at its --registration-socket path" reg_socket_seen
 fi
-check "CSIStorageCapacity shows the node's pool (128 MiB)" wait_for 60 has_capacity "$NODE" 128
+check "CSIStorageCapacity shows the node's pool (1024 MiB)" wait_for 60 has_capacity "$NODE" 1024
 # What the carving class (nvme-gds, layout partition) offers on blank devices: the same
 # figure must come back once its claims are deleted (a GPT label stays, its space is free).
 part_published() { [ "$(capacity_of "$NODE" nvme-gds)" -gt 0 ]; }
@@ -571,6 +592,127 @@ pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the claim" wait_for 60 pv_gone
 check "no mounts left under the kubelet directory" wait_for 30 unstaged
 check "the carving class's capacity is back to ${part_capacity} MiB" wait_for 60 has_capacity "$NODE" "$part_capacity" nvme-gds
+
+# --- expansion (issue 13): a carved claim grows while a pod uses it -----------------------
+# The resizer is the stand-in for external-resizer (tests/e2e/tools/k8s/resizer): the chart's
+# csi-resizer sidecar, or a process beside the driver. Beside them, what every other node of
+# a cluster runs: a driver of the same name on another node id (no devices) with its own
+# resizer, which sees the same claim; asked about this node's volume, that driver must
+# answer Aborted (the one code that leaves the claim's status alone: deploy/README.md).
+OTHER=$WORK/other-node
+mkdir -p "$OTHER"
+"$GDS_CSI" serve --mode all --node-id other-node --driver-name "$DRIVER" --endpoint "unix://$OTHER/csi.sock" \
+  --state-dir "$OTHER/state" --allowed-path-root "$OTHER" --log-format json 2>"$WORK/other-driver.log" &
+OTHER_DRIVER_PID=$!
+PIDS+=("$OTHER_DRIVER_PID")
+wait_for_socket "$OTHER/csi.sock"
+# A fresh token: a reinstall of the chart (above) made the node ServiceAccount anew.
+write_kubeconfig "$WORK/resizer.kubeconfig" "$("$KUBECTL" -n "$NS" create token gds-csi-node --duration 2h)"
+"$CACHE_BIN/gds-csi-resizer" --csi-address "$OTHER/csi.sock" --kubeconfig "$WORK/resizer.kubeconfig" \
+  >"$WORK/other-resizer.log" 2>&1 &
+OTHER_RESIZER_PID=$!
+PIDS+=("$OTHER_RESIZER_PID")
+# xfs: this machine withholds CAP_SYS_RESOURCE from every process (CapBnd lacks bit 24), and
+# the kernel grows a mounted ext4 only with it (fs/ext4/resize.c ext4_resize_begin), so here
+# only xfs can grow online (xfs_growfs needs CAP_SYS_ADMIN, which the node pod has); the
+# driver's refusal for ext4 is checked by tests/expand_root.rs.
+"$KUBECTL" get storageclass nvme-gds-preferred -o json | python3 -c '
+import json, sys
+sc = json.load(sys.stdin)
+sc["metadata"] = {"name": "nvme-gds-xfs"}
+sc["parameters"]["csi.storage.k8s.io/fstype"] = "xfs"
+print(json.dumps(sc))' | "$KUBECTL" apply -f - >/dev/null
+GROW_TOKEN=$(random_token)
+pvc grow nvme-gds-xfs 320Mi
+pod grower grow "echo $GROW_TOKEN > /data/token && sync && cat /data/token && exec sleep 3600"
+check "a pod writes to a 320Mi xfs claim of the carving class (layout: partition)" wait_for 120 logs_are grower "$GROW_TOKEN"
+grow_pv=$("$KUBECTL" get pvc grow -o jsonpath='{.spec.volumeName}')
+# The pod's view of its filesystem: 1K-blocks of /data.
+df_kib() { "$KUBECTL" exec grower -- df -k /data | awk 'NR == 2 {print $2}'; }
+# The partition under the staged filesystem (the only staged volume now), and its PARTUUID.
+grow_dev=$(awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1 {print $(NF - 1); exit}' /proc/self/mountinfo)
+partuuid() { blkid -p -s PART_ENTRY_UUID -o value "$grow_dev"; }
+df_before=$(df_kib)
+uuid_before=$(partuuid)
+echo "     before: $grow_dev $(blockdev --getsize64 "$grow_dev") bytes, df ${df_before} KiB"
+# The owning node's resizer is held (SIGSTOP) until the other node's resizer has asked its
+# driver: the race between them is then decided, and what the other's answer leaves is seen.
+owner_pid=$(owner_resizer)
+pvc_json() { "$KUBECTL" get pvc grow -o json; }
+kill -STOP "$owner_pid"
+"$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}' >/dev/null
+other_asked() { grep '"call failed"' "$WORK/other-driver.log" | grep -q '"ControllerExpandVolume"'; }
+check "with this node's resizer held, the other node's resizer asks its driver (ControllerExpandVolume refused)" \
+  wait_for 30 other_asked
+# What the refusal left: the claim as the other resizer marked it before asking
+# (ControllerResizeInProgress), no error condition, the PV and the partition unchanged.
+left_alone() {
+  pvc_json | python3 -c '
+import json, sys
+st = json.load(sys.stdin)["status"]
+assert st["capacity"]["storage"] == "320Mi", st
+assert st.get("allocatedResourceStatuses", {}).get("storage") == "ControllerResizeInProgress", st
+assert not [c for c in st.get("conditions") or [] if c["type"] in ("ControllerResizeError", "NodeResizeError")], st' &&
+    [ "$("$KUBECTL" get pv "$grow_pv" -o jsonpath='{.spec.capacity.storage}')" = 320Mi ] &&
+    [ "$(blockdev --getsize64 "$grow_dev")" -eq $((320 * MiB)) ]
+}
+check "the other node's answer leaves the claim alone: no error condition, PV and partition still 320 MiB" left_alone
+events_of grow | grep VolumeResizeFailed | head -1 | cut -c1-300 | sed 's/^/     /'
+kill -CONT "$owner_pid"
+grow_start=$SECONDS
+# Done: status capacity 400Mi (the kubelet's write after NodeExpandVolume), no resize status
+# or resize condition left (the resizer's FileSystemResizePending, NodeResizePending).
+grown() {
+  pvc_json | python3 -c '
+import json, sys
+st = json.load(sys.stdin)["status"]
+assert st["capacity"]["storage"] == "400Mi", st
+assert "storage" not in (st.get("allocatedResourceStatuses") or {}), st
+assert not [c for c in st.get("conditions") or [] if c["type"] in ("Resizing", "FileSystemResizePending", "ControllerResizeError", "NodeResizeError")], st'
+}
+check "the claim grows to 400Mi online: status capacity 400Mi, no resize status or condition left" wait_for 180 grown
+echo "     grown in $((SECONDS - grow_start)) s (the kubelet looks again at each pod sync, every 10 s here)"
+check "the PV's capacity is 400Mi (what ControllerExpandVolume answered)" \
+  [ "$("$KUBECTL" get pv "$grow_pv" -o jsonpath='{.spec.capacity.storage}')" = 400Mi ]
+grown_in_place() { [ "$(blockdev --getsize64 "$grow_dev")" -eq $((400 * MiB)) ] && [ "$(partuuid)" = "$uuid_before" ]; }
+check "the partition grew in place to 400 MiB (same device $grow_dev, same PARTUUID)" grown_in_place
+df_after=$(df_kib)
+echo "     after: df ${df_after} KiB"
+check "df in the pod grows by more than 64 MiB (${df_before} -> ${df_after} KiB)" \
+  [ "${df_after:-0}" -gt $((${df_before:-0} + 64 * 1024)) ]
+check "the file written before the grow reads back after it" \
+  [ "$("$KUBECTL" exec grower -- cat /data/token)" = "$GROW_TOKEN" ]
+check "ControllerExpandVolume and NodeExpandVolume succeeded in this node's driver" \
+  called ControllerExpandVolume NodeExpandVolume
+resize_events() {
+  local ev
+  ev=$(events_of grow)
+  [[ "$ev" == *"Resizing: External resizer is resizing volume $grow_pv"* &&
+    "$ev" == *"FileSystemResizeRequired: "* && "$ev" == *"FileSystemResizeSuccessful: "* ]]
+}
+check "the claim's events: Resizing and FileSystemResizeRequired (resizer), FileSystemResizeSuccessful (kubelet)" \
+  wait_for 30 resize_events
+# The other node's driver grew nothing and answered only Aborted, naming the owner.
+other_answers() {
+  python3 - "$WORK/other-driver.log" "$NODE" <<'PY'
+import sys
+lines = [l for l in open(sys.argv[1]) if '"ControllerExpandVolume"' in l]
+ok = [l for l in lines if '"message":"call","method":"ControllerExpandVolume"' in l]
+refused = [l for l in lines if '"call failed"' in l]
+assert not ok, ok
+assert all("Aborted" in l and sys.argv[2] in l for l in refused), refused
+print(len(refused))
+PY
+}
+other_refused=$(other_answers) || other_refused=0
+check "the other node's driver expanded nothing and answered only Aborted naming $NODE (asked ${other_refused} times)" \
+  [ "$other_refused" -ge 1 ]
+kill "$OTHER_RESIZER_PID" "$OTHER_DRIVER_PID"
+"$KUBECTL" delete pod grower --wait=false >/dev/null
+check "the grower pod is deleted" wait_for 90 pod_gone grower
+"$KUBECTL" delete pvc grow --wait=false >/dev/null
+check "the grown claim's space returns: the carving class's capacity is ${part_capacity} MiB again" \
+  wait_for 90 has_capacity "$NODE" "$part_capacity" nvme-gds
 
 # --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
 # A second instance of the driver, with the stand-in registrar, as host processes in both
