@@ -55,6 +55,8 @@ pub struct BlockBackend {
     pub(crate) striped: Arc<stripe::Striped>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
+    /// Clone copies running or finished (issue 15).
+    pub(crate) clones: Arc<crate::clone::Cloner>,
     ready: AtomicBool,
 }
 
@@ -83,6 +85,7 @@ impl BlockBackend {
             striped,
             gate: None,
             node,
+            clones: Arc::default(),
             ready: AtomicBool::new(false),
         }
     }

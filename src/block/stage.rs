@@ -105,6 +105,9 @@ async fn stage_located(
     if let Some(m) = mountinfo::at(&mounts, staging) {
         return restage(b, vol, staging, fs, m).await;
     }
+    // A clone is filled before it is mounted here, so nothing publishes it half copied.
+    crate::clone::block::prestage(b, vol, cap).await?;
+    let mounts = b.mounter.mount_table()?;
     check_stageable(b, vol, fs, &mounts)?;
     let (dev, raw_id) = (&vol.device, vol.id.to_string());
     b.pool.verify_identity(&raw_id, dev, &vol.record)?;
@@ -184,7 +187,7 @@ fn check_stageable(
 
 /// Formats the device when the data-safety table says so (a job a retry joins), records
 /// a finished mkfs, refuses what the table refuses.
-async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
+pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
     let (dev, raw_id) = (&vol.device, vol.id.to_string());
     let key = format!("format:{}", vol.id);
     // An mkfs that a cancelled call started holds the device: join it before probing.

@@ -10,7 +10,7 @@
 //! retry joins it (`Cloner`). `block.rs` is the block backend's hook: the source volume
 //! mounted read-only in a private directory, the target after mkfs.
 
-// pub mod block;
+pub mod block;
 pub mod copy;
 pub mod meta;
 pub mod progress;

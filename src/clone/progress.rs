@@ -52,6 +52,9 @@ impl Saved {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        }
         crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
     }
 }

@@ -1,0 +1,203 @@
+//! Block → block clones (issue 15) through the real binary on loop devices: CreateVolume
+//! with `volume_content_source.volume` checks the source (missing: NotFound; too small
+//! a limit: OutOfRange naming both sizes, nothing created; raw block: InvalidArgument),
+//! pins the clone to the source's node and answers the content source; the first
+//! NodeStage refuses while the source is staged, then copies (after mkfs, before the
+//! staging mount) and the published clone holds the source's files, owners, modes,
+//! symlinks and hard links; a restage copies nothing again; delete drops the record.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use gds_csi::csi::volume_content_source::{Type, VolumeSource};
+use gds_csi::csi::*;
+use tonic::Code;
+
+mod common;
+use common::{digest_file, requests, Rig, SIZE};
+
+fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
+    let mut req = requests::create_without_gds(name, requests::single_writer_mount());
+    req.parameters.insert("verify".into(), "checksum".into());
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(Type::Volume(VolumeSource {
+            volume_id: source.into(),
+        })),
+    });
+    req
+}
+
+fn fill_source(root: &Path) {
+    fs::create_dir_all(root.join("data/deep")).unwrap();
+    let payload: Vec<u8> = (0..(5 << 20) + 11)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(root.join("data/weights.bin"), &payload).unwrap();
+    fs::write(root.join("data/deep/small"), b"small").unwrap();
+    nix::unistd::chown(
+        &root.join("data/deep/small"),
+        Some(1234.into()),
+        Some(4321.into()),
+    )
+    .unwrap();
+    fs::set_permissions(
+        root.join("data/deep/small"),
+        fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    symlink("/etc/hostname", root.join("data/outside")).unwrap();
+    fs::hard_link(
+        root.join("data/weights.bin"),
+        root.join("data/weights.link"),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
+    let Some(rig) = Rig::new(3) else { return };
+    let mut rig = rig;
+    let mut c = rig.start().await;
+    let mount = requests::single_writer_mount();
+    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
+    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
+    fs::create_dir_all(&s_staging).unwrap();
+    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    fill_source(&s_target);
+
+    // Refused before anything is allocated.
+    let listed = |c: &mut gds_csi::csi::Clients| {
+        let mut c = c.clone();
+        async move {
+            c.controller
+                .list_volumes(ListVolumesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .entries
+                .len()
+        }
+    };
+    let before = listed(&mut c).await;
+    let mut small = clone_req("small", &source);
+    small.capacity_range = Some(CapacityRange {
+        required_bytes: 1 << 20,
+        limit_bytes: 32 << 20,
+    });
+    let err = c.controller.create_volume(small).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(
+        err.message().contains(&SIZE.to_string())
+            && err.message().contains(&(32u64 << 20).to_string()),
+        "{}",
+        err.message()
+    );
+    let err = c
+        .controller
+        .create_volume(clone_req(
+            "lost",
+            "blk:dev-0123456789abcdef:0badf00d:node-a",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let mut raw = clone_req("raw", &source);
+    raw.volume_capabilities = vec![requests::capability(
+        volume_capability::access_mode::Mode::SingleNodeWriter,
+        true,
+    )];
+    let err = c.controller.create_volume(raw).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(listed(&mut c).await, before, "nothing created");
+
+    let clone = requests::create_volume(&mut c, clone_req("clone", &source)).await;
+    assert_eq!(clone.capacity_bytes as u64, SIZE);
+    assert!(
+        matches!(&clone.content_source, Some(VolumeContentSource { r#type: Some(Type::Volume(v)) }) if v.volume_id == source)
+    );
+    assert_eq!(
+        clone.accessible_topology[0]
+            .segments
+            .get("gds.csi.gds-csi.io/node")
+            .map(String::as_str),
+        Some("node-a")
+    );
+    let id = clone.volume_id;
+
+    // The source is staged: refused, nothing mounted for the clone.
+    let (staging, target) = (rig.path("staging/clone"), rig.path("pods/p2/clone"));
+    fs::create_dir_all(&staging).unwrap();
+    let err = requests::stage(&mut c, &id, &staging, mount.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("in use"), "{}", err.message());
+    assert_eq!(common::mounts_at(&staging), 0);
+
+    requests::unpublish(&mut c, &source, &s_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &source, &s_staging)
+        .await
+        .unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    // The source again, read-only beside it: what was copied.
+    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    for f in ["data/weights.bin", "data/deep/small", "data/weights.link"] {
+        assert_eq!(
+            digest_file(&target.join(f)),
+            digest_file(&s_target.join(f)),
+            "{f}"
+        );
+    }
+    let small = fs::metadata(target.join("data/deep/small")).unwrap();
+    assert_eq!(
+        (small.uid(), small.gid(), small.mode() & 0o7777),
+        (1234, 4321, 0o640)
+    );
+    assert_eq!(
+        fs::read_link(target.join("data/outside")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    let (a, b) = (
+        fs::metadata(target.join("data/weights.bin")).unwrap(),
+        fs::metadata(target.join("data/weights.link")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino(), "hard link kept");
+
+    // A restage copies nothing again: a file written in the clone stays, the source's
+    // newer file does not appear.
+    fs::write(target.join("mine"), b"clone's own").unwrap();
+    fs::write(s_target.join("later"), b"after the copy").unwrap();
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    assert_eq!(fs::read(target.join("mine")).unwrap(), b"clone's own");
+    assert!(!target.join("later").exists());
+
+    // The progress record, done, goes with the clone.
+    let records = || {
+        fs::read_dir(rig.path("state/clones"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert_eq!(records(), 1);
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    c.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(records(), 0);
+    requests::unpublish(&mut c, &source, &s_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &source, &s_staging)
+        .await
+        .unwrap();
+    rig.kill9();
+}
