@@ -7,6 +7,7 @@
 //! symlinks and hard links; a restage copies nothing again; delete drops the record.
 
 use std::fs;
+use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -58,7 +59,11 @@ fn fill_source(root: &Path) {
 async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     let Some(rig) = Rig::new(3) else { return };
     let mut rig = rig;
-    let mut c = rig.start().await;
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
     let mount = requests::single_writer_mount();
     let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
     let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
@@ -166,6 +171,30 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     );
     assert_eq!(a.ino(), b.ino(), "hard link kept");
 
+    // The figures: every byte of the two files (the hard link once) copied; the source
+    // in use counted as the cause of the first, refused stage.
+    let text = scrape(&addr);
+    let bytes = (5u64 << 20) + 11 + 5;
+    let series = |name: &str| format!("{name}{{volume=\"{id}\"}} {bytes}");
+    assert!(
+        text.contains(&series("gds_csi_clone_copied_bytes")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&series("gds_csi_clone_total_bytes")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "gds_csi_clone_duration_seconds{{volume=\"{id}\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("gds_csi_clone_failures_total{cause=\"in_use\"} 1"),
+        "{text}"
+    );
+
     // A restage copies nothing again: a file written in the clone stays, the source's
     // newer file does not appear.
     fs::write(target.join("mine"), b"clone's own").unwrap();
@@ -200,4 +229,18 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
         .await
         .unwrap();
     rig.kill9();
+}
+
+/// GET /metrics of the driver at `addr`, the body.
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
 }

@@ -23,7 +23,7 @@ impl BlockBackend {
             capacity_bytes: rec.capacity_bytes as i64,
             volume_id: id.to_owned(),
             volume_context: volume_context(rec),
-            content_source: crate::clone::block::content_source(rec),
+            content_source: crate::block::clone::content_source(rec),
             accessible_topology: vec![csi::Topology {
                 segments: self.node.segment(),
             }],
@@ -70,10 +70,10 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
     let mut parameters = req.params.stored.clone();
     // A clone (issue 15): at least its source's size, on its source's node.
     if let Some(source) = &req.clone_of {
-        crate::clone::block::check_create(req)?;
-        let size = crate::clone::block::check_source(b, source, req.limit_bytes)?;
+        crate::block::clone::check_create(req)?;
+        let size = crate::block::clone::check_source(b, source, req.limit_bytes)?;
         required_bytes = required_bytes.max(size);
-        parameters.insert(crate::clone::block::SOURCE_KEY.into(), source.clone());
+        parameters.insert(crate::block::clone::SOURCE_KEY.into(), source.clone());
     }
     let alloc = AllocationRequest {
         name: req.name.clone(),
@@ -118,7 +118,7 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     b.layout_of(id.layout)
         .release(&b.mounter.host, &id.to_string(), &mounts)
         .await?;
-    crate::clone::block::forget(b, &id.to_string());
+    crate::block::clone::forget(b, &id.to_string());
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! survives a plugin restart. Where a volume's device comes from is its layout
 //! (`layout.rs`; the whole device, `device.rs`, today).
 
+pub mod clone;
 pub mod controller;
 pub mod device;
 pub mod expand;
@@ -227,6 +228,11 @@ impl VolumeBackend for BlockBackend {
                 .ensure_array(self.mounter.host.as_ref(), id)
                 .await?;
         }
+        // A clone is filled before anything mounts it at the staging path, so nothing
+        // can publish it half copied (issue 15).
+        let capability = stage::required_capability(cap)?;
+        self.check_ready()?;
+        clone::prestage(self, &self.locate(id)?, &capability).await?;
         stage::stage(self, id, staging, cap).await
     }
 

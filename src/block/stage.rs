@@ -105,9 +105,6 @@ async fn stage_located(
     if let Some(m) = mountinfo::at(&mounts, staging) {
         return restage(b, vol, staging, fs, m).await;
     }
-    // A clone is filled before it is mounted here, so nothing publishes it half copied.
-    crate::clone::block::prestage(b, vol, cap).await?;
-    let mounts = b.mounter.mount_table()?;
     check_stageable(b, vol, fs, &mounts)?;
     let (dev, raw_id) = (&vol.device, vol.id.to_string());
     b.pool.verify_identity(&raw_id, dev, &vol.record)?;

@@ -7,10 +7,9 @@
 //! streams, keeps modes, owners, times, symlinks (never followed), hard links and
 //! holes, records its progress in the state dir so a restarted driver resumes, and runs
 //! as a job (`src/jobs.rs`) so a NodeStage that gives up leaves it running and the
-//! retry joins it (`Cloner`). `block.rs` is the block backend's hook: the source volume
+//! retry joins it (`Cloner`). `block/clone.rs` is the block backend's hook: the source volume
 //! mounted read-only in a private directory, the target after mkfs.
 
-pub mod block;
 pub mod copy;
 pub mod meta;
 pub mod progress;
@@ -118,11 +117,12 @@ pub struct Cloner {
 
 impl Cloner {
     /// The live progress of `key`, made from its record file when first asked.
-    pub fn progress(&self, key: &str, path: PathBuf, label: &str) -> Arc<Progress> {
+    pub fn progress(&self, key: &str, volume: &str, path: PathBuf, label: &str) -> Arc<Progress> {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(
-            live.entry(key.to_owned())
-                .or_insert_with(|| Arc::new(Progress::new(path, label.to_owned()))),
+            live.entry(key.to_owned()).or_insert_with(|| {
+                Arc::new(Progress::new(path, label.to_owned()).for_volume(volume))
+            }),
         )
     }
 

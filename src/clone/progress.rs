@@ -72,6 +72,8 @@ pub struct Progress {
     pub read: AtomicU64,
     copied: AtomicU64,
     total: AtomicU64,
+    /// The volume the metrics name (none in the engine's own tests).
+    volume: Option<String>,
 }
 
 impl Progress {
@@ -86,7 +88,25 @@ impl Progress {
             read: AtomicU64::new(0),
             copied: AtomicU64::new(0),
             total: AtomicU64::new(0),
+            volume: None,
         }
+    }
+
+    /// Reports this copy's bytes in the metrics under `volume`.
+    pub fn for_volume(mut self, volume: &str) -> Progress {
+        self.volume = Some(volume.to_owned());
+        self
+    }
+
+    fn report(&self) {
+        if let Some(v) = &self.volume {
+            crate::metrics::clone::progress(v, self.copied_bytes(), self.total_bytes());
+        }
+    }
+
+    /// Seconds since this process started following the copy.
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
     }
 
     pub fn path(&self) -> &Path {
@@ -103,6 +123,7 @@ impl Progress {
         self.total.store(saved.total_bytes, Ordering::Relaxed);
         saved.store(&self.path)?;
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved;
+        self.report();
         Ok(())
     }
 
@@ -117,6 +138,7 @@ impl Progress {
             s.clone()
         };
         self.copied.store(copied_bytes, Ordering::Relaxed);
+        self.report();
         let mut last = self.last_store.lock().unwrap_or_else(|e| e.into_inner());
         let (when, bytes) = *last;
         if when.elapsed() >= Duration::from_secs(1) || copied_bytes >= bytes + STORE_EVERY {

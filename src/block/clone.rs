@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{copy_tree, CopyRequest, Progress, Saved, Verify};
 use crate::block::{BlockBackend, Located};
+use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
 use crate::error::{Error, Result};
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
@@ -117,6 +117,7 @@ pub fn verify_of(rec: &crate::pool::VolumeRecord) -> Verify {
 pub fn forget(b: &BlockBackend, id: &str) {
     let _ = std::fs::remove_file(progress_path(b, id));
     b.clones.forget(&format!("clone:{id}"));
+    crate::metrics::clone::forget(id);
 }
 
 /// NodeStage's hook: a clone not filled yet is formatted, filled and verified here,
@@ -136,7 +137,9 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
         ));
     }
     let key = format!("clone:{raw}");
-    let progress = b.clones.progress(&key, progress_path(b, &raw), &source);
+    let progress = b
+        .clones
+        .progress(&key, &raw, progress_path(b, &raw), &source);
     // A copy a given-up call left running: wait for it, do not start another.
     match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
         Ok(Some(outcome)) => return outcome,
@@ -164,8 +167,9 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
     }
     let dir = copy_dir(b, &raw);
     let mounts = b.mounter.mount_table()?;
-    refuse_in_use(b, &src, &dir, &mounts, "source")?;
-    refuse_in_use(b, vol, &dir, &mounts, "clone")?;
+    refuse_in_use(b, &src, &dir, &mounts, "source")
+        .and_then(|()| refuse_in_use(b, vol, &dir, &mounts, "clone"))
+        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
     b.pool.verify_identity(&source, &src.device, &src.record)?;
     b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
     let job = fill(
@@ -177,11 +181,12 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
             source: PathBuf::new(),
             target: PathBuf::new(),
             label: source,
-            streams: super::STREAMS,
-            chunk: super::CHUNK,
+            streams: crate::clone::STREAMS,
+            chunk: crate::clone::CHUNK,
             verify: verify_of(&vol.record),
         },
         Arc::clone(&progress),
+        raw.clone(),
     );
     b.clones.run(&key, &progress, STAGE_WAIT, job).await
 }
@@ -228,6 +233,7 @@ async fn fill(
     (dst_dev, dst_fs): (PathBuf, FsType),
     mut req: CopyRequest,
     progress: Arc<Progress>,
+    volume: String,
 ) -> Result<()> {
     host.create_dir_all(&dir)?;
     let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
@@ -248,7 +254,29 @@ async fn fill(
     }
     .await;
     let unmounted = host.unmount(&src_at).await;
-    copied.and(unmounted)
+    let outcome = copied.and(unmounted);
+    match &outcome {
+        Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
+        Err(e) => crate::metrics::clone::failed(cause(e)),
+    }
+    outcome
+}
+
+/// The `cause` label of a failed copy.
+fn cause(e: &Error) -> &'static str {
+    match e {
+        Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
+        Error::Io {
+            context: "copy" | "create" | "link" | "read directory" | "open" | "stat",
+            ..
+        } => "copy",
+        Error::Io {
+            context: "mounting",
+            ..
+        }
+        | Error::Mount(_) => "mount",
+        _ => "other",
+    }
 }
 
 /// What CreateVolume must refuse for a clone before anything is allocated: raw block
