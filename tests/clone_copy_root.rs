@@ -448,11 +448,18 @@ fn throughput_against_cp_a() {
     let gib = (12.0 * 80.0 + 600.0 * 0.0625) / 1024.0;
     let cold = || {
         run("umount", &[src.mnt.to_str().unwrap()]);
-        run("mount", &["-o", "ro", &src.dev.arg(), src.mnt.to_str().unwrap()]);
+        run(
+            "mount",
+            &["-o", "ro", &src.dev.arg(), src.mnt.to_str().unwrap()],
+        );
     };
     for round in 0..2 {
         for tool in ["engine", "cp -a"] {
-            let dst = Fs::new(dir.path(), &format!("dst-{round}-{}", tool.len()), 1400 << 20);
+            let dst = Fs::new(
+                dir.path(),
+                &format!("dst-{round}-{}", tool.len()),
+                1400 << 20,
+            );
             cold();
             let (t0, c0, k0) = (
                 Instant::now(),
@@ -463,11 +470,23 @@ fn throughput_against_cp_a() {
                 let p = Progress::new(dir.path().join(format!("p{round}.json")), "bench".into());
                 let req = CopyRequest {
                     verify: Verify::Sizes,
-                    ..request(&src.mnt, &dst.mnt, gds_csi::clone::CHUNK, gds_csi::clone::STREAMS)
+                    ..request(
+                        &src.mnt,
+                        &dst.mnt,
+                        gds_csi::clone::CHUNK,
+                        gds_csi::clone::STREAMS,
+                    )
                 };
                 copy_tree(&req, &p).unwrap();
             } else {
-                run("cp", &["-a", &format!("{}/.", src.mnt.display()), dst.mnt.to_str().unwrap()]);
+                run(
+                    "cp",
+                    &[
+                        "-a",
+                        &format!("{}/.", src.mnt.display()),
+                        dst.mnt.to_str().unwrap(),
+                    ],
+                );
                 run("sync", &["-f", dst.mnt.to_str().unwrap()]);
             }
             let wall = t0.elapsed().as_secs_f64();
