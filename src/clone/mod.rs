@@ -151,3 +151,44 @@ impl Cloner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stage_that_cannot_wait_answers_the_progress_and_the_retry_joins_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let cloner = Cloner::default();
+        let p = cloner.progress("clone:v", "v", dir.path().join("p.json"), "blk:src");
+        p.set(Saved {
+            total_bytes: 4 << 30,
+            copied_bytes: 1 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        let (release, gate) = tokio::sync::oneshot::channel::<()>();
+        let work = async move {
+            gate.await.ok();
+            Ok(())
+        };
+        let wait = Duration::from_millis(50);
+        let err = cloner.run("clone:v", &p, wait, work).await.unwrap_err();
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status
+                .message()
+                .starts_with("pre-staging from blk:src: 25% (1.0 of 4.0 GiB), "),
+            "{}",
+            status.message()
+        );
+        // The retry brings work that must not start: it joins the running copy.
+        release.send(()).unwrap();
+        let never = async { Err(Error::Aborted("started twice".into())) };
+        cloner
+            .run("clone:v", &p, Duration::from_secs(5), never)
+            .await
+            .unwrap();
+    }
+}
