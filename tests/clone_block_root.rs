@@ -146,7 +146,21 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     requests::unstage(&mut c, &source, &s_staging)
         .await
         .unwrap();
+    // What a driver killed mid-copy leaves: the source mounted in the clone's private
+    // directory. The copy takes it down first, and leaves nothing mounted there.
+    let private = rig.path("state/clone-mnt").join(short(&id)).join("source");
+    fs::create_dir_all(&private).unwrap();
+    common::run(
+        "mount",
+        &[
+            "-o",
+            "ro",
+            &device_of(&rig, &source),
+            private.to_str().unwrap(),
+        ],
+    );
     requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    assert_eq!(common::mounts_at(&private), 0);
     // The source again, read-only beside it: what was copied.
     requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
     for f in ["data/weights.bin", "data/deep/small", "data/weights.link"] {
@@ -214,6 +228,17 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     assert_eq!(records(), 1);
     requests::unpublish(&mut c, &id, &target).await.unwrap();
     requests::unstage(&mut c, &id, &staging).await.unwrap();
+    // What a driver killed mid-copy leaves: the clone mounted in its private directory.
+    // DeleteVolume takes it down instead of finding the clone in use for ever.
+    let dev = device_of(&rig, &id);
+    let private = fs::read_dir(rig.path("state/clone-mnt"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("target");
+    common::run("mount", &[&dev, private.to_str().unwrap()]);
     c.controller
         .delete_volume(DeleteVolumeRequest {
             volume_id: id,
@@ -222,6 +247,7 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
         .await
         .unwrap();
     assert_eq!(records(), 0);
+    assert_eq!(common::mounts_at(&private), 0);
     requests::unpublish(&mut c, &source, &s_target)
         .await
         .unwrap();
@@ -243,4 +269,21 @@ fn scrape(addr: &str) -> String {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     text
+}
+
+fn device_of(rig: &Rig, id: &str) -> String {
+    let key = rig.state()["volumes"][id]["device_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    key.strip_prefix("path:").unwrap().to_owned()
+}
+
+/// The clone's private directory name (src/block/clone.rs `short`).
+fn short(id: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(id.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -113,6 +113,31 @@ pub fn verify_of(rec: &crate::pool::VolumeRecord) -> Verify {
     }
 }
 
+/// Before a clone is deleted: a copy still running refuses the delete; mounts a driver
+/// killed mid-copy left in the clone's private directory are taken down (they would
+/// hold the clone, and the source, in use for ever).
+pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
+    let dir = copy_dir(b, id);
+    if !dir.exists() {
+        return Ok(());
+    }
+    let key = format!("clone:{id}");
+    if tokio::time::timeout(Duration::ZERO, b.clones.jobs.join(&key))
+        .await
+        .is_err()
+    {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {id}: its clone copy is still running; retry when it has ended"
+        )));
+    }
+    for name in ["source", "target"] {
+        take_down(b.mounter.host.as_ref(), &dir, name).await?;
+        let _ = std::fs::remove_dir(dir.join(name));
+    }
+    let _ = std::fs::remove_dir(&dir);
+    Ok(())
+}
+
 /// Removes a deleted clone's progress record.
 pub fn forget(b: &BlockBackend, id: &str) {
     let _ = std::fs::remove_file(progress_path(b, id));
@@ -216,6 +241,17 @@ fn refuse_in_use(
     )))
 }
 
+/// Unmounts what is mounted at `<dir>/<name>` (left by a driver killed mid-copy).
+async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
+    let mounts = host.mount_table()?;
+    if crate::os::mountinfo::at(&mounts, &dir.join(name)).is_some() {
+        // Pinned after the mount: its own descriptor of the mount root would keep it busy.
+        let at = pin(dir, name)?.without_final();
+        host.unmount(&at).await?;
+    }
+    Ok(())
+}
+
 fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
     let path = dir.join(name);
     let root = dir.parent().unwrap_or(dir).to_owned();
@@ -236,9 +272,10 @@ async fn fill(
     volume: String,
 ) -> Result<()> {
     host.create_dir_all(&dir)?;
-    let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
     // Left mounted by a driver killed mid-copy: start from clean mounts.
-    let (_, _) = (host.unmount(&src_at).await, host.unmount(&dst_at).await);
+    take_down(host.as_ref(), &dir, "source").await?;
+    take_down(host.as_ref(), &dir, "target").await?;
+    let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
     host.mount(&src_dev, &src_at, src_fs, &["ro".to_owned()])
         .await?;
     let copied = async {

@@ -114,6 +114,7 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
         .into());
     }
     b.check_ready()?;
+    crate::block::clone::unmount_leftovers(b, &id.to_string()).await?;
     let mounts = b.mounter.mount_table()?;
     b.layout_of(id.layout)
         .release(&b.mounter.host, &id.to_string(), &mounts)
