@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod block;
+pub mod clone;
 pub mod config;
 pub mod csi;
 pub mod doctor;

@@ -49,6 +49,8 @@ RSS_IDLE=$(rss_kib "$DRIVER_PID")
 # Expansion specs grow a volume to --csi.testvolumeexpandsize and expect exactly that
 # capacity: a whole-device volume can grow only up to its device, which is VOLUME_SIZE;
 # a partition volume grows in place to twice its size.
+# The clone specs ("should create volume from an existing source volume", "... source volume
+# is not found") run because the driver advertises CLONE_VOLUME: csi-sanity has no flag for them.
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
 printf 'gdsPolicy: disabled\nfsType: %s\n' "$FS_TYPE" >"$WORK/params.yaml"
 [ "$LAYOUT" = device ] || printf 'layout: %s\n' "$LAYOUT" >>"$WORK/params.yaml"

@@ -25,7 +25,7 @@ impl BlockBackend {
             capacity_bytes: rec.capacity_bytes as i64,
             volume_id: id.to_owned(),
             volume_context: volume_context(rec),
-            content_source: None,
+            content_source: crate::block::clone::content_source(rec),
             accessible_topology: vec![csi::Topology {
                 segments: self.node.segment(),
             }],
@@ -72,13 +72,21 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
         None => None,
     };
     let min = fs_min::min_bytes(fs_type, geometry).await?;
-    let required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
+    let mut required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
+    let mut parameters = req.params.stored.clone();
+    // A clone (issue 15): at least its source's size, on its source's node.
+    if let Some(source) = &req.clone_of {
+        crate::block::clone::check_create(req)?;
+        let size = crate::block::clone::check_source(b, source, req.limit_bytes)?;
+        required_bytes = required_bytes.max(size);
+        parameters.insert(crate::block::clone::SOURCE_KEY.into(), source.clone());
+    }
     let alloc = AllocationRequest {
         name: req.name.clone(),
         required_bytes,
         limit_bytes: req.limit_bytes,
         fs_type,
-        parameters: req.params.stored.clone(),
+        parameters,
     };
     let kind = match req.params.layout {
         request::LayoutKind::Device => IdLayout::Device,
@@ -112,10 +120,13 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
         .into());
     }
     b.check_ready()?;
+    crate::block::clone::unmount_leftovers(b, &id.to_string()).await?;
     let mounts = b.mounter.mount_table()?;
     b.layout_of(id.layout)
         .release(&b.mounter.host, &id.to_string(), &mounts)
-        .await
+        .await?;
+    crate::block::clone::forget(b, &id.to_string());
+    Ok(())
 }
 
 fn unconfirmed(message: impl Into<String>) -> Result<Option<String>> {

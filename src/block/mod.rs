@@ -3,6 +3,7 @@
 //! survives a plugin restart. Where a volume's device comes from is its layout
 //! (`layout.rs`; the whole device, `device.rs`, today).
 
+pub mod clone;
 pub mod controller;
 pub mod device;
 pub mod expand;
@@ -55,6 +56,8 @@ pub struct BlockBackend {
     pub(crate) striped: Arc<stripe::Striped>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
+    /// Clone copies running or finished (issue 15).
+    pub(crate) clones: Arc<crate::clone::Cloner>,
     ready: AtomicBool,
 }
 
@@ -83,6 +86,7 @@ impl BlockBackend {
             striped,
             gate: None,
             node,
+            clones: Arc::default(),
             ready: AtomicBool::new(false),
         }
     }
@@ -224,6 +228,11 @@ impl VolumeBackend for BlockBackend {
                 .ensure_array(self.mounter.host.as_ref(), id)
                 .await?;
         }
+        // A clone is filled before anything mounts it at the staging path, so nothing
+        // can publish it half copied (issue 15).
+        let capability = stage::required_capability(cap)?;
+        self.check_ready()?;
+        clone::prestage(self, &self.locate(id)?, &capability).await?;
         stage::stage(self, id, staging, cap).await
     }
 

@@ -184,7 +184,7 @@ fn check_stageable(
 
 /// Formats the device when the data-safety table says so (a job a retry joins), records
 /// a finished mkfs, refuses what the table refuses.
-async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
+pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
     let (dev, raw_id) = (&vol.device, vol.id.to_string());
     let key = format!("format:{}", vol.id);
     // An mkfs that a cancelled call started holds the device: join it before probing.

@@ -13,6 +13,7 @@
 mod collectors;
 mod http;
 
+pub mod clone;
 pub use collectors::{PoolGauges, PoolSnapshot, StateCounts};
 pub use http::{serve, start};
 
@@ -208,6 +209,7 @@ pub fn registry(pool: Option<Arc<dyn PoolGauges>>, host_proc: PathBuf) -> Regist
         "Pool devices the partition layout passed over when picking where to carve, by reason",
         m.carve_refusals.clone(),
     );
+    clone::register(&mut r);
     r.register_collector(Box::new(BuildInfo));
     let driver_name = pool.as_ref().map_or_else(String::new, |p| p.driver_name());
     r.sub_registry_with_label((

@@ -70,6 +70,11 @@ impl Pool {
         })
     }
 
+    /// The driver's state dir (the clone copies keep their progress there).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.config.state_dir
+    }
+
     /// The host's sysfs (`/sys`, or a test's tree).
     pub fn host_sys(&self) -> &std::path::Path {
         &self.config.host_sys

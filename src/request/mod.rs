@@ -29,6 +29,8 @@ pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
 /// Where a block volume's device comes from: `device` (a whole pool device, the default)
 /// or `partition` (a GPT partition carved from a pool device, issue 13).
 pub const PARAM_LAYOUT: &str = "layout";
+/// How a clone is checked before it may be published (issue 15): `sizes` or `checksum`.
+pub const PARAM_VERIFY: &str = "verify";
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
 use nfs::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
 const NFS_ONLY_PARAMETERS: &[&str] = &[PARAM_SHARE, PARAM_SUB_DIR, PARAM_ON_DELETE];
@@ -42,6 +44,7 @@ const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_ON_DELETE,
     stripe::PARAM_STRIPE_COUNT,
     stripe::PARAM_STRIPE_CHUNK,
+    PARAM_VERIFY,
 ];
 /// Parameters the Kubernetes sidecars add themselves (PVC name and namespace, ...).
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
@@ -224,6 +227,14 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
             ));
         }
     }
+    if let Some(v) = stored.get(PARAM_VERIFY) {
+        if !matches!(v.as_str(), "sizes" | "checksum") {
+            return Err(Error::invalid(
+                "parameters.verify",
+                format!("{v:?} must be sizes or checksum"),
+            ));
+        }
+    }
     let layout = layout_kind(&stored)?;
     let stripe = stripe::stripe_params(&stored, layout == LayoutKind::Stripe)?;
     if stored.contains_key(PARAM_SERVER) && stored.contains_key(PARAM_LAYOUT) {
@@ -327,17 +338,14 @@ pub struct CreateVolume<'a> {
     /// 0 means no limit.
     pub limit_bytes: u64,
     pub accessibility: Option<&'a csi::TopologyRequirement>,
+    /// `volume_content_source.volume`: the volume to fill this one from (issue 15).
+    pub clone_of: Option<String>,
 }
 
 pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>> {
     let name = name(&req.name)?;
     let params = parameters(&req.parameters)?;
-    if req.volume_content_source.is_some() {
-        return Err(Error::invalid(
-            "volume_content_source",
-            "snapshots and clones are not supported; create an empty volume",
-        ));
-    }
+    let clone_of = content_source(req.volume_content_source.as_ref())?;
     let range = req.capacity_range.unwrap_or_default();
     if range.required_bytes < 0 || range.limit_bytes < 0 {
         return Err(Error::invalid(
@@ -359,7 +367,32 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
         required_bytes: range.required_bytes as u64,
         limit_bytes: range.limit_bytes as u64,
         accessibility: req.accessibility_requirements.as_ref(),
+        clone_of,
     })
+}
+
+/// The volume a clone is filled from; snapshots are not supported.
+fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<String>> {
+    use csi::volume_content_source::Type;
+    let Some(src) = src else { return Ok(None) };
+    match src.r#type.as_ref() {
+        None => Err(Error::invalid(
+            "volume_content_source",
+            "names no source: set volume (a volume of this driver to clone)",
+        )),
+        Some(Type::Volume(v)) if v.volume_id.is_empty() => Err(Error::invalid(
+            "volume_content_source.volume.volume_id",
+            "required",
+        )),
+        Some(Type::Volume(v)) => {
+            volume_id::check_well_formed("volume_content_source.volume.volume_id", &v.volume_id)?;
+            Ok(Some(v.volume_id.clone()))
+        }
+        Some(Type::Snapshot(_)) => Err(Error::invalid(
+            "volume_content_source.snapshot",
+            "snapshots are not supported; clone a volume (volume_content_source.volume)",
+        )),
+    }
 }
 
 /// ControllerExpandVolume or NodeExpandVolume, parsed (bytes; a `limit` of 0 is none).

@@ -35,6 +35,12 @@ impl ControllerService {
         let create = request::create_volume(&req)?;
         let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
         if request::is_nfs(&req.parameters) {
+            if create.clone_of.is_some() {
+                return Err(Error::invalid(
+                    "volume_content_source",
+                    "NFS volumes cannot be cloned yet",
+                ));
+            }
             d.nfs()?.create(&create).await
         } else {
             d.block.create(&create).await
@@ -233,6 +239,7 @@ impl Controller for ControllerService {
             RpcType::GetCapacity,
             RpcType::SingleNodeMultiWriter,
             RpcType::ExpandVolume,
+            RpcType::CloneVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {

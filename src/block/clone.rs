@@ -1,0 +1,342 @@
+//! Block → block clones on one node: CreateVolume checks the source and records it in
+//! the clone's volume record (`cloneSource`, written with the allocation, so no crash
+//! leaves a clone without its source); the first NodeStage, after mkfs, fills the volume
+//! before it is mounted at the staging path, so nothing can publish it earlier.
+//!
+//! What is safe to copy from: only a source volume that nothing has staged or mounted.
+//! A source in use is refused (FailedPrecondition naming where; the kubelet retries):
+//! copying a filesystem that a pod writes meanwhile gives a copy that never existed, and
+//! a second mount of a mounted ext4 shares its live superblock. While the copy runs, the
+//! source is mounted read-only in a private directory of the state dir, so a NodeStage
+//! or DeleteVolume of the source finds it in use and is refused until the copy ends.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::block::{BlockBackend, Located};
+use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
+use crate::error::{Error, Result};
+use crate::os::safepath::{self, Create};
+use crate::os::{Anchored, FsType, Host, MountEntry};
+use crate::request::{self, Access, Capability, VolumeRef};
+
+/// The record's parameter naming the source volume (set by CreateVolume only: a class
+/// cannot name it, unknown parameters are refused).
+pub const SOURCE_KEY: &str = "cloneSource";
+/// How long a NodeStage waits for the copy before answering Unavailable with the
+/// progress (the kubelet gives up on a call after 2 minutes and retries).
+pub const STAGE_WAIT: Duration = Duration::from_secs(100);
+
+fn short(id: &str) -> String {
+    Sha256::digest(id.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn progress_path(b: &BlockBackend, id: &str) -> PathBuf {
+    b.pool
+        .state_dir()
+        .join("clones")
+        .join(format!("{}.json", short(id)))
+}
+
+fn copy_dir(b: &BlockBackend, id: &str) -> PathBuf {
+    b.pool.state_dir().join("clone-mnt").join(short(id))
+}
+
+fn done(b: &BlockBackend, id: &str) -> Result<bool> {
+    Ok(Saved::load(&progress_path(b, id))?.is_some_and(|s| s.done))
+}
+
+/// CreateVolume with `volume_content_source.volume`: the source must be a block volume
+/// of this node, not being deleted or filled itself, and fit `limit` (0: none). Returns
+/// its capacity, the clone's smallest size.
+pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
+    let field = "volume_content_source.volume.volume_id";
+    let not_found = || Error::NotFound(format!("{field}: source volume {source} does not exist"));
+    let id = match request::volume_ref(source) {
+        Ok(VolumeRef::Block(id)) => id,
+        Ok(VolumeRef::Nfs(_)) => {
+            return Err(Error::invalid(
+                field,
+                "a block volume cannot be cloned from an NFS volume yet",
+            ))
+        }
+        _ => return Err(not_found()),
+    };
+    if id.node_id != b.node.node_id {
+        return Err(Error::ResourceExhausted(format!(
+            "{field}: the source lives on node {}; its clone can be made only there, not on {}",
+            id.node_id, b.node.node_id
+        )));
+    }
+    let rec = b
+        .pool
+        .state
+        .snapshot()
+        .volumes
+        .get(source)
+        .cloned()
+        .ok_or_else(not_found)?;
+    if rec.deleting {
+        return Err(Error::FailedPrecondition(format!(
+            "{field}: source volume {source} is being deleted"
+        )));
+    }
+    if rec.parameters.contains_key(SOURCE_KEY) && !done(b, source)? {
+        return Err(Error::FailedPrecondition(format!(
+            "{field}: source volume {source} is a clone not filled yet; stage it once first"
+        )));
+    }
+    if limit != 0 && limit < rec.capacity_bytes {
+        return Err(Error::OutOfRange(format!(
+            "capacity_range: the source volume {source} is {} bytes, more than the clone's limit of {limit} bytes; ask for at least {} bytes",
+            rec.capacity_bytes, rec.capacity_bytes
+        )));
+    }
+    Ok(rec.capacity_bytes)
+}
+
+/// `verify` of the class: `sizes` (the default) or `checksum`.
+pub fn verify_of(rec: &crate::pool::VolumeRecord) -> Verify {
+    match rec
+        .parameters
+        .get(request::PARAM_VERIFY)
+        .map(String::as_str)
+    {
+        Some("checksum") => Verify::Checksum,
+        _ => Verify::Sizes,
+    }
+}
+
+/// Before a clone is deleted: a copy still running refuses the delete; mounts a driver
+/// killed mid-copy left in the clone's private directory are taken down (they would
+/// hold the clone, and the source, in use for ever).
+pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
+    let dir = copy_dir(b, id);
+    if !dir.exists() {
+        return Ok(());
+    }
+    let key = format!("clone:{id}");
+    if tokio::time::timeout(Duration::ZERO, b.clones.jobs.join(&key))
+        .await
+        .is_err()
+    {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {id}: its clone copy is still running; retry when it has ended"
+        )));
+    }
+    for name in ["source", "target"] {
+        take_down(b.mounter.host.as_ref(), &dir, name).await?;
+        let _ = std::fs::remove_dir(dir.join(name));
+    }
+    let _ = std::fs::remove_dir(&dir);
+    Ok(())
+}
+
+/// Removes a deleted clone's progress record.
+pub fn forget(b: &BlockBackend, id: &str) {
+    let _ = std::fs::remove_file(progress_path(b, id));
+    b.clones.forget(&format!("clone:{id}"));
+    crate::metrics::clone::forget(id);
+}
+
+/// NodeStage's hook: a clone not filled yet is formatted, filled and verified here,
+/// before the stage mounts it; Ok at once for every other volume.
+pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Result<()> {
+    let raw = vol.id.to_string();
+    let Some(source) = vol.record.parameters.get(SOURCE_KEY).cloned() else {
+        return Ok(());
+    };
+    if done(b, &raw)? {
+        return Ok(());
+    }
+    if cap.access == Access::Block {
+        return Err(Error::invalid(
+            "volume_capability",
+            "a clone is filled through its filesystem: stage it with mount access",
+        ));
+    }
+    let key = format!("clone:{raw}");
+    let progress = b
+        .clones
+        .progress(&key, &raw, progress_path(b, &raw), &source);
+    // A copy a given-up call left running: wait for it, do not start another.
+    match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
+        Ok(Some(outcome)) => return outcome,
+        Ok(None) => {}
+        Err(_) => return Err(Error::NotReady(progress.message())),
+    }
+    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
+    crate::block::stage::format_if_blank(b, vol, fs).await?;
+    let src_id = match request::volume_ref(&source)? {
+        VolumeRef::Block(id) => id,
+        _ => {
+            return Err(Error::NotFound(format!(
+                "clone source {source} is no block volume"
+            )))
+        }
+    };
+    let src = b.locate(&src_id)?;
+    if !src.record.formatted {
+        // Never staged: an empty filesystem, which mkfs just made.
+        return progress.set(Saved {
+            source,
+            done: true,
+            ..Saved::default()
+        });
+    }
+    let dir = copy_dir(b, &raw);
+    let mounts = b.mounter.mount_table()?;
+    refuse_in_use(b, &src, &dir, &mounts, "source")
+        .and_then(|()| refuse_in_use(b, vol, &dir, &mounts, "clone"))
+        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+    b.pool.verify_identity(&source, &src.device, &src.record)?;
+    b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
+    let job = fill(
+        Arc::clone(&b.mounter.host),
+        dir,
+        (src.device.path.clone(), src.record.fs_type),
+        (vol.device.path.clone(), fs),
+        CopyRequest {
+            source: PathBuf::new(),
+            target: PathBuf::new(),
+            label: source,
+            streams: crate::clone::STREAMS,
+            chunk: crate::clone::CHUNK,
+            verify: verify_of(&vol.record),
+        },
+        Arc::clone(&progress),
+        raw.clone(),
+    );
+    b.clones.run(&key, &progress, STAGE_WAIT, job).await
+}
+
+/// The volume's device is mounted nowhere but (after a killed driver) in `dir`.
+fn refuse_in_use(
+    b: &BlockBackend,
+    vol: &Located,
+    dir: &std::path::Path,
+    mounts: &[MountEntry],
+    what: &str,
+) -> Result<()> {
+    let uses = b.pool.uses(&vol.device, mounts);
+    let elsewhere: Vec<String> = uses
+        .iter()
+        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if at.starts_with(dir)))
+        .map(|u| u.to_string())
+        .collect();
+    if elsewhere.is_empty() {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "the {what} volume {} is in use ({}); a clone is copied only from and into volumes \
+         nothing has staged, so the copy is consistent: stop what uses it; the kubelet's retry then copies",
+        vol.id,
+        elsewhere.join(", ")
+    )))
+}
+
+/// Unmounts what is mounted at `<dir>/<name>` (left by a driver killed mid-copy).
+async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
+    let mounts = host.mount_table()?;
+    if crate::os::mountinfo::at(&mounts, &dir.join(name)).is_some() {
+        // Pinned after the mount: its own descriptor of the mount root would keep it busy.
+        let at = pin(dir, name)?.without_final();
+        host.unmount(&at).await?;
+    }
+    Ok(())
+}
+
+fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
+    let path = dir.join(name);
+    let root = dir.parent().unwrap_or(dir).to_owned();
+    safepath::open("clone directory", &[root], &path, Create::Dir, None)?.ok_or_else(|| {
+        Error::FailedPrecondition(format!("{} could not be created", path.display()))
+    })
+}
+
+/// The job: the source mounted read-only and the clone read-write in `dir`, the tree
+/// copied and verified, both unmounted whatever the outcome.
+async fn fill(
+    host: Arc<dyn Host>,
+    dir: PathBuf,
+    (src_dev, src_fs): (PathBuf, FsType),
+    (dst_dev, dst_fs): (PathBuf, FsType),
+    mut req: CopyRequest,
+    progress: Arc<Progress>,
+    volume: String,
+) -> Result<()> {
+    host.create_dir_all(&dir)?;
+    // Left mounted by a driver killed mid-copy: start from clean mounts.
+    take_down(host.as_ref(), &dir, "source").await?;
+    take_down(host.as_ref(), &dir, "target").await?;
+    let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
+    host.mount(&src_dev, &src_at, src_fs, &["ro".to_owned()])
+        .await?;
+    let copied = async {
+        host.mount(&dst_dev, &dst_at, dst_fs, &[]).await?;
+        (req.source, req.target) = (src_at.path().to_owned(), dst_at.path().to_owned());
+        let p = Arc::clone(&progress);
+        let copied = tokio::task::spawn_blocking(move || copy_tree(&req, &p))
+            .await
+            .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+            .and_then(|r| r);
+        let unmounted = host.unmount(&dst_at).await;
+        copied.and(unmounted)
+    }
+    .await;
+    let unmounted = host.unmount(&src_at).await;
+    let outcome = copied.and(unmounted);
+    match &outcome {
+        Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
+        Err(e) => crate::metrics::clone::failed(cause(e)),
+    }
+    outcome
+}
+
+/// The `cause` label of a failed copy.
+fn cause(e: &Error) -> &'static str {
+    match e {
+        Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
+        Error::Io {
+            context: "copy" | "create" | "link" | "read directory" | "open" | "stat",
+            ..
+        } => "copy",
+        Error::Io {
+            context: "mounting",
+            ..
+        }
+        | Error::Mount(_) => "mount",
+        _ => "other",
+    }
+}
+
+/// What CreateVolume must refuse for a clone before anything is allocated: raw block
+/// access (the copy is a file tree).
+pub fn check_create(req: &request::CreateVolume<'_>) -> Result<()> {
+    let caps = request::capabilities(req.capabilities)?;
+    if caps.iter().any(|c| c.access == Access::Block) {
+        return Err(Error::invalid(
+            "volume_capabilities",
+            "a clone is filled file by file through its filesystem: ask for mount access",
+        ));
+    }
+    Ok(())
+}
+
+/// The content source a clone's Volume answers with (CSI: returned when it was asked).
+pub fn content_source(rec: &crate::pool::VolumeRecord) -> Option<crate::csi::VolumeContentSource> {
+    use crate::csi::volume_content_source::{Type, VolumeSource};
+    rec.parameters
+        .get(SOURCE_KEY)
+        .map(|id| crate::csi::VolumeContentSource {
+            r#type: Some(Type::Volume(VolumeSource {
+                volume_id: id.clone(),
+            })),
+        })
+}

@@ -1,0 +1,198 @@
+//! Everything of a tree but the file data: directories, empty files at their size,
+//! symlinks (as links: the text is copied, never resolved), device nodes and FIFOs,
+//! hard links (a second name of the first copy), and last owners, modes and times
+//! (children before parents, so copying into a directory does not change its times
+//! again). Every step is repeatable: a resumed copy finds its own earlier work.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{
+    fchmodat, fstatat, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag, UtimensatFlags,
+};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{fchownat, ftruncate, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+
+use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
+use crate::error::{Error, Result};
+
+/// Which entries carry data (the first name of each inode) and, for every further name
+/// of a hard-linked inode, the entry whose copy it links to.
+pub struct Links {
+    pub primaries: Vec<usize>,
+    pub secondaries: Vec<(usize, usize)>,
+}
+
+pub fn links(entries: &[Entry]) -> Links {
+    let mut first: HashMap<(libc::dev_t, libc::ino_t), usize> = HashMap::new();
+    let (mut primaries, mut secondaries) = (Vec::new(), Vec::new());
+    for (i, e) in entries.iter().enumerate() {
+        if e.kind != Kind::File {
+            continue;
+        }
+        if e.st.st_nlink > 1 {
+            let key = (e.st.st_dev, e.st.st_ino);
+            if let Some(&p) = first.get(&key) {
+                secondaries.push((i, p));
+                continue;
+            }
+            first.insert(key, i);
+        }
+        primaries.push(i);
+    }
+    Links {
+        primaries,
+        secondaries,
+    }
+}
+
+/// The parent directory's descriptor (beneath `root`) and the entry's own name.
+fn parent_of<'a>(root: BorrowedFd<'_>, rel: &'a Path) -> nix::Result<(OwnedFd, &'a OsStr)> {
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let name = rel.file_name().ok_or(Errno::EINVAL)?;
+    Ok((open_dir(root, parent)?, name))
+}
+
+fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Error {
+    let at = shown.join(rel);
+    move |e| Error::io(what, at, e.into())
+}
+
+/// Creates what `entries[1..]` name in the target (the root exists), files at their
+/// size without data; `secondaries` are left for `link_all`.
+pub fn create_structure(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    entries: &[Entry],
+    links: &Links,
+) -> Result<()> {
+    let secondary: std::collections::HashSet<usize> =
+        links.secondaries.iter().map(|(i, _)| *i).collect();
+    for (i, e) in entries.iter().enumerate().skip(1) {
+        if secondary.contains(&i) {
+            continue;
+        }
+        create_one(src, dst, e).map_err(io("create", shown, &e.rel))?;
+    }
+    Ok(())
+}
+
+fn create_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
+    let (dir, name) = parent_of(dst, &e.rel)?;
+    let existing = match fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Some(st),
+        Err(Errno::ENOENT) => None,
+        Err(err) => return Err(err),
+    };
+    let private = Mode::from_bits_truncate(0o700);
+    match e.kind {
+        Kind::Dir => match existing {
+            Some(st) if kind_of(&st) == Kind::Dir => Ok(()),
+            Some(_) => Err(Errno::EEXIST),
+            None => mkdirat(dir.as_fd(), name, private),
+        },
+        Kind::File => {
+            if existing.is_some_and(|st| kind_of(&st) != Kind::File) {
+                return Err(Errno::EEXIST);
+            }
+            let fd = open_beneath(
+                dst,
+                &e.rel,
+                OFlag::O_WRONLY | OFlag::O_CREAT,
+                Mode::from_bits_truncate(0o600),
+            )?;
+            ftruncate(&fd, e.st.st_size)
+        }
+        Kind::Symlink => {
+            let (sdir, _) = parent_of(src, &e.rel)?;
+            let text = readlinkat(sdir.as_fd(), name)?;
+            if let Some(st) = existing {
+                if kind_of(&st) == Kind::Symlink && readlinkat(dir.as_fd(), name)? == text {
+                    return Ok(());
+                }
+                // Ours from a run cut short: only a symlink or file is ever replaced.
+                if kind_of(&st) == Kind::Dir {
+                    return Err(Errno::EEXIST);
+                }
+                unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
+            }
+            symlinkat(text.as_os_str(), dir.as_fd(), name)
+        }
+        Kind::Special => {
+            let kind = SFlag::from_bits_truncate(e.st.st_mode) & SFlag::S_IFMT;
+            if existing.is_some() || kind == SFlag::S_IFSOCK {
+                // A socket is no file to copy: its listener is not on this host.
+                return Ok(());
+            }
+            mknodat(dir.as_fd(), name, kind, private, e.st.st_rdev)
+        }
+    }
+}
+
+/// Makes each further name of a hard-linked file a link to its first name's copy.
+pub fn link_all(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry], links: &Links) -> Result<()> {
+    for &(i, p) in &links.secondaries {
+        let (rel, first) = (&entries[i].rel, &entries[p].rel);
+        let run = || -> nix::Result<()> {
+            let (dir, name) = parent_of(dst, rel)?;
+            let (fdir, fname) = parent_of(dst, first)?;
+            match linkat(fdir.as_fd(), fname, dir.as_fd(), name, AtFlags::empty()) {
+                Err(Errno::EEXIST) => {
+                    let a = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+                    let b = fstatat(fdir.as_fd(), fname, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+                    if a.st_ino == b.st_ino {
+                        Ok(())
+                    } else {
+                        Err(Errno::EEXIST)
+                    }
+                }
+                other => other,
+            }
+        };
+        run().map_err(io("link", shown, rel))?;
+    }
+    Ok(())
+}
+
+/// Sizes cut to the source's (O_DIRECT writes whole blocks), then owner, mode and
+/// times of every entry, deepest first; the root's too.
+pub fn finish_metadata(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry]) -> Result<()> {
+    for e in entries.iter().rev() {
+        set_one(dst, e).map_err(io("set owner, mode and times of", shown, &e.rel))?;
+    }
+    Ok(())
+}
+
+fn set_one(dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
+    let (dir, name): (OwnedFd, &OsStr) = if e.rel.as_os_str().is_empty() {
+        (open_dir(dst, Path::new(""))?, OsStr::new("."))
+    } else {
+        parent_of(dst, &e.rel)?
+    };
+    let dir = dir.as_fd();
+    if e.kind == Kind::File {
+        let fd = open_beneath(dst, &e.rel, OFlag::O_WRONLY, Mode::empty())?;
+        ftruncate(&fd, e.st.st_size)?;
+    }
+    let nofollow = AtFlags::AT_SYMLINK_NOFOLLOW;
+    fchownat(
+        dir,
+        name,
+        Some(Uid::from_raw(e.st.st_uid)),
+        Some(Gid::from_raw(e.st.st_gid)),
+        nofollow,
+    )?;
+    if e.kind != Kind::Symlink {
+        // After chown, which clears set-id bits. The entry is ours and no symlink.
+        let mode = Mode::from_bits_truncate(e.st.st_mode & 0o7777);
+        fchmodat(dir, name, mode, FchmodatFlags::FollowSymlink)?;
+    }
+    let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
+    let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);
+    utimensat(dir, name, &atime, &mtime, UtimensatFlags::NoFollowSymlink)
+}

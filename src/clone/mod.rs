@@ -1,0 +1,194 @@
+//! Volumes that arrive filled (issue 15): a directory tree copied from a read-only source
+//! directory into a new volume's filesystem before the volume can be published.
+//!
+//! The engine (`copy_tree`) knows only two directories: the source, a read-only
+//! directory some backend mounted (a block volume's filesystem today, an NFS export
+//! later), and the target. It copies with large aligned `O_DIRECT` I/O on several
+//! streams, keeps modes, owners, times, symlinks (never followed), hard links and
+//! holes, records its progress in the state dir so a restarted driver resumes, and runs
+//! as a job (`src/jobs.rs`) so a NodeStage that gives up leaves it running and the
+//! retry joins it (`Cloner`). `block/clone.rs` is the block backend's hook: the source volume
+//! mounted read-only in a private directory, the target after mkfs.
+
+pub mod copy;
+pub mod meta;
+pub mod progress;
+pub mod verify;
+pub mod walk;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::fcntl::{open, OFlag};
+use nix::sys::stat::Mode;
+
+pub use progress::{Progress, Saved};
+pub use verify::Verify;
+
+use crate::error::{Error, Result};
+use crate::jobs::Jobs;
+
+/// One read or write of the copy (each stream holds one such buffer).
+pub const BUFFER: usize = 8 << 20;
+/// The largest piece of a file one stream copies at a time; also what a restart redoes
+/// at most per stream.
+pub const CHUNK: u64 = 64 << 20;
+/// Streams copying at once (NVMe and NFS over RDMA both want several I/Os in flight).
+pub const STREAMS: usize = 4;
+
+#[derive(Debug, Clone)]
+pub struct CopyRequest {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    /// How the source is named in the progress record and message.
+    pub label: String,
+    pub streams: usize,
+    pub chunk: u64,
+    pub verify: Verify,
+}
+
+fn open_root(path: &Path) -> Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    open(path, flags, Mode::empty()).map_err(|e| Error::io("open", path, e.into()))
+}
+
+/// Copies `req.source` into `req.target` (blocking), resuming from what `progress`'s
+/// record says was done, and verifies the result. Done already: returns at once.
+pub fn copy_tree(req: &CopyRequest, progress: &Progress) -> Result<()> {
+    let (src, dst) = (open_root(&req.source)?, open_root(&req.target)?);
+    let (src, dst) = (src.as_fd(), dst.as_fd());
+    let entries = walk::walk(src, &req.source)?;
+    let links = meta::links(&entries);
+    let units = copy::units(&entries, &links.primaries, req.chunk);
+    let total: u64 = units.iter().map(|u| u.len).sum();
+    let fresh = Saved {
+        source: req.label.clone(),
+        entries: entries.len(),
+        total_bytes: total,
+        ..Saved::default()
+    };
+    let mut saved = Saved::load(progress.path())?
+        .filter(|s| (&s.source, s.entries, s.total_bytes) == (&fresh.source, fresh.entries, total))
+        .unwrap_or(fresh);
+    progress.set(saved.clone())?;
+    if saved.done {
+        return Ok(());
+    }
+    if !saved.structure_done {
+        meta::create_structure(src, dst, &req.target, &entries, &links)?;
+        saved.structure_done = true;
+        progress.set(saved.clone())?;
+    }
+    let roots = copy::Roots {
+        src,
+        dst,
+        shown: &req.source,
+    };
+    copy::copy_units(
+        &roots,
+        &entries,
+        &units,
+        saved.watermark,
+        req.streams,
+        progress,
+    )?;
+    saved = progress.saved();
+    (saved.watermark, saved.copied_bytes) = (units.len(), total);
+    progress.set(saved.clone())?;
+    meta::link_all(dst, &req.target, &entries, &links)?;
+    // Verified before times are set: reading a symlink or file moves its atime.
+    verify::verify(src, dst, &req.target, &entries, req.verify)?;
+    meta::finish_metadata(dst, &req.target, &entries)?;
+    nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;
+    saved.done = true;
+    progress.set(saved)
+}
+
+/// Copies running as jobs, and their live progress by key, for the message a waiting
+/// NodeStage answers.
+#[derive(Default)]
+pub struct Cloner {
+    pub jobs: Jobs,
+    live: Mutex<HashMap<String, Arc<Progress>>>,
+}
+
+impl Cloner {
+    /// The live progress of `key`, made from its record file when first asked.
+    pub fn progress(&self, key: &str, volume: &str, path: PathBuf, label: &str) -> Arc<Progress> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            live.entry(key.to_owned()).or_insert_with(|| {
+                Arc::new(Progress::new(path, label.to_owned()).for_volume(volume))
+            }),
+        )
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// Runs `work` as the job `key` (or joins it) and waits at most `wait`: past that the
+    /// answer is Unavailable with the progress as its message, and the job goes on.
+    pub async fn run<F>(
+        &self,
+        key: &str,
+        progress: &Progress,
+        wait: Duration,
+        work: F,
+    ) -> Result<()>
+    where
+        F: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        match tokio::time::timeout(wait, self.jobs.run(key, "clone", work)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::NotReady(progress.message())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stage_that_cannot_wait_answers_the_progress_and_the_retry_joins_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let cloner = Cloner::default();
+        let p = cloner.progress("clone:v", "v", dir.path().join("p.json"), "blk:src");
+        p.set(Saved {
+            total_bytes: 4 << 30,
+            copied_bytes: 1 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        let (release, gate) = tokio::sync::oneshot::channel::<()>();
+        let work = async move {
+            gate.await.ok();
+            Ok(())
+        };
+        let wait = Duration::from_millis(50);
+        let err = cloner.run("clone:v", &p, wait, work).await.unwrap_err();
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status
+                .message()
+                .starts_with("pre-staging from blk:src: 25% (1.0 of 4.0 GiB), "),
+            "{}",
+            status.message()
+        );
+        // The retry brings work that must not start: it joins the running copy.
+        release.send(()).unwrap();
+        let never = async { Err(Error::Aborted("started twice".into())) };
+        cloner
+            .run("clone:v", &p, Duration::from_secs(5), never)
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,207 @@
+//! How far a copy got: kept in the state dir (replaced atomically, at most about once a
+//! second) so a restarted driver resumes where the last one stopped, and live counters
+//! for the progress message NodeStage answers while the copy runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Bytes copied between two stores of the record.
+const STORE_EVERY: u64 = 32 << 20;
+
+/// What survives a restart. Units are the copy's pieces in a fixed order (a file, or 64
+/// MiB of a large one): every unit below `watermark` is done; those above it are redone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Saved {
+    /// The source as the caller names it; a different source starts over.
+    pub source: String,
+    /// Entries and bytes the walk found; a source that changed starts over.
+    pub entries: usize,
+    pub total_bytes: u64,
+    /// Directories, files (at their size), symlinks and nodes exist in the target.
+    pub structure_done: bool,
+    pub watermark: usize,
+    /// Bytes of the units below the watermark.
+    pub copied_bytes: u64,
+    /// Copied, linked, owners/modes/times set and verified.
+    pub done: bool,
+}
+
+impl Saved {
+    pub fn load(path: &Path) -> Result<Option<Saved>> {
+        let Some(bytes) = crate::state_dir::read_regular(path)? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(saved) => Ok(Some(saved)),
+            // A torn or foreign file costs a copy from the start, never a wrong resume.
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "copy progress unreadable; starting over");
+                Ok(None)
+            }
+        }
+    }
+
+    pub fn store(&self, path: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        }
+        crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
+    }
+}
+
+/// One copy's live state: the persisted record and the counters behind the message.
+pub struct Progress {
+    path: PathBuf,
+    label: String,
+    saved: Mutex<Saved>,
+    last_store: Mutex<(Instant, u64)>,
+    started: Instant,
+    /// Bytes written to the target in this process's run (for the rate).
+    pub written: AtomicU64,
+    /// Bytes read from the source in this process's run.
+    pub read: AtomicU64,
+    copied: AtomicU64,
+    total: AtomicU64,
+    /// The volume the metrics name (none in the engine's own tests).
+    volume: Option<String>,
+}
+
+impl Progress {
+    pub fn new(path: PathBuf, label: String) -> Progress {
+        Progress {
+            path,
+            label,
+            saved: Mutex::new(Saved::default()),
+            last_store: Mutex::new((Instant::now(), 0)),
+            started: Instant::now(),
+            written: AtomicU64::new(0),
+            read: AtomicU64::new(0),
+            copied: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            volume: None,
+        }
+    }
+
+    /// Reports this copy's bytes in the metrics under `volume`.
+    pub fn for_volume(mut self, volume: &str) -> Progress {
+        self.volume = Some(volume.to_owned());
+        self
+    }
+
+    fn report(&self) {
+        if let Some(v) = &self.volume {
+            crate::metrics::clone::progress(v, self.copied_bytes(), self.total_bytes());
+        }
+    }
+
+    /// Seconds since this process started following the copy.
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn saved(&self) -> Saved {
+        self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the record and stores it now.
+    pub fn set(&self, saved: Saved) -> Result<()> {
+        self.copied.store(saved.copied_bytes, Ordering::Relaxed);
+        self.total.store(saved.total_bytes, Ordering::Relaxed);
+        saved.store(&self.path)?;
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved;
+        self.report();
+        Ok(())
+    }
+
+    /// Moves the watermark; stored once `STORE_EVERY` bytes or a second have passed
+    /// since the last store, so a restart redoes at most that much (plus the units in
+    /// flight) without a store per small file.
+    pub fn advance(&self, watermark: usize, copied_bytes: u64) -> Result<()> {
+        let saved = {
+            let mut s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+            s.watermark = watermark;
+            s.copied_bytes = copied_bytes;
+            s.clone()
+        };
+        self.copied.store(copied_bytes, Ordering::Relaxed);
+        self.report();
+        let mut last = self.last_store.lock().unwrap_or_else(|e| e.into_inner());
+        let (when, bytes) = *last;
+        if when.elapsed() >= Duration::from_secs(1) || copied_bytes >= bytes + STORE_EVERY {
+            *last = (Instant::now(), copied_bytes);
+            saved.store(&self.path)?;
+        }
+        Ok(())
+    }
+
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// `pre-staging from <source>: 43% (12.1 of 28.0 GiB), 1.9 GiB/s`
+    pub fn message(&self) -> String {
+        let (copied, total) = (self.copied_bytes(), self.total_bytes());
+        let pct = (copied * 100).checked_div(total).unwrap_or(0);
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let rate = self.written.load(Ordering::Relaxed) as f64 / secs;
+        let g = |b: f64| b / (1u64 << 30) as f64;
+        format!(
+            "pre-staging from {}: {pct}% ({:.1} of {:.1} GiB), {:.1} GiB/s",
+            self.label,
+            g(copied as f64),
+            g(total as f64),
+            g(rate)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_names_source_percent_sizes_and_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Progress::new(dir.path().join("p.json"), "vol-a".into());
+        p.set(Saved {
+            source: "vol-a".into(),
+            total_bytes: 28 << 30,
+            copied_bytes: 12 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        let m = p.message();
+        assert!(
+            m.starts_with("pre-staging from vol-a: 42% (12.0 of 28.0 GiB), "),
+            "{m}"
+        );
+        assert!(m.ends_with(" GiB/s"), "{m}");
+        let back = Saved::load(&dir.path().join("p.json")).unwrap().unwrap();
+        assert_eq!(back.copied_bytes, 12 << 30);
+    }
+
+    #[test]
+    fn a_torn_record_starts_over() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.json"), b"{\"source\": ").unwrap();
+        assert_eq!(Saved::load(&dir.path().join("p.json")).unwrap(), None);
+    }
+}

@@ -1,0 +1,109 @@
+//! The copy checked against its source before the volume may be published: every entry
+//! there with the same kind, every file with the same size and every symlink with the
+//! same text; with `verify: checksum` every file's SHA-256 as well (both read again).
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use nix::fcntl::{readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
+use sha2::{Digest, Sha256};
+
+use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    #[default]
+    Sizes,
+    Checksum,
+}
+
+fn mismatch(shown: &Path, e: &Entry, what: String) -> Error {
+    Error::FailedPrecondition(format!(
+        "the copy of {} differs from its source: {what}; the volume stays unpublished",
+        shown.join(&e.rel).display()
+    ))
+}
+
+pub fn verify(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    entries: &[Entry],
+    how: Verify,
+) -> Result<()> {
+    for e in entries.iter().skip(1) {
+        let err = |x: nix::Error| Error::io("verify", shown.join(&e.rel), x.into());
+        let parent = e.rel.parent().unwrap_or(Path::new(""));
+        let name = e.rel.file_name().unwrap_or_default();
+        let dir = open_dir(dst, parent).map_err(err)?;
+        let st = match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            // A socket is not copied (meta.rs).
+            Err(nix::errno::Errno::ENOENT) if is_socket(e) => continue,
+            Err(x) => return Err(err(x)),
+        };
+        if kind_of(&st) != e.kind {
+            return Err(mismatch(
+                shown,
+                e,
+                format!("{:?} instead of {:?}", kind_of(&st), e.kind),
+            ));
+        }
+        match e.kind {
+            Kind::File if st.st_size != e.st.st_size => {
+                return Err(mismatch(
+                    shown,
+                    e,
+                    format!("{} bytes instead of {}", st.st_size, e.st.st_size),
+                ));
+            }
+            Kind::File if how == Verify::Checksum => {
+                let (a, b) = (
+                    digest(src, &e.rel).map_err(err)?,
+                    digest(dst, &e.rel).map_err(err)?,
+                );
+                if a != b {
+                    return Err(mismatch(shown, e, "a different SHA-256".into()));
+                }
+            }
+            Kind::Symlink => {
+                let sdir = open_dir(src, parent).map_err(err)?;
+                if readlinkat(&sdir, name).map_err(err)? != readlinkat(&dir, name).map_err(err)? {
+                    return Err(mismatch(shown, e, "another symlink target".into()));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn is_socket(e: &Entry) -> bool {
+    nix::sys::stat::SFlag::from_bits_truncate(e.st.st_mode) & nix::sys::stat::SFlag::S_IFMT
+        == nix::sys::stat::SFlag::S_IFSOCK
+}
+
+/// Read with O_NOATIME: the copy's times are already set and must stay as copied.
+fn digest(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<Vec<u8>> {
+    let mut f = File::from(open_beneath(
+        root,
+        rel,
+        OFlag::O_RDONLY | OFlag::O_NOATIME,
+        Mode::empty(),
+    )?);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        if n == 0 {
+            return Ok(h.finalize().to_vec());
+        }
+        h.update(&buf[..n]);
+    }
+}

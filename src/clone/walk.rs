@@ -1,0 +1,129 @@
+//! The source tree, read once into a list in a fixed order (names sorted at every level),
+//! so a restarted copy finds the same entries at the same indices. Nothing is ever
+//! followed: every directory is opened from its parent's descriptor with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and every entry is `fstatat`ed with
+//! `AT_SYMLINK_NOFOLLOW`; a symlink is an entry of its own (copied as a link), wherever
+//! it points, inside the source or out of it.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+    /// FIFOs, sockets, device nodes: recreated with `mknodat` (sockets are skipped).
+    Special,
+}
+
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Relative to the tree's root; empty for the root itself.
+    pub rel: PathBuf,
+    pub kind: Kind,
+    pub st: FileStat,
+}
+
+impl Entry {
+    pub fn size(&self) -> u64 {
+        self.st.st_size.max(0) as u64
+    }
+}
+
+pub fn kind_of(st: &FileStat) -> Kind {
+    match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+        SFlag::S_IFDIR => Kind::Dir,
+        SFlag::S_IFREG => Kind::File,
+        SFlag::S_IFLNK => Kind::Symlink,
+        _ => Kind::Special,
+    }
+}
+
+/// Opens `rel` beneath `root` without following any symlink on the way or at the end.
+pub fn open_beneath(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    flags: OFlag,
+    mode: Mode,
+) -> nix::Result<OwnedFd> {
+    let rel: &Path = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .mode(mode)
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+    openat2(root, rel, how)
+}
+
+pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
+    open_beneath(
+        root,
+        rel,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        Mode::empty(),
+    )
+}
+
+fn names(dir: OwnedFd, at: &Path) -> Result<Vec<OsString>> {
+    let d = nix::dir::Dir::from_fd(dir).map_err(|e| Error::io("read directory", at, e.into()))?;
+    let mut names = Vec::new();
+    for ent in d {
+        let ent = ent.map_err(|e| Error::io("read directory", at, e.into()))?;
+        let name = ent.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsString::from(std::ffi::OsStr::from_bytes(name)));
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Every entry below `root` (the root first), parents before children (depth first).
+pub fn walk(root: BorrowedFd<'_>, shown: &Path) -> Result<Vec<Entry>> {
+    let st = nix::sys::stat::fstat(root).map_err(|e| Error::io("stat", shown, e.into()))?;
+    let mut out = vec![Entry {
+        rel: PathBuf::new(),
+        kind: Kind::Dir,
+        st,
+    }];
+    walk_dir(root, shown, PathBuf::new(), &mut out)?;
+    Ok(out)
+}
+
+fn walk_dir(root: BorrowedFd<'_>, shown: &Path, rel: PathBuf, out: &mut Vec<Entry>) -> Result<()> {
+    let at = shown.join(&rel);
+    let dir = open_dir(root, &rel).map_err(|e| Error::io("open directory", &at, e.into()))?;
+    let dup = dir
+        .try_clone()
+        .map_err(|e| Error::io("open directory", &at, e))?;
+    for name in names(dup, &at)? {
+        let st = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| Error::io("stat", at.join(&name), e.into()))?;
+        let kind = kind_of(&st);
+        let child = rel.join(&name);
+        out.push(Entry {
+            rel: child.clone(),
+            kind,
+            st,
+        });
+        if kind == Kind::Dir {
+            walk_dir(root, shown, child, out)?;
+        }
+    }
+    Ok(())
+}
