@@ -225,6 +225,15 @@ for p in ("/host/dev", "/host/sys", "/run/udev", "/host/proc/driver", "/etc/cufi
 check(mounts.get("/dev", {}).get("name") == "host-dev",
       "the host's /dev must be mounted at /dev (partition and md nodes appear after the container starts)")
 check("/var/lib/gds-csi" in mounts, "state dir must be mounted")
+# The md RAID0 check reads the host's udev rules where the driver is told they are.
+rules = ["/etc/udev/rules.d", "/usr/lib/udev/rules.d", "/lib/udev/rules.d"]
+for rules_dir in rules:
+    m = mounts.get("/host" + rules_dir, {})
+    check(m.get("readOnly") is True, f"host {rules_dir} must be mounted read-only at /host{rules_dir}")
+    check({x["name"]: x for x in pod.get("volumes", [])}.get(m.get("name"), {}).get("hostPath", {}).get("path")
+          == rules_dir, f"the mount at /host{rules_dir} must be the host's {rules_dir}")
+check("--udev-rules-dir=/host/etc/udev/rules.d,/run/udev/rules.d,/host/usr/lib/udev/rules.d,/host/lib/udev/rules.d"
+      in drv["args"], f"driver must be given the mounted udev rules dirs, /etc first: {drv['args']}")
 check(not mounts.get("/var/lib/gds-csi", {}).get("readOnly"), "state dir must be writable")
 vols = {x["name"]: x for x in pod.get("volumes", [])}
 check(vols.get("state-dir", {}).get("hostPath", {}).get("path") == "/var/lib/gds-csi", "state dir must be a hostPath")

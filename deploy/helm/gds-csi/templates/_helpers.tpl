@@ -99,3 +99,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+--udev-rules-dir: the host's rules directories as the driver sees them (under
+/host), with the host's /run/udev/rules.d (mounted at /run/udev) after /etc.
+*/}}
+{{- define "gds-csi.udevRulesDirs" -}}
+{{- $dirs := list -}}
+{{- range $i, $dir := .Values.node.udevRulesDirs -}}
+{{- $dirs = append $dirs (printf "/host%s" $dir) -}}
+{{- if eq $i 0 -}}{{- $dirs = append $dirs "/run/udev/rules.d" -}}{{- end -}}
+{{- end -}}
+{{- join "," $dirs -}}
+{{- end -}}
