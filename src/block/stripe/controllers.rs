@@ -64,7 +64,10 @@ pub fn shared(devices: &[(String, &PoolDevice)]) -> Vec<String> {
     }
     by.into_iter()
         .filter(|(_, ds)| ds.len() > 1)
-        .map(|(c, ds)| format!("{c} ({})", ds.join(", ")))
+        .map(|(c, mut ds)| {
+            ds.sort(); // the same message whatever order the pool listed them in
+            format!("{c} ({})", ds.join(", "))
+        })
         .collect()
 }
 
