@@ -130,13 +130,27 @@ fn allocation(id: &str) -> String {
         .allocation
 }
 
+/// Drops the whole disk's page cache first: it is not the partitions' (each block device
+/// node has its own), so a page read before the driver wrote through a partition node
+/// would otherwise be compared as if it were the disk (seen once in CI: a stale neighbour).
+fn flush_cache(disk: &Path) {
+    let ok = std::process::Command::new("blockdev")
+        .arg("--flushbufs")
+        .arg(disk)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "blockdev --flushbufs {}", disk.display());
+}
+
 fn read_disk(disk: &Path) -> Vec<u8> {
+    flush_cache(disk);
     let mut buf = Vec::new();
     fs::File::open(disk).unwrap().read_to_end(&mut buf).unwrap();
     buf
 }
 
 fn range(disk: &Path, (start, len): (u64, u64)) -> Vec<u8> {
+    flush_cache(disk);
     let mut f = fs::File::open(disk).unwrap();
     f.seek(SeekFrom::Start(start)).unwrap();
     let mut buf = vec![0u8; len as usize];
@@ -296,9 +310,11 @@ pub async fn scenario(point: KillPoint) -> String {
         after[s..e].iter().all(|b| *b == 0),
         "v's blocks read back zeros"
     );
+    let first = before[..s].iter().zip(&after[..s]).position(|(a, b)| a != b);
+    let last = before[..s].iter().zip(&after[..s]).rposition(|(a, b)| a != b);
     assert!(
         before[..s] == after[..s],
-        "a byte before v's partition changed"
+        "a byte before v's partition changed: first {first:?} last {last:?}, v at {span:?}"
     );
     assert!(
         before[e..] == after[e..],
