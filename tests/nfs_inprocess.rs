@@ -880,3 +880,40 @@ async fn stats_with_the_server_gone_answer_abnormal_within_the_deadline() {
         .unwrap();
     assert!(!cond.abnormal, "{}", cond.message);
 }
+
+/// CSI spec, CreateVolume errors: a content source that does not exist is NOT_FOUND; one the
+/// plugin cannot use (NFS clones are not built yet) is INVALID_ARGUMENT naming the field.
+/// Neither creates a directory on the export.
+#[tokio::test]
+async fn an_nfs_clone_is_not_found_or_invalid_and_creates_nothing() {
+    let h = harness().await;
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    let clone = |source: &str| CreateVolumeRequest {
+        name: "clone".into(),
+        volume_capabilities: vec![multi.clone()],
+        parameters: params(&[]),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: source.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let mut c = h.c.controller.clone();
+    let e = c.create_volume(clone("no-such-volume")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    let e = c.create_volume(clone(&src.volume_id)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+    assert!(
+        e.message().contains("volume_content_source"),
+        "{}",
+        e.message()
+    );
+    assert!(!h.export().join("clone").exists(), "nothing created");
+}

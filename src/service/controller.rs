@@ -35,11 +35,21 @@ impl ControllerService {
         let create = request::create_volume(&req)?;
         let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
         if request::is_nfs(&req.parameters) {
-            if create.clone_of.is_some() {
-                return Err(Error::invalid(
-                    "volume_content_source",
-                    "NFS volumes cannot be cloned yet",
-                ));
+            if let Some(source) = &create.clone_of {
+                // CSI spec, CreateVolume errors: a source that does not exist is NOT_FOUND,
+                // one the plugin cannot use is INVALID_ARGUMENT.
+                return Err(match request::volume_ref(source)? {
+                    VolumeRef::Unknown(raw) => Error::VolumeNotFound(raw),
+                    VolumeRef::Block(_) => Error::invalid(
+                        "volume_content_source.volume.volume_id",
+                        "a block volume cannot fill an NFS volume; clone it into a block class",
+                    ),
+                    VolumeRef::Nfs(_) => Error::invalid(
+                        "volume_content_source.volume.volume_id",
+                        "NFS volumes cannot be cloned yet; create this volume without \
+                         volume_content_source",
+                    ),
+                });
             }
             d.nfs()?.create(&create).await
         } else {

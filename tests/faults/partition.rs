@@ -310,8 +310,14 @@ pub async fn scenario(point: KillPoint) -> String {
         after[s..e].iter().all(|b| *b == 0),
         "v's blocks read back zeros"
     );
-    let first = before[..s].iter().zip(&after[..s]).position(|(a, b)| a != b);
-    let last = before[..s].iter().zip(&after[..s]).rposition(|(a, b)| a != b);
+    let first = before[..s]
+        .iter()
+        .zip(&after[..s])
+        .position(|(a, b)| a != b);
+    let last = before[..s]
+        .iter()
+        .zip(&after[..s])
+        .rposition(|(a, b)| a != b);
     assert!(
         before[..s] == after[..s],
         "a byte before v's partition changed: first {first:?} last {last:?}, v at {span:?}"
