@@ -44,9 +44,16 @@ impl Striped {
             return Ok(running.node);
         }
         let mounts = host.mount_table()?;
-        let members = self.examined_members(host, &raw, &rec, &mounts).await?;
-        let nodes: Vec<PathBuf> = members.iter().map(|m| m.node.clone()).collect();
         let name = md_name(id);
+        if stripe.array_uuid.is_none() {
+            if let Some(node) = self.adopt_running(host, &raw, &rec, &mounts, &name).await? {
+                return Ok(node);
+            }
+        }
+        let members = self
+            .examined_members(host, &raw, &rec, &mounts, true)
+            .await?;
+        let nodes: Vec<PathBuf> = members.iter().map(|m| m.node.clone()).collect();
         let uuid = match &stripe.array_uuid {
             Some(uuid) => {
                 every_member_ours(&raw, &members, uuid)?;
@@ -70,6 +77,41 @@ impl Striped {
         md::assemble(host, &name, &uuid, &nodes).await?;
         info!(volume_id = %raw, %uuid, "stripe array assembled");
         self.running_after(&raw, &uuid)
+    }
+
+    /// A driver killed after `mdadm --create` started the array but before its UUID was
+    /// recorded leaves our array running over our members (seen on the VM rig, SIGKILL
+    /// during the first NodeStage). It is adopted only when it holds exactly the recorded
+    /// members and every member's superblock says it is ours (`adoptable`); anything
+    /// else holding a member is refused as in use by `examined_members`.
+    async fn adopt_running(
+        &self,
+        host: &dyn Host,
+        raw: &str,
+        rec: &VolumeRecord,
+        mounts: &[MountEntry],
+        name: &str,
+    ) -> Result<Option<PathBuf>> {
+        let Ok(members) = self.examined_members(host, raw, rec, mounts, false).await else {
+            return Ok(None);
+        };
+        let kernel_name = |m: &Member| m.node.file_name().map(|n| n.to_string_lossy().into_owned());
+        let mut ours: Vec<String> = members.iter().filter_map(kernel_name).collect();
+        ours.sort();
+        let Some(first) = ours.first() else {
+            return Ok(None);
+        };
+        let Some(running) = md::sysfs::holding(self.pool.host_sys(), first) else {
+            return Ok(None);
+        };
+        match adoptable(&members, name) {
+            Some(uuid) if running.members == ours && md::same_uuid(&running.uuid, &uuid) => {
+                info!(volume_id = %raw, %uuid, array = %running.name, "running stripe array adopted");
+                self.record_uuid(raw, &uuid)?;
+                Ok(Some(running.node))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn running_after(&self, raw: &str, uuid: &str) -> Result<PathBuf> {
@@ -139,6 +181,7 @@ impl Striped {
         raw: &str,
         rec: &VolumeRecord,
         mounts: &[MountEntry],
+        must_be_free: bool,
     ) -> Result<Vec<Member>> {
         let stripe = stripe_of(raw, rec)?;
         let found = self.present_members(raw, rec, mounts)?;
@@ -158,7 +201,9 @@ impl Striped {
                     m.device_key
                 )));
             };
-            self.member_free(raw, parent, carved, mounts)?;
+            if must_be_free {
+                self.member_free(raw, parent, carved, mounts)?;
+            }
             out.push(Member {
                 index,
                 node: carved.node.clone(),
