@@ -60,7 +60,12 @@ impl NfsVolumeId {
         let proto = f.next()?.to_owned();
         let port = match f.next()? {
             "" => None,
-            p => Some(p.parse().ok()?),
+            // Only the form `to_string` writes: `0100` and `+100` would be a second id for
+            // the same volume, and per-volume locks key on the id's text.
+            p => {
+                let port: u16 = p.parse().ok()?;
+                Some((port.to_string() == p).then_some(port)?)
+            }
         };
         let vers = match f.next()? {
             "" => None,
@@ -224,6 +229,9 @@ mod tests {
             "nfs:d-rdma-20049-4.1:~:d:-oexec",
             "nfs:d-rdma-20049-4.1:~:d",
             "nfs:d-rdma-20049-4.1:~::h",
+            // Found by fuzzing: a port with leading zeros decoded to another id's volume.
+            "nfs:d-rdma-020049-4.1:~:d:h",
+            "nfs:d-rdma-+20049-4.1:~:d:h",
         ] {
             assert_eq!(NfsVolumeId::parse(id), None, "{id}");
         }
