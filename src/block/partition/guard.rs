@@ -137,21 +137,13 @@ pub async fn bounded<T: Send + 'static>(
     deadline: Duration,
     f: impl FnOnce() -> gpt::Result<T> + Send + 'static,
 ) -> Result<T> {
-    let fate = enter(device, what)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (theirs, dev) = (Arc::clone(&fate), device.to_owned());
-    spawn(what, move || {
-        let r = serially(&dev, f);
-        returned(&theirs, &dev, what);
-        let _ = tx.send(r);
-    })?;
-    match tokio::time::timeout(deadline, rx).await {
-        Err(_) => Err(timed_out(&fate, device, what, deadline)),
-        Ok(Err(_)) => Err(Error::FailedPrecondition(format!(
-            "{what}: its thread died"
-        ))),
-        Ok(Ok(r)) => r.map_err(super::csi_error),
-    }
+    let fate = start(device, what, f, move |r| drop(tx.send(r)))?;
+    let got = tokio::time::timeout(deadline, rx)
+        .await
+        .ok()
+        .map(Result::ok);
+    finish(&fate, device, what, deadline, got)
 }
 
 /// [`bounded`] for the synchronous paths (locating a volume's partition for stage).
@@ -161,22 +153,50 @@ pub fn bounded_sync<T: Send + 'static>(
     deadline: Duration,
     f: impl FnOnce() -> gpt::Result<T> + Send + 'static,
 ) -> Result<T> {
-    let fate = enter(device, what)?;
+    use std::sync::mpsc::RecvTimeoutError;
     let (tx, rx) = std::sync::mpsc::channel();
+    let fate = start(device, what, f, move |r| drop(tx.send(r)))?;
+    let got = match rx.recv_timeout(deadline) {
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => Some(None),
+        Ok(r) => Some(Some(r)),
+    };
+    finish(&fate, device, what, deadline, got)
+}
+
+/// Starts `f` on its own thread, serialized per device; `deliver` hands its result to
+/// the waiting caller (async or not).
+fn start<T: Send + 'static>(
+    device: &Path,
+    what: &'static str,
+    f: impl FnOnce() -> gpt::Result<T> + Send + 'static,
+    deliver: impl FnOnce(gpt::Result<T>) + Send + 'static,
+) -> Result<Shared> {
+    let fate = enter(device, what)?;
     let (theirs, dev) = (Arc::clone(&fate), device.to_owned());
     spawn(what, move || {
         let r = serially(&dev, f);
         returned(&theirs, &dev, what);
-        let _ = tx.send(r);
+        deliver(r);
     })?;
-    match rx.recv_timeout(deadline) {
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            Err(timed_out(&fate, device, what, deadline))
-        }
-        Err(_) => Err(Error::FailedPrecondition(format!(
+    Ok(fate)
+}
+
+/// What the caller answers: `got` is None when `deadline` passed, Some(None) when the
+/// thread ended without a result.
+fn finish<T>(
+    fate: &Shared,
+    device: &Path,
+    what: &'static str,
+    deadline: Duration,
+    got: Option<Option<gpt::Result<T>>>,
+) -> Result<T> {
+    match got {
+        None => Err(timed_out(fate, device, what, deadline)),
+        Some(None) => Err(Error::FailedPrecondition(format!(
             "{what}: its thread died"
         ))),
-        Ok(r) => r.map_err(super::csi_error),
+        Some(Some(r)) => r.map_err(super::csi_error),
     }
 }
 
