@@ -34,7 +34,19 @@ async fn harness() -> Harness {
 
 /// `nfs`: whether the driver instance has the NFS backend.
 async fn harness_with(nfs: bool) -> Harness {
-    let dir = tempfile::tempdir().unwrap();
+    harness_in(tempfile::tempdir().unwrap(), nfs, Some(SLOW_CI)).await
+}
+
+/// Clone copies wait this long here: a debug build checksums slowly on 2 busy cores.
+const SLOW_CI: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A driver instance on `dir` (a restarted driver finds its state there); `clone_wait`:
+/// another wait of a clone's CreateVolume for its copy.
+async fn harness_in(
+    dir: tempfile::TempDir,
+    nfs: bool,
+    clone_wait: Option<std::time::Duration>,
+) -> Harness {
     let state = dir.path().join("state");
     let host = Arc::new(HostDouble::tracking(HashMap::new()));
     let pool = Pool::open(PoolConfig {
@@ -54,11 +66,21 @@ async fn harness_with(nfs: bool) -> Harness {
         host.clone(),
     );
     if nfs {
-        driver =
-            driver.with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap());
+        let mut store = NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap();
+        if let Some(wait) = clone_wait {
+            store = store.with_clone_wait(wait);
+        }
+        driver = driver.with_nfs(store);
     }
     let driver = Arc::new(driver);
-    let c = common::serve_in_process(driver, dir.path()).await;
+    // A restarted driver serves on a socket of its own (the first one's server task
+    // lives on, unused, as the in-process server cannot be stopped).
+    let mut run = dir.path().to_owned();
+    while run.join("csi.sock").exists() {
+        run = run.join("again");
+    }
+    std::fs::create_dir_all(&run).unwrap();
+    let c = common::serve_in_process(driver, &run).await;
     Harness { dir, host, c }
 }
 
@@ -881,21 +903,15 @@ async fn stats_with_the_server_gone_answer_abnormal_within_the_deadline() {
     assert!(!cond.abnormal, "{}", cond.message);
 }
 
-/// CSI spec, CreateVolume errors: a content source that does not exist is NOT_FOUND; one the
-/// plugin cannot use (NFS clones are not built yet) is INVALID_ARGUMENT naming the field.
-/// Neither creates a directory on the export.
-#[tokio::test]
-async fn an_nfs_clone_is_not_found_or_invalid_and_creates_nothing() {
-    let h = harness().await;
-    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let src = h
-        .create("src", params(&[]), multi.clone(), 1 << 30)
-        .await
-        .unwrap();
-    let clone = |source: &str| CreateVolumeRequest {
-        name: "clone".into(),
-        volume_capabilities: vec![multi.clone()],
-        parameters: params(&[]),
+fn clone_req(name: &str, source: &str, required: i64, limit: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }),
+        volume_capabilities: vec![cap(AccessModeKind::MultiNodeMultiWriter, &[])],
+        parameters: params(&[("verify", "checksum")]),
         volume_content_source: Some(VolumeContentSource {
             r#type: Some(volume_content_source::Type::Volume(
                 volume_content_source::VolumeSource {
@@ -904,16 +920,377 @@ async fn an_nfs_clone_is_not_found_or_invalid_and_creates_nothing() {
             )),
         }),
         ..Default::default()
-    };
+    }
+}
+
+/// CSI spec, CreateVolume errors: a content source that does not exist is NOT_FOUND, one
+/// the plugin cannot use (a block volume) INVALID_ARGUMENT naming the field, and one larger
+/// than the clone's limit OUT_OF_RANGE naming both sizes. None creates a directory.
+#[tokio::test]
+async fn an_nfs_clone_of_a_missing_block_or_larger_source_is_refused_and_creates_nothing() {
+    let h = harness().await;
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 2 << 30)
+        .await
+        .unwrap();
     let mut c = h.c.controller.clone();
-    let e = c.create_volume(clone("no-such-volume")).await.unwrap_err();
+    let e = c
+        .create_volume(clone_req("clone", "no-such-volume", 1 << 30, 0))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
-    let e = c.create_volume(clone(&src.volume_id)).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+    // A well-formed NFS id whose directory is not there.
+    let gone = src.volume_id.replace(":src:", ":gone:");
+    let e = c
+        .create_volume(clone_req("clone", &gone, 1 << 30, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    let block = "blk:0000000000000001:vol:node-a";
+    let e = c
+        .create_volume(clone_req("clone", block, 1 << 30, 0))
+        .await
+        .unwrap_err();
     assert!(
-        e.message().contains("volume_content_source"),
+        matches!(e.code(), Code::InvalidArgument | Code::NotFound),
+        "{e:?}"
+    );
+    let e = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 1 << 30))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{}", e.message());
+    assert!(
+        e.message().contains(&(2u64 << 30).to_string())
+            && e.message().contains(&(1u64 << 30).to_string()),
         "{}",
         e.message()
     );
     assert!(!h.export().join("clone").exists(), "nothing created");
+    let listed = c.list_volumes(ListVolumesRequest::default()).await.unwrap();
+    assert_eq!(listed.into_inner().entries.len(), 1, "only the source");
+}
+
+/// The source tree of the clone tests: nested directories, odd names, modes and owners,
+/// a hard link, a sparse file, an empty file, a FIFO, and symlinks pointing inside the
+/// share and outside it (at `outside`).
+fn fill_source(src: &Path, outside: &Path) {
+    use std::os::unix::fs::{symlink, OpenOptionsExt};
+    std::fs::create_dir_all(src.join("a/b/c")).unwrap();
+    for i in 0..20 {
+        std::fs::write(
+            src.join(format!("a/b/f{i}")),
+            format!("file {i}\n").repeat(i + 1),
+        )
+        .unwrap();
+    }
+    std::fs::write(src.join("a/b/c/odd name \u{e9}\t!"), b"odd").unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    std::fs::hard_link(src.join("big.bin"), src.join("a/big-link")).unwrap();
+    let sparse = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(src.join("sparse"))
+        .unwrap();
+    sparse.set_len(16 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_at(&sparse, b"tail", (16 << 20) - 4).unwrap();
+    std::fs::write(src.join("empty"), b"").unwrap();
+    std::fs::set_permissions(src.join("a/b/f3"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(src.join("a/b/c"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    nix::unistd::mkfifo(
+        &src.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    symlink(outside.join("secret"), src.join("escape")).unwrap();
+    symlink("a/b/f1", src.join("inside")).unwrap();
+    if common::is_root() {
+        let f = src.join("a/b/f4");
+        std::os::unix::fs::lchown(&f, Some(1234), Some(5678)).unwrap();
+    }
+}
+
+/// Every entry of `a` is in `b` with the same kind, mode, owner, mtime, size, bytes
+/// (files) and text (symlinks, which are never followed).
+fn assert_same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![PathBuf::new()];
+    let mut seen = 0;
+    while let Some(rel) = stack.pop() {
+        let (x, y) = (a.join(&rel), b.join(&rel));
+        let (mx, my) = (
+            std::fs::symlink_metadata(&x).unwrap(),
+            std::fs::symlink_metadata(&y).unwrap(),
+        );
+        assert_eq!(mx.mode(), my.mode(), "mode of {rel:?}");
+        assert_eq!(
+            (mx.uid(), mx.gid()),
+            (my.uid(), my.gid()),
+            "owner of {rel:?}"
+        );
+        assert_eq!(mx.len(), my.len(), "size of {rel:?}");
+        if !mx.is_dir() {
+            assert_eq!(mx.mtime(), my.mtime(), "mtime of {rel:?}");
+        }
+        seen += 1;
+        let ft = mx.file_type();
+        if ft.is_symlink() {
+            assert_eq!(
+                std::fs::read_link(&x).unwrap(),
+                std::fs::read_link(&y).unwrap()
+            );
+        } else if ft.is_file() {
+            assert!(
+                std::fs::read(&x).unwrap() == std::fs::read(&y).unwrap(),
+                "bytes of {rel:?}"
+            );
+        } else if ft.is_dir() {
+            for e in std::fs::read_dir(&x).unwrap() {
+                stack.push(rel.join(e.unwrap().file_name()));
+            }
+        }
+    }
+    assert!(seen > 25, "walked {seen} entries");
+}
+
+/// NFS → NFS: the clone's directory is a copy of the source's (checksum-verified),
+/// symlinks copied as links (the one pointing outside the share too), hard links kept,
+/// holes kept; the Volume names its content source and has the source's capacity; a
+/// repeated CreateVolume answers the same; DeleteVolume removes the copy.
+#[tokio::test]
+async fn an_nfs_clone_is_a_verified_copy_of_the_source_directory() {
+    use std::os::unix::fs::MetadataExt;
+    let h = harness().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"not for the clone").unwrap();
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 2 << 30)
+        .await
+        .unwrap();
+    let src_dir = h.export().join("src");
+    fill_source(&src_dir, outside.path());
+    let mut c = h.c.controller.clone();
+    let v = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 2 << 30, "the source's capacity");
+    let source_of = |v: &Volume| match v.content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+        Some(volume_content_source::Type::Volume(s)) => s.volume_id.clone(),
+        other => panic!("content source {other:?}"),
+    };
+    assert_eq!(source_of(&v), src.volume_id);
+    let dst = h.export().join("clone");
+    assert_same_tree(&src_dir, &dst);
+    let escape = std::fs::symlink_metadata(dst.join("escape")).unwrap();
+    assert!(
+        escape.file_type().is_symlink(),
+        "copied as a link, not followed"
+    );
+    assert_eq!(
+        std::fs::read_link(dst.join("escape")).unwrap(),
+        outside.path().join("secret")
+    );
+    assert_eq!(
+        std::fs::metadata(dst.join("big.bin")).unwrap().ino(),
+        std::fs::metadata(dst.join("a/big-link")).unwrap().ino(),
+        "the hard link is one inode in the copy"
+    );
+    let sparse = std::fs::metadata(dst.join("sparse")).unwrap();
+    assert!(
+        sparse.blocks() * 512 < 1 << 20,
+        "holes stay holes: {} blocks",
+        sparse.blocks()
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(dst.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    // The same request again: the same volume, nothing copied again.
+    let again = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, v.volume_id);
+    let listed = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = listed
+        .entries
+        .iter()
+        .find(|e| e.volume.as_ref().unwrap().volume_id == v.volume_id);
+    assert_eq!(
+        source_of(entry.unwrap().volume.as_ref().unwrap()),
+        src.volume_id
+    );
+    // Another source under the same name is another request.
+    let e = c
+        .create_volume(CreateVolumeRequest {
+            volume_content_source: None,
+            ..clone_req("clone", &src.volume_id, 1 << 30, 0)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{}", e.message());
+    h.delete(&v.volume_id).await.unwrap();
+    assert!(!dst.exists());
+    assert!(outside.path().join("secret").exists());
+    assert_eq!(
+        std::fs::read_dir(&src_dir).unwrap().count(),
+        7,
+        "the source is untouched"
+    );
+}
+
+fn registry_path(dir: &Path) -> PathBuf {
+    dir.join("state/nfs-volumes.json")
+}
+
+/// A driver killed mid-copy: its record still says `filling` and the clone's directory
+/// holds a half copy. After the restart the half copy is no volume (ListVolumes leaves it
+/// out), the retried CreateVolume finishes the copy, and DeleteVolume of a half copy
+/// removes it even under `onDelete: retain`.
+#[tokio::test]
+async fn a_clone_left_filling_by_a_killed_driver_is_finished_or_removed_after_restart() {
+    let h = harness().await;
+    let outside = tempfile::tempdir().unwrap();
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    let src_dir = h.export().join("src");
+    fill_source(&src_dir, outside.path());
+    let mut c = h.c.controller.clone();
+    let v = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let dst = h.export().join("clone");
+    // What a kill mid-copy leaves: the record filling, files missing or cut short.
+    let reg = registry_path(h.dir.path());
+    let text = std::fs::read_to_string(&reg).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["volumes"][&v.volume_id]["filling"] = true.into();
+    std::fs::write(&reg, serde_json::to_vec(&json).unwrap()).unwrap();
+    std::fs::write(dst.join("big.bin"), b"cut").unwrap();
+    std::fs::remove_dir_all(dst.join("a/b/c")).unwrap();
+    let Harness { dir, c: old, .. } = h;
+    drop(old);
+    let h = harness_in(dir, true, Some(SLOW_CI)).await;
+    let mut c = h.c.controller.clone();
+    let listed = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed
+            .entries
+            .iter()
+            .all(|e| e.volume.as_ref().unwrap().volume_id != v.volume_id),
+        "a half copy is not listed"
+    );
+    let again = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, v.volume_id);
+    assert_same_tree(&src_dir, &dst);
+    // A half copy under onDelete: retain is removed by DeleteVolume all the same.
+    let retain = params(&[("onDelete", "retain"), ("verify", "checksum")]);
+    let r = c
+        .create_volume(CreateVolumeRequest {
+            parameters: retain,
+            ..clone_req("kept", &src.volume_id, 1 << 30, 0)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let text = std::fs::read_to_string(registry_path(h.dir.path())).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["volumes"][&r.volume_id]["filling"] = true.into();
+    std::fs::write(
+        registry_path(h.dir.path()),
+        serde_json::to_vec(&json).unwrap(),
+    )
+    .unwrap();
+    let Harness { dir, c: old, .. } = h;
+    drop(old);
+    let h = harness_in(dir, true, Some(SLOW_CI)).await;
+    h.delete(&r.volume_id).await.unwrap();
+    assert!(
+        !h.export().join("kept").exists(),
+        "the half copy is removed"
+    );
+    assert!(
+        h.export().join("clone/big.bin").exists(),
+        "the finished clone stays"
+    );
+}
+
+/// A copy that outlasts CreateVolume's wait (here a wait of 0): the answer is
+/// UNAVAILABLE (external-provisioner: ProvisioningInBackground, retried) with the progress
+/// as the message, the copy goes on as a job, and the retries join it until it is done.
+#[tokio::test]
+async fn a_clone_create_that_cannot_wait_answers_the_progress_and_the_retry_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness_in(dir, true, Some(std::time::Duration::ZERO)).await;
+    let outside = tempfile::tempdir().unwrap();
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    let src_dir = h.export().join("src");
+    fill_source(&src_dir, outside.path());
+    let mut c = h.c.controller.clone();
+    let e = c
+        .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    assert!(
+        e.message()
+            .starts_with("pre-staging from 192.0.2.1:/export/src: "),
+        "{}",
+        e.message()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let v = loop {
+        match c
+            .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
+            .await
+        {
+            Ok(r) => break r.into_inner().volume.unwrap(),
+            Err(e) if e.code() == Code::Unavailable && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert!(v.content_source.is_some());
+    assert_same_tree(&src_dir, &h.export().join("clone"));
 }

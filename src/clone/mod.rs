@@ -17,7 +17,7 @@ pub mod verify;
 pub mod walk;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,7 +59,18 @@ fn open_root(path: &Path) -> Result<OwnedFd> {
 /// record says was done, and verifies the result. Done already: returns at once.
 pub fn copy_tree(req: &CopyRequest, progress: &Progress) -> Result<()> {
     let (src, dst) = (open_root(&req.source)?, open_root(&req.target)?);
-    let (src, dst) = (src.as_fd(), dst.as_fd());
+    copy_tree_at(src.as_fd(), dst.as_fd(), req, progress)
+}
+
+/// `copy_tree` between directories the caller opened (the NFS backend walks to them from
+/// the export's root with `openat`, never following a symlink); `req.source` and
+/// `req.target` only name them in messages.
+pub fn copy_tree_at(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    progress: &Progress,
+) -> Result<()> {
     let entries = walk::walk(src, &req.source)?;
     let links = meta::links(&entries);
     let units = copy::units(&entries, &links.primaries, req.chunk);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tracing::info;
 
-use super::{fsops, NfsBackend, NfsRecord, NfsVolumeId, OnDelete};
+use super::{clone, fsops, NfsBackend, NfsRecord, NfsVolumeId, OnDelete};
 use crate::backend::{Expand, Expanded};
 use crate::csi;
 use crate::error::{Error, Result};
@@ -29,7 +29,7 @@ fn volume_of(
         capacity_bytes: rec.capacity_bytes as i64,
         volume_id: id.to_owned(),
         volume_context: ctx,
-        content_source: None,
+        content_source: clone::content_source(rec),
         // Reachable from every node that can reach the server; gated volumes only where the
         // node advertises NFS-over-RDMA GDS readiness.
         accessible_topology: crate::gds_gate::nfs_topology(&b.driver_name, &rec.parameters),
@@ -58,9 +58,13 @@ fn requested_id(req: &CreateVolume<'_>) -> Result<NfsVolumeId> {
 fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> Result<()> {
     let (name, id_text) = (&req.name, id.to_string());
     if let Some((existing, rec)) = b.store.registry.by_name(name) {
-        if existing != id_text || rec.parameters != req.params.stored {
+        if existing != id_text
+            || rec.parameters != req.params.stored
+            || rec.clone_source != req.clone_of
+        {
             return Err(Error::AlreadyExists(format!(
-                "volume {name:?} exists with other parameters or mount options; use another name"
+                "volume {name:?} exists with other parameters, mount options or content \
+                 source; use another name"
             )));
         }
         if !fits(rec.capacity_bytes, req.required_bytes, req.limit_bytes) {
@@ -86,6 +90,10 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
     let id = requested_id(req)?;
     let id_text = id.to_string();
     check_existing(b, req, &id)?;
+    if let Some(source) = &req.clone_of {
+        let rec = clone::create(b, req, &id, source).await?;
+        return Ok(volume_of(b, &id_text, &rec, Some(&id)));
+    }
     let root = b.export_root(&id).await?;
     let rel = id.dir.clone();
     b.blocking(format!("creating {}", id.source()), move || {
@@ -102,6 +110,7 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
         name: req.name.clone(),
         capacity_bytes: capacity,
         parameters: req.params.stored.clone(),
+        ..NfsRecord::default()
     };
     b.store.registry.update(|m| {
         m.insert(id_text.clone(), rec.clone());
@@ -115,7 +124,9 @@ pub async fn delete(b: &NfsBackend, id: &NfsVolumeId) -> Result<()> {
     let id_text = id.to_string();
     let root = b.export_root(id).await?;
     let rel = id.dir.clone();
+    let filling = clone::delete_filling(b, id).await?;
     match id.on_delete {
+        _ if filling => {}
         OnDelete::Retain => info!(volume_id = %id_text, "onDelete=retain: directory kept"),
         OnDelete::Delete => {
             b.blocking(format!("removing {}", id.source()), move || {
@@ -138,6 +149,7 @@ pub async fn delete(b: &NfsBackend, id: &NfsVolumeId) -> Result<()> {
             info!(volume_id = %id_text, archived_as = ?moved, "directory archived");
         }
     }
+    crate::metrics::clone::forget(&id_text);
     b.store.registry.update(|m| {
         m.remove(&id_text);
     })
@@ -188,6 +200,8 @@ pub fn list(b: &NfsBackend) -> Vec<(String, csi::Volume)> {
         .registry
         .snapshot()
         .into_iter()
+        // A clone still filling is no volume yet: no CreateVolume has answered it.
+        .filter(|(_, rec)| !rec.filling)
         .map(|(id, rec)| {
             let parsed = NfsVolumeId::parse(&id);
             let v = volume_of(b, &id, &rec, parsed.as_ref());

@@ -101,6 +101,21 @@ pub fn dir_exists(root: &Path, rel: &str) -> Result<bool, FsError> {
     Ok(walk(root, &split(rel), false)?.is_some())
 }
 
+/// Opens `rel` below `root` as a directory, never following a symlink on the way.
+/// `Ok(None)`: it does not exist.
+pub fn open_dir(root: &Path, rel: &str) -> Result<Option<Dir>, FsError> {
+    walk(root, &split(rel), false)
+}
+
+/// Whether the directory `rel` below `root` is missing or has no entries.
+pub fn is_empty_or_missing(root: &Path, rel: &str) -> Result<bool, FsError> {
+    let Some(mut dir) = open_dir(root, rel)? else {
+        return Ok(true);
+    };
+    let mut entries = dir.iter().filter_map(|e| e.ok());
+    Ok(!entries.any(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
+}
+
 /// Opens the parent of `rel` and returns it with the last component's name.
 fn parent_of<'a>(root: &Path, rel: &'a str) -> Result<Option<(Dir, &'a str)>, FsError> {
     let parts = split(rel);

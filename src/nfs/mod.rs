@@ -8,6 +8,7 @@
 //! Capacity is recorded, never enforced. Ids and parameters are parsed in
 //! `request::nfs`; this module only acts on them.
 
+pub mod clone;
 pub mod controller;
 pub mod fsops;
 pub mod node;
@@ -38,8 +39,12 @@ pub use registry::{NfsRecord, Registry};
 /// deadline of operations inside an export.
 pub struct NfsStore {
     exports_dir: PathBuf,
+    /// Progress records of NFS → NFS clone copies (`clone.rs`).
+    clones_dir: PathBuf,
     pub registry: Registry,
     pub(crate) op_timeout: Duration,
+    /// How long a clone's CreateVolume waits for its copy (`clone::CREATE_WAIT`).
+    pub(crate) clone_wait: Duration,
     export_locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -51,10 +56,19 @@ impl NfsStore {
             .map_err(|e| Error::io("creating", &exports_dir, e))?;
         Ok(NfsStore {
             exports_dir,
+            clones_dir: state_dir.join("nfs-clones"),
             registry: Registry::open(state_dir)?,
             op_timeout,
+            clone_wait: clone::CREATE_WAIT,
             export_locks: Mutex::default(),
         })
+    }
+
+    /// Another wait of a clone's CreateVolume for its copy (tests: 0, to see the answer
+    /// of a copy that outlasts the wait without a copy that long).
+    pub fn with_clone_wait(mut self, wait: Duration) -> Self {
+        self.clone_wait = wait;
+        self
     }
 }
 
@@ -65,6 +79,8 @@ pub struct NfsBackend {
     pub(crate) gate: Option<Arc<GdsGate>>,
     /// The CSI driver name, the prefix of the topology keys of gated volumes.
     pub(crate) driver_name: String,
+    /// NFS → NFS clone copies running as jobs (`clone.rs`).
+    pub(crate) clones: Arc<crate::clone::Cloner>,
 }
 
 impl NfsBackend {
@@ -75,6 +91,7 @@ impl NfsBackend {
             mounter,
             gate: None,
             driver_name,
+            clones: Arc::default(),
         }
     }
 
@@ -173,26 +190,8 @@ impl NfsBackend {
         f: impl FnOnce() -> std::result::Result<T, fsops::FsError> + Send + 'static,
     ) -> Result<T> {
         let context = what.clone();
-        self.with_deadline(what, move || {
-            f().map_err(|e| match e {
-                fsops::FsError::NotADirectory(path) => VolumeError::UnsafeExportPath {
-                    what: context,
-                    path,
-                }
-                .into(),
-                fsops::FsError::BadPath(path) => VolumeError::UnsafeExportPath {
-                    what: "refusing a path".into(),
-                    path,
-                }
-                .into(),
-                fsops::FsError::Sys {
-                    what: op,
-                    path,
-                    errno,
-                } => Error::io(op, path, std::io::Error::from_raw_os_error(errno as i32)),
-            })
-        })
-        .await
+        self.with_deadline(what, move || f().map_err(|e| fs_error(context, e)))
+            .await
     }
 
     pub async fn dir_exists(&self, id: &NfsVolumeId) -> Result<bool> {
@@ -279,6 +278,27 @@ impl VolumeBackend for NfsBackend {
         _staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
         stats::stats(self, id, path).await
+    }
+}
+
+/// A directory operation's failure as the driver's error; `context` says what was done.
+pub(crate) fn fs_error(context: String, e: fsops::FsError) -> Error {
+    match e {
+        fsops::FsError::NotADirectory(path) => VolumeError::UnsafeExportPath {
+            what: context,
+            path,
+        }
+        .into(),
+        fsops::FsError::BadPath(path) => VolumeError::UnsafeExportPath {
+            what: "refusing a path".into(),
+            path,
+        }
+        .into(),
+        fsops::FsError::Sys {
+            what: op,
+            path,
+            errno,
+        } => Error::io(op, path, std::io::Error::from_raw_os_error(errno as i32)),
     }
 }
 

@@ -15,12 +15,20 @@ use crate::error::{Error, Result};
 
 const FILE_NAME: &str = "nfs-volumes.json";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NfsRecord {
     pub name: String,
     /// What CreateVolume asked for (`required_bytes`); not enforced on the server.
     pub capacity_bytes: u64,
     pub parameters: BTreeMap<String, String>,
+    /// The volume this one is a clone of (`volume_content_source.volume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_source: Option<String>,
+    /// A clone whose copy has not completed and been verified yet: never answered as a
+    /// volume, left out of ListVolumes; DeleteVolume removes its directory whatever
+    /// `onDelete` says (a half copy holds no one's data).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub filling: bool,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -112,6 +120,8 @@ mod tests {
             name: "v".into(),
             capacity_bytes: 5,
             parameters: BTreeMap::new(),
+            clone_source: None,
+            filling: false,
         };
         r.update(|m| {
             m.insert("nfs:x".into(), rec.clone());

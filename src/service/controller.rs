@@ -37,19 +37,17 @@ impl ControllerService {
         if request::is_nfs(&req.parameters) {
             if let Some(source) = &create.clone_of {
                 // CSI spec, CreateVolume errors: a source that does not exist is NOT_FOUND,
-                // one the plugin cannot use is INVALID_ARGUMENT.
-                return Err(match request::volume_ref(source)? {
-                    VolumeRef::Unknown(raw) => Error::VolumeNotFound(raw),
-                    VolumeRef::Block(_) => Error::invalid(
-                        "volume_content_source.volume.volume_id",
-                        "a block volume cannot fill an NFS volume; clone it into a block class",
-                    ),
-                    VolumeRef::Nfs(_) => Error::invalid(
-                        "volume_content_source.volume.volume_id",
-                        "NFS volumes cannot be cloned yet; create this volume without \
-                         volume_content_source",
-                    ),
-                });
+                // one the plugin cannot use is INVALID_ARGUMENT. NFS sources: nfs/clone.rs.
+                match request::volume_ref(source)? {
+                    VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw)),
+                    VolumeRef::Block(_) => {
+                        return Err(Error::invalid(
+                            "volume_content_source.volume.volume_id",
+                            "a block volume cannot fill an NFS volume; clone it into a block class",
+                        ))
+                    }
+                    VolumeRef::Nfs(_) => {}
+                }
             }
             d.nfs()?.create(&create).await
         } else {
