@@ -5,7 +5,7 @@
 # against the NVMe backend and against the NFS backend, then the scenarios of
 # examples/vm_scenarios.rs, then csi-sanity with layout: partition and the partition
 # scenario (examples/vm_scenarios/partition.rs). Exits non-zero on any failure. Root;
-# Debian 12.
+# Debian 12. GDS_VM_ONLY=nfs-sanity: only csi-sanity on the NFS backend.
 # See /work/shared/notes/vm-rig.md for the recipe and its gotchas.
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
@@ -75,7 +75,7 @@ export PATH="$VENV/bin:$PATH"
 set +e
 timeout 1140 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
   --qemu-opts="$qemu_opts" \
-  --exec "bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN" 2>&1 | tee "$WORK/console.log"
+  --exec "GDS_VM_ONLY=${GDS_VM_ONLY:-} bash $REPO_ROOT/tests/vm/guest.sh run $OUT $CACHE_BIN" 2>&1 | tee "$WORK/console.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo
