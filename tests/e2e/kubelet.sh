@@ -585,8 +585,30 @@ check "kubectl logs shows the reader read the writer's token" logs_are reader "$
 check "the same filesystem, not a new mkfs (superblock UUID and creation time unchanged)" \
   [ "$(superblock)" = "$first_superblock" ]
 
-# --- delete: the device returns to the pool ---------------------------------------------
+# --- a clone (issue 15): a claim whose dataSource is `data` holds the writer's file -------
+# A clone is copied only from a source nothing has staged (src/block/clone.rs): the reader
+# is deleted first and its volume unstaged.
 "$KUBECTL" delete pod reader >/dev/null
+check "the reader's volume is unstaged" wait_for 60 unstaged
+pvc data-clone nvme-gds-preferred 32Mi data
+pod clone-reader data-clone "cat /data/token && grep -qx $TOKEN /data/token && ls -ln /data/token"
+check "the clone claim (dataSource: PersistentVolumeClaim data) is Bound" wait_for 120 is_bound data-clone
+clone_pv=$("$KUBECTL" get pvc data-clone -o jsonpath='{.spec.volumeName}')
+clone_node=$("$KUBECTL" get pv "$clone_pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
+check "the clone's PV has the source's node affinity ($NODE)" [ "$clone_node" = "$NODE" ]
+check "a pod on the clone reads the writer's token (the kubelet's NodeStage filled it)" wait_for 180 pod_succeeded clone-reader
+if ! pod_succeeded clone-reader; then events_of clone-reader | tail -5; fi
+clone_logs() { "$KUBECTL" logs clone-reader 2>&1; }
+check "kubectl logs shows the token read from the clone" [ "$(clone_logs | head -1)" = "$TOKEN" ]
+# Owner as the writer left it (uid 1000; the group is the pod's fsGroup, 2000).
+owner_kept() { clone_logs | tail -1 | awk '{exit !($3 == 1000 && $4 == 2000)}'; }
+check "the copy keeps the file's owner (uid 1000, gid 2000)" owner_kept
+"$KUBECTL" delete pod clone-reader >/dev/null
+"$KUBECTL" delete pvc data-clone --wait=false >/dev/null
+clone_pv_gone() { ! "$KUBECTL" get pv "$clone_pv" >/dev/null 2>&1; }
+check "the clone's PV is deleted after its claim" wait_for 60 clone_pv_gone
+
+# --- delete: the device returns to the pool ---------------------------------------------
 "$KUBECTL" delete pvc data --wait=false >/dev/null
 pv_gone() { ! "$KUBECTL" get pv "$pv" >/dev/null 2>&1; }
 check "PV deleted after the claim" wait_for 60 pv_gone

@@ -146,7 +146,7 @@ start_provisioner() {
   PIDS+=($!)
 }
 
-pvc() { # NAME CLASS SIZE
+pvc() { # NAME CLASS SIZE [SOURCE_CLAIM: a clone of that claim, its dataSource]
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -154,7 +154,8 @@ metadata: {name: $1, namespace: default}
 spec:
   accessModes: [ReadWriteOnce]
   storageClassName: $2
-  resources: {requests: {storage: $3}}
+  resources: {requests: {storage: $3}}${4:+
+  dataSource: {kind: PersistentVolumeClaim, name: $4\}}
 YAML
 }
 pvc_phase() { "$KUBECTL" get pvc "$1" -o jsonpath='{.status.phase}'; }

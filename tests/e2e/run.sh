@@ -126,6 +126,51 @@ check "PV deleted after the PVC" wait_for 60 pv_gone
 check "DeleteVolume succeeded on $node" succeeded DeleteVolume "$WORK/$node/driver.log"
 check "node-b's capacity is back to 128 MiB" wait_for 60 has_capacity node-b 128
 
+# --- a clone (issue 15): a claim whose dataSource is another claim of the driver -------
+# The source is placed on node-a; the clone's pod names no node, so the scheduler may pick
+# node-b first: its driver answers ResourceExhausted (the source lives on node-a), which
+# external-provisioner 6.4.0 turns into a reschedule (checkError: ResourceExhausted with
+# WaitForFirstConsumer is ProvisioningReschedule), until the clone is made on node-a.
+pvc_and_pod src 40Mi nvme-gds-whole node-a
+check "source claim src is bound (on node-a)" wait_for 90 is_bound src
+pvc clone nvme-gds-whole 40Mi src
+"$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: clone, namespace: default}
+spec:
+  nodeSelector: {nvidia.com/gpu.present: "true"}
+  containers: [{name: app, image: registry.invalid/none, volumeMounts: [{name: data, mountPath: /data}]}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: clone}}]
+YAML
+check "the clone claim (dataSource: PersistentVolumeClaim src) is Bound" wait_for 180 is_bound clone
+pv_of() { "$KUBECTL" get pvc "$1" -o jsonpath='{.spec.volumeName}'; }
+src_pv=$(pv_of src)
+clone_pv=$(pv_of clone)
+affinity_of() { "$KUBECTL" get pv "$1" -o jsonpath="{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}"; }
+src_handle=$("$KUBECTL" get pv "$src_pv" -o jsonpath='{.spec.csi.volumeHandle}')
+clone_handle=$("$KUBECTL" get pv "$clone_pv" -o jsonpath='{.spec.csi.volumeHandle}')
+echo "     source $src_handle on $(affinity_of "$src_pv"), clone $clone_handle on $(affinity_of "$clone_pv")"
+bounced=$("$KUBECTL" get events -n default --field-selector involvedObject.name=clone -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | grep -c 'ResourceExhausted' || true)
+echo "     the clone's claim was refused by node-b's driver and rescheduled $bounced time(s) before"
+check "the source's PV is on node-a" [ "$(affinity_of "$src_pv")" = node-a ]
+check "the clone's PV has the source's node affinity (node-a)" [ "$(affinity_of "$clone_pv")" = node-a ]
+check "the clone's volume handle names node-a" [ "$(cut -d: -f4 <<<"$clone_handle")" = node-a ]
+distinct_clone() { [ -n "$clone_handle" ] && [ "$clone_handle" != "$src_handle" ]; }
+check "the clone is another volume than its source" distinct_clone
+# What CreateVolume got as volume_content_source: the clone's record names its source.
+clone_source() {
+  python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["volumes"][sys.argv[2]]["parameters"].get("cloneSource", ""))' \
+    "$WORK/node-a/state/volumes.json" "$clone_handle"
+}
+check "node-a's driver recorded the clone's source as the source claim's volume" [ "$(clone_source)" = "$src_handle" ]
+"$KUBECTL" delete pod src clone --grace-period=0 --force >/dev/null 2>&1 || true
+"$KUBECTL" delete pvc clone src --wait=false >/dev/null
+both_pvs_gone() { ! "$KUBECTL" get pv "$src_pv" >/dev/null 2>&1 && ! "$KUBECTL" get pv "$clone_pv" >/dev/null 2>&1; }
+check "both PVs deleted after their claims" wait_for 60 both_pvs_gone
+check "node-a's capacity is back to 128 MiB" wait_for 60 has_capacity node-a 128
+
 # --- layout: partition: two claims carved from node-b's one device -------------------
 part_free() { capacity_of node-b nvme-gds; }
 has_part_capacity() { [ "$(part_free)" -gt 0 ]; }
