@@ -1294,3 +1294,39 @@ async fn a_clone_create_that_cannot_wait_answers_the_progress_and_the_retry_join
     assert!(v.content_source.is_some());
     assert_same_tree(&src_dir, &h.export().join("clone"));
 }
+
+/// The source and the clone on different exports (another share, another server): each is
+/// reached through its own export mount, and the copy goes from one to the other.
+#[tokio::test]
+async fn an_nfs_clone_may_live_on_another_export_than_its_source() {
+    let h = harness().await;
+    let outside = tempfile::tempdir().unwrap();
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h.create("src", params(&[]), multi, 1 << 30).await.unwrap();
+    let src_dir = h.export().join("src");
+    fill_source(&src_dir, outside.path());
+    let other = params(&[("server", "192.0.2.7"), ("share", "/scratch")]);
+    let mut c = h.c.controller.clone();
+    let v = c
+        .create_volume(CreateVolumeRequest {
+            parameters: other,
+            ..clone_req("clone", &src.volume_id, 1 << 30, 0)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(v.volume_id.ends_with(":192.0.2.7"), "{}", v.volume_id);
+    let calls = h.host.state.lock().unwrap().nfs_calls.clone();
+    let sources: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+    assert!(sources.contains(&"192.0.2.7:/scratch"), "{sources:?}");
+    let exports = h.dir.path().join("state/nfs-exports");
+    let clone_dir = std::fs::read_dir(&exports)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("clone"))
+        .find(|p| p.exists())
+        .expect("the clone's directory on the other export");
+    assert_ne!(clone_dir.parent(), src_dir.parent(), "another export mount");
+    assert_same_tree(&src_dir, &clone_dir);
+}
