@@ -591,7 +591,7 @@ check "the same filesystem, not a new mkfs (superblock UUID and creation time un
 "$KUBECTL" delete pod reader >/dev/null
 check "the reader's volume is unstaged" wait_for 60 unstaged
 pvc data-clone nvme-gds-preferred 32Mi data
-pod clone-reader data-clone "cat /data/token && grep -qx $TOKEN /data/token && ls -ln /data/token"
+pod clone-reader data-clone "cat /data/token && grep -qx $TOKEN /data/token && busybox stat -c \"%u %g\" /data/token"
 check "the clone claim (dataSource: PersistentVolumeClaim data) is Bound" wait_for 120 is_bound data-clone
 clone_pv=$("$KUBECTL" get pvc data-clone -o jsonpath='{.spec.volumeName}')
 clone_node=$("$KUBECTL" get pv "$clone_pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
@@ -601,7 +601,7 @@ if ! pod_succeeded clone-reader; then events_of clone-reader | tail -5; fi
 clone_logs() { "$KUBECTL" logs clone-reader 2>&1; }
 check "kubectl logs shows the token read from the clone" [ "$(clone_logs | head -1)" = "$TOKEN" ]
 # Owner as the writer left it (uid 1000; the group is the pod's fsGroup, 2000).
-owner_kept() { clone_logs | tail -1 | awk '{exit !($3 == 1000 && $4 == 2000)}'; }
+owner_kept() { [ "$(clone_logs | tail -1)" = "1000 2000" ]; }
 check "the copy keeps the file's owner (uid 1000, gid 2000)" owner_kept
 "$KUBECTL" delete pod clone-reader >/dev/null
 "$KUBECTL" delete pvc data-clone --wait=false >/dev/null
