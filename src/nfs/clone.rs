@@ -161,23 +161,28 @@ pub async fn create(
     b.clones
         .run(&key(&id_text), &progress, b.store.clone_wait, job)
         .await?;
+    record_done(b, &id_text, rec)
+}
+
+/// The copy completed and was verified: the record stops saying `filling`.
+fn record_done(b: &NfsBackend, id_text: &str, rec: NfsRecord) -> Result<NfsRecord> {
     let done = NfsRecord {
         filling: false,
         ..rec
     };
     let mut recorded = false;
     b.store.registry.update(|m| {
-        if let Some(r) = m.get_mut(&id_text) {
+        if let Some(r) = m.get_mut(id_text) {
             (*r, recorded) = (done.clone(), true);
         }
     })?;
-    forget_progress(b, &id_text);
+    forget_progress(b, id_text);
     if !recorded {
         return Err(Error::Aborted(format!(
             "volume {id_text} was deleted while its copy ran; retry to copy it again"
         )));
     }
-    info!(volume_id = %id_text, source, "NFS clone copied and verified");
+    info!(volume_id = %id_text, source = ?done.clone_source, "NFS clone copied and verified");
     Ok(done)
 }
 
