@@ -608,3 +608,85 @@ async fn namespaces_of_one_controller_count_once() {
         .collect();
     assert_eq!(before, after, "a refused stripe carved nothing");
 }
+
+/// A sysfs like [`sysfs_with_controllers`] that also places each loop device's controller
+/// at a PCI function (`funcs[i]`, below `devices/`) and one NVIDIA 3D controller (an
+/// H200's class) at `gpu`, with NUMA nodes as the path's host bridge says.
+fn sysfs_with_pcie(rig: &Rig, funcs: &[&str], gpu: &str) -> std::path::PathBuf {
+    let sys = rig.dir.path().join("fake-pci-sys");
+    let numa = |f: &str| {
+        if f.starts_with("pci0000:80") {
+            "1\n"
+        } else {
+            "0\n"
+        }
+    };
+    for (i, (dev, func)) in rig.loops.iter().zip(funcs).enumerate() {
+        let name = dev.file_name().unwrap().to_string_lossy().into_owned();
+        let num = fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap();
+        let size = fs::read_to_string(format!("/sys/block/{name}/size")).unwrap();
+        let ctrl = format!("nvme{i}");
+        let func_dir = sys.join("devices").join(func);
+        let disk = func_dir.join(format!("nvme/{ctrl}/{name}"));
+        fs::create_dir_all(disk.join("holders")).unwrap();
+        fs::write(func_dir.join("numa_node"), numa(func)).unwrap();
+        fs::write(disk.join("size"), size).unwrap();
+        fs::write(disk.join("dev"), &num).unwrap();
+        std::os::unix::fs::symlink(format!("../../{ctrl}"), disk.join("device")).unwrap();
+        fs::create_dir_all(sys.join("dev/block")).unwrap();
+        std::os::unix::fs::symlink(&disk, sys.join("dev/block").join(num.trim())).unwrap();
+    }
+    let gpu_dir = sys.join("devices").join(gpu);
+    fs::create_dir_all(&gpu_dir).unwrap();
+    fs::write(gpu_dir.join("vendor"), "0x10de\n").unwrap();
+    fs::write(gpu_dir.join("class"), "0x030200\n").unwrap();
+    fs::write(gpu_dir.join("numa_node"), numa(gpu)).unwrap();
+    fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+    let bdf = gpu.rsplit('/').next().unwrap();
+    std::os::unix::fs::symlink(&gpu_dir, sys.join("bus/pci/devices").join(bdf)).unwrap();
+    sys
+}
+
+/// Where sysfs shows a GPU, a stripe takes the drives nearest it on PCIe (its switch
+/// first, then its host bridge) over the tighter or earlier-listed ones on the other
+/// socket, and its volume context names each member's nearness in `nvidia-smi topo`'s
+/// words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_prefers_the_drives_nearest_the_gpus_on_pcie() {
+    let Some(rig) = PartRig::with_size(4, 64 * MIB) else {
+        return;
+    };
+    let host = host();
+    let switch = "pci0000:00/0000:00:01.0/0000:01:00.0";
+    let sys = sysfs_with_pcie(
+        &rig.0,
+        &[
+            "pci0000:80/0000:80:01.0/0000:81:00.0",
+            "pci0000:80/0000:80:02.0/0000:82:00.0",
+            &format!("{switch}/0000:02:04.0/0000:05:00.0"),
+            "pci0000:00/0000:00:02.0/0000:06:00.0",
+        ],
+        &format!("{switch}/0000:02:00.0/0000:03:00.0"),
+    );
+    let s = striped_with_sys(&rig.0, &host, sys);
+    let (_, rec) = s
+        .allocate(host.as_ref(), &stripe_req("near", "2", 80 * MIB))
+        .await
+        .unwrap();
+    assert_eq!(member_devices(&s, &rig.0, &rec), vec![2, 3]);
+    assert_eq!(
+        gds_csi::block::stripe::pcie::context(&rec),
+        Some(("stripeGpuPcie".into(), "PXB,PHB".into()))
+    );
+    // The next one no longer fits near the GPU: it gets the far socket's drives, and
+    // says so.
+    let (_, far) = s
+        .allocate(host.as_ref(), &stripe_req("far", "2", 60 * MIB))
+        .await
+        .unwrap();
+    assert_eq!(member_devices(&s, &rig.0, &far), vec![0, 1]);
+    assert_eq!(
+        gds_csi::block::stripe::pcie::context(&far).unwrap().1,
+        "SYS,SYS"
+    );
+}

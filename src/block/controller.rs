@@ -16,6 +16,7 @@ fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();
     ctx.insert(PARAM_FS_TYPE.into(), rec.fs_type.as_str().into());
     ctx.extend(super::stripe::controllers::context(rec));
+    ctx.extend(super::stripe::pcie::context(rec));
     ctx
 }
 

@@ -43,6 +43,7 @@ pub mod controllers;
 mod create;
 mod delete;
 mod locks;
+pub mod pcie;
 pub mod size;
 pub use size::{member_size, DATA_OFFSET};
 

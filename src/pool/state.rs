@@ -73,6 +73,10 @@ pub struct StripeMember {
     /// chosen (`block::stripe::controllers`); absent in records older than the choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller: Option<String>,
+    /// The drive's PCIe nearness to the nearest GPU when chosen (`nvidia-smi topo`'s
+    /// PXB, PHB, NODE, SYS; `block::stripe::pcie`); absent where no GPU was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_pcie: Option<String>,
 }
 
 /// Where a partition volume lives on its parent pool device.

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use tracing::info;
 
-use super::{controllers, member_name, stripe_of, Striped, DATA_OFFSET};
+use super::{controllers, member_name, pcie, stripe_of, Striped, DATA_OFFSET};
 use crate::block::partition::blank_capacity;
 use crate::block::partition::guard::DeviceGuard;
 use crate::error::{Error, Result};
@@ -33,6 +33,7 @@ type Locked = Vec<(PoolDevice, OnDisk, DeviceGuard)>;
 struct Chosen {
     dev: PoolDevice,
     controller: String,
+    gpu_pcie: Option<&'static str>,
     _guard: DeviceGuard,
 }
 
@@ -43,6 +44,8 @@ struct Fit {
     largest: u64,
     labelled: bool,
     controller: String,
+    /// None where the node shows no GPU.
+    gpu_pcie: Option<pcie::Nearness>,
     guard: DeviceGuard,
 }
 
@@ -104,10 +107,12 @@ impl Striped {
         }
     }
 
-    /// The devices among `locked` a member fits on, ours first, then the tightest fit.
+    /// The devices among `locked` a member fits on: nearest the GPUs on PCIe first (where
+    /// sysfs shows GPUs), then ours, then the tightest fit.
     fn fits(&self, locked: Locked, member: u64) -> Vec<Fit> {
         let free = self.pool.free_devices();
         let sys = self.pool.host_sys();
+        let gpus = pcie::gpus(sys);
         let mut fit: Vec<Fit> = locked
             .into_iter()
             .filter_map(|(dev, on, guard)| {
@@ -119,16 +124,22 @@ impl Striped {
                     _ => return None,
                 };
                 let controller = controllers::controller_of(sys, &dev);
+                let gpu_pcie = (!gpus.is_empty())
+                    .then(|| pcie::nearness(pcie::drive_place(sys, &dev).as_ref(), &gpus));
                 (largest >= member).then_some(Fit {
                     dev,
                     largest,
                     labelled,
                     controller,
+                    gpu_pcie,
                     guard,
                 })
             })
             .collect();
-        fit.sort_by_key(|f| (!f.labelled, f.largest, f.dev.id.clone()));
+        fit.sort_by_key(|f| {
+            let near = std::cmp::Reverse(f.gpu_pcie);
+            (near, !f.labelled, f.largest, f.dev.id.clone())
+        });
         fit
     }
 
@@ -181,6 +192,7 @@ impl Striped {
             out.push(Chosen {
                 dev: f.dev,
                 controller: f.controller,
+                gpu_pcie: f.gpu_pcie.map(pcie::Nearness::name),
                 _guard: f.guard,
             });
         }
@@ -273,6 +285,7 @@ impl Striped {
                     device_key: c.dev.key.clone(),
                     partition: None,
                     controller: Some(c.controller.clone()),
+                    gpu_pcie: c.gpu_pcie.map(str::to_owned),
                 })
                 .collect();
             let record = VolumeRecord {
