@@ -975,6 +975,16 @@ async fn an_nfs_clone_of_a_missing_block_or_larger_source_is_refused_and_creates
 /// The source tree of the clone tests: nested directories, odd names, modes and owners,
 /// a hard link, a sparse file, an empty file, a FIFO, and symlinks pointing inside the
 /// share and outside it (at `outside`).
+/// An NFS volume `src` of `bytes` whose directory holds [`fill_source`]'s tree (its
+/// outside symlink pointing into `outside`); returns the volume and its directory.
+async fn filled_source(h: &Harness, outside: &Path, bytes: i64) -> (Volume, PathBuf) {
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h.create("src", params(&[]), multi, bytes).await.unwrap();
+    let src_dir = h.export().join("src");
+    fill_source(&src_dir, outside);
+    (src, src_dir)
+}
+
 fn fill_source(src: &Path, outside: &Path) {
     use std::os::unix::fs::{symlink, OpenOptionsExt};
     std::fs::create_dir_all(src.join("a/b/c")).unwrap();
@@ -1067,13 +1077,7 @@ async fn an_nfs_clone_is_a_verified_copy_of_the_source_directory() {
     let h = harness().await;
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret"), b"not for the clone").unwrap();
-    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let src = h
-        .create("src", params(&[]), multi.clone(), 2 << 30)
-        .await
-        .unwrap();
-    let src_dir = h.export().join("src");
-    fill_source(&src_dir, outside.path());
+    let (src, src_dir) = filled_source(&h, outside.path(), 2 << 30).await;
     let mut c = h.c.controller.clone();
     let v = c
         .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
@@ -1168,13 +1172,7 @@ fn registry_path(dir: &Path) -> PathBuf {
 async fn a_clone_left_filling_by_a_killed_driver_is_finished_or_removed_after_restart() {
     let h = harness().await;
     let outside = tempfile::tempdir().unwrap();
-    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let src = h
-        .create("src", params(&[]), multi.clone(), 1 << 30)
-        .await
-        .unwrap();
-    let src_dir = h.export().join("src");
-    fill_source(&src_dir, outside.path());
+    let (src, src_dir) = filled_source(&h, outside.path(), 1 << 30).await;
     let mut c = h.c.controller.clone();
     let v = c
         .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
@@ -1259,13 +1257,7 @@ async fn a_clone_create_that_cannot_wait_answers_the_progress_and_the_retry_join
     let dir = tempfile::tempdir().unwrap();
     let h = harness_in(dir, true, Some(std::time::Duration::ZERO)).await;
     let outside = tempfile::tempdir().unwrap();
-    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let src = h
-        .create("src", params(&[]), multi.clone(), 1 << 30)
-        .await
-        .unwrap();
-    let src_dir = h.export().join("src");
-    fill_source(&src_dir, outside.path());
+    let (src, src_dir) = filled_source(&h, outside.path(), 1 << 30).await;
     let mut c = h.c.controller.clone();
     let e = c
         .create_volume(clone_req("clone", &src.volume_id, 1 << 30, 0))
@@ -1301,10 +1293,7 @@ async fn a_clone_create_that_cannot_wait_answers_the_progress_and_the_retry_join
 async fn an_nfs_clone_may_live_on_another_export_than_its_source() {
     let h = harness().await;
     let outside = tempfile::tempdir().unwrap();
-    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
-    let src = h.create("src", params(&[]), multi, 1 << 30).await.unwrap();
-    let src_dir = h.export().join("src");
-    fill_source(&src_dir, outside.path());
+    let (src, src_dir) = filled_source(&h, outside.path(), 1 << 30).await;
     let other = params(&[("server", "192.0.2.7"), ("share", "/scratch")]);
     let mut c = h.c.controller.clone();
     let v = c
