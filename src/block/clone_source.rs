@@ -233,3 +233,76 @@ pub async fn take_down_nfs(host: &dyn Host, path: &Path) -> Result<bool> {
         _ => Ok(false),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clone::{Progress, Saved};
+
+    fn nfs() -> SourceMount {
+        let id = NfsVolumeId::parse("nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1").unwrap();
+        SourceMount::Nfs {
+            label: id.source(),
+            id,
+        }
+    }
+
+    #[test]
+    fn a_read_the_server_left_unanswered_is_said_clearly_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Progress::new(dir.path().join("p.json"), "x".into());
+        p.set(Saved {
+            total_bytes: 4 << 30,
+            copied_bytes: 1 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        let timed_out = Error::io(
+            "copy",
+            "/state/clone-mnt/x/source/big.bin",
+            std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+        );
+        let e = nfs().explain(Error::Shared(std::sync::Arc::new(timed_out)), &p);
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().starts_with(
+                "reading 192.0.2.1:/export/sets/a failed: the NFS server did not answer within about 60 s"
+            ) && status.message().contains("from 1.0 of 4.0 GiB"),
+            "{}",
+            status.message()
+        );
+        // Any other failure, and any failure of a block source, is left as it is.
+        let eio = || Error::io("copy", "/x", std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(nfs().explain(eio(), &p), Error::Io { .. }));
+        let dev = SourceMount::Device {
+            dev: "/dev/x".into(),
+            fs: FsType::Ext4,
+        };
+        let t = Error::io(
+            "copy",
+            "/x",
+            std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+        );
+        assert!(matches!(dev.explain(t, &p), Error::Io { .. }));
+    }
+
+    #[test]
+    fn the_private_mount_is_read_only_soft_and_keeps_the_sources_transport() {
+        let SourceMount::Nfs { id, .. } = nfs() else {
+            unreachable!()
+        };
+        assert_eq!(
+            private_options(&id).unwrap().to_vec(),
+            [
+                "rdma",
+                "port=20049",
+                "vers=4.1",
+                "ro",
+                "softerr",
+                "timeo=100",
+                "retrans=2"
+            ]
+        );
+    }
+}
