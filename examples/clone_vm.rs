@@ -162,11 +162,14 @@ pub fn nfsd_read_bytes() -> Result<u64> {
 }
 
 /// Every entry of the export's tree matches the published clone: checksum, mode, owner
-/// (`find -printf` on both sides, read locally on the server side); symlinks as links.
+/// (`find -printf` on both sides, read locally on the server side; files' sizes and
+/// mtimes too, not directories' sizes, which differ between tmpfs and ext4); symlinks as
+/// links.
 pub fn compare_trees(source: &Path, target: &Path) -> Result<usize> {
     let list = |root: &Path| {
         sh(&format!(
-            "cd '{}' && find . -path ./lost+found -prune -o ! -name . -printf '%p %y %m %U:%G %s %l\\n' | LC_ALL=C sort",
+            "cd '{}' && find . -path ./lost+found -prune -o -name . -o -type f -printf '%p f %m %U:%G %s %T@\\n' \
+             -o -type d -printf '%p d %m %U:%G\\n' -o -printf '%p %y %m %U:%G %l\\n' | LC_ALL=C sort",
             root.display()
         ))
     };
