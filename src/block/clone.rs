@@ -193,27 +193,13 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
     let mounts = b.mounter.mount_table()?;
     refuse_in_use(b, vol, &dir, &mounts, "clone")
         .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
-    let from = match &source {
-        Source::Block(src) => match block_source(b, src, &dir, &mounts)? {
-            Some(from) => from,
-            // Never staged: an empty filesystem, which mkfs just made.
-            None => {
-                return progress.set(Saved {
-                    source: src.clone(),
-                    done: true,
-                    ..Saved::default()
-                })
-            }
-        },
-        // Unlike a block volume, an NFS directory is shared: pods on other nodes may
-        // have it mounted, and this node's stage of it is a separate NFS mount, not a
-        // second mount of one local superblock. It is never refused for being in use;
-        // a tree that changes during the copy is what any reader of a shared dataset
-        // sees, and the copy verifies sizes (and checksums when asked) at its end.
-        Source::Nfs { id, label } => SourceMount::Nfs {
-            id: id.clone(),
-            label: label.clone(),
-        },
+    let Some(from) = source_mount(b, &source, &dir, &mounts)? else {
+        // A block source never staged: an empty filesystem, which mkfs just made.
+        return progress.set(Saved {
+            source: source.label().to_owned(),
+            done: true,
+            ..Saved::default()
+        });
     };
     b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
     let job = fill(
@@ -233,6 +219,27 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
         raw.clone(),
     );
     b.clones.run(&key, &progress, STAGE_WAIT, job).await
+}
+
+/// How the copy mounts `source`; None when there is nothing to copy.
+fn source_mount(
+    b: &BlockBackend,
+    source: &Source,
+    dir: &std::path::Path,
+    mounts: &[MountEntry],
+) -> Result<Option<SourceMount>> {
+    match source {
+        Source::Block(src) => block_source(b, src, dir, mounts),
+        // Unlike a block volume, an NFS directory is shared: pods on other nodes may
+        // have it mounted, and this node's stage of it is a separate NFS mount, not a
+        // second mount of one local superblock. It is never refused for being in use;
+        // a tree that changes during the copy is what any reader of a shared dataset
+        // sees, and the copy verifies sizes (and checksums when asked) at its end.
+        Source::Nfs { id, label } => Ok(Some(SourceMount::Nfs {
+            id: id.clone(),
+            label: label.clone(),
+        })),
+    }
 }
 
 /// A block source: mounted nowhere but in `dir`, and still its own device. None when it
