@@ -180,12 +180,16 @@ impl SourceMount {
         if !timed_out(&e) {
             return e;
         }
+        let (copied, total) = (progress.copied_bytes(), progress.total_bytes());
+        let pct = (copied * 100).checked_div(total).unwrap_or(0);
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
         Error::NotReady(format!(
-            "reading {label} failed: the NFS server did not answer within about \
-             {SOFT_SECONDS} s ({e}); nothing was published; the next NodeStage resumes the \
-             copy from {:.1} of {:.1} GiB once the server answers",
-            progress.copied_bytes() as f64 / f64::from(1u32 << 30),
-            progress.total_bytes() as f64 / f64::from(1u32 << 30),
+            "reading {label} failed: the NFS server did not answer (the source is mounted \
+             soft: a read fails after about {SOFT_SECONDS} s without an answer; {e}); nothing \
+             was published; the next NodeStage resumes the copy at {pct}% ({:.2} of {:.2} GiB) \
+             once the server answers",
+            gib(copied),
+            gib(total),
         ))
     }
 }
@@ -267,8 +271,8 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert!(
             status.message().starts_with(
-                "reading 192.0.2.1:/export/sets/a failed: the NFS server did not answer within about 60 s"
-            ) && status.message().contains("from 1.0 of 4.0 GiB"),
+                "reading 192.0.2.1:/export/sets/a failed: the NFS server did not answer (the source is mounted soft"
+            ) && status.message().contains("resumes the copy at 25% (1.00 of 4.00 GiB)"),
             "{}",
             status.message()
         );

@@ -111,7 +111,7 @@ fail=0
 log "clone scenarios: ${SCENARIOS:-all}"
 start=$SECONDS
 [ -n "$SCENARIOS" ] && export CLONE_SCENARIOS="$SCENARIOS"
-GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_PID_FILE="$STATE/driver.pid" CP_DEV="$CP_DEV" \
+GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_PID_FILE="$STATE/driver.pid" CP_DEV="$CP_DEV" DRIVER_LOG="$W/driver.log" \
   timeout 1500 "$BIN/examples/clone_vm" "$W/csi.sock" "$W" "$EXP" 2>&1 | tee "$OUT/scenarios.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 echo "scenarios: $((SECONDS - start)) s"
