@@ -349,6 +349,11 @@ async fn stop(rig: &mut Rig, src: &str) -> Result<String> {
         e.message().contains("did not answer"),
         format!("unclear error: {}", e.message()),
     )?;
+    let saved = rig.progress(&v).ok_or("no progress record")?;
+    println!(
+        "  progress record at the failure: {} of {} bytes, done {}",
+        saved["copied_bytes"], saved["total_bytes"], saved["done"]
+    );
     ensure(
         vm_common::mountinfo(&v.staging).is_none(),
         "staged with the server stopped",
