@@ -325,7 +325,10 @@ async fn stop(rig: &mut Rig, src: &str) -> Result<String> {
     // The first call may answer the progress (still copying after 100 s); the retries
     // join the job until it ends.
     while let Err(e) = &outcome {
-        if e.message().contains("did not answer") || t0.elapsed() > Duration::from_secs(400) {
+        if e.message().contains("did not answer")
+            || e.message().contains("stalled")
+            || t0.elapsed() > Duration::from_secs(400)
+        {
             break;
         }
         println!(
@@ -346,7 +349,7 @@ async fn stop(rig: &mut Rig, src: &str) -> Result<String> {
         e.message()
     );
     ensure(
-        e.message().contains("did not answer"),
+        e.message().contains("did not answer") || e.message().contains("stalled"),
         format!("unclear error: {}", e.message()),
     )?;
     let saved = rig.progress(&v).ok_or("no progress record")?;
