@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::block::clone_source::{self, Source, SourceMount};
 use crate::block::{BlockBackend, Located};
 use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
 use crate::error::{Error, Result};
@@ -52,20 +53,14 @@ fn done(b: &BlockBackend, id: &str) -> Result<bool> {
     Ok(Saved::load(&progress_path(b, id))?.is_some_and(|s| s.done))
 }
 
-/// CreateVolume with `volume_content_source.volume`: the source must be a block volume
-/// of this node, not being deleted or filled itself, and fit `limit` (0: none). Returns
-/// its capacity, the clone's smallest size.
+/// CreateVolume with `volume_content_source.volume` naming a block volume: the source
+/// must be a block volume of this node, not being deleted or filled itself, and fit
+/// `limit` (0: none). Returns its capacity, the clone's smallest size.
 pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
     let field = "volume_content_source.volume.volume_id";
     let not_found = || Error::NotFound(format!("{field}: source volume {source} does not exist"));
     let id = match request::volume_ref(source) {
         Ok(VolumeRef::Block(id)) => id,
-        Ok(VolumeRef::Nfs(_)) => {
-            return Err(Error::invalid(
-                field,
-                "a block volume cannot be cloned from an NFS volume yet",
-            ))
-        }
         _ => return Err(not_found()),
     };
     if id.node_id != b.node.node_id {
@@ -87,7 +82,7 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
             "{field}: source volume {source} is being deleted"
         )));
     }
-    if rec.parameters.contains_key(SOURCE_KEY) && !done(b, source)? {
+    if clone_source::of_record(&rec)?.is_some() && !done(b, source)? {
         return Err(Error::FailedPrecondition(format!(
             "{field}: source volume {source} is a clone not filled yet; stage it once first"
         )));
@@ -99,6 +94,27 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
         )));
     }
     Ok(rec.capacity_bytes)
+}
+
+/// CreateVolume of a clone: the smallest size its source needs, checked against the
+/// limit before anything is allocated, and the record parameter that names a claim's
+/// source (a class's dataset is in the class's own parameters).
+pub async fn check_clone(
+    b: &BlockBackend,
+    req: &request::CreateVolume<'_>,
+    nfs: Option<&crate::nfs::NfsBackend>,
+) -> Result<Option<(u64, Option<String>)>> {
+    let Some(source) = clone_source::requested(req)? else {
+        return Ok(None);
+    };
+    check_create(req)?;
+    let size = match &source {
+        Source::Block(raw) => check_source(b, raw, req.limit_bytes)?,
+        Source::Nfs { id, label } => {
+            clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
+        }
+    };
+    Ok(Some((size, req.clone_of.clone())))
 }
 
 /// `verify` of the class: `sizes` (the default) or `checksum`.
@@ -149,7 +165,7 @@ pub fn forget(b: &BlockBackend, id: &str) {
 /// before the stage mounts it; Ok at once for every other volume.
 pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Result<()> {
     let raw = vol.id.to_string();
-    let Some(source) = vol.record.parameters.get(SOURCE_KEY).cloned() else {
+    let Some(source) = clone_source::of_record(&vol.record)? else {
         return Ok(());
     };
     if done(b, &raw)? {
@@ -164,7 +180,7 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
     let key = format!("clone:{raw}");
     let progress = b
         .clones
-        .progress(&key, &raw, progress_path(b, &raw), &source);
+        .progress(&key, &raw, progress_path(b, &raw), source.label());
     // A copy a given-up call left running: wait for it, do not start another.
     match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
         Ok(Some(outcome)) => return outcome,
@@ -173,7 +189,68 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
     }
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     crate::block::stage::format_if_blank(b, vol, fs).await?;
-    let src_id = match request::volume_ref(&source)? {
+    let dir = copy_dir(b, &raw);
+    let mounts = b.mounter.mount_table()?;
+    refuse_in_use(b, vol, &dir, &mounts, "clone")
+        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+    let Some(from) = source_mount(b, &source, &dir, &mounts)? else {
+        // A block source never staged: an empty filesystem, which mkfs just made.
+        return progress.set(Saved {
+            source: source.label().to_owned(),
+            done: true,
+            ..Saved::default()
+        });
+    };
+    b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
+    let job = fill(
+        Arc::clone(&b.mounter.host),
+        dir,
+        from,
+        (vol.device.path.clone(), fs),
+        CopyRequest {
+            source: PathBuf::new(),
+            target: PathBuf::new(),
+            label: source.label().to_owned(),
+            streams: crate::clone::STREAMS,
+            chunk: crate::clone::CHUNK,
+            verify: verify_of(&vol.record),
+        },
+        Arc::clone(&progress),
+        raw.clone(),
+    );
+    b.clones.run(&key, &progress, STAGE_WAIT, job).await
+}
+
+/// How the copy mounts `source`; None when there is nothing to copy.
+fn source_mount(
+    b: &BlockBackend,
+    source: &Source,
+    dir: &std::path::Path,
+    mounts: &[MountEntry],
+) -> Result<Option<SourceMount>> {
+    match source {
+        Source::Block(src) => block_source(b, src, dir, mounts),
+        // Unlike a block volume, an NFS directory is shared: pods on other nodes may
+        // have it mounted, and this node's stage of it is a separate NFS mount, not a
+        // second mount of one local superblock. It is never refused for being in use;
+        // a tree that changes during the copy is what any reader of a shared dataset
+        // sees, and the copy verifies sizes (and checksums when asked) at its end.
+        Source::Nfs { id, label } => Ok(Some(SourceMount::Nfs {
+            id: id.clone(),
+            label: label.clone(),
+        })),
+    }
+}
+
+/// A block source: mounted nowhere but in `dir`, and still its own device. None when it
+/// was never formatted (nothing to copy).
+fn block_source(
+    b: &BlockBackend,
+    source: &str,
+    dir: &std::path::Path,
+    mounts: &[MountEntry],
+) -> Result<Option<SourceMount>> {
+    let src_id = match request::volume_ref(source)? {
         VolumeRef::Block(id) => id,
         _ => {
             return Err(Error::NotFound(format!(
@@ -183,37 +260,15 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
     };
     let src = b.locate(&src_id)?;
     if !src.record.formatted {
-        // Never staged: an empty filesystem, which mkfs just made.
-        return progress.set(Saved {
-            source,
-            done: true,
-            ..Saved::default()
-        });
+        return Ok(None);
     }
-    let dir = copy_dir(b, &raw);
-    let mounts = b.mounter.mount_table()?;
-    refuse_in_use(b, &src, &dir, &mounts, "source")
-        .and_then(|()| refuse_in_use(b, vol, &dir, &mounts, "clone"))
+    refuse_in_use(b, &src, dir, mounts, "source")
         .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
-    b.pool.verify_identity(&source, &src.device, &src.record)?;
-    b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
-    let job = fill(
-        Arc::clone(&b.mounter.host),
-        dir,
-        (src.device.path.clone(), src.record.fs_type),
-        (vol.device.path.clone(), fs),
-        CopyRequest {
-            source: PathBuf::new(),
-            target: PathBuf::new(),
-            label: source,
-            streams: crate::clone::STREAMS,
-            chunk: crate::clone::CHUNK,
-            verify: verify_of(&vol.record),
-        },
-        Arc::clone(&progress),
-        raw.clone(),
-    );
-    b.clones.run(&key, &progress, STAGE_WAIT, job).await
+    b.pool.verify_identity(source, &src.device, &src.record)?;
+    Ok(Some(SourceMount::Device {
+        dev: src.device.path.clone(),
+        fs: src.record.fs_type,
+    }))
 }
 
 /// The volume's device is mounted nowhere but (after a killed driver) in `dir`.
@@ -243,6 +298,9 @@ fn refuse_in_use(
 
 /// Unmounts what is mounted at `<dir>/<name>` (left by a driver killed mid-copy).
 async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
+    if clone_source::take_down_nfs(host, &dir.join(name)).await? {
+        return Ok(());
+    }
     let mounts = host.mount_table()?;
     if crate::os::mountinfo::at(&mounts, &dir.join(name)).is_some() {
         // Pinned after the mount: its own descriptor of the mount root would keep it busy.
@@ -265,7 +323,7 @@ fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
 async fn fill(
     host: Arc<dyn Host>,
     dir: PathBuf,
-    (src_dev, src_fs): (PathBuf, FsType),
+    from: SourceMount,
     (dst_dev, dst_fs): (PathBuf, FsType),
     mut req: CopyRequest,
     progress: Arc<Progress>,
@@ -276,8 +334,9 @@ async fn fill(
     take_down(host.as_ref(), &dir, "source").await?;
     take_down(host.as_ref(), &dir, "target").await?;
     let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
-    host.mount(&src_dev, &src_at, src_fs, &["ro".to_owned()])
-        .await?;
+    from.mount(host.as_ref(), &src_at)
+        .await
+        .inspect_err(|_| crate::metrics::clone::failed("mount"))?;
     let copied = async {
         host.mount(&dst_dev, &dst_at, dst_fs, &[]).await?;
         (req.source, req.target) = (src_at.path().to_owned(), dst_at.path().to_owned());
@@ -285,12 +344,13 @@ async fn fill(
         let copied = tokio::task::spawn_blocking(move || copy_tree(&req, &p))
             .await
             .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
-            .and_then(|r| r);
+            .and_then(|r| r)
+            .map_err(|e| from.explain(e, &progress));
         let unmounted = host.unmount(&dst_at).await;
         copied.and(unmounted)
     }
     .await;
-    let unmounted = host.unmount(&src_at).await;
+    let unmounted = clone_source::unmount(host.as_ref(), &src_at).await;
     let outcome = copied.and(unmounted);
     match &outcome {
         Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
@@ -302,6 +362,7 @@ async fn fill(
 /// The `cause` label of a failed copy.
 fn cause(e: &Error) -> &'static str {
     match e {
+        Error::NotReady(m) if m.contains("NFS server did not answer") => "source_timeout",
         Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
         Error::Io {
             context: "copy" | "create" | "link" | "read directory" | "open" | "stat",

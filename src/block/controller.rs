@@ -57,7 +57,13 @@ fn fs_type(req: &CreateVolume<'_>) -> Result<FsType> {
     Ok(fs_types.first().copied().unwrap_or(FsType::Ext4))
 }
 
-pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Volume> {
+/// CreateVolume of a block volume; `nfs` is this instance's NFS backend, which a clone of
+/// an NFS directory is measured through.
+pub async fn create(
+    b: &BlockBackend,
+    req: &CreateVolume<'_>,
+    nfs: Option<&crate::nfs::NfsBackend>,
+) -> Result<csi::Volume> {
     let fs_type = fs_type(req)?;
     if let Some(topo) = req.accessibility {
         if !topo.requisite.is_empty() && !topo.requisite.iter().any(|t| b.serves(t)) {
@@ -75,12 +81,14 @@ pub async fn create(b: &BlockBackend, req: &CreateVolume<'_>) -> Result<csi::Vol
     let min = fs_min::min_bytes(fs_type, geometry).await?;
     let mut required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
     let mut parameters = req.params.stored.clone();
-    // A clone (issue 15): at least its source's size, on its source's node.
-    if let Some(source) = &req.clone_of {
-        crate::block::clone::check_create(req)?;
-        let size = crate::block::clone::check_source(b, source, req.limit_bytes)?;
+    // A clone (issue 15): at least what its source needs (a block source on its node),
+    // refused before anything is allocated when the limit cannot hold it.
+    let clone = crate::block::clone::check_clone(b, req, nfs).await?;
+    if let Some((size, claim_source)) = clone {
         required_bytes = required_bytes.max(size);
-        parameters.insert(crate::block::clone::SOURCE_KEY.into(), source.clone());
+        if let Some(source) = claim_source {
+            parameters.insert(crate::block::clone::SOURCE_KEY.into(), source);
+        }
     }
     let alloc = AllocationRequest {
         name: req.name.clone(),

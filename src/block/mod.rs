@@ -4,6 +4,7 @@
 //! (`layout.rs`; the whole device, `device.rs`, today).
 
 pub mod clone;
+pub mod clone_source;
 pub mod controller;
 pub mod device;
 pub mod expand;
@@ -183,8 +184,10 @@ impl BlockBackend {
 impl VolumeBackend for BlockBackend {
     type Id = BlockVolumeId;
 
+    /// Without the NFS backend: a clone of an NFS directory is refused (the driver's
+    /// handler calls `controller::create` with its NFS backend).
     async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume> {
-        controller::create(self, req).await
+        controller::create(self, req, None).await
     }
 
     async fn delete(&self, id: &BlockVolumeId) -> Result<()> {

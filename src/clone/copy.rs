@@ -228,8 +228,7 @@ fn copy_range(
         let out = (n.div_ceil(ALIGN) * ALIGN).min(b.len());
         b[n..out].fill(0);
         write_full(dst, &b[..out], at)?;
-        progress.read.fetch_add(n as u64, Ordering::Relaxed);
-        progress.written.fetch_add(n as u64, Ordering::Relaxed);
+        progress.moved(n as u64);
         at += n as u64;
     }
     Ok(())

@@ -11,6 +11,7 @@
 //! mounted read-only in a private directory, the target after mkfs.
 
 pub mod copy;
+pub mod measure;
 pub mod meta;
 pub mod progress;
 pub mod verify;

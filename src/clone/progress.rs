@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Seconds without a byte moved after which the message says the copy is stalled.
+const STALLED: u64 = 60;
 /// Bytes copied between two stores of the record.
 const STORE_EVERY: u64 = 32 << 20;
 
@@ -72,6 +74,8 @@ pub struct Progress {
     pub read: AtomicU64,
     copied: AtomicU64,
     total: AtomicU64,
+    /// Milliseconds after `started` when bytes last moved (a stalled source shows).
+    last_moved_ms: AtomicU64,
     /// The volume the metrics name (none in the engine's own tests).
     volume: Option<String>,
 }
@@ -88,6 +92,7 @@ impl Progress {
             read: AtomicU64::new(0),
             copied: AtomicU64::new(0),
             total: AtomicU64::new(0),
+            last_moved_ms: AtomicU64::new(0),
             volume: None,
         }
     }
@@ -119,6 +124,9 @@ impl Progress {
 
     /// Replaces the record and stores it now.
     pub fn set(&self, saved: Saved) -> Result<()> {
+        // A phase ended (walk, structure, copy): the copy is not stalled.
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.last_moved_ms.store(ms, Ordering::Relaxed);
         self.copied.store(saved.copied_bytes, Ordering::Relaxed);
         self.total.store(saved.total_bytes, Ordering::Relaxed);
         saved.store(&self.path)?;
@@ -148,6 +156,21 @@ impl Progress {
         Ok(())
     }
 
+    /// `n` bytes read from the source and written to the target.
+    pub fn moved(&self, n: u64) {
+        self.read.fetch_add(n, Ordering::Relaxed);
+        self.written.fetch_add(n, Ordering::Relaxed);
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.last_moved_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Seconds since bytes last moved (since this process began following the copy,
+    /// if none has).
+    pub fn stalled_secs(&self) -> u64 {
+        let now = self.started.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_moved_ms.load(Ordering::Relaxed)) / 1000
+    }
+
     pub fn copied_bytes(&self) -> u64 {
         self.copied.load(Ordering::Relaxed)
     }
@@ -163,13 +186,25 @@ impl Progress {
         let secs = self.started.elapsed().as_secs_f64().max(0.001);
         let rate = self.written.load(Ordering::Relaxed) as f64 / secs;
         let g = |b: f64| b / (1u64 << 30) as f64;
-        format!(
+        let mut m = format!(
             "pre-staging from {}: {pct}% ({:.1} of {:.1} GiB), {:.1} GiB/s",
             self.label,
             g(copied as f64),
             g(total as f64),
             g(rate)
-        )
+        );
+        // An NFS server that stops answering can hold a read for longer than the soft
+        // mount's timeout (the NFSv4.1 client's session recovery waits for the server):
+        // the copy then goes on when it answers, and the message says why it waits.
+        let stalled = self.stalled_secs();
+        if stalled >= STALLED && copied < total {
+            m.push_str(&format!(
+                "; stalled: nothing read from {} for {stalled} s (is its server answering?); \
+                 the copy goes on when it answers, nothing is published before",
+                self.label
+            ));
+        }
+        m
     }
 }
 
@@ -196,6 +231,27 @@ mod tests {
         assert!(m.ends_with(" GiB/s"), "{m}");
         let back = Saved::load(&dir.path().join("p.json")).unwrap().unwrap();
         assert_eq!(back.copied_bytes, 12 << 30);
+    }
+
+    #[test]
+    fn a_copy_without_a_byte_moved_for_a_minute_says_it_is_stalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Progress::new(dir.path().join("p.json"), "nfs:x".into());
+        p.set(Saved {
+            total_bytes: 4 << 30,
+            copied_bytes: 1 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        p.started = Instant::now() - Duration::from_secs(90);
+        assert!(
+            p.message()
+                .contains("; stalled: nothing read from nfs:x for 90 s"),
+            "{}",
+            p.message()
+        );
+        p.moved(4096);
+        assert!(!p.message().contains("stalled"), "{}", p.message());
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl NfsBackend {
     }
 
     /// The export mounted (once) under the controller's working dir.
-    async fn export_root(&self, id: &NfsVolumeId) -> Result<PathBuf> {
+    pub(crate) async fn export_root(&self, id: &NfsVolumeId) -> Result<PathBuf> {
         let path = self.export_path(id);
         let lock = Arc::clone(
             self.store
@@ -163,7 +163,7 @@ impl NfsBackend {
 
     /// Runs a blocking operation on the share on the blocking pool, under the deadline
     /// (a dead server stalls it; the call then answers DeadlineExceeded).
-    async fn with_deadline<T: Send + 'static>(
+    pub(crate) async fn with_deadline<T: Send + 'static>(
         &self,
         what: String,
         f: impl FnOnce() -> Result<T> + Send + 'static,
@@ -343,7 +343,7 @@ pub fn transport_mismatch(m: &MountEntry, t: &Transport) -> Option<String> {
 
 /// After a mount: it must be there, from `source`, over RDMA when asked. Otherwise it
 /// is unmounted again and the call fails with FailedPrecondition.
-async fn verify_mounted(
+pub(crate) async fn verify_mounted(
     host: &dyn Host,
     pinned: &Anchored,
     source: &str,

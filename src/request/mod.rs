@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::os::FsType;
 use crate::volume_id::{self, BlockVolumeId};
 
+pub mod dataset;
 pub mod nfs;
 pub mod nfs_id;
 pub mod nfs_options;
@@ -45,6 +46,12 @@ const KNOWN_PARAMETERS: &[&str] = &[
     stripe::PARAM_STRIPE_COUNT,
     stripe::PARAM_STRIPE_CHUNK,
     PARAM_VERIFY,
+    dataset::PARAM_SERVER,
+    dataset::PARAM_SHARE,
+    dataset::PARAM_PATH,
+    dataset::PARAM_PROTO,
+    dataset::PARAM_PORT,
+    dataset::PARAM_VERS,
 ];
 /// Parameters the Kubernetes sidecars add themselves (PVC name and namespace, ...).
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
@@ -192,6 +199,8 @@ pub struct VolumeParameters {
     pub stripe: Option<StripeParams>,
     /// The driver's own parameters (sidecar-added ones dropped), kept with the volume.
     pub stored: BTreeMap<String, String>,
+    /// The NFS directory every volume of a block class is cloned from (`dataset*`).
+    pub dataset: Option<NfsVolumeId>,
 }
 
 pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> {
@@ -243,11 +252,20 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
             "applies to block volumes only; drop it from an NFS class (one with server)",
         ));
     }
+    let dataset = dataset::parse(&stored)?;
+    if dataset.is_some() && stored.contains_key(PARAM_SERVER) {
+        return Err(Error::invalid(
+            "parameters.datasetServer",
+            "a dataset fills block volumes; drop the dataset parameters from an NFS class \
+             (one with server)",
+        ));
+    }
     Ok(VolumeParameters {
         fs_type,
         layout,
         stripe,
         stored,
+        dataset,
     })
 }
 
@@ -346,6 +364,13 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
     let name = name(&req.name)?;
     let params = parameters(&req.parameters)?;
     let clone_of = content_source(req.volume_content_source.as_ref())?;
+    if clone_of.is_some() && params.dataset.is_some() {
+        return Err(Error::invalid(
+            "volume_content_source",
+            "the class names a dataset (datasetServer) to fill the volume from: a volume has \
+             one source; drop the claim's dataSource or use a class without a dataset",
+        ));
+    }
     let range = req.capacity_range.unwrap_or_default();
     if range.required_bytes < 0 || range.limit_bytes < 0 {
         return Err(Error::invalid(

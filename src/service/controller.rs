@@ -51,7 +51,8 @@ impl ControllerService {
             }
             d.nfs()?.create(&create).await
         } else {
-            d.block.create(&create).await
+            // A block clone of an NFS directory is measured through the NFS backend.
+            crate::block::controller::create(&d.block, &create, d.nfs.as_ref()).await
         }
     }
 

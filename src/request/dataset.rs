@@ -1,0 +1,194 @@
+//! A dataset named by a block StorageClass (issue 15): every volume of the class is a
+//! clone of one directory on an NFS export, without a claim to clone from.
+//!
+//! `datasetServer`, `datasetShare` and `datasetPath` name `server:/share/path` with the
+//! rules of an NFS class's `server` and `share` and of a volume directory; the transport
+//! is what an NFS class gets from its mountOptions (`rdma`, `port=`, `vers=`), here as
+//! parameters because a block class's mountOptions are its filesystem's:
+//! `datasetProto` (default `rdma`), `datasetPort` (default 20049 with RDMA, the
+//! protocol's own otherwise) and `datasetVers` (default `4.1`).
+
+use std::collections::BTreeMap;
+
+use super::nfs::{check_dir, check_server, check_share, OnDelete};
+use super::nfs_id::NfsVolumeId;
+use super::nfs_options::{Transport, RDMA_PORT};
+use crate::error::{Error, Result};
+
+pub const PARAM_SERVER: &str = "datasetServer";
+pub const PARAM_SHARE: &str = "datasetShare";
+pub const PARAM_PATH: &str = "datasetPath";
+pub const PARAM_PROTO: &str = "datasetProto";
+pub const PARAM_PORT: &str = "datasetPort";
+pub const PARAM_VERS: &str = "datasetVers";
+pub const PARAMS: &[&str] = &[
+    PARAM_SERVER,
+    PARAM_SHARE,
+    PARAM_PATH,
+    PARAM_PROTO,
+    PARAM_PORT,
+    PARAM_VERS,
+];
+
+fn invalid(key: &str, reason: String) -> Error {
+    let field = match key {
+        PARAM_SERVER => "parameters.datasetServer",
+        PARAM_SHARE => "parameters.datasetShare",
+        PARAM_PATH => "parameters.datasetPath",
+        PARAM_PROTO => "parameters.datasetProto",
+        PARAM_PORT => "parameters.datasetPort",
+        _ => "parameters.datasetVers",
+    };
+    Error::invalid(field, reason)
+}
+
+/// The dataset the class names, as the id of an NFS directory (`onDelete` retain: the
+/// driver never removes it), or None when the class names none.
+pub fn parse(stored: &BTreeMap<String, String>) -> Result<Option<NfsVolumeId>> {
+    if !PARAMS.iter().any(|k| stored.contains_key(*k)) {
+        return Ok(None);
+    }
+    let get = |key: &str| {
+        stored.get(key).ok_or_else(|| {
+            invalid(
+                key,
+                format!(
+                    "required with any dataset parameter: a class's dataset is \
+                     {PARAM_SERVER}:{PARAM_SHARE}/{PARAM_PATH}"
+                ),
+            )
+        })
+    };
+    let server = get(PARAM_SERVER)?;
+    check_server(server).map_err(|e| invalid(PARAM_SERVER, e))?;
+    let share = check_share(get(PARAM_SHARE)?).map_err(|e| invalid(PARAM_SHARE, e))?;
+    let path = get(PARAM_PATH)?.trim_matches('/').to_owned();
+    check_dir(&path).map_err(|e| invalid(PARAM_PATH, e))?;
+    let transport = transport(stored)?;
+    let id = NfsVolumeId {
+        server: server.clone(),
+        share,
+        dir: path,
+        on_delete: OnDelete::Retain,
+        transport,
+    };
+    // Recorded with the volume and parsed again at NodeStage: it must be a valid id.
+    if NfsVolumeId::parse(&id.to_string()).as_ref() != Some(&id) {
+        return Err(invalid(
+            PARAM_SERVER,
+            format!("the dataset {} cannot be named by this driver", id.source()),
+        ));
+    }
+    Ok(Some(id))
+}
+
+fn transport(stored: &BTreeMap<String, String>) -> Result<Transport> {
+    let proto = stored
+        .get(PARAM_PROTO)
+        .cloned()
+        .unwrap_or_else(|| "rdma".into());
+    let port = match stored.get(PARAM_PORT) {
+        None if proto.starts_with("rdma") => Some(RDMA_PORT),
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|n| *n != 0 && n.to_string() == *p)
+                .ok_or_else(|| invalid(PARAM_PORT, format!("{p:?} must be a port, 1-65535")))?,
+        ),
+    };
+    let vers = Some(
+        stored
+            .get(PARAM_VERS)
+            .cloned()
+            .unwrap_or_else(|| "4.1".into()),
+    );
+    let t = Transport { proto, port, vers };
+    t.check().map_err(|e| match e {
+        Error::InvalidArgument { reason, .. } if reason.starts_with("vers") => {
+            invalid(PARAM_VERS, reason)
+        }
+        Error::InvalidArgument { reason, .. } => invalid(PARAM_PROTO, reason),
+        other => other,
+    })?;
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn field_of(e: Error) -> String {
+        match e {
+            Error::InvalidArgument { field, reason } => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_dataset_is_a_retained_nfs_directory_over_rdma_by_default() {
+        let id = parse(&params(&[
+            (PARAM_SERVER, "192.0.2.1"),
+            (PARAM_SHARE, "/export/"),
+            (PARAM_PATH, "datasets/imagenet"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(id.source(), "192.0.2.1:/export/datasets/imagenet");
+        assert_eq!(id.transport, Transport::default());
+        assert_eq!(id.on_delete, OnDelete::Retain);
+        let tcp = parse(&params(&[
+            (PARAM_SERVER, "nfs01"),
+            (PARAM_SHARE, "/"),
+            (PARAM_PATH, "d"),
+            (PARAM_PROTO, "tcp"),
+            (PARAM_VERS, "4.2"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(tcp.transport.options(), vec!["proto=tcp", "vers=4.2"]);
+        assert_eq!(parse(&params(&[("fsType", "ext4")])).unwrap(), None);
+    }
+
+    #[test]
+    fn malformed_dataset_parameters_name_their_field() {
+        let base = [
+            (PARAM_SERVER, "192.0.2.1"),
+            (PARAM_SHARE, "/export"),
+            (PARAM_PATH, "d"),
+        ];
+        let with = |k: &'static str, v: &'static str| {
+            let mut p = params(&base);
+            p.insert(k.into(), v.into());
+            p
+        };
+        let without = |k: &str| {
+            let mut p = params(&base);
+            p.remove(k);
+            p
+        };
+        for (p, field) in [
+            (without(PARAM_SERVER), PARAM_SERVER),
+            (without(PARAM_SHARE), PARAM_SHARE),
+            (without(PARAM_PATH), PARAM_PATH),
+            (with(PARAM_SERVER, "-oexec"), PARAM_SERVER),
+            (with(PARAM_SHARE, "relative"), PARAM_SHARE),
+            (with(PARAM_PATH, "a/../b"), PARAM_PATH),
+            (with(PARAM_PATH, "a b"), PARAM_PATH),
+            (with(PARAM_PROTO, "pigeon"), PARAM_PROTO),
+            (with(PARAM_PORT, "0"), PARAM_PORT),
+            (with(PARAM_PORT, "020049"), PARAM_PORT),
+            (with(PARAM_PORT, "70000"), PARAM_PORT),
+            (with(PARAM_VERS, "2"), PARAM_VERS),
+        ] {
+            let e = field_of(parse(&p).unwrap_err());
+            assert!(e.starts_with(&format!("parameters.{field}: ")), "{e}");
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! NFS → block clones (issue 15) with the real copy, as root on a loop device: the driver
+//! in process over the real host, except that this machine has no NFS client, so an NFS
+//! mount is a read-only bind mount of a local directory standing in for the export,
+//! shown in the mount table as the nfs4 mount over RDMA the kernel would list. What runs
+//! for real: the measure of the tree through the export mount, mkfs, the private
+//! read-only source mount, the O_DIRECT copy with checksums, owners, modes, times,
+//! symlinks, hard links and holes, the stage and publish. The soft mount's timeout and a
+//! real NFS server: the VM rig (tests/vm/clone.sh).
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use gds_csi::csi::volume_content_source::{Type, VolumeSource};
+use gds_csi::csi::*;
+use gds_csi::error::{Error, Result};
+use gds_csi::nfs::NfsStore;
+use gds_csi::os::{
+    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, MountEntry, RealHost,
+    Signature, StripeGeometry,
+};
+use gds_csi::pool::{Pool, PoolConfig};
+use gds_csi::service::Driver;
+
+use common::{digest_file, requests, Rig};
+
+/// The real host, with `mount_nfs` of `server:/export/<dir>` binding `<local>/<dir>`.
+struct BindNfs {
+    real: RealHost,
+    local: PathBuf,
+    /// Mount point → (NFS source, options) of the binds standing in for NFS mounts.
+    nfs: Mutex<HashMap<PathBuf, (String, Vec<String>)>>,
+}
+
+fn sh(args: &[&OsStr]) -> Result<()> {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::FailedPrecondition(
+            String::from_utf8_lossy(&out.stderr).into(),
+        ))
+    }
+}
+
+#[async_trait]
+impl Host for BindNfs {
+    fn mount_table(&self) -> Result<Vec<MountEntry>> {
+        let nfs = self.nfs.lock().unwrap();
+        let mut table = self.real.mount_table()?;
+        for m in &mut table {
+            if let Some((source, opts)) = nfs.get(&m.mount_point) {
+                m.fs_type = "nfs4".into();
+                m.source = Some(source.clone());
+                if opts.iter().any(|o| o == "rdma") {
+                    m.super_options.insert("proto".into(), Some("rdma".into()));
+                    m.super_options.insert("port".into(), Some("20049".into()));
+                }
+            }
+        }
+        Ok(table)
+    }
+    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
+        self.real.probe_signatures(device).await
+    }
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
+        self.real.hold_device(device)
+    }
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        stripe: Option<StripeGeometry>,
+    ) -> Result<()> {
+        self.real.mkfs(device, fs, uuid, stripe).await
+    }
+    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
+        self.real.wipe_signatures(device).await
+    }
+    async fn grow_filesystem(&self, device: &Path, at: &Path, fs: FsType) -> Result<()> {
+        self.real.grow_filesystem(device, at, fs).await
+    }
+    async fn zero_device(&self, device: &Path) -> Result<()> {
+        self.real.zero_device(device).await
+    }
+    async fn mount(&self, dev: &Path, at: &Anchored, fs: FsType, o: &[String]) -> Result<()> {
+        self.real.mount(dev, at, fs, o).await
+    }
+    async fn bind_mount(&self, s: &Anchored, t: &Anchored, o: &[String]) -> Result<()> {
+        self.real.bind_mount(s, t, o).await
+    }
+    async fn unmount(&self, target: &Anchored) -> Result<()> {
+        self.real.unmount(target).await
+    }
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
+        self.real.unmount_forced(target, how).await
+    }
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let path = source.split_once(":/export").unwrap().1;
+        let local = self.local.join(path.trim_start_matches('/'));
+        let ro = if options.iter().any(|o| o == "ro") {
+            "ro"
+        } else {
+            "rw"
+        };
+        sh(&[
+            "mount".as_ref(),
+            "--bind".as_ref(),
+            "-o".as_ref(),
+            ro.as_ref(),
+            local.as_os_str(),
+            target.as_os_str(),
+        ])?;
+        self.nfs
+            .lock()
+            .unwrap()
+            .insert(target.to_owned(), (source.to_owned(), options.to_vec()));
+        Ok(())
+    }
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        self.real.create_dir_all(path)
+    }
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
+        self.real.stat(path)
+    }
+    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
+        self.real.statvfs(path)
+    }
+}
+
+/// The dataset: nested directories, a large file, a sparse file, an empty file, odd
+/// names, owners and modes, a hard link and a symlink out of the share.
+fn build_dataset(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for d in 0..4 {
+        for f in 0..25 {
+            let dir = root.join(format!("d{d}/e{}", f % 3));
+            fs::create_dir_all(&dir).unwrap();
+            let p = dir.join(format!("f{f}.bin"));
+            let n = 1000 * (f + 1) + d * 7;
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 31 + f + d) as u8).collect();
+            fs::write(&p, bytes).unwrap();
+            files.push(p);
+        }
+    }
+    let big: Vec<u8> = (0..(9u32 << 20) + 3)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    fs::write(root.join("big.bin"), big).unwrap();
+    let sparse = fs::File::create(root.join("sparse.img")).unwrap();
+    sparse.set_len(64 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    sparse.write_all_at(b"middle", 32 << 20).unwrap();
+    fs::write(root.join("empty"), b"").unwrap();
+    fs::write(root.join("sp ace, comma & ünï"), b"odd").unwrap();
+    fs::write(root.join("d0/owned"), b"mine").unwrap();
+    nix::unistd::chown(&root.join("d0/owned"), Some(1234.into()), Some(4321.into())).unwrap();
+    fs::set_permissions(root.join("d0/owned"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::hard_link(root.join("big.bin"), root.join("d1/big.link")).unwrap();
+    symlink("/etc/hostname", root.join("outside")).unwrap();
+    files.extend(
+        [
+            "big.bin",
+            "sparse.img",
+            "empty",
+            "sp ace, comma & ünï",
+            "d0/owned",
+            "d1/big.link",
+        ]
+        .map(|f| root.join(f)),
+    );
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() {
+    let Some(rig) = Rig::with_sizes(&[256 << 20]) else {
+        return;
+    };
+    let export = rig.path("export");
+    fs::create_dir_all(&export).unwrap();
+    let host = Arc::new(BindNfs {
+        real: RealHost {
+            command_timeout: Duration::from_secs(60),
+            mount_timeout: Duration::from_secs(30),
+        },
+        local: export.clone(),
+        nfs: Mutex::default(),
+    });
+    let state = rig.path("state");
+    let pool = Pool::open(PoolConfig {
+        node_id: "node-a".into(),
+        host_sys: "/sys".into(),
+        host_dev: "/dev".into(),
+        listed: rig.loops.clone(),
+        nvme_discover: false,
+        state_dir: state.clone(),
+    })
+    .unwrap();
+    let driver = Driver::new(
+        "gds.csi.gds-csi.io".into(),
+        "node-a".into(),
+        vec![rig.dir.path().to_owned()],
+        pool,
+        host,
+    )
+    .with_nfs(NfsStore::open(&state, Duration::from_secs(30)).unwrap());
+    let mut c = common::serve_in_process(Arc::new(driver), rig.dir.path()).await;
+
+    let mut nfs_req = requests::create_without_gds("data", requests::single_writer_mount());
+    nfs_req
+        .parameters
+        .insert("server".into(), "192.0.2.1".into());
+    nfs_req.parameters.insert("share".into(), "/export".into());
+    let src = requests::create_volume(&mut c, nfs_req).await.volume_id;
+    let data = export.join("data");
+    let files = build_dataset(&data);
+
+    let mut req = requests::create_without_gds("clone", requests::single_writer_mount());
+    req.parameters.insert("verify".into(), "checksum".into());
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(Type::Volume(VolumeSource {
+            volume_id: src.clone(),
+        })),
+    });
+    let clone = requests::create_volume(&mut c, req).await;
+    let id = clone.volume_id;
+    let (staging, target) = (rig.path("staging/clone"), rig.path("pods/p/clone"));
+    fs::create_dir_all(&staging).unwrap();
+    requests::stage_and_publish(
+        &mut c,
+        &id,
+        &staging,
+        &target,
+        requests::single_writer_mount(),
+    )
+    .await;
+
+    for f in &files {
+        let rel = f.strip_prefix(&data).unwrap();
+        let (a, b) = (
+            fs::metadata(f).unwrap(),
+            fs::metadata(target.join(rel)).unwrap(),
+        );
+        assert_eq!(digest_file(f), digest_file(&target.join(rel)), "{rel:?}");
+        assert_eq!(
+            (a.mode(), a.uid(), a.gid(), a.len(), a.mtime()),
+            (b.mode(), b.uid(), b.gid(), b.len(), b.mtime()),
+            "{rel:?}"
+        );
+    }
+    let link = fs::symlink_metadata(target.join("outside")).unwrap();
+    assert!(link.file_type().is_symlink(), "copied as a link");
+    assert_eq!(
+        fs::read_link(target.join("outside")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    let (a, b) = (
+        fs::metadata(target.join("big.bin")).unwrap(),
+        fs::metadata(target.join("d1/big.link")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino(), "hard link kept");
+    let sparse = fs::metadata(target.join("sparse.img")).unwrap();
+    assert!(
+        sparse.blocks() * 512 < 1 << 20,
+        "holes kept: {} blocks",
+        sparse.blocks()
+    );
+    // Nothing of the copy is left mounted; the progress record says done.
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        common::mount_points_under(&mountinfo, &state.join("clone-mnt")).is_empty(),
+        "{mountinfo}"
+    );
+    let record = fs::read_dir(state.join("clones"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let saved: serde_json::Value =
+        serde_json::from_slice(&fs::read(record.path()).unwrap()).unwrap();
+    assert_eq!(saved["done"], true);
+    assert_eq!(saved["source"], src.as_str());
+
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    c.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The controller's export mount (a bind here) goes with the rig.
+}
