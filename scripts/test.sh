@@ -49,6 +49,7 @@ suite "helm chart" bash tests/helm.sh
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.
 suite "VM rig: NVMe + NFS over RDMA (csi-sanity x2, scenarios)" bash tests/vm/run.sh
 suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenarios, fio)" bash tests/vm/stripe.sh
+suite "VM rig: NFS -> NVMe clones (file by file, SIGKILL and server stop mid-copy, figures)" bash tests/vm/clone.sh
 suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh
 suite "fuzzing every parser (20 s each)" env FUZZ_SECONDS=20 bash scripts/fuzz.sh
 
