@@ -58,7 +58,7 @@ echo "$BIN" >"$STATE/bin"
 modprobe nvme
 for _ in $(seq 1 100); do [ "$(ls -d /sys/block/nvme* 2>/dev/null | wc -l)" -ge 5 ] && break; sleep 0.1; done
 CP_DEV=$(blkid -t LABEL=cp-target -o device | head -1)
-log "NVMe: $(ls /sys/block | grep nvme | tr '\n' ' '); cp -a target $CP_DEV"
+log "NVMe: $(cd /sys/block && echo nvme*); cp -a target $CP_DEV"
 
 log "NFS v4.1 over soft-RoCE"
 modprobe rdma_rxe
