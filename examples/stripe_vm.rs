@@ -37,6 +37,18 @@ impl Rig {
         fs: &str,
         bytes: i64,
     ) -> CsiResult<Vol> {
+        self.create_chunked(name, count, "512K", fs, bytes).await
+    }
+
+    /// [`Rig::create`] with the stripe's chunk.
+    pub async fn create_chunked(
+        &mut self,
+        name: &str,
+        count: &str,
+        chunk: &str,
+        fs: &str,
+        bytes: i64,
+    ) -> CsiResult<Vol> {
         let mut params = vec![("gdsPolicy", "disabled")];
         if count == "1" {
             params.push(("layout", "partition"));
@@ -44,7 +56,7 @@ impl Rig {
             params.extend([
                 ("layout", "stripe"),
                 ("stripeCount", count),
-                ("stripeChunk", "512K"),
+                ("stripeChunk", chunk),
             ]);
         }
         let cap = mount_cap(Mode::SingleNodeWriter, fs);
@@ -376,6 +388,17 @@ async fn main() -> Result<()> {
         fio::bench(&mut r).await,
         &mut failed,
     );
+    if let Some(chunks) = std::env::var("FIO_CHUNKS")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+    {
+        let chunks: Vec<String> = chunks.split_whitespace().map(str::to_owned).collect();
+        report(
+            "fio: 4-drive stripes by chunk",
+            fio::chunks(&mut r, &chunks).await,
+            &mut failed,
+        );
+    }
     let mut vols = Vec::new();
     for (count, fs) in [("2", "ext4"), ("4", "xfs")] {
         let res = s_lifecycle(&mut r, count, fs).await.map(|(v, m, geo)| {

@@ -18,9 +18,13 @@ fn env_or(key: &str, default: u64) -> u64 {
 
 /// One fio run: read bandwidth in MiB/s (terse v3 field 7 is the read bandwidth in KiB/s).
 fn fio(file: &str, bs: &str, seconds: u64) -> Result<f64> {
+    fio_at(file, bs, IODEPTH, seconds)
+}
+
+fn fio_at(file: &str, bs: &str, iodepth: u32, seconds: u64) -> Result<f64> {
     let out = sh(&format!(
         "fio --name=seqread --filename={file} --rw=read --bs={bs} --direct=1 --ioengine=libaio \
-         --iodepth={IODEPTH} --runtime={seconds} --time_based --output-format=terse --terse-version=3"
+         --iodepth={iodepth} --runtime={seconds} --time_based --output-format=terse --terse-version=3"
     ))?;
     let kib: f64 = out
         .lines()
@@ -81,4 +85,55 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
         vm_common::delete(&mut r.c, v).await?;
     }
     Ok(format!("lowest ratio / N: {worst:.2} (goal 0.9)"))
+}
+
+/// The default chunk against others (`FIO_CHUNKS="128K 512K 1M"`): a 4-drive stripe per
+/// chunk, read with 1 MiB and 16 MiB requests at iodepth 1 (one request at a time, as a
+/// synchronous `cuFileRead` issues them) and 8, interleaved; medians in MiB/s.
+pub async fn chunks(r: &mut Rig, chunks: &[String]) -> Result<String> {
+    let runs = env_or("FIO_RUNS", 3).max(1) as usize;
+    let seconds = env_or("FIO_SECONDS", 2).max(1);
+    let mut vols = Vec::new();
+    for chunk in chunks {
+        let name = format!("chunk-{}", chunk.to_lowercase());
+        let v = r
+            .create_chunked(&name, "4", chunk, "ext4", 128 * MIB)
+            .await?;
+        vm_common::stage(&mut r.c, &v).await?;
+        let file = v.staging.join("seq").display().to_string();
+        sh(&format!("dd if=/dev/urandom of={file} bs=1M count={FILE_MIB} oflag=direct conv=fsync status=none"))?;
+        vols.push((chunk, v, file));
+    }
+    let cases: Vec<(&str, u32)> = [("1M", 1), ("1M", 8), ("16M", 1), ("16M", 8)].to_vec();
+    let mut mibs = vec![vec![Vec::new(); cases.len()]; vols.len()];
+    for _ in 0..runs {
+        for (c, (bs, depth)) in cases.iter().enumerate() {
+            for (i, (_, _, file)) in vols.iter().enumerate() {
+                mibs[i][c].push(fio_at(file, bs, *depth, seconds)?);
+            }
+        }
+    }
+    println!("fio by chunk: 4-drive stripes, O_DIRECT sequential read of a {FILE_MIB} MiB file, {runs} runs of {seconds} s, median MiB/s");
+    println!("| chunk | 1 MiB, depth 1 | 1 MiB, depth 8 | 16 MiB, depth 1 | 16 MiB, depth 8 |");
+    println!("|---|---|---|---|---|");
+    let mut summary = Vec::new();
+    for (i, (chunk, _, _)) in vols.iter().enumerate() {
+        let m: Vec<f64> = mibs[i].iter_mut().map(|per| median(per)).collect();
+        println!(
+            "| {chunk} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            m[0], m[1], m[2], m[3]
+        );
+        summary.push(format!(
+            "{chunk}: {:.0}/{:.0}/{:.0}/{:.0}",
+            m[0], m[1], m[2], m[3]
+        ));
+    }
+    for (_, v, _) in &vols {
+        vm_common::unstage(&mut r.c, v).await?;
+        vm_common::delete(&mut r.c, v).await?;
+    }
+    Ok(format!(
+        "MiB/s at 1M d1/1M d8/16M d1/16M d8: {}",
+        summary.join("; ")
+    ))
 }
