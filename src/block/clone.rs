@@ -14,8 +14,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-
 use crate::block::clone_source::{self, Source, SourceMount};
 use crate::block::{BlockBackend, Located};
 use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
@@ -31,12 +29,7 @@ pub const SOURCE_KEY: &str = "cloneSource";
 /// progress (the kubelet gives up on a call after 2 minutes and retries).
 pub const STAGE_WAIT: Duration = Duration::from_secs(100);
 
-fn short(id: &str) -> String {
-    Sha256::digest(id.as_bytes())[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use crate::state_dir::short_hash as short;
 
 fn progress_path(b: &BlockBackend, id: &str) -> PathBuf {
     b.pool

@@ -25,7 +25,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tracing::info;
 
 use super::{fs_error, fsops, NfsBackend, NfsRecord, NfsVolumeId};
@@ -47,8 +46,7 @@ fn key(id: &str) -> String {
 }
 
 fn progress_path(b: &NfsBackend, id: &str) -> PathBuf {
-    let digest = Sha256::digest(id.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::state_dir::short_hash(id);
     b.store.clones_dir.join(format!("{hex}.json"))
 }
 

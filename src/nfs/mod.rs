@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::backend::{Expand, Expanded, Publish, VolumeBackend};
@@ -109,9 +108,9 @@ impl NfsBackend {
             id.export_source(),
             id.transport.options().join(",")
         );
-        let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        self.store.exports_dir.join(hex)
+        self.store
+            .exports_dir
+            .join(crate::state_dir::short_hash(&key))
     }
 
     /// The export mounted (once) under the controller's working dir.

@@ -8,8 +8,6 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 use crate::os::{blockdev, MountEntry};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +105,7 @@ pub struct Excluded {
 }
 
 pub fn device_id(prefix: &str, key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}-{hex}")
+    format!("{prefix}-{}", crate::state_dir::short_hash(key))
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
