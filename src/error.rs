@@ -48,6 +48,20 @@ pub enum VolumeError {
     WithoutGdsOptions { path: PathBuf, options: String },
     #[error("the device of volume {volume} ({key}) is not present on this node; reattach it")]
     DeviceAbsent { volume: String, key: String },
+    /// The device shows the recorded size and identity at another device number than
+    /// where it was located: the kernel re-created its node (a partition table re-read).
+    /// Located again by the caller (`BlockBackend::verify_located`), never acted on as is.
+    #[error(
+        "{} moved from {from} to {now} while volume {volume} was being worked on; \
+         retry the call",
+        path.display()
+    )]
+    DeviceMoved {
+        volume: String,
+        path: PathBuf,
+        from: String,
+        now: String,
+    },
     #[error(
         "volume {volume} lives on node {node}; its node's controller deletes it (this is {this})"
     )]

@@ -92,3 +92,135 @@ async fn delete_waits_for_a_udev_probe_instead_of_failing_ebusy() {
     assert!(kernel::list(&disk).unwrap().is_empty(), "partition left");
     assert!(rig.state()["volumes"].get(&v.volume_id).is_none());
 }
+
+/// What udevd's table re-read does to a disk whose label was just written (after the
+/// writer let go of the lock; `src/partition/wholedisk.rs`): the kernel drops partition
+/// `number` and adds it again from the label, at the same place but, as an NVMe's
+/// partitions get, at a new minor. The freed minor is held by a partition of `other`
+/// meanwhile so the new one cannot reuse it. Returns the (old, new) device numbers.
+fn recreate_at_new_minor(disk: &Path, other: &Path, number: u32) -> ((u32, u32), (u32, u32)) {
+    let lock = File::open(disk).unwrap();
+    // SAFETY: flock on a descriptor this test owns; no memory is passed.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let part = kernel::list(disk)
+        .unwrap()
+        .into_iter()
+        .find(|p| p.number == number)
+        .unwrap();
+    let span = gds_csi::partition::alloc::Extent {
+        start: part.start,
+        len: part.len,
+    };
+    kernel::delete(disk, number).unwrap();
+    let holder = gds_csi::partition::alloc::Extent {
+        start: MIB,
+        len: MIB,
+    };
+    kernel::add(other, 1, holder).unwrap();
+    kernel::add(disk, number, span).unwrap();
+    kernel::delete(other, 1).unwrap();
+    let now = kernel::list(disk)
+        .unwrap()
+        .into_iter()
+        .find(|p| p.number == number)
+        .unwrap();
+    // The node must be there before the driver looks again (udevd would make it).
+    let node = Path::new("/dev").join(&now.name);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gds_csi::os::blockdev::devnum_of(&node).ok() != Some(now.dev) {
+        assert!(Instant::now() < deadline, "{} not re-made", node.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (part.dev, now.dev)
+}
+
+/// The VM rig's flake: NodeStage located a partition, then udevd's re-read (set off by
+/// CreateVolume's label write) re-created it at a new minor before the stage checked the
+/// device: "… is not the device allocated", a FailedPrecondition for a healthy volume.
+/// The check now tells a partition that moved (recorded size, at another number) from a
+/// different device, and locates a moved one again by its PARTUUID; a partition of
+/// another size at that name is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
+    use gds_csi::block::layout::Layout;
+    use gds_csi::block::{BlockBackend, NodeIdentity};
+    use gds_csi::error::{Error, VolumeError};
+    use gds_csi::mounts::Mounter;
+    use gds_csi::os::{FsType, Host, RealHost};
+    use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
+    use std::sync::Arc;
+
+    let Some(rig) = PartRig::with_size(2, 64 * MIB) else {
+        return;
+    };
+    let (disk, other) = (rig.loops[0].clone(), rig.loops[1].clone());
+    let host: Arc<dyn Host> = Arc::new(RealHost {
+        command_timeout: Duration::from_secs(30),
+        mount_timeout: Duration::from_secs(30),
+    });
+    let pool = Arc::new(
+        Pool::open(PoolConfig {
+            node_id: "node-a".into(),
+            host_sys: "/sys".into(),
+            host_dev: "/dev".into(),
+            listed: vec![disk.clone()],
+            nvme_discover: false,
+            state_dir: rig.dir.path().join("lib-state"),
+        })
+        .unwrap(),
+    );
+    pool.rescan(&host.mount_table().unwrap());
+    let backend = BlockBackend::new(
+        Mounter::new(Arc::clone(&host), vec![rig.dir.path().to_owned()]),
+        Arc::clone(&pool),
+        NodeIdentity {
+            node_id: "node-a".into(),
+            topology_key: "gds.csi.example/node".into(),
+        },
+    );
+    let layout = gds_csi::block::partition::Partitioned::new(Arc::clone(&pool));
+    let (id, _) = layout
+        .allocate(
+            host.as_ref(),
+            &AllocationRequest {
+                name: "renumbered".into(),
+                required_bytes: 16 * MIB,
+                limit_bytes: 0,
+                fs_type: FsType::Ext4,
+                parameters: [("layout".to_string(), "partition".to_string())].into(),
+            },
+        )
+        .await
+        .unwrap();
+
+    let mut located = backend.locate(&id).unwrap();
+    let number = kernel::list(&disk).unwrap()[0].number;
+    let (old, new) = recreate_at_new_minor(&disk, &other, number);
+    assert_ne!(old, new, "the partition must come back at another minor");
+    assert_eq!((located.device.major, located.device.minor), old);
+
+    // The bare identity check sees the move and says so (it never acts on it).
+    let raw = id.to_string();
+    match pool.verify_identity(&raw, &located.device, &located.record) {
+        Err(Error::Volume(VolumeError::DeviceMoved { .. })) => {}
+        other => panic!("a moved partition must be told apart: {other:?}"),
+    }
+    backend.verify_located(&mut located).unwrap();
+    assert_eq!((located.device.major, located.device.minor), new);
+
+    // A different partition at that name (another size) is refused, not located again.
+    let lock = File::open(&disk).unwrap();
+    // SAFETY: flock on a descriptor this test owns; no memory is passed.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let part = kernel::list(&disk).unwrap()[0].clone();
+    kernel::delete(&disk, number).unwrap();
+    let smaller = gds_csi::partition::alloc::Extent {
+        start: part.start,
+        len: part.len / 2,
+    };
+    kernel::add(&disk, number, smaller).unwrap();
+    drop(lock);
+    let refused = backend.verify_located(&mut located).unwrap_err();
+    let msg = refused.to_string();
+    assert!(msg.contains("is not the device allocated"), "{msg}");
+}

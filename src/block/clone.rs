@@ -156,7 +156,7 @@ pub fn forget(b: &BlockBackend, id: &str) {
 
 /// NodeStage's hook: a clone not filled yet is formatted, filled and verified here,
 /// before the stage mounts it; Ok at once for every other volume.
-pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Result<()> {
+pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {
     let raw = vol.id.to_string();
     let Some(source) = clone_source::of_record(&vol.record)? else {
         return Ok(());
@@ -194,7 +194,7 @@ pub async fn prestage(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resu
             ..Saved::default()
         });
     };
-    b.pool.verify_identity(&raw, &vol.device, &vol.record)?;
+    b.verify_located(vol)?;
     let job = fill(
         Arc::clone(&b.mounter.host),
         dir,
@@ -251,13 +251,13 @@ fn block_source(
             )))
         }
     };
-    let src = b.locate(&src_id)?;
+    let mut src = b.locate(&src_id)?;
     if !src.record.formatted {
         return Ok(None);
     }
     refuse_in_use(b, &src, dir, mounts, "source")
         .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
-    b.pool.verify_identity(source, &src.device, &src.record)?;
+    b.verify_located(&mut src)?;
     Ok(Some(SourceMount::Device {
         dev: src.device.path.clone(),
         fs: src.record.fs_type,

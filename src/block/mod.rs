@@ -63,6 +63,7 @@ pub struct BlockBackend {
 }
 
 /// The volume's record and where its device is now.
+#[derive(Clone)]
 pub struct Located {
     pub id: BlockVolumeId,
     pub record: VolumeRecord,
@@ -169,6 +170,33 @@ impl BlockBackend {
         })
     }
 
+    /// `vol.device` is still the device allocated to the volume: call right before every
+    /// destructive step and mount. A partition the kernel re-created at another number is
+    /// located again and checked again: udevd re-reads a disk's table once a label writer
+    /// closes it, possibly after our lock is let go (`partition::wholedisk`,
+    /// `synthesize_change`), and an NVMe's partitions come back with new minors. Locating
+    /// takes the disk's lock, so it waits for a re-read in progress.
+    pub fn verify_located(&self, vol: &mut Located) -> Result<()> {
+        let raw = vol.id.to_string();
+        let moved = match self.pool.verify_identity(&raw, &vol.device, &vol.record) {
+            Err(Error::Volume(VolumeError::DeviceMoved { from, now, .. })) => (from, now),
+            other => return other,
+        };
+        let again = self.locate(&vol.id)?;
+        self.pool
+            .verify_identity(&raw, &again.device, &again.record)?;
+        info!(
+            volume_id = %raw,
+            device = %again.device.path.display(),
+            from = %moved.0,
+            seen = %moved.1,
+            now = %format!("{}:{}", again.device.major, again.device.minor),
+            "partition re-created by the kernel; located again by its PARTUUID"
+        );
+        *vol = again;
+        Ok(())
+    }
+
     /// NodeUnstageVolume of an id this driver never issued: nothing at the staging path
     /// is success, anything there is not a volume of ours.
     pub fn unstage_unknown(&self, raw: &str, staging: &Path) -> Result<()> {
@@ -235,7 +263,7 @@ impl VolumeBackend for BlockBackend {
         // can publish it half copied (issue 15).
         let capability = stage::required_capability(cap)?;
         self.check_ready()?;
-        clone::prestage(self, &self.locate(id)?, &capability).await?;
+        clone::prestage(self, &mut self.locate(id)?, &capability).await?;
         stage::stage(self, id, staging, cap).await
     }
 

@@ -110,13 +110,12 @@ async fn bind_device(
     target: &Path,
     options: &[String],
 ) -> Result<()> {
-    let dev = &vol.device;
     let pinned = b.mounter.target_file(target, &vol.id.to_string())?;
-    b.pool
-        .verify_identity(&vol.id.to_string(), dev, &vol.record)?;
+    let mut vol = vol.clone();
+    b.verify_located(&mut vol)?;
     b.mounter
         .host
-        .bind_mount(&Anchored::unpinned(&dev.path), &pinned, options)
+        .bind_mount(&Anchored::unpinned(&vol.device.path), &pinned, options)
         .await
 }
 

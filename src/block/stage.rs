@@ -86,13 +86,13 @@ pub async fn stage(
 ) -> Result<()> {
     let cap = required_capability(cap)?;
     b.check_ready()?;
-    let located = b.locate(id)?;
-    stage_located(b, &located, staging, &cap).await
+    let mut located = b.locate(id)?;
+    stage_located(b, &mut located, staging, &cap).await
 }
 
 async fn stage_located(
     b: &BlockBackend,
-    vol: &Located,
+    vol: &mut Located,
     staging: &Path,
     cap: &Capability,
 ) -> Result<()> {
@@ -106,14 +106,13 @@ async fn stage_located(
         return restage(b, vol, staging, fs, m).await;
     }
     check_stageable(b, vol, fs, &mounts)?;
-    let (dev, raw_id) = (&vol.device, vol.id.to_string());
-    b.pool.verify_identity(&raw_id, dev, &vol.record)?;
+    b.verify_located(vol)?;
     let pinned = b.mounter.mount_dir("staging_target_path", staging, None)?;
     format_if_blank(b, vol, fs).await?;
-    b.pool.verify_identity(&raw_id, dev, &vol.record)?;
+    b.verify_located(vol)?;
     b.mounter
         .host
-        .mount(&dev.path, &pinned, fs, &cap.mount_flags)
+        .mount(&vol.device.path, &pinned, fs, &cap.mount_flags)
         .await?;
     faults::reached(KillPoint::AfterStageMount);
     let verified = verify_staged(b, staging, fs).await;
@@ -184,22 +183,21 @@ fn check_stageable(
 
 /// Formats the device when the data-safety table says so (a job a retry joins), records
 /// a finished mkfs, refuses what the table refuses.
-pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &Located, fs: FsType) -> Result<()> {
-    let (dev, raw_id) = (&vol.device, vol.id.to_string());
+pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &mut Located, fs: FsType) -> Result<()> {
     let key = format!("format:{}", vol.id);
     // An mkfs that a cancelled call started holds the device: join it before probing.
     if let Some(outcome) = b.pool.jobs.join(&key).await {
         outcome?;
     }
-    let sigs = b.mounter.host.probe_signatures(&dev.path).await?;
-    match decide_format(&vol.record, fs, &dev.path, &sigs) {
+    let sigs = b.mounter.host.probe_signatures(&vol.device.path).await?;
+    match decide_format(&vol.record, fs, &vol.device.path, &sigs) {
         FormatDecision::Refuse(why) => Err(VolumeError::FormatRefused(why).into()),
         FormatDecision::Format => {
-            b.pool.verify_identity(&raw_id, dev, &vol.record)?;
+            b.verify_located(vol)?;
             let job = format_job(
                 Arc::clone(&b.mounter.host),
-                raw_id,
-                dev.path.clone(),
+                vol.id.to_string(),
+                vol.device.path.clone(),
                 vol.record.clone(),
                 fs,
             );

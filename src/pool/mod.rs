@@ -15,7 +15,7 @@ use tracing::{info, warn};
 pub use inventory::{Excluded, Observed, PoolDevice};
 pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::jobs::Jobs;
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
@@ -176,11 +176,23 @@ impl Pool {
                 )))
             }
         };
-        let same = (now.major, now.minor) == (dev.major, dev.minor)
-            && now.size_bytes == record.capacity_bytes
+        let same_device = now.size_bytes == record.capacity_bytes
             && (record.device_identity.is_none() || record.device_identity == now.identity);
-        if same {
+        let same_number = (now.major, now.minor) == (dev.major, dev.minor);
+        if same_device && same_number {
             return Ok(());
+        }
+        // Only a partition is located again: its PARTUUID, read from the parent's label
+        // under the disk's lock, proves which one it is. A whole device at a new number
+        // with no identity recorded could be any device of that size.
+        if same_device && record.partition.is_some() {
+            return Err(VolumeError::DeviceMoved {
+                volume: volume_id.to_owned(),
+                path: dev.path.clone(),
+                from: format!("{}:{}", dev.major, dev.minor),
+                now: format!("{}:{}", now.major, now.minor),
+            }
+            .into());
         }
         warn!(volume_id, device = %dev.path.display(), %recorded, now = %now, "device is not the one allocated");
         Err(Error::FailedPrecondition(format!(
