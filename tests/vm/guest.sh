@@ -4,7 +4,8 @@
 # RDMA, starts the driver, then runs csi-sanity on both backends and the scenarios.
 #
 #   guest.sh run OUT_DIR [BIN]    the whole rig (what run.sh calls); GDS_VM_ONLY=nfs-sanity
-#                                 runs only the NFS csi-sanity (run.sh passes it through)
+#                                 or partition-sanity runs only that csi-sanity run
+#                                 (run.sh passes it through)
 #   guest.sh nfs-stop | nfs-start | restart-driver | kill-driver   helpers for the scenarios
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -129,14 +130,16 @@ if [ -z "${GDS_VM_ONLY:-}" ]; then
   sanity nvme --csi.testvolumesize $((64 << 20)) --csi.testvolumeexpandsize $((64 << 20)) \
     --csi.testvolumeparameters "$W/nvme-params.yaml"
 fi
-log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
-printf 'server: %s\nshare: /\ngdsPolicy: disabled\n' "$SERVER" >"$W/nfs-params.yaml"
-# Every spec runs, the clone ones too: NFS -> NFS clones copy the source's directory on the
-# export at CreateVolume (src/nfs/clone.rs).
-sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
-[ "${GDS_VM_ONLY:-}" = nfs-sanity ] && finish
+if [ "${GDS_VM_ONLY:-}" != partition-sanity ]; then
+  log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
+  printf 'server: %s\nshare: /\ngdsPolicy: disabled\n' "$SERVER" >"$W/nfs-params.yaml"
+  # Every spec runs, the clone ones too: NFS -> NFS clones copy the source's directory on
+  # the export at CreateVolume (src/nfs/clone.rs).
+  sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
+  [ "${GDS_VM_ONLY:-}" = nfs-sanity ] && finish
+fi
 
-if [ -x "$SCENARIOS" ]; then
+if [ -z "${GDS_VM_ONLY:-}" ] && [ -x "$SCENARIOS" ]; then
   log "scenarios"
   GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_LOG="$W/driver.log" NFS_SERVER=$SERVER NFS_EXPORT_DIR=$EXP \
     "$SCENARIOS" "$W/csi.sock" "$W" 2>&1 | tee "$OUT/scenarios.out"
@@ -172,6 +175,7 @@ partition_sanity() {
 # disk while the driver changes it. On 2026-11-30, before that, this run failed 7 of 42
 # specs here (BLKPG EBUSY, partitions missing right after a carve).
 partition_sanity
+[ "${GDS_VM_ONLY:-}" = partition-sanity ] && finish
 
 # The partition scenario (issue 13): carved volumes written, their partitions dropped
 # with partx -d, the driver restarted (start-up re-sync), restaged, checksums compared.

@@ -5,7 +5,7 @@
 # against the NVMe backend and against the NFS backend, then the scenarios of
 # examples/vm_scenarios.rs, then csi-sanity with layout: partition and the partition
 # scenario (examples/vm_scenarios/partition.rs). Exits non-zero on any failure. Root;
-# Debian 12. GDS_VM_ONLY=nfs-sanity: only csi-sanity on the NFS backend.
+# Debian 12. GDS_VM_ONLY=nfs-sanity (or partition-sanity): only that csi-sanity run.
 # See /work/shared/notes/vm-rig.md for the recipe and its gotchas.
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
