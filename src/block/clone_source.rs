@@ -85,7 +85,8 @@ pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
 }
 
 /// CreateVolume of a clone of an NFS directory: its tree measured through the
-/// controller's export mount, under the NFS deadline, off the async runtime. Returns
+/// controller's export mount as a job (`clone::measure::Measures`: a call that cannot
+/// wait for a large tree answers Unavailable with how far the walk got). Returns
 /// the smallest volume that holds the copy (`clone::measure`); a `limit` (0: none)
 /// below it is OutOfRange naming both sizes, before anything is allocated.
 pub async fn check_nfs(
@@ -102,17 +103,22 @@ pub async fn check_nfs(
         ))
     })?;
     let root = nfs.export_root(id).await?;
-    let rel = PathBuf::from(&id.dir);
+    let tree = (root, PathBuf::from(&id.dir));
     let m = nfs
-        .with_deadline(format!("measuring {}", id.source()), move || {
-            crate::clone::measure::measure(&root, &rel)
-        })
+        .measures
+        .measure(&id.source(), label, tree, nfs.store.clone_wait)
         .await
-        .map_err(|e| match e {
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+        .map_err(|e| {
+            let inner = match &e {
+                Error::Shared(inner) => inner.as_ref(),
+                e => e,
+            };
+            match inner {
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+                }
+                _ => e,
             }
-            e => e,
         })?;
     if limit != 0 && limit < m.needed_bytes {
         return Err(Error::OutOfRange(format!(

@@ -32,6 +32,16 @@ pub struct Unit {
     pub len: u64,
 }
 
+/// The length files are cut at for `total` bytes on `streams` streams: short enough that
+/// every stream has pieces to copy (a tree of two 32 MiB files cut at 64 MiB kept two of
+/// four streams idle: half the source's read rate on the VM rig), at least one buffer,
+/// at most `max`.
+pub fn piece_len(total: u64, streams: usize, max: u64) -> u64 {
+    let buffer = super::BUFFER as u64;
+    let even = (total / (streams.max(1) as u64 * 4)).next_multiple_of(buffer);
+    even.clamp(buffer.min(max), max)
+}
+
 /// The units of every file in `primaries` (entry indices, in walk order). An empty file
 /// is one unit of length 0 (nothing to copy; it exists from the structure phase).
 pub fn units(entries: &[Entry], primaries: &[usize], chunk: u64) -> Vec<Unit> {
@@ -265,5 +275,23 @@ mod tests {
         let mut b = AlignedBuf::new(3 * ALIGN);
         assert_eq!(b.get().as_ptr() as usize % ALIGN, 0);
         assert_eq!(b.get().len(), 3 * ALIGN);
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn pieces_keep_every_stream_busy_within_one_buffer_and_the_limit() {
+        let buffer = crate::clone::BUFFER as u64;
+        // Two 32 MiB files and some: 8 MiB pieces, 8 of them for 4 streams.
+        assert_eq!(piece_len(90 * MIB, 4, 64 * MIB), buffer);
+        // A large dataset: the limit.
+        assert_eq!(piece_len(28 << 30, 4, 64 * MIB), 64 * MIB);
+        // In between: a multiple of the buffer.
+        let p = piece_len(1 << 30, 4, 64 * MIB);
+        assert_eq!((p, p % buffer), (64 * MIB, 0));
+        assert_eq!(piece_len(512 * MIB, 4, 64 * MIB), 32 * MIB);
+        // A limit below one buffer is kept (the engine's tests cut at 4 MiB).
+        assert_eq!(piece_len(90 * MIB, 3, 4 * MIB), 4 * MIB);
+        assert_eq!(piece_len(0, 4, 64 * MIB), buffer);
     }
 }

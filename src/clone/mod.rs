@@ -47,6 +47,7 @@ pub struct CopyRequest {
     /// How the source is named in the progress record and message.
     pub label: String,
     pub streams: usize,
+    /// The largest piece of a file one stream copies at a time (`copy::piece_len`).
     pub chunk: u64,
     pub verify: Verify,
 }
@@ -72,19 +73,25 @@ pub fn copy_tree_at(
     req: &CopyRequest,
     progress: &Progress,
 ) -> Result<()> {
+    let mut phases = Phases::start();
     let entries = walk::walk(src, &req.source)?;
     let links = meta::links(&entries);
-    let units = copy::units(&entries, &links.primaries, req.chunk);
-    let total: u64 = units.iter().map(|u| u.len).sum();
+    let total: u64 = links.primaries.iter().map(|&i| entries[i].size()).sum();
+    let piece = copy::piece_len(total, req.streams, req.chunk);
+    let units = copy::units(&entries, &links.primaries, piece);
+    phases.end("walk");
     let fresh = Saved {
         source: req.label.clone(),
         entries: entries.len(),
         total_bytes: total,
+        piece,
         ..Saved::default()
     };
-    let mut saved = Saved::load(progress.path())?
-        .filter(|s| (&s.source, s.entries, s.total_bytes) == (&fresh.source, fresh.entries, total))
-        .unwrap_or(fresh);
+    let same = |s: &Saved| {
+        (&s.source, s.entries, s.total_bytes, s.piece)
+            == (&fresh.source, fresh.entries, total, piece)
+    };
+    let mut saved = Saved::load(progress.path())?.filter(same).unwrap_or(fresh);
     progress.set(saved.clone())?;
     if saved.done {
         return Ok(());
@@ -94,6 +101,7 @@ pub fn copy_tree_at(
         saved.structure_done = true;
         progress.set(saved.clone())?;
     }
+    phases.end("structure");
     let roots = copy::Roots {
         src,
         dst,
@@ -107,16 +115,62 @@ pub fn copy_tree_at(
         req.streams,
         progress,
     )?;
+    phases.end("data");
     saved = progress.saved();
     (saved.watermark, saved.copied_bytes) = (units.len(), total);
     progress.set(saved.clone())?;
     meta::link_all(dst, &req.target, &entries, &links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
     verify::verify(src, dst, &req.target, &entries, req.verify)?;
+    phases.end("verify");
     meta::finish_metadata(dst, &req.target, &entries)?;
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;
+    phases.end("metadata and sync");
     saved.done = true;
-    progress.set(saved)
+    progress.set(saved)?;
+    tracing::info!(
+        source = %req.label,
+        entries = entries.len(),
+        bytes = total,
+        piece,
+        streams = req.streams,
+        phases = %phases,
+        "copy finished"
+    );
+    Ok(())
+}
+
+/// Seconds per phase of one copy, for the log line that says where its time went.
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    fn end(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.done
+            .push((phase, now.duration_since(self.last).as_secs_f64()));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .done
+            .iter()
+            .map(|(phase, s)| format!("{phase} {s:.2} s"))
+            .collect();
+        f.write_str(&parts.join(", "))
+    }
 }
 
 /// Copies running as jobs, and their live progress by key, for the message a waiting

@@ -16,8 +16,8 @@ const STALLED: u64 = 60;
 /// Bytes copied between two stores of the record.
 const STORE_EVERY: u64 = 32 << 20;
 
-/// What survives a restart. Units are the copy's pieces in a fixed order (a file, or 64
-/// MiB of a large one): every unit below `watermark` is done; those above it are redone.
+/// What survives a restart. Units are the copy's pieces in a fixed order (a file, or a
+/// `piece` of a large one): every unit below `watermark` is done; those above it are redone.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Saved {
     /// The source as the caller names it; a different source starts over.
@@ -25,6 +25,10 @@ pub struct Saved {
     /// Entries and bytes the walk found; a source that changed starts over.
     pub entries: usize,
     pub total_bytes: u64,
+    /// The length units were cut at; the watermark counts units of this length only
+    /// (a record without it, or with another, starts over).
+    #[serde(default)]
+    pub piece: u64,
     /// Directories, files (at their size), symlinks and nodes exist in the target.
     pub structure_done: bool,
     pub watermark: usize,

@@ -9,6 +9,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
@@ -95,35 +96,51 @@ fn names(dir: OwnedFd, at: &Path) -> Result<Vec<OsString>> {
 
 /// Every entry below `root` (the root first), parents before children (depth first).
 pub fn walk(root: BorrowedFd<'_>, shown: &Path) -> Result<Vec<Entry>> {
+    walk_counting(root, shown, &AtomicUsize::new(0))
+}
+
+/// [`walk`], counting the entries seen in `seen` as it goes (for a progress message).
+pub fn walk_counting(root: BorrowedFd<'_>, shown: &Path, seen: &AtomicUsize) -> Result<Vec<Entry>> {
     let st = nix::sys::stat::fstat(root).map_err(|e| Error::io("stat", shown, e.into()))?;
     let mut out = vec![Entry {
         rel: PathBuf::new(),
         kind: Kind::Dir,
         st,
     }];
-    walk_dir(root, shown, PathBuf::new(), &mut out)?;
+    let walker = Walker { root, shown, seen };
+    walker.dir(PathBuf::new(), &mut out)?;
     Ok(out)
 }
 
-fn walk_dir(root: BorrowedFd<'_>, shown: &Path, rel: PathBuf, out: &mut Vec<Entry>) -> Result<()> {
-    let at = shown.join(&rel);
-    let dir = open_dir(root, &rel).map_err(|e| Error::io("open directory", &at, e.into()))?;
-    let dup = dir
-        .try_clone()
-        .map_err(|e| Error::io("open directory", &at, e))?;
-    for name in names(dup, &at)? {
-        let st = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| Error::io("stat", at.join(&name), e.into()))?;
-        let kind = kind_of(&st);
-        let child = rel.join(&name);
-        out.push(Entry {
-            rel: child.clone(),
-            kind,
-            st,
-        });
-        if kind == Kind::Dir {
-            walk_dir(root, shown, child, out)?;
+struct Walker<'a> {
+    root: BorrowedFd<'a>,
+    shown: &'a Path,
+    seen: &'a AtomicUsize,
+}
+
+impl Walker<'_> {
+    fn dir(&self, rel: PathBuf, out: &mut Vec<Entry>) -> Result<()> {
+        let (root, shown) = (self.root, self.shown);
+        let at = shown.join(&rel);
+        let dir = open_dir(root, &rel).map_err(|e| Error::io("open directory", &at, e.into()))?;
+        let dup = dir
+            .try_clone()
+            .map_err(|e| Error::io("open directory", &at, e))?;
+        for name in names(dup, &at)? {
+            let st = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| Error::io("stat", at.join(&name), e.into()))?;
+            let kind = kind_of(&st);
+            let child = rel.join(&name);
+            out.push(Entry {
+                rel: child.clone(),
+                kind,
+                st,
+            });
+            self.seen.fetch_add(1, Ordering::Relaxed);
+            if kind == Kind::Dir {
+                self.dir(child, out)?;
+            }
         }
+        Ok(())
     }
-    Ok(())
 }

@@ -80,6 +80,8 @@ pub struct NfsBackend {
     pub(crate) driver_name: String,
     /// NFS → NFS clone copies running as jobs (`clone.rs`).
     pub(crate) clones: Arc<crate::clone::Cloner>,
+    /// Clone sources' trees being measured (a block clone of an NFS directory).
+    pub(crate) measures: Arc<crate::clone::measure::Measures>,
 }
 
 impl NfsBackend {
@@ -91,6 +93,7 @@ impl NfsBackend {
             gate: None,
             driver_name,
             clones: Arc::default(),
+            measures: Arc::default(),
         }
     }
 

@@ -139,7 +139,9 @@ if [ "${GDS_VM_ONLY:-}" != partition-sanity ]; then
   [ "${GDS_VM_ONLY:-}" = nfs-sanity ] && finish
 fi
 
-if [ -z "${GDS_VM_ONLY:-}" ] && [ -x "$SCENARIOS" ]; then
+if [ -n "${GDS_VM_ONLY:-}" ]; then
+  :
+elif [ -x "$SCENARIOS" ]; then
   log "scenarios"
   GUEST_HELPER="${BASH_SOURCE[0]}" DRIVER_LOG="$W/driver.log" NFS_SERVER=$SERVER NFS_EXPORT_DIR=$EXP \
     "$SCENARIOS" "$W/csi.sock" "$W" 2>&1 | tee "$OUT/scenarios.out"
