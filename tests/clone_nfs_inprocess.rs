@@ -37,11 +37,17 @@ struct Harness {
 /// One fixture namespace of 1 GiB; `nfs`: whether the driver has the NFS backend.
 async fn harness(nfs: bool) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    let (sys, dev, state) = (
-        dir.path().join("sys"),
-        dir.path().join("dev"),
-        dir.path().join("state"),
-    );
+    let host = Arc::new(HostDouble::tracking(HashMap::from([(
+        dir.path().join("dev/nvme0n1"),
+        (259, 0),
+    )])));
+    let c = common::serve_in_process(Arc::new(driver(dir.path(), &host, nfs)), dir.path()).await;
+    Harness { dir, host, c }
+}
+
+/// The plugin of node-a over `dir`'s fixture and state (a restart keeps both).
+fn driver(dir: &Path, host: &Arc<HostDouble>, nfs: bool) -> Driver {
+    let (sys, dev, state) = (dir.join("sys"), dir.join("dev"), dir.join("state"));
     let ns = sys.join("block/nvme0n1");
     std::fs::create_dir_all(ns.join("holders")).unwrap();
     std::fs::write(ns.join("wwid"), "nvme.1b36-fixture-0000\n").unwrap();
@@ -49,10 +55,6 @@ async fn harness(nfs: bool) -> Harness {
     let by_dev = sys.join("dev/block/259:0");
     std::fs::create_dir_all(&by_dev).unwrap();
     std::fs::write(by_dev.join("size"), format!("{}\n", DEV_SIZE / 512)).unwrap();
-    let host = Arc::new(HostDouble::tracking(HashMap::from([(
-        dev.join("nvme0n1"),
-        (259, 0),
-    )])));
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),
         host_sys: sys,
@@ -62,19 +64,18 @@ async fn harness(nfs: bool) -> Harness {
         state_dir: state.clone(),
     })
     .unwrap();
-    let mut driver = Driver::new(
+    let driver = Driver::new(
         "gds.csi.test".into(),
         "node-a".into(),
-        vec![dir.path().join("kubelet")],
+        vec![dir.join("kubelet")],
         pool,
         host.clone(),
     );
     if nfs {
-        driver =
-            driver.with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap());
+        driver.with_nfs(NfsStore::open(&state, std::time::Duration::from_secs(5)).unwrap())
+    } else {
+        driver
     }
-    let c = common::serve_in_process(Arc::new(driver), dir.path()).await;
-    Harness { dir, host, c }
 }
 
 fn cap(mode: AccessModeKind) -> VolumeCapability {
@@ -312,6 +313,37 @@ async fn without_the_nfs_backend_an_nfs_source_is_a_failed_precondition() {
     }
     assert_eq!(h.listed().await, before);
     assert_eq!(h.host.count("mount_nfs"), 0);
+}
+
+#[tokio::test]
+async fn a_node_without_the_nfs_backend_refuses_to_fill_an_nfs_clone_and_changes_nothing() {
+    let mut h = harness(true).await;
+    let (src, dir) = h.nfs_volume("data").await;
+    fill(&dir);
+    let v = h
+        .create(block_req("clone", &[], Some(&src), 0))
+        .await
+        .unwrap();
+    // The node's plugin restarted without the NFS backend (same state, same host).
+    let second = h.dir.path().join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let restarted = driver(h.dir.path(), &h.host, false);
+    h.c = common::serve_in_process(Arc::new(restarted), &second).await;
+    let calls = h.host.state.lock().unwrap().calls.len();
+    let err = h.stage(&v, "clone").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains(&src) && err.message().contains("NFS backend is not enabled"),
+        "{}",
+        err.message()
+    );
+    let made: Vec<String> = h.host.state.lock().unwrap().calls[calls..]
+        .iter()
+        .filter(|c| !c.starts_with("mount_table"))
+        .cloned()
+        .collect();
+    assert!(made.is_empty(), "the refused stage did {made:?}");
+    assert_eq!(h.host.mounts_at(&h.staging("clone")), 0);
 }
 
 #[tokio::test]

@@ -164,6 +164,13 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
     if done(b, &raw)? {
         return Ok(());
     }
+    if let (Source::Nfs { label, .. }, false) = (&source, b.nfs_sources) {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {raw} is a clone of {label}, which is on NFS, and {}: run this node's \
+             plugin with the NFS backend to fill it; nothing was formatted or mounted",
+            crate::error::VolumeError::NfsDisabled
+        )));
+    }
     if cap.access == Access::Block {
         return Err(Error::invalid(
             "volume_capability",

@@ -59,6 +59,8 @@ pub struct BlockBackend {
     pub(crate) node: NodeIdentity,
     /// Clone copies running or finished (issue 15).
     pub(crate) clones: Arc<crate::clone::Cloner>,
+    /// This instance runs the NFS backend too, so a clone may mount an NFS source.
+    pub(crate) nfs_sources: bool,
     ready: AtomicBool,
 }
 
@@ -89,12 +91,18 @@ impl BlockBackend {
             gate: None,
             node,
             clones: Arc::default(),
+            nfs_sources: false,
             ready: AtomicBool::new(false),
         }
     }
 
     pub fn set_gate(&mut self, gate: Option<Arc<GdsGate>>) {
         self.gate = gate;
+    }
+
+    /// Clones of NFS directories may be filled here (the instance runs the NFS backend).
+    pub fn allow_nfs_sources(&mut self) {
+        self.nfs_sources = true;
     }
 
     /// Scans the pool and probes free devices; the backend is ready only after this.

@@ -98,16 +98,12 @@ impl Measures {
         (root, rel): (PathBuf, PathBuf),
         wait: Duration,
     ) -> Result<Measured> {
-        let walk = Arc::clone(
-            lock(&self.walks)
-                .entry(key.to_owned())
-                .or_insert_with(|| {
-                    Arc::new(Walk {
-                        started: Instant::now(),
-                        seen: AtomicUsize::new(0),
-                    })
-                }),
-        );
+        let walk = Arc::clone(lock(&self.walks).entry(key.to_owned()).or_insert_with(|| {
+            Arc::new(Walk {
+                started: Instant::now(),
+                seen: AtomicUsize::new(0),
+            })
+        }));
         let (me, k, w) = (Arc::clone(self), key.to_owned(), Arc::clone(&walk));
         let work = async move {
             let measured =
@@ -193,7 +189,9 @@ mod tests {
         let status = tonic::Status::from(err);
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         assert!(
-            status.message().starts_with("measuring the clone's source nfs:tree: "),
+            status
+                .message()
+                .starts_with("measuring the clone's source nfs:tree: "),
             "{}",
             status.message()
         );

@@ -84,6 +84,7 @@ impl Driver {
         let mut nfs = NfsBackend::new(store, mounter, self.name.clone());
         nfs.set_gate(self.gds_gate.clone());
         self.nfs = Some(nfs);
+        self.block.allow_nfs_sources();
         self
     }
 
