@@ -47,7 +47,9 @@ fn mib_s(bytes: u64, secs: f64) -> f64 {
 /// fio's bandwidth in MiB/s of one job (`json` output).
 fn fio(args: &str) -> Result<f64> {
     let out = sh(&format!("fio --output-format=json --name=fig {args}"))?;
-    let v: serde_json::Value = serde_json::from_str(&out)?;
+    // `--opendir` prints how many files it added before the JSON.
+    let json = out.find('{').map_or(out.as_str(), |at| &out[at..]);
+    let v: serde_json::Value = serde_json::from_str(json)?;
     let job = &v["jobs"][0];
     let bw = job["read"]["bw_bytes"].as_f64().unwrap_or(0.0)
         + job["write"]["bw_bytes"].as_f64().unwrap_or(0.0);
@@ -80,15 +82,15 @@ pub async fn run(rig: &Rig) -> Result<String> {
          --ioengine=libaio --iodepth=4 --size=64m",
     )?;
     sh("rm -f /run/fig-dst/fio.bin")?;
-    // The whole tree read raw: every file once (the hard link's second name skipped),
-    // O_DIRECT, 8 MiB requests, 4 readers, as the copy's streams read it.
+    // The whole tree read raw by fio: every regular file (symlinks and the FIFO passed
+    // over, the hard link's file under both names), O_DIRECT, 4 in flight. Requests of
+    // 512 B to 8 MiB: fio passes over a file smaller than its smallest request, and the
+    // tree's small files are part of what the copy reads.
     drop()?;
-    let t0 = Instant::now();
-    sh(&format!(
-        "cd {src} && find . -type f ! -path ./l0/big0.link -print0 | xargs -0 -P4 -n16 \
-         sh -c 'for f; do dd if=\"$f\" of=/dev/null bs=8M iflag=direct status=none; done' _"
+    let tree = fio(&format!(
+        "--opendir={src} --rw=read --bsrange=512-8m --direct=1 --ioengine=libaio \
+         --iodepth=4 --readonly"
     ))?;
-    let tree = mib_s(bytes, t0.elapsed().as_secs_f64());
     drop()?;
     let t0 = Instant::now();
     let cp_cpu = sh(&format!(
@@ -113,7 +115,7 @@ pub async fn run(rig: &Rig) -> Result<String> {
     let table = format!(
         "dataset {:.1} MiB; driver copy job {driver:.1} MiB/s ({job:.2} s: mounts, walk, copy, \
          size check; NodeStage with mkfs {stage:.1} MiB/s, {secs:.2} s); cp -a {cp:.1} MiB/s \
-         ({cp_secs:.2} s); source tree read (dd O_DIRECT 8 MiB x 4) {tree:.1} MiB/s; fio source \
+         ({cp_secs:.2} s); fio source tree read {tree:.1} MiB/s; fio source \
          large files read {read:.1} MiB/s; fio target write {write:.1} MiB/s; driver/cp = {:.2}, \
          driver/tree read = {:.2}, driver/large-file read = {:.2}, driver/min(tree read, write) = \
          {:.2}; CPU per GiB: driver {:.2} s, cp -a {:.2} s",
