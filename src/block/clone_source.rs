@@ -103,6 +103,7 @@ pub async fn check_nfs(
         ))
     })?;
     let root = nfs.export_root(id).await?;
+    let shown = root.join(&id.dir);
     let tree = (root, PathBuf::from(&id.dir));
     let m = nfs
         .measures
@@ -114,8 +115,15 @@ pub async fn check_nfs(
                 e => e,
             };
             match inner {
-                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                    Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+                Error::Io { source, path, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    if *path == shown {
+                        Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+                    } else {
+                        // An entry removed while the walk went by: measure again.
+                        Error::Aborted(format!(
+                            "the source {label} changed while it was measured ({inner}); retry"
+                        ))
+                    }
                 }
                 _ => e,
             }
