@@ -5,7 +5,7 @@
 //! Usage: clone_vm SOCKET WORK_DIR EXPORT
 //! Env: GUEST_HELPER (tests/vm/clone_guest.sh: kill-driver, start-driver, nfs-stop,
 //! nfs-start), CLONE_SCENARIOS (space-separated subset of `volume dataset kill stop
-//! figures`, default all), CP_DEV (an ext4 NVMe namespace outside the pool, for cp -a).
+//! nfs figures`, default all), CP_DEV (an ext4 NVMe namespace outside the pool, for cp -a).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -375,6 +375,63 @@ async fn stop(rig: &mut Rig, src: &str) -> Result<String> {
     ))
 }
 
+/// NFS → NFS: a new NFS volume filled from the source's directory at CreateVolume (the
+/// driver copies through its export mounts; `src/nfs/clone.rs`). Unavailable is the copy
+/// still running; the retry joins it. The export's two directories compared locally.
+async fn nfs_to_nfs(rig: &mut Rig, src: &str) -> Result<String> {
+    let req = CreateVolumeRequest {
+        name: "nfs-copy".into(),
+        volume_capabilities: vec![mount_cap(Mode::MultiNodeMultiWriter, "")],
+        parameters: [
+            ("server", SERVER),
+            ("share", "/"),
+            ("gdsPolicy", "disabled"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(Type::Volume(VolumeSource {
+                volume_id: src.into(),
+            })),
+        }),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut calls = 0;
+    let v = loop {
+        calls += 1;
+        match rig.c.controller.create_volume(req.clone()).await {
+            Ok(r) => break r.into_inner().volume.ok_or("no volume")?,
+            Err(e) if e.code() == tonic::Code::Unavailable && t0.elapsed().as_secs() < 600 => {
+                println!("  CreateVolume {calls}: {:?} {}", e.code(), e.message());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(format!("CreateVolume after {calls} calls: {e}").into()),
+        }
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let dir = v
+        .volume_context
+        .get("dir")
+        .ok_or("no dir in the volume context")?;
+    let n = compare_trees(&rig.export.join(DATA), &rig.export.join(dir))?;
+    rig.c
+        .controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            ..Default::default()
+        })
+        .await?;
+    ensure(
+        !rig.export.join(dir).exists(),
+        "DeleteVolume left the copy's directory",
+    )?;
+    Ok(format!(
+        "{n} entries match in {dir}; {calls} CreateVolume call(s), {secs:.1} s; deleted"
+    ))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -384,7 +441,7 @@ async fn main() -> Result<()> {
         PathBuf::from(&args[3]),
     );
     let only = std::env::var("CLONE_SCENARIOS")
-        .unwrap_or_else(|_| "volume dataset kill stop figures".into());
+        .unwrap_or_else(|_| "volume dataset kill stop nfs figures".into());
     let want = |s: &str| only.split_whitespace().any(|w| w == s);
     let mut rig = Rig {
         c: Clients::connect_ready(&socket, vm_common::READY_DEADLINE).await?,
@@ -411,6 +468,10 @@ async fn main() -> Result<()> {
     if want("stop") {
         let r = stop(&mut rig, &src).await;
         report("nfs-server-stopped-mid-copy", r, &mut failed);
+    }
+    if want("nfs") {
+        let r = nfs_to_nfs(&mut rig, &src).await;
+        report("nfs-to-nfs-clone", r, &mut failed);
     }
     if want("figures") {
         let r = figures::run(&rig).await;

@@ -8,7 +8,7 @@
 # class's dataset checked file by file, the driver SIGKILLed mid-copy, the NFS server
 # stopped mid-copy, and the figures (driver vs cp -a vs fio, CPU per GiB).
 # Usage: flock /work/wt/heavy.lock bash tests/vm/clone.sh
-# Env: CLONE_SCENARIOS="volume dataset kill stop figures" (a subset to iterate on),
+# Env: CLONE_SCENARIOS="volume dataset kill stop nfs figures" (a subset to iterate on),
 # VENV (virtme-ng's venv, default .cache/vng-venv as tests/vm/run.sh installs it).
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
