@@ -167,6 +167,50 @@ fn dataset(root: &Path) {
     set_times(&root.join("d2/e0"), 1_400_000_000, 5);
     set_times(&root.join("d2"), 1_400_000_001, 6);
     set_times(&root.join("outside"), 1_300_000_000, 9);
+    // Extended attributes: the users' own on a file and a directory, a POSIX ACL (a named
+    // user with read access) and a file capability (set after the chown above, which
+    // would drop it).
+    xattr::set(root.join("big"), "user.dataset.sha", b"abc123").unwrap();
+    xattr::set(root.join("d1"), "user.owner.team", b"vision").unwrap();
+    xattr::set(
+        root.join("unaligned"),
+        "system.posix_acl_access",
+        &posix_acl(),
+    )
+    .unwrap();
+    xattr::set(root.join("empty"), "security.capability", &capability()).unwrap();
+    // Not copied: the kernel's own users'.
+    xattr::set(root.join("d0"), "trusted.internal", b"x").unwrap();
+}
+
+/// A POSIX ACL as the kernel stores it (include/uapi/linux/posix_acl_xattr.h): version 2,
+/// then (tag, perm, id) entries: owner rw, user 1234 r, group r, mask r, other none.
+fn posix_acl() -> Vec<u8> {
+    let undefined = u32::MAX;
+    let entries: [(u16, u16, u32); 5] = [
+        (0x01, 6, undefined),
+        (0x02, 4, 1234),
+        (0x04, 4, undefined),
+        (0x10, 4, undefined),
+        (0x20, 0, undefined),
+    ];
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        out.extend(tag.to_le_bytes());
+        out.extend(perm.to_le_bytes());
+        out.extend(id.to_le_bytes());
+    }
+    out
+}
+
+/// A file capability, version 2 (include/uapi/linux/capability.h `vfs_cap_data`):
+/// CAP_NET_BIND_SERVICE (10) permitted.
+fn capability() -> Vec<u8> {
+    let mut out = 0x0200_0000u32.to_le_bytes().to_vec();
+    for word in [1u32 << 10, 0, 0, 0] {
+        out.extend(word.to_le_bytes());
+    }
+    out
 }
 
 #[derive(Debug, PartialEq)]
@@ -310,6 +354,25 @@ fn a_tree_is_copied_with_every_attribute_link_and_hole() {
     );
     // The root's own owner and mode.
     assert_eq!(after[Path::new("")].0.mode, before[Path::new("")].0.mode);
+    // Extended attributes: users', the ACL and the capability kept; trusted.* not.
+    for (rel, name) in [
+        ("big", "user.dataset.sha"),
+        ("d1", "user.owner.team"),
+        ("unaligned", "system.posix_acl_access"),
+        ("empty", "security.capability"),
+    ] {
+        let want = xattr::get(src.mnt.join(rel), name).unwrap();
+        assert!(want.is_some(), "{rel} {name} in the source");
+        assert_eq!(
+            xattr::get(dst.mnt.join(rel), name).unwrap(),
+            want,
+            "{rel} {name}"
+        );
+    }
+    assert_eq!(
+        xattr::get(dst.mnt.join("d0"), "trusted.internal").unwrap(),
+        None
+    );
 }
 
 fn clone_meta(m: &Meta) -> Meta {

@@ -159,16 +159,84 @@ pub fn link_all(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry], links: &Li
     Ok(())
 }
 
-/// Sizes cut to the source's (O_DIRECT writes whole blocks), then owner, mode and
-/// times of every entry, deepest first; the root's too.
-pub fn finish_metadata(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry]) -> Result<()> {
+/// Sizes cut to the source's (O_DIRECT writes whole blocks), then owner, mode, the
+/// extended attributes [`copied_xattr`] names, and times of every entry, deepest first;
+/// the root's too.
+pub fn finish_metadata(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    entries: &[Entry],
+) -> Result<()> {
+    let xattrs = has_xattrs(src);
     for e in entries.iter().rev() {
-        set_one(dst, e).map_err(io("set owner, mode and times of", shown, &e.rel))?;
+        set_one(src, dst, e, xattrs).map_err(io("set owner, mode and times of", shown, &e.rel))?;
     }
     Ok(())
 }
 
-fn set_one(dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
+/// Extended attributes a copy keeps: the users' own (`user.*`), POSIX ACLs and file
+/// capabilities. The rest belong to the source's filesystem (`system.nfs4_acl`, which no
+/// local filesystem takes), to the target's security policy (`security.selinux`), or to
+/// the kernel's own users (`trusted.*`).
+pub fn copied_xattr(name: &OsStr) -> bool {
+    let n = name.as_encoded_bytes();
+    n.starts_with(b"user.")
+        || n == b"system.posix_acl_access"
+        || n == b"system.posix_acl_default"
+        || n == b"security.capability"
+}
+
+/// The source's filesystem has extended attributes at all (else no entry is asked).
+pub fn has_xattrs(src: BorrowedFd<'_>) -> bool {
+    !matches!(
+        xattr::list(at(src, OsStr::new("."))),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP)
+    )
+}
+
+/// `name` in the directory `dir` as a path the `l*xattr` calls take: through the
+/// directory's descriptor, never following `name` itself.
+pub fn at(dir: BorrowedFd<'_>, name: &OsStr) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
+}
+
+/// The copied extended attributes of `path`, by name (none where the filesystem has none).
+pub fn xattrs_of(
+    path: &Path,
+) -> nix::Result<std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>> {
+    let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    let names = match xattr::list(path) {
+        Ok(names) => names,
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(Default::default()),
+        Err(e) => return Err(errno(e)),
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for name in names.filter(|n| copied_xattr(n)) {
+        // Removed between the list and the read: not there.
+        if let Some(value) = xattr::get(path, &name).map_err(errno)? {
+            out.insert(name, value);
+        }
+    }
+    Ok(out)
+}
+
+/// The target's copied attributes made the source's: set, and those the source no longer
+/// has (a resumed copy) removed.
+fn copy_xattrs(src: &Path, dst: &Path) -> nix::Result<()> {
+    let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    let (want, have) = (xattrs_of(src)?, xattrs_of(dst)?);
+    for name in have.keys().filter(|n| !want.contains_key(*n)) {
+        xattr::remove(dst, name).map_err(errno)?;
+    }
+    for (name, value) in want.iter().filter(|(n, v)| have.get(*n) != Some(*v)) {
+        xattr::set(dst, name, value).map_err(errno)?;
+    }
+    Ok(())
+}
+
+fn set_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry, xattrs: bool) -> nix::Result<()> {
     let (dir, name): (OwnedFd, &OsStr) = if e.rel.as_os_str().is_empty() {
         (open_dir(dst, Path::new(""))?, OsStr::new("."))
     } else {
@@ -191,6 +259,16 @@ fn set_one(dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
         // After chown, which clears set-id bits. The entry is ours and no symlink.
         let mode = Mode::from_bits_truncate(e.st.st_mode & 0o7777);
         fchmodat(dir, name, mode, FchmodatFlags::FollowSymlink)?;
+    }
+    // After chown (which drops file capabilities) and chmod (an ACL sets the group bits
+    // its own way). Only files and directories: others take no user attributes.
+    if xattrs && matches!(e.kind, Kind::File | Kind::Dir) {
+        let (sdir, sname) = if e.rel.as_os_str().is_empty() {
+            (open_dir(src, Path::new(""))?, OsStr::new("."))
+        } else {
+            parent_of(src, &e.rel)?
+        };
+        copy_xattrs(&at(sdir.as_fd(), sname), &at(dir, name))?;
     }
     let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
     let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);

@@ -123,7 +123,10 @@ pub fn copy_tree_at(
     // Verified before times are set: reading a symlink or file moves its atime.
     verify::verify(src, dst, &req.target, &entries, req.verify)?;
     phases.end("verify");
-    meta::finish_metadata(dst, &req.target, &entries)?;
+    meta::finish_metadata(src, dst, &req.target, &entries)?;
+    if meta::has_xattrs(src) {
+        verify::xattrs(src, dst, &req.target, &entries)?;
+    }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;
     phases.end("metadata and sync");
     saved.done = true;

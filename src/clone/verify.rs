@@ -4,13 +4,14 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
 use nix::fcntl::{readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 use sha2::{Digest, Sha256};
 
+use super::meta;
 use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
 use crate::error::{Error, Result};
 
@@ -77,6 +78,50 @@ pub fn verify(
                 }
             }
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Every file's and directory's copied extended attributes (`meta::copied_xattr`) equal
+/// the source's. Checked after times are set: reading attributes moves no time.
+pub fn xattrs(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    entries: &[Entry],
+) -> Result<()> {
+    for e in entries
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::File | Kind::Dir))
+    {
+        let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
+        let parent = e.rel.parent().unwrap_or(Path::new(""));
+        let name = match e.rel.file_name() {
+            Some(name) => name,
+            None => std::ffi::OsStr::new("."),
+        };
+        let (sdir, ddir) = (
+            open_dir(src, parent).map_err(err)?,
+            open_dir(dst, parent).map_err(err)?,
+        );
+        let want = meta::xattrs_of(&meta::at(sdir.as_fd(), name)).map_err(err)?;
+        let have = meta::xattrs_of(&meta::at(ddir.as_fd(), name)).map_err(err)?;
+        if want != have {
+            let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
+                m.keys()
+                    .map(|k| k.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            };
+            return Err(mismatch(
+                shown,
+                e,
+                format!(
+                    "extended attributes {:?} instead of {:?}",
+                    names(&have),
+                    names(&want)
+                ),
+            ));
         }
     }
     Ok(())
