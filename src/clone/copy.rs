@@ -282,16 +282,16 @@ mod tests {
     #[test]
     fn pieces_keep_every_stream_busy_within_one_buffer_and_the_limit() {
         let buffer = crate::clone::BUFFER as u64;
-        // Two 32 MiB files and some: 8 MiB pieces, 8 of them for 4 streams.
-        assert_eq!(piece_len(90 * MIB, 4, 64 * MIB), buffer);
+        assert_eq!(buffer, 4 * MIB);
+        // Two 32 MiB files and some: one buffer a piece, 22 pieces for 8 streams.
+        assert_eq!(piece_len(90 * MIB, 8, 64 * MIB), buffer);
         // A large dataset: the limit.
-        assert_eq!(piece_len(28 << 30, 4, 64 * MIB), 64 * MIB);
-        // In between: a multiple of the buffer.
-        let p = piece_len(1 << 30, 4, 64 * MIB);
-        assert_eq!((p, p % buffer), (64 * MIB, 0));
-        assert_eq!(piece_len(512 * MIB, 4, 64 * MIB), 32 * MIB);
-        // A limit below one buffer is kept (the engine's tests cut at 4 MiB).
-        assert_eq!(piece_len(90 * MIB, 3, 4 * MIB), 4 * MIB);
-        assert_eq!(piece_len(0, 4, 64 * MIB), buffer);
+        assert_eq!(piece_len(28 << 30, 8, 64 * MIB), 64 * MIB);
+        // In between: a multiple of the buffer, four pieces a stream.
+        assert_eq!(piece_len(1 << 30, 8, 64 * MIB), 32 * MIB);
+        assert_eq!(piece_len(500 * MIB, 8, 64 * MIB), 16 * MIB);
+        // A limit below one buffer is kept (the engine's tests cut small).
+        assert_eq!(piece_len(90 * MIB, 3, 2 * MIB), 2 * MIB);
+        assert_eq!(piece_len(0, 8, 64 * MIB), buffer);
     }
 }
