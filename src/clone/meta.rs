@@ -160,19 +160,41 @@ pub fn link_all(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry], links: &Li
 }
 
 /// Sizes cut to the source's (O_DIRECT writes whole blocks), then owner, mode, the
-/// extended attributes [`copied_xattr`] names, and times of every entry, deepest first;
-/// the root's too.
+/// extended attributes [`copied_xattr`] names, and times of every entry; the root's too.
+/// On `streams` threads: every entry exists by now, and setting an entry's owner, mode,
+/// attributes or times changes no other entry's times (only adding or removing names
+/// changes a directory's), so the order does not matter; on an NFS target each step is a
+/// round trip to the server.
 pub fn finish_metadata(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
+    streams: usize,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
-    for e in entries.iter().rev() {
-        set_one(src, dst, e, xattrs).map_err(io("set owner, mode and times of", shown, &e.rel))?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let first_error = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..streams.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(e) = entries.get(i) else { break };
+                if let Err(x) = set_one(src, dst, e, xattrs) {
+                    let err = io("set owner, mode and times of", shown, &e.rel)(x);
+                    let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                    first.get_or_insert(err);
+                    // No further entries: the first error is the answer.
+                    next.store(entries.len(), std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Extended attributes a copy keeps: the users' own (`user.*`), POSIX ACLs and file

@@ -126,7 +126,7 @@ pub fn copy_tree_at(
     // Verified before times are set: reading a symlink or file moves its atime.
     verify::verify(src, dst, &req.target, &entries, req.verify)?;
     phases.end("verify");
-    meta::finish_metadata(src, dst, &req.target, &entries)?;
+    meta::finish_metadata(src, dst, &req.target, &entries, req.streams)?;
     if meta::has_xattrs(src) {
         verify::xattrs(src, dst, &req.target, &entries)?;
     }
