@@ -173,28 +173,9 @@ pub fn finish_metadata(
     streams: usize,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let first_error = std::sync::Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..streams.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(e) = entries.get(i) else { break };
-                if let Err(x) = set_one(src, dst, e, xattrs) {
-                    let err = io("set owner, mode and times of", shown, &e.rel)(x);
-                    let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                    first.get_or_insert(err);
-                    // No further entries: the first error is the answer.
-                    next.store(entries.len(), std::sync::atomic::Ordering::Relaxed);
-                    break;
-                }
-            });
-        }
-    });
-    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    super::each_in_parallel(entries, streams, |e| {
+        set_one(src, dst, e, xattrs).map_err(io("set owner, mode and times of", shown, &e.rel))
+    })
 }
 
 /// Extended attributes a copy keeps: the users' own (`user.*`), POSIX ACLs and file

@@ -124,11 +124,11 @@ pub fn copy_tree_at(
     progress.set(saved.clone())?;
     meta::link_all(dst, &req.target, &entries, &links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
-    verify::verify(src, dst, &req.target, &entries, req.verify)?;
+    verify::verify(src, dst, &req.target, &entries, req.verify, req.streams)?;
     phases.end("verify");
     meta::finish_metadata(src, dst, &req.target, &entries, req.streams)?;
     if meta::has_xattrs(src) {
-        verify::xattrs(src, dst, &req.target, &entries)?;
+        verify::xattrs(src, dst, &req.target, &entries, req.streams)?;
     }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;
     phases.end("metadata and sync");
@@ -144,6 +144,38 @@ pub fn copy_tree_at(
         "copy finished"
     );
     Ok(())
+}
+
+/// `f` on every item, on `streams` threads; the first error stops the rest and is the
+/// answer. For the phases whose items need no order (metadata, verification): on an NFS
+/// side each item is a round trip, which one thread would wait for one after another.
+pub(crate) fn each_in_parallel<T: Sync>(
+    items: &[T],
+    streams: usize,
+    f: impl Fn(&T) -> Result<()> + Sync,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let first_error = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..streams.max(1) {
+            s.spawn(|| {
+                while let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Err(e) = f(item) {
+                        first_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                        next.store(items.len(), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Seconds per phase of one copy, for the log line that says where its time went.

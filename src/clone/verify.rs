@@ -29,56 +29,67 @@ fn mismatch(shown: &Path, e: &Entry, what: String) -> Error {
     ))
 }
 
+/// Every entry but the root, on `streams` threads (a checksum reads both sides again).
 pub fn verify(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
     how: Verify,
+    streams: usize,
 ) -> Result<()> {
-    for e in entries.iter().skip(1) {
-        let err = |x: nix::Error| Error::io("verify", shown.join(&e.rel), x.into());
-        let parent = e.rel.parent().unwrap_or(Path::new(""));
-        let name = e.rel.file_name().unwrap_or_default();
-        let dir = open_dir(dst, parent).map_err(err)?;
-        let st = match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            // A socket is not copied (meta.rs).
-            Err(nix::errno::Errno::ENOENT) if is_socket(e) => continue,
-            Err(x) => return Err(err(x)),
-        };
-        if kind_of(&st) != e.kind {
+    let below_root = entries.get(1..).unwrap_or_default();
+    super::each_in_parallel(below_root, streams, |e| verify_one(src, dst, shown, e, how))
+}
+
+fn verify_one(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    e: &Entry,
+    how: Verify,
+) -> Result<()> {
+    let err = |x: nix::Error| Error::io("verify", shown.join(&e.rel), x.into());
+    let parent = e.rel.parent().unwrap_or(Path::new(""));
+    let name = e.rel.file_name().unwrap_or_default();
+    let dir = open_dir(dst, parent).map_err(err)?;
+    let st = match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        // A socket is not copied (meta.rs).
+        Err(nix::errno::Errno::ENOENT) if is_socket(e) => return Ok(()),
+        Err(x) => return Err(err(x)),
+    };
+    if kind_of(&st) != e.kind {
+        return Err(mismatch(
+            shown,
+            e,
+            format!("{:?} instead of {:?}", kind_of(&st), e.kind),
+        ));
+    }
+    match e.kind {
+        Kind::File if st.st_size != e.st.st_size => {
             return Err(mismatch(
                 shown,
                 e,
-                format!("{:?} instead of {:?}", kind_of(&st), e.kind),
+                format!("{} bytes instead of {}", st.st_size, e.st.st_size),
             ));
         }
-        match e.kind {
-            Kind::File if st.st_size != e.st.st_size => {
-                return Err(mismatch(
-                    shown,
-                    e,
-                    format!("{} bytes instead of {}", st.st_size, e.st.st_size),
-                ));
+        Kind::File if how == Verify::Checksum => {
+            let (a, b) = (
+                digest(src, &e.rel).map_err(err)?,
+                digest(dst, &e.rel).map_err(err)?,
+            );
+            if a != b {
+                return Err(mismatch(shown, e, "a different SHA-256".into()));
             }
-            Kind::File if how == Verify::Checksum => {
-                let (a, b) = (
-                    digest(src, &e.rel).map_err(err)?,
-                    digest(dst, &e.rel).map_err(err)?,
-                );
-                if a != b {
-                    return Err(mismatch(shown, e, "a different SHA-256".into()));
-                }
-            }
-            Kind::Symlink => {
-                let sdir = open_dir(src, parent).map_err(err)?;
-                if readlinkat(&sdir, name).map_err(err)? != readlinkat(&dir, name).map_err(err)? {
-                    return Err(mismatch(shown, e, "another symlink target".into()));
-                }
-            }
-            _ => {}
         }
+        Kind::Symlink => {
+            let sdir = open_dir(src, parent).map_err(err)?;
+            if readlinkat(&sdir, name).map_err(err)? != readlinkat(&dir, name).map_err(err)? {
+                return Err(mismatch(shown, e, "another symlink target".into()));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -90,39 +101,42 @@ pub fn xattrs(
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
+    streams: usize,
 ) -> Result<()> {
-    for e in entries
-        .iter()
-        .filter(|e| matches!(e.kind, Kind::File | Kind::Dir))
-    {
-        let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
-        let parent = e.rel.parent().unwrap_or(Path::new(""));
-        let name = match e.rel.file_name() {
-            Some(name) => name,
-            None => std::ffi::OsStr::new("."),
+    super::each_in_parallel(entries, streams, |e| xattrs_one(src, dst, shown, e))
+}
+
+fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry) -> Result<()> {
+    if !matches!(e.kind, Kind::File | Kind::Dir) {
+        return Ok(());
+    }
+    let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
+    let parent = e.rel.parent().unwrap_or(Path::new(""));
+    let name = match e.rel.file_name() {
+        Some(name) => name,
+        None => std::ffi::OsStr::new("."),
+    };
+    let (sdir, ddir) = (
+        open_dir(src, parent).map_err(err)?,
+        open_dir(dst, parent).map_err(err)?,
+    );
+    let want = meta::xattrs_of(&meta::at(sdir.as_fd(), name)).map_err(err)?;
+    let have = meta::xattrs_of(&meta::at(ddir.as_fd(), name)).map_err(err)?;
+    if want != have {
+        let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
+            m.keys()
+                .map(|k| k.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
         };
-        let (sdir, ddir) = (
-            open_dir(src, parent).map_err(err)?,
-            open_dir(dst, parent).map_err(err)?,
-        );
-        let want = meta::xattrs_of(&meta::at(sdir.as_fd(), name)).map_err(err)?;
-        let have = meta::xattrs_of(&meta::at(ddir.as_fd(), name)).map_err(err)?;
-        if want != have {
-            let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
-                m.keys()
-                    .map(|k| k.to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-            };
-            return Err(mismatch(
-                shown,
-                e,
-                format!(
-                    "extended attributes {:?} instead of {:?}",
-                    names(&have),
-                    names(&want)
-                ),
-            ));
-        }
+        return Err(mismatch(
+            shown,
+            e,
+            format!(
+                "extended attributes {:?} instead of {:?}",
+                names(&have),
+                names(&want)
+            ),
+        ));
     }
     Ok(())
 }
