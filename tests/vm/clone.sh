@@ -7,7 +7,7 @@
 # (tests/vm/clone_guest.sh, examples/clone_vm.rs): clones of an NFS volume and of a
 # class's dataset checked file by file, the driver SIGKILLed mid-copy, the NFS server
 # stopped mid-copy, and the figures (driver vs cp -a vs fio, CPU per GiB).
-# Usage: flock /work/wt/heavy.lock bash tests/vm/clone.sh
+# Usage: bash tests/vm/clone.sh (alone: its figures want both cores)
 # Env: CLONE_SCENARIOS="volume dataset kill stop nfs figures" (a subset to iterate on),
 # VENV (virtme-ng's venv, default .cache/vng-venv as tests/vm/run.sh installs it).
 set -euo pipefail

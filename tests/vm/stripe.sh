@@ -6,7 +6,7 @@
 # scenarios). Exits non-zero on any failure. Root; needs the vng venv of tests/vm/run.sh,
 # fio (installed from Debian here) and mdadm (from PATH, or MDADM_DIR pointing at a
 # folder holding an mdadm binary).
-# Usage: flock /work/wt/heavy.lock bash tests/vm/stripe.sh
+# Usage: bash tests/vm/stripe.sh (alone: it wants both cores)
 # FIO_CHUNKS="128K 512K 1M" adds the default chunk against others (4-drive stripes, fio at
 # iodepth 1 and 8); off by default.
 set -euo pipefail
