@@ -57,6 +57,15 @@ fn parent_of<'a>(root: BorrowedFd<'_>, rel: &'a Path) -> nix::Result<(OwnedFd, &
     Ok((open_dir(root, parent)?, name))
 }
 
+/// As [`parent_of`], and the root itself as `.` in its own descriptor.
+pub fn holder_of<'a>(root: BorrowedFd<'_>, rel: &'a Path) -> nix::Result<(OwnedFd, &'a OsStr)> {
+    if rel.as_os_str().is_empty() {
+        Ok((open_dir(root, Path::new(""))?, OsStr::new(".")))
+    } else {
+        parent_of(root, rel)
+    }
+}
+
 fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Error {
     let at = shown.join(rel);
     move |e| Error::io(what, at, e.into())
@@ -240,11 +249,7 @@ fn copy_xattrs(src: &Path, dst: &Path) -> nix::Result<()> {
 }
 
 fn set_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry, xattrs: bool) -> nix::Result<()> {
-    let (dir, name): (OwnedFd, &OsStr) = if e.rel.as_os_str().is_empty() {
-        (open_dir(dst, Path::new(""))?, OsStr::new("."))
-    } else {
-        parent_of(dst, &e.rel)?
-    };
+    let (dir, name) = holder_of(dst, &e.rel)?;
     let dir = dir.as_fd();
     if e.kind == Kind::File {
         let fd = open_beneath(dst, &e.rel, OFlag::O_WRONLY, Mode::empty())?;
@@ -266,12 +271,8 @@ fn set_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry, xattrs: bool) ->
     // After chown (which drops file capabilities) and chmod (an ACL sets the group bits
     // its own way). Only files and directories: others take no user attributes.
     if xattrs && matches!(e.kind, Kind::File | Kind::Dir) {
-        let (sdir, sname) = if e.rel.as_os_str().is_empty() {
-            (open_dir(src, Path::new(""))?, OsStr::new("."))
-        } else {
-            parent_of(src, &e.rel)?
-        };
-        copy_xattrs(&at(sdir.as_fd(), sname), &at(dir, name))?;
+        let (sdir, _) = holder_of(src, &e.rel)?;
+        copy_xattrs(&at(sdir.as_fd(), name), &at(dir, name))?;
     }
     let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
     let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);

@@ -111,14 +111,9 @@ fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry)
         return Ok(());
     }
     let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
-    let parent = e.rel.parent().unwrap_or(Path::new(""));
-    let name = match e.rel.file_name() {
-        Some(name) => name,
-        None => std::ffi::OsStr::new("."),
-    };
-    let (sdir, ddir) = (
-        open_dir(src, parent).map_err(err)?,
-        open_dir(dst, parent).map_err(err)?,
+    let ((sdir, name), (ddir, _)) = (
+        meta::holder_of(src, &e.rel).map_err(err)?,
+        meta::holder_of(dst, &e.rel).map_err(err)?,
     );
     let want = meta::xattrs_of(&meta::at(sdir.as_fd(), name)).map_err(err)?;
     let have = meta::xattrs_of(&meta::at(ddir.as_fd(), name)).map_err(err)?;
