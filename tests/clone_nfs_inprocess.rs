@@ -154,6 +154,17 @@ impl Harness {
         self.dir.path().join("kubelet/staging").join(name)
     }
 
+    /// An NFS volume `data` holding the test tree, and a block clone of it named `clone`.
+    async fn filled_clone(&self) -> (String, Volume) {
+        let (src, dir) = self.nfs_volume("data").await;
+        fill(&dir);
+        let v = self
+            .create(block_req("clone", &[], Some(&src), 0))
+            .await
+            .unwrap();
+        (src, v)
+    }
+
     async fn stage(&self, v: &Volume, name: &str) -> Result<(), tonic::Status> {
         let mut n = self.c.node.clone();
         n.node_stage_volume(NodeStageVolumeRequest {
@@ -271,12 +282,7 @@ async fn an_nfs_volume_sizes_its_clone_and_the_stage_mounts_it_read_only_and_sof
 #[tokio::test]
 async fn a_source_mount_without_rdma_is_refused_and_nothing_is_staged() {
     let h = harness(true).await;
-    let (src, dir) = h.nfs_volume("data").await;
-    fill(&dir);
-    let v = h
-        .create(block_req("clone", &[], Some(&src), 0))
-        .await
-        .unwrap();
+    let (_, v) = h.filled_clone().await;
     *h.host.negotiate_proto.lock().unwrap() = Some("tcp".into());
     let err = h.stage(&v, "clone").await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -318,12 +324,7 @@ async fn without_the_nfs_backend_an_nfs_source_is_a_failed_precondition() {
 #[tokio::test]
 async fn a_node_without_the_nfs_backend_refuses_to_fill_an_nfs_clone_and_changes_nothing() {
     let mut h = harness(true).await;
-    let (src, dir) = h.nfs_volume("data").await;
-    fill(&dir);
-    let v = h
-        .create(block_req("clone", &[], Some(&src), 0))
-        .await
-        .unwrap();
+    let (src, v) = h.filled_clone().await;
     // The node's plugin restarted without the NFS backend (same state, same host).
     let second = h.dir.path().join("second");
     std::fs::create_dir_all(&second).unwrap();

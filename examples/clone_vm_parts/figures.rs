@@ -31,11 +31,7 @@ pub fn cpu_seconds() -> Result<f64> {
 /// The first clone job's duration in the driver's log (`jobs.rs`: mount, copy, check,
 /// unmount; after mkfs).
 fn job_seconds() -> Result<f64> {
-    let log = std::fs::read_to_string(std::env::var("DRIVER_LOG")?)?;
-    let line = log
-        .lines()
-        .find(|l| l.contains("long job finished job=\"clone\""))
-        .ok_or("no finished clone job in the driver's log")?;
+    let line = first_log_line("long job finished job=\"clone\"")?;
     let secs = line.rsplit_once("seconds=").ok_or("no seconds")?.1;
     Ok(secs.split_whitespace().next().unwrap_or("").parse()?)
 }
@@ -44,11 +40,7 @@ fn job_seconds() -> Result<f64> {
 /// phases=walk 0.31 s, structure 0.22 s, data 7.78 s, ...`): (all of them, the data phase)
 /// in seconds; the copy without the job's mounts and unmounts.
 fn copy_phases() -> Result<(f64, f64)> {
-    let log = std::fs::read_to_string(std::env::var("DRIVER_LOG")?)?;
-    let line = log
-        .lines()
-        .find(|l| l.contains("copy finished"))
-        .ok_or("no finished copy in the driver's log")?;
+    let line = first_log_line("copy finished")?;
     let phases = line.rsplit_once("phases=").ok_or("no phases")?.1;
     let (mut all, mut data) = (0.0, 0.0);
     for phase in phases.trim_matches('"').split(", ") {
@@ -60,6 +52,15 @@ fn copy_phases() -> Result<(f64, f64)> {
         }
     }
     Ok((all, data))
+}
+
+/// The driver log's first line holding `needle` (DRIVER_LOG names the log).
+fn first_log_line(needle: &str) -> Result<String> {
+    let log = std::fs::read_to_string(std::env::var("DRIVER_LOG")?)?;
+    let line = log.lines().find(|l| l.contains(needle));
+    Ok(line
+        .ok_or_else(|| format!("no `{needle}` in the driver's log"))?
+        .to_owned())
 }
 
 fn mib_s(bytes: u64, secs: f64) -> f64 {
