@@ -1,8 +1,8 @@
 //! Everything of a tree but the file data: directories, empty files at their size,
 //! symlinks (as links: the text is copied, never resolved), device nodes and FIFOs,
-//! hard links (a second name of the first copy), and last owners, modes and times
-//! (children before parents, so copying into a directory does not change its times
-//! again). Every step is repeatable: a resumed copy finds its own earlier work.
+//! hard links (a second name of the first copy), and last owners, modes, attributes and
+//! times, once every name exists (so no later creation moves a directory's times). Every
+//! step is repeatable: a resumed copy finds its own earlier work.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -72,21 +72,32 @@ fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Err
 }
 
 /// Creates what `entries[1..]` name in the target (the root exists), files at their
-/// size without data; `secondaries` are left for `link_all`.
+/// size without data; `secondaries` are left for `link_all`. One depth at a time, each on
+/// `streams` threads: a directory exists before anything is made in it, and on an NFS
+/// target every creation is a round trip.
 pub fn create_structure(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
     links: &Links,
+    streams: usize,
 ) -> Result<()> {
     let secondary: std::collections::HashSet<usize> =
         links.secondaries.iter().map(|(i, _)| *i).collect();
+    let mut by_depth: std::collections::BTreeMap<usize, Vec<&Entry>> = Default::default();
     for (i, e) in entries.iter().enumerate().skip(1) {
-        if secondary.contains(&i) {
-            continue;
+        if !secondary.contains(&i) {
+            by_depth
+                .entry(e.rel.components().count())
+                .or_default()
+                .push(e);
         }
-        create_one(src, dst, e).map_err(io("create", shown, &e.rel))?;
+    }
+    for level in by_depth.values() {
+        super::each_in_parallel(level, streams, |e| {
+            create_one(src, dst, e).map_err(io("create", shown, &e.rel))
+        })?;
     }
     Ok(())
 }

@@ -100,7 +100,7 @@ pub fn copy_tree_at(
         return Ok(());
     }
     if !saved.structure_done {
-        meta::create_structure(src, dst, &req.target, &entries, &links)?;
+        meta::create_structure(src, dst, &req.target, &entries, &links, req.streams)?;
         saved.structure_done = true;
         progress.set(saved.clone())?;
     }
