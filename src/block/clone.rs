@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
+use crate::volume_id::BlockVolumeId;
 
 /// The record's parameter naming the source volume (set by CreateVolume only: a class
 /// cannot name it, unknown parameters are refused).
@@ -47,9 +48,10 @@ fn done(b: &BlockBackend, id: &str) -> Result<bool> {
 }
 
 /// CreateVolume with `volume_content_source.volume` naming a block volume: the source
-/// must be a block volume of this node, not being deleted or filled itself, and fit
+/// must be a block volume of this node, not being deleted or filled itself, not in use
+/// when the clone is `new` (a repeated CreateVolume answers what it made), and fit
 /// `limit` (0: none). Returns its capacity, the clone's smallest size.
-pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
+pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Result<u64> {
     let field = "volume_content_source.volume.volume_id";
     let not_found = || Error::NotFound(format!("{field}: source volume {source} does not exist"));
     let id = match request::volume_ref(source) {
@@ -75,6 +77,14 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
             "{field}: source volume {source} is being deleted"
         )));
     }
+    if let Some(at) = in_use(b, &id).filter(|_| new) {
+        crate::metrics::clone::failed("in_use");
+        return Err(Error::FailedPrecondition(format!(
+            "{field}: source volume {source} is in use ({at}); a clone is the source as it is \
+             at CreateVolume, so it is made only from a volume nothing has staged: stop what \
+             uses it (its pods) and retry"
+        )));
+    }
     if clone_source::of_record(&rec)?.is_some() && !done(b, source)? {
         return Err(Error::FailedPrecondition(format!(
             "{field}: source volume {source} is a clone not filled yet; stage it once first"
@@ -87,6 +97,76 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64) -> Result<u64> {
         )));
     }
     Ok(rec.capacity_bytes)
+}
+
+/// Where the volume's device is staged or held now; None when nothing uses it (or its
+/// device cannot be found, so nothing can).
+fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
+    let dev = b.mounted_device(id).ok()?;
+    let mounts = b.mounter.mount_table().ok()?;
+    let uses = b.pool.uses(&dev, &mounts);
+    (!uses.is_empty()).then(|| {
+        uses.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
+/// Block clones of `source` recorded but not filled yet.
+pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<String>> {
+    let state = b.pool.state.snapshot();
+    let mut out = Vec::new();
+    for (id, rec) in &state.volumes {
+        let names = rec.parameters.get(SOURCE_KEY).map(String::as_str) == Some(source);
+        if names && !rec.deleting && !done(b, id)? {
+            out.push(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// DeleteVolume of a clone's source: refused while a clone of it is not filled (its copy
+/// is made from the source at the clone's first NodeStage).
+pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
+    let clones = unfilled_clones_of(b, source)?;
+    if clones.is_empty() {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "volume {source} is the source of clone(s) not filled yet: {}; a clone copies its \
+         source at its first NodeStage: stage each once (start its pod), or delete it, then \
+         retry",
+        clones.join(", ")
+    )))
+}
+
+/// NodeStage of a clone's source: its clones not filled yet take their copy first, so
+/// each holds the source as it was at the clone's CreateVolume (which refuses a source in
+/// use; nothing could write the source since). A source in use already is a repeated
+/// NodeStage: its clones are left to their own NodeStage.
+pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<()> {
+    let raw = source.to_string();
+    let clones = unfilled_clones_of(b, &raw)?;
+    if clones.is_empty() || in_use(b, source).is_some() {
+        return Ok(());
+    }
+    for clone in clones {
+        let Some(id) = BlockVolumeId::parse(&clone) else {
+            continue;
+        };
+        let mut vol = b.locate(&id)?;
+        let cap = Capability {
+            access: Access::Mount,
+            fs_type: Some(vol.record.fs_type),
+            mount_flags: Vec::new(),
+            read_only_mode: false,
+            single_writer: false,
+        };
+        tracing::info!(volume_id = %raw, clone = %clone, "filling a clone of this volume before it is staged");
+        prestage(b, &mut vol, &cap).await?;
+    }
+    Ok(())
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
@@ -102,7 +182,10 @@ pub async fn check_clone(
     };
     check_create(req)?;
     let size = match &source {
-        Source::Block(raw) => check_source(b, raw, req.limit_bytes)?,
+        Source::Block(raw) => {
+            let new = b.pool.state.snapshot().by_name(&req.name).is_none();
+            check_source(b, raw, req.limit_bytes, new)?
+        }
         Source::Nfs { id, label } => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
         }

@@ -129,6 +129,7 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
         .into());
     }
     b.check_ready()?;
+    crate::block::clone::refuse_unfilled_clones(b, &id.to_string())?;
     crate::block::clone::unmount_leftovers(b, &id.to_string()).await?;
     let mounts = b.mounter.mount_table()?;
     b.layout_of(id.layout)

@@ -33,9 +33,9 @@ impl Layout for WholeDevice {
         self.pool.release(host, volume_id, mounts).await
     }
 
-    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice> {
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {
         // Hot-plugged, renamed, re-attached or re-pointed since the last scan: look again.
-        self.pool.fresh_device(&record.device_id, mounts)
+        Ok(self.pool.fresh_device(&record.device_id, mounts))
     }
 
     fn capacity(&self) -> Capacity {

@@ -128,13 +128,14 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
     })?;
     let guid = partuuid(&located)?;
     let path = parent.path.clone();
+    let held = b.partitioned.held(&parent.id);
     // The inner result keeps the neighbour that blocks the grow for `blocked` to name;
     // udevd's moments are waited out (`guard::settled`).
     let grown = guard::settled(
         &parent.path,
         "growing a partition",
         b.partitioned.label_deadline(),
-        move || match volume::grow(&path, &guid, size) {
+        move || match volume::grow(&path, &guid, size, &held) {
             Err(e @ gpt::Error::Blocked { .. }) => Ok(Err(e)),
             other => other.map(Ok),
         },
@@ -150,6 +151,13 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
         to = carved.span.len,
         "partition grown"
     );
+    b.pool.state.update(|s| {
+        let part = s.volumes.get_mut(&raw).and_then(|r| r.partition.as_mut());
+        if let Some(p) = part {
+            p.span = Some((carved.span.start, carved.span.len));
+        }
+        Ok(())
+    })?;
     record_size(b, &raw, carved.span.len)
 }
 

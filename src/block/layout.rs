@@ -37,7 +37,14 @@ pub trait Layout: Send + Sync {
         volume_id: &str,
         mounts: &[MountEntry],
     ) -> Result<()>;
-    /// Where the volume's block device is now; None when it is not present.
-    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice>;
+    /// Where the volume's block device is now; None when it is not present; an error
+    /// naming the cause when it is present but cannot be used as it is.
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>>;
+    /// Where the kernel shows the volume's device now, found from the record alone, for
+    /// taking its mounts down (NodeUnstage, NodeUnpublish must work whatever happened to
+    /// what `locate` reads). None: ask `locate`.
+    fn shown(&self, _record: &VolumeRecord, _mounts: &[MountEntry]) -> Option<PoolDevice> {
+        None
+    }
     fn capacity(&self) -> Capacity;
 }

@@ -166,7 +166,7 @@ impl BlockBackend {
         let mounts = self.mounter.mount_table()?;
         let device = self
             .layout_of(id.layout)
-            .locate(&record, &mounts)
+            .locate(&record, &mounts)?
             .ok_or_else(|| VolumeError::DeviceAbsent {
                 volume: raw.clone(),
                 key: record.device_key.clone(),
@@ -176,6 +176,20 @@ impl BlockBackend {
             record,
             device,
         })
+    }
+
+    /// The volume's device for taking its mounts down: as the kernel shows it, found from
+    /// the record alone where the layout can (another tool's change to a label never
+    /// keeps the kubelet from unstaging), else [`BlockBackend::locate`]'s.
+    pub fn mounted_device(&self, id: &BlockVolumeId) -> Result<PoolDevice> {
+        if id.node_id == self.node.node_id {
+            let record = self.record(&id.to_string())?;
+            let mounts = self.mounter.mount_table()?;
+            if let Some(device) = self.layout_of(id.layout).shown(&record, &mounts) {
+                return Ok(device);
+            }
+        }
+        self.locate(id).map(|l| l.device)
     }
 
     /// `vol.device` is still the device allocated to the volume: call right before every
@@ -271,6 +285,8 @@ impl VolumeBackend for BlockBackend {
         // can publish it half copied (issue 15).
         let capability = stage::required_capability(cap)?;
         self.check_ready()?;
+        // Clones of this volume take their copy before anything can write it again.
+        clone::fill_clones_of(self, id).await?;
         clone::prestage(self, &mut self.locate(id)?, &capability).await?;
         stage::stage(self, id, staging, cap).await
     }

@@ -148,9 +148,9 @@ pub fn is_this_device(
 
 pub async fn unpublish(b: &BlockBackend, id: &BlockVolumeId, target: &Path) -> Result<()> {
     let raw = id.to_string();
-    match b.locate(id) {
-        Ok(located) => {
-            let dev = &located.device;
+    match b.mounted_device(id) {
+        Ok(dev) => {
+            let dev = &dev;
             let ours =
                 |m: &MountEntry, st: Option<&nix::sys::stat::FileStat>| is_this_device(m, st, dev);
             b.mounter.unpublish(&raw, target, &ours).await

@@ -275,8 +275,7 @@ pub async fn unstage(b: &BlockBackend, id: &BlockVolumeId, staging: &Path) -> Re
         return Ok(());
     }
     // Only ever unmount this volume's own filesystem.
-    let vol = b.locate(id)?;
-    let dev = &vol.device;
+    let dev = &b.mounted_device(id)?;
     let ours =
         |m: &MountEntry, _: Option<&nix::sys::stat::FileStat>| m.is_device(dev.major, dev.minor);
     b.mounter

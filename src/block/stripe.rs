@@ -197,7 +197,20 @@ impl Layout for Striped {
     }
 
     /// The running array (NodeStage starts it first: `array::ensure_array`).
-    fn locate(&self, record: &VolumeRecord, _mounts: &[MountEntry]) -> Option<PoolDevice> {
+    fn locate(&self, record: &VolumeRecord, _mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {
+        Ok(self.running_array(record))
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity_for(StripeParams {
+            count: params::MIN_MEMBERS,
+            chunk_bytes: params::DEFAULT_CHUNK,
+        })
+    }
+}
+
+impl Striped {
+    fn running_array(&self, record: &VolumeRecord) -> Option<PoolDevice> {
         let uuid = record.stripe.as_ref()?.array_uuid.as_deref()?;
         let running = md::sysfs::find(self.pool.host_sys(), uuid)?;
         let (major, minor) = crate::os::blockdev::devnum_of(&running.node).ok()?;
@@ -210,13 +223,6 @@ impl Layout for Striped {
             minor,
             identity: None,
             source: crate::pool::inventory::Source::Listed,
-        })
-    }
-
-    fn capacity(&self) -> Capacity {
-        self.capacity_for(StripeParams {
-            count: params::MIN_MEMBERS,
-            chunk_bytes: params::DEFAULT_CHUNK,
         })
     }
 }

@@ -87,6 +87,15 @@ pub fn best_fit(free: &[Extent], size: u64) -> Option<Extent> {
         })
 }
 
+/// Partition numbers and spans the label does not list that must stay untouched: a
+/// partition the kernel still shows, or a volume whose entry another tool removed or
+/// changed (its blocks are not erased, so never carved or grown over).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    pub numbers: Vec<u32>,
+    pub spans: Vec<Extent>,
+}
+
 impl Label {
     /// The aligned span partitions may occupy.
     pub fn usable(&self) -> Extent {
@@ -113,8 +122,14 @@ impl Label {
 
     /// Free aligned extents between the partitions, in device order.
     pub fn free_extents(&self) -> Vec<Extent> {
+        self.free_extents_clear_of(&Held::default())
+    }
+
+    /// Free aligned extents between the partitions and the `held` spans, in device order.
+    pub fn free_extents_clear_of(&self, held: &Held) -> Vec<Extent> {
         let usable = self.usable();
         let mut used: Vec<Extent> = self.partitions().map(|(_, e)| self.span(e)).collect();
+        used.extend(held.spans.iter().filter(|h| h.len > 0));
         used.sort_unstable();
         let mut free = Vec::new();
         let mut at = usable.start;
@@ -153,6 +168,11 @@ impl Label {
     /// Adds a partition of `size` bytes named `name` at the best fit, in the lowest free
     /// slot, with a fresh PARTUUID; returns its number. Only in memory: write the label.
     pub fn allocate(&mut self, name: &str, size: u64) -> Result<u32> {
+        self.allocate_clear_of(name, size, &Held::default())
+    }
+
+    /// [`Label::allocate`] outside the `held` spans and numbers.
+    pub fn allocate_clear_of(&mut self, name: &str, size: u64, held: &Held) -> Result<u32> {
         check_name(name)?;
         if size == 0 || !size.is_multiple_of(ALIGN) {
             return Err(Error::Invalid(format!(
@@ -166,7 +186,7 @@ impl Label {
                 len: self.extent(number).map_or(0, |e| e.len),
             });
         }
-        let free = self.free_extents();
+        let free = self.free_extents_clear_of(held);
         let at = best_fit(&free, size).ok_or(Error::NoSpace {
             wanted: size,
             largest: free.iter().map(|e| e.len).max().unwrap_or(0),
@@ -174,7 +194,8 @@ impl Label {
         let slot = self
             .slots
             .iter()
-            .position(Option::is_none)
+            .enumerate()
+            .position(|(i, e)| e.is_none() && !held.numbers.contains(&(i as u32 + 1)))
             .ok_or(Error::NoSpace {
                 wanted: size,
                 largest: 0,
@@ -193,6 +214,11 @@ impl Label {
     /// Grows partition `number` in place to `size` bytes; `Ok(false)` when it is already
     /// at least that large. Blocked, naming the neighbour, when the space after it is used.
     pub fn grow(&mut self, number: u32, size: u64) -> Result<bool> {
+        self.grow_clear_of(number, size, &Held::default())
+    }
+
+    /// [`Label::grow`], never into a `held` span.
+    pub fn grow_clear_of(&mut self, number: u32, size: u64, held: &Held) -> Result<bool> {
         if !size.is_multiple_of(ALIGN) {
             return Err(Error::Invalid(format!(
                 "size {size} is not a multiple of {ALIGN}"
@@ -210,6 +236,23 @@ impl Label {
             .filter(|&(n, e)| n != number && e.first_lba * self.sector >= now.end())
             .min_by_key(|(_, e)| e.first_lba);
         let limit = next.map_or(self.usable().end(), |(_, e)| e.first_lba * self.sector);
+        let held_at = held
+            .spans
+            .iter()
+            .filter(|h| h.len > 0 && h.start >= now.end() && h.start < limit)
+            .map(|h| h.start)
+            .min();
+        if let Some(h) = held_at.filter(|&h| end > h) {
+            return Err(Error::Blocked {
+                number,
+                wanted: size,
+                blocker: format!(
+                    "bytes from {h} are held by a partition that is not in the label (another \
+                     tool removed or changed its entry); at most {} bytes fit",
+                    h - now.start
+                ),
+            });
+        }
         if end > limit {
             let blocker = match next {
                 Some((n, e)) => format!("partition {n} ({:?}) starts at byte {limit}", e.name),

@@ -227,8 +227,8 @@ fn choose_picks_the_best_hole_across_devices() {
     small.allocate("x", 58 * MIB).unwrap(); // leaves 4 MiB
     let big = label(256);
     let labels = vec![
-        (PathBuf::from("/dev/a"), big),
-        (PathBuf::from("/dev/b"), small),
+        (PathBuf::from("/dev/a"), big, Default::default()),
+        (PathBuf::from("/dev/b"), small, Default::default()),
     ];
     let (dev, at) = choose(&labels, 3 * MIB).unwrap();
     assert_eq!(

@@ -358,16 +358,58 @@ pub fn discard(node: &Path, per_chunk: Duration) -> Result<Erased> {
 /// blkdev_fallocate). `Unsupported` when there is no offload: then write zeros (the
 /// host port's `zero_device`, BLKZEROOUT, works on a partition node).
 pub fn zero_offloaded(node: &Path, per_chunk: Duration) -> Result<Erased> {
-    chunked(node, "fallocate(PUNCH_HOLE)", per_chunk, |file, range| {
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let (start, len) = (range[0] as libc::off_t, range[1] as libc::off_t);
-        // SAFETY: fallocate on a descriptor the caller owns; no memory is passed.
-        if unsafe { libc::fallocate(file.as_raw_fd(), mode, start, len) } == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    })
+    chunked(node, "fallocate(PUNCH_HOLE)", per_chunk, punch_hole)
+}
+
+/// `BLKZEROOUT`, `_IO(0x12,127)`: `u64[2] = {start, length}` in bytes.
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+fn punch_hole(file: &File, range: [u64; 2]) -> std::io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let (start, len) = (range[0] as libc::off_t, range[1] as libc::off_t);
+    // SAFETY: fallocate on a descriptor the caller owns; no memory is passed.
+    if unsafe { libc::fallocate(file.as_raw_fd(), mode, start, len) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn zeroout(file: &File, range: [u64; 2]) -> std::io::Result<()> {
+    // SAFETY: `range` outlives the call; the kernel reads two u64 from it
+    // (block/ioctl.c blk_ioctl_zeroout copies `uint64_t range[2]` from user memory).
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKZEROOUT as _, range.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Makes every block of `node` read back as zeros: [`zero_offloaded`] where the device
+/// has an offload, else BLKZEROOUT, which writes zero pages where it has none
+/// (block/ioctl.c blk_ioctl_zeroout, blkdev_issue_zeroout without NOFALLBACK), each
+/// 1 GiB within `per_chunk`. Opened O_EXCL: nothing may use it meanwhile.
+pub fn zero(node: &Path, per_chunk: Duration) -> Result<()> {
+    if zero_offloaded(node, per_chunk)? == Erased::Done {
+        return Ok(());
+    }
+    chunked(node, "BLKZEROOUT", per_chunk, zeroout).map(drop)
+}
+
+/// Zeroes bytes `span` of whole device `device` (free space of our label that a
+/// partition is about to grow into), offloaded where the device can, else written. Not
+/// opened O_EXCL: the device's partitions are open; the span is none of theirs.
+pub fn zero_span(device: &Path, span: Extent, per_chunk: Duration) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(device)
+        .map_err(|e| Error::io("opening", device, e))?;
+    let what = "zeroing free space";
+    match in_chunks(&file, device, what, span, per_chunk, punch_hole)? {
+        Erased::Done => Ok(()),
+        Erased::Unsupported => in_chunks(&file, device, what, span, per_chunk, zeroout).map(drop),
+    }
 }
 
 /// Runs `op` over `node` in 1 GiB ranges, each within `per_chunk`. Opened O_EXCL, so
@@ -387,12 +429,29 @@ fn chunked(
     let size = f
         .seek(SeekFrom::End(0))
         .map_err(|e| Error::io("measuring", node, e))?;
-    let mut start = 0;
-    while start < size {
-        let range = [start, ERASE_CHUNK.min(size - start)];
+    let whole = Extent {
+        start: 0,
+        len: size,
+    };
+    in_chunks(&file, node, what, whole, per_chunk, op)
+}
+
+/// Runs `op` over `span` of `file` in 1 GiB ranges, each within `per_chunk`;
+/// `Unsupported` when the first range answers EOPNOTSUPP.
+fn in_chunks(
+    file: &File,
+    node: &Path,
+    what: &'static str,
+    span: Extent,
+    per_chunk: Duration,
+    op: impl Fn(&File, [u64; 2]) -> std::io::Result<()>,
+) -> Result<Erased> {
+    let mut start = span.start;
+    while start < span.end() {
+        let range = [start, ERASE_CHUNK.min(span.end() - start)];
         let began = Instant::now();
-        if let Err(e) = op(&file, range) {
-            if start == 0 && e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        if let Err(e) = op(file, range) {
+            if start == span.start && e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 return Ok(Erased::Unsupported);
             }
             return Err(Error::io(what, node, e));

@@ -47,11 +47,11 @@ pub mod wholedisk;
 
 use std::path::{Path, PathBuf};
 
-pub use alloc::{Extent, SizeRange, ALIGN};
+pub use alloc::{Extent, Held, SizeRange, ALIGN};
 pub use gpt::{Entry, Label, TYPE_GUID};
 pub use kernel::{Erased, KernelPartition, Located, Resync};
 pub use label::{Blank, OnDisk};
-pub use volume::Carved;
+pub use volume::{Carved, Recorded};
 
 /// What went wrong, by cause; the service maps each to a gRPC code.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +83,10 @@ pub enum Error {
         wanted: u64,
         blocker: String,
     },
+    /// A volume's label or entry was changed by another tool: what changed and how to
+    /// undo it (CSI FAILED_PRECONDITION; nothing was changed).
+    #[error("{0}")]
+    Changed(String),
     /// A partition asked for by number or name is not in the label.
     #[error("no partition {0} in the gds-csi label")]
     NotFound(String),

@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
 
-use super::alloc::{best_fit, Extent};
-use super::gpt::Label;
+use super::alloc::{best_fit, Extent, Held};
+use super::gpt::{Label, TYPE_GUID};
 use super::label::{self, OnDisk};
 use super::{kernel, Error, Result};
+
+/// Each 1 GiB of the space a grow adds must be zeroed within this.
+const GROW_ZERO_CHUNK: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A partition of ours on a device, as the kernel now shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,22 +37,66 @@ pub fn ours(device: &Path) -> Result<Label> {
     }
 }
 
-/// The pool device and extent that fit `size` best among the carved devices' labels
-/// (smallest hole that holds it; the first device on a tie).
-pub fn choose(labels: &[(PathBuf, Label)], size: u64) -> Option<(&Path, Extent)> {
-    labels
-        .iter()
-        .filter_map(|(dev, l)| best_fit(&l.free_extents(), size).map(|e| (dev, l, e)))
-        .min_by_key(|(_, l, e)| {
-            let hole = l.free_extents().into_iter().find(|f| f.start == e.start);
-            hole.map_or(u64::MAX, |h| h.len)
-        })
-        .map(|(dev, _, e)| (dev.as_path(), e))
+/// Rewrites both copies of the device's label (and its protective MBR) from the one
+/// [`label::read`] trusts when a crash or another tool left them different or damaged;
+/// returns why, or None when the label was whole. Call under the device's lock.
+pub fn repair(device: &Path) -> Result<Option<String>> {
+    match label::read(device)? {
+        OnDisk::Ours {
+            label,
+            repair: Some(why),
+        } => {
+            label::write(device, &label)?;
+            Ok(Some(why))
+        }
+        OnDisk::Ours { repair: None, .. } => Ok(None),
+        OnDisk::Blank => Err(Error::foreign(device, "it holds no label")),
+        OnDisk::Foreign(why) => Err(Error::foreign(device, why)),
+    }
 }
 
-/// Carves partition `name` of `size` bytes on `device` (our label), or finds the one a
-/// previous try carved: the label is written first, then the kernel told.
-pub fn carve(device: &Path, name: &str, size: u64) -> Result<Carved> {
+/// What must not be carved on `device` besides what its label lists: `held` (the spans
+/// and numbers the state records) and every partition the kernel shows that the label
+/// lacks (another tool removed its entry; its blocks may hold a tenant's data).
+pub fn held_on(device: &Path, label: &Label, held: &Held) -> Result<Held> {
+    let mut all = held.clone();
+    for k in kernel::list(device)? {
+        let listed = label.extent(k.number)
+            == Some(Extent {
+                start: k.start,
+                len: k.len,
+            });
+        if !listed {
+            all.numbers.push(k.number);
+            all.spans.push(Extent {
+                start: k.start,
+                len: k.len,
+            });
+        }
+    }
+    Ok(all)
+}
+
+/// The pool device and extent that fit `size` best among the carved devices' labels,
+/// clear of what each device holds (smallest hole that holds it; the first device on a
+/// tie).
+pub fn choose(labels: &[(PathBuf, Label, Held)], size: u64) -> Option<(&Path, Extent)> {
+    labels
+        .iter()
+        .filter_map(|(dev, l, h)| {
+            let free = l.free_extents_clear_of(h);
+            let at = best_fit(&free, size)?;
+            let hole = free.iter().find(|f| f.start == at.start).map(|f| f.len);
+            Some((dev, at, hole.unwrap_or(u64::MAX)))
+        })
+        .min_by_key(|(_, _, hole)| *hole)
+        .map(|(dev, e, _)| (dev.as_path(), e))
+}
+
+/// Carves partition `name` of `size` bytes on `device` (our label), clear of `held` and
+/// of what the kernel shows outside the label, or finds the one a previous try carved:
+/// the label is written first, then the kernel told.
+pub fn carve(device: &Path, name: &str, size: u64, held: &Held) -> Result<Carved> {
     let mut label = ours(device)?;
     let number = match label.by_name(name) {
         Some((n, _)) => {
@@ -66,7 +113,8 @@ pub fn carve(device: &Path, name: &str, size: u64) -> Result<Carved> {
             n
         }
         None => {
-            let n = label.allocate(name, size)?;
+            let held = held_on(device, &label, held)?;
+            let n = label.allocate_clear_of(name, size, &held)?;
             label::write(device, &label)?;
             n
         }
@@ -106,9 +154,20 @@ fn find(device: &Path, partuuid: &Uuid) -> Result<(Label, u32)> {
 /// Grows partition `partuuid` in place to `size` bytes (never shrinks): the label
 /// first, then the kernel. Blocked, naming the neighbour, when the space after it is
 /// taken.
-pub fn grow(device: &Path, partuuid: &Uuid, size: u64) -> Result<Carved> {
+pub fn grow(device: &Path, partuuid: &Uuid, size: u64, held: &Held) -> Result<Carved> {
     let (mut label, number) = find(device, partuuid)?;
-    if label.grow(number, size)? {
+    let held = held_on(device, &label, held)?;
+    let before = label.extent(number);
+    if label.grow_clear_of(number, size, &held)? {
+        // The space grown into was free in our label, clear of anything held: zeroed
+        // before the label gives it to the volume, so no earlier tenant's byte reaches it.
+        if let (Some(before), Some(after)) = (before, label.extent(number)) {
+            let added = Extent {
+                start: before.end(),
+                len: after.end() - before.end(),
+            };
+            kernel::zero_span(device, added, GROW_ZERO_CHUNK)?;
+        }
         label::write(device, &label)?;
     }
     shown(device, &label, number)
@@ -118,6 +177,94 @@ pub fn grow(device: &Path, partuuid: &Uuid, size: u64) -> Result<Carved> {
 pub fn locate(device: &Path, partuuid: &Uuid) -> Result<Carved> {
     let (label, number) = find(device, partuuid)?;
     shown(device, &label, number)
+}
+
+/// Where a volume's record says its partition is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub partuuid: Uuid,
+    pub number: u32,
+    /// Its span when carved (bytes); None in records older than it.
+    pub span: Option<Extent>,
+    /// Its name in the label (the allocation id), when the caller knows it.
+    pub name: Option<String>,
+}
+
+/// [`locate`] for a recorded partition. When the label no longer holds it as recorded,
+/// or is no longer ours, the error ([`Error::Changed`]) says what another tool changed
+/// and how to undo it.
+pub fn locate_recorded(device: &Path, want: &Recorded) -> Result<Carved> {
+    match locate(device, &want.partuuid) {
+        Err(Error::NotFound(_)) => Err(Error::Changed(missing(device, want)?)),
+        Err(Error::Foreign { why, .. }) => Err(Error::Changed(format!(
+            "the label of {dev}, which holds partition {n} (PARTUUID {g}) of this volume, \
+             was changed by another tool: {why}. The driver changes no label it does not \
+             recognise as its own: undo that change (delete the partition it added, e.g. \
+             `sgdisk --delete=N {dev}`, or restore the label) and retry; nothing was changed",
+            dev = device.display(),
+            n = want.number,
+            g = want.partuuid,
+        ))),
+        other => other,
+    }
+}
+
+/// Why the label lacks the recorded partition: its PARTUUID changed, its span now
+/// belongs to another entry, or its entry was removed; with the command that restores it.
+fn missing(device: &Path, want: &Recorded) -> Result<String> {
+    let label = ours(device)?;
+    let dev = device.display();
+    let (n, g) = (want.number, want.partuuid);
+    let shown = kernel::list(device)?.into_iter().find(|k| k.number == n);
+    let span = want.span.or(shown.as_ref().map(|k| Extent {
+        start: k.start,
+        len: k.len,
+    }));
+    let head =
+        format!("partition {n} of {dev} (PARTUUID {g}) is not in the gds-csi label as recorded");
+    let tail = "its blocks are not erased and stay reserved (the volume's record is kept, \
+                nothing is carved over them): restore the entry and retry";
+    if let Some((_, e)) = label.partitions().find(|(m, _)| *m == n) {
+        if span.is_none_or(|s| e.first_lba * label.sector == s.start) {
+            return Ok(format!(
+                "{head}: its PARTUUID was changed to {} by another tool; {tail} \
+                 (`sgdisk --partition-guid={n}:{g} {dev}`)",
+                e.guid
+            ));
+        }
+    }
+    let Some(span) = span else {
+        return Ok(format!(
+            "{head}: another tool removed its entry and the kernel no longer shows it; \
+             restore the entry with its PARTUUID and retry"
+        ));
+    };
+    let overlapping = label.partitions().find(|(_, e)| {
+        let (s, end) = (e.first_lba * label.sector, (e.last_lba + 1) * label.sector);
+        s < span.end() && span.start < end
+    });
+    if let Some((m, e)) = overlapping {
+        return Ok(format!(
+            "{head}: its span now belongs to partition {m} (PARTUUID {}, name {:?}), \
+             changed by another tool; {tail} as it was",
+            e.guid, e.name
+        ));
+    }
+    let (first, last) = (span.start / label.sector, span.end() / label.sector - 1);
+    let kernel = if shown.is_some() {
+        " (the kernel still shows it)"
+    } else {
+        ""
+    };
+    let name = want
+        .name
+        .as_ref()
+        .map(|name| format!(" --change-name={n}:{name}"))
+        .unwrap_or_default();
+    Ok(format!(
+        "{head}: another tool removed its entry{kernel}; {tail} (`sgdisk --new={n}:{first}:{last} \
+         --typecode={n}:{TYPE_GUID} --partition-guid={n}:{g}{name} {dev}`)"
+    ))
 }
 
 /// The first half of [`remove`]: the kernel stops showing partition `partuuid` (refused

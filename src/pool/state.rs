@@ -84,8 +84,37 @@ pub struct StripeMember {
 pub struct PartitionRecord {
     /// Found again by this after a restart, a rename or a kernel that dropped it.
     pub partuuid: String,
-    /// Its number in the label when carved (informational; the PARTUUID decides).
+    /// Its number in the label when carved (the PARTUUID decides which entry is it).
     pub number: u32,
+    /// Where it lies on the device, (start, length) in bytes: held against carving and
+    /// growing while the record lives, whatever another tool does to the label. None in
+    /// records older than it (the kernel's view holds it then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<(u64, u64)>,
+    /// DeleteVolume zeroed its blocks: a label that lacks it afterwards is the delete's
+    /// own removal, not another tool's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub erased: bool,
+}
+
+impl PartitionRecord {
+    /// Where this record says the partition is, as the partition steps take it.
+    pub fn recorded(&self, name: Option<&str>) -> Option<crate::partition::Recorded> {
+        Some(crate::partition::Recorded {
+            partuuid: uuid::Uuid::parse_str(&self.partuuid).ok()?,
+            number: self.number,
+            span: self
+                .span
+                .map(|(start, len)| crate::partition::Extent { start, len }),
+            name: name.map(str::to_owned),
+        })
+    }
+
+    /// The span held on its device, when recorded.
+    pub fn held_span(&self) -> Option<crate::partition::Extent> {
+        self.span
+            .map(|(start, len)| crate::partition::Extent { start, len })
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

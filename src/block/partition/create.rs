@@ -30,10 +30,14 @@ impl Partitioned {
         req: &AllocationRequest,
     ) -> Result<(BlockVolumeId, VolumeRecord)> {
         if let Some((id, rec)) = self.existing(req)? {
+            let _device = self.device_lock(&rec.device_id).await;
+            // A retry after a crash mid-write: both label copies whole before the answer.
+            if let Some(dev) = self.pool.device(&rec.device_id) {
+                self.repair_label(&dev.path).await?;
+            }
             if rec.partition.is_some() {
                 return Ok((id, rec));
             }
-            let _device = self.device_lock(&rec.device_id).await;
             return self.carve(&id.to_string()).await;
         }
         let range = SizeRange {
@@ -114,13 +118,13 @@ impl Partitioned {
                 refuse(refused, d, "foreign", why);
             }
         }
-        let labels: Vec<_> = locked
-            .iter()
-            .filter_map(|(d, on, _)| match on {
-                OnDisk::Ours { label, .. } => Some((d.path.clone(), label.clone())),
-                _ => None,
-            })
-            .collect();
+        let mut labels = Vec::new();
+        for (d, on, _) in &locked {
+            if let OnDisk::Ours { label, .. } = on {
+                let held = volume::held_on(&d.path, label, &self.held(&d.id)).map_err(csi_error)?;
+                labels.push((d.path.clone(), label.clone(), held));
+            }
+        }
         if let Some((path, _)) = volume::choose(&labels, size) {
             let at = locked.iter().position(|(d, _, _)| d.path == path);
             return Ok(at.map(|i| locked.swap_remove(i)).map(|(d, _, g)| (d, g)));
@@ -205,19 +209,31 @@ impl Partitioned {
         })
     }
 
-    /// Carves (or finds) the claimed volume's partition and records where it is. The
-    /// caller holds the device's lock.
+    /// Carves (or finds) the claimed volume's partition, zeroes it, and records where it
+    /// is. The caller holds the device's lock.
+    ///
+    /// Zeroed at create as well as at delete: a label's free space is not proof that its
+    /// blocks were erased (a device found blank by its signatures may hold an older
+    /// tenant's data further in, and a delete cut short by a crash, or an entry another
+    /// tool removed, may have left some), and a raw-block tenant reads every block. The
+    /// zero-out is the device's offload where it has one (a moment on NVMe), a job that a
+    /// retry joins, and the record names the partition only once it is done.
     async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
         let rec = self.record(raw)?;
         let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
         let dev = self.parent(&rec)?;
+        self.repair_label(&dev.path).await?;
         let (path, name, size) = (dev.path.clone(), id.allocation.clone(), rec.capacity_bytes);
-        let write = move || volume::carve(&path, &name, size);
+        let held = self.held(&dev.id);
+        let write = move || volume::carve(&path, &name, size, &held);
         let carved = settled(&dev.path, "carving a partition", self.label_deadline, write).await?;
         faults::reached(KillPoint::PartAfterLabel);
+        self.zero_new(raw, &carved.node).await?;
         let part = PartitionRecord {
             partuuid: carved.partuuid.to_string(),
             number: carved.number,
+            span: Some((carved.span.start, carved.span.len)),
+            erased: false,
         };
         let rec = self.pool.state.update(|s| {
             let r = s
@@ -230,6 +246,26 @@ impl Partitioned {
         faults::reached(KillPoint::AfterAllocate);
         info!(volume_id = raw, node = %carved.node.display(), "partition carved");
         Ok((id, rec))
+    }
+}
+
+impl Partitioned {
+    /// Zeroes a partition just carved for volume `raw`, whatever it holds: its blocks are
+    /// this volume's from now on, and no earlier tenant's byte may reach it.
+    pub(crate) async fn zero_new(&self, raw: &str, node: &std::path::Path) -> Result<()> {
+        let key = format!("zero-new:{raw}");
+        let (volume_id, node) = (raw.to_owned(), node.to_owned());
+        let job = async move {
+            info!(volume_id, node = %node.display(), "zeroing the new partition");
+            let zeroed = tokio::task::spawn_blocking(move || {
+                gpt::kernel::zero(&node, super::ZERO_CHUNK_DEADLINE)
+            });
+            zeroed
+                .await
+                .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
+                .map_err(csi_error)
+        };
+        self.pool.jobs.run(&key, "partition-zero", job).await
     }
 }
 

@@ -56,9 +56,13 @@ impl Partitioned {
         };
         let parent = self.pool.fresh_device(&rec.device_id, mounts);
         if let Some(parent) = &parent {
+            if volume::ours(&parent.path).is_ok() {
+                self.repair_label(&parent.path).await?;
+            }
             if let Some(carved) = self.carved(volume_id, &rec, &parent.path)? {
                 self.erase(host, volume_id, &rec, parent, &carved, mounts)
                     .await?;
+                self.mark_erased(volume_id)?;
                 faults::reached(KillPoint::DeleteAfterWipe);
                 self.remove(&parent.path, carved.partuuid).await?;
                 self.keep_from_whole_device_use(parent);
@@ -70,6 +74,21 @@ impl Partitioned {
         })?;
         info!(volume_id, "partition released");
         Ok(())
+    }
+
+    /// The record says the partition's blocks are zeroed: its entry leaving the label
+    /// from now on is this delete's own step, not another tool's change.
+    fn mark_erased(&self, volume_id: &str) -> Result<()> {
+        self.pool.state.update(|s| {
+            if let Some(p) = s
+                .volumes
+                .get_mut(volume_id)
+                .and_then(|r| r.partition.as_mut())
+            {
+                p.erased = true;
+            }
+            Ok(())
+        })
     }
 
     /// Out of the kernel (refused while open), then out of the label, each bounded.

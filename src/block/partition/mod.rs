@@ -28,12 +28,12 @@ use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use guard::{settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
+use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
 use super::layout::{Capacity, Layout};
 use crate::error::{Error, Result};
 use crate::os::{blockdev, Host, MountEntry};
-use crate::partition::{self as gpt, label, volume, Carved, OnDisk};
+use crate::partition::{self as gpt, label, volume, Carved, Held, OnDisk};
 use crate::pool::inventory::Source;
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
 use crate::volume_id::{BlockVolumeId, IdLayout};
@@ -131,17 +131,28 @@ impl Partitioned {
         carvable.into_iter().filter_map(read_label).collect()
     }
 
-    /// Start-up: the kernel shows every partition of our labels again.
+    /// Start-up: a label a crash left with two different or one damaged copy is written
+    /// whole again, and the kernel shows every partition of our labels again. Runs before
+    /// the backend is ready, so no create or delete holds a device.
     pub fn resync(&self) {
         for (dev, on) in self.candidates() {
-            if let OnDisk::Ours { .. } = on {
+            if let OnDisk::Ours { repair, .. } = on {
+                let Some(_device) = self.locks.try_lock(&dev.id) else {
+                    continue;
+                };
                 let path = dev.path.clone();
                 let done = settled_sync(
                     &dev.path,
                     "re-syncing partitions",
                     self.label_deadline,
-                    move || gpt::kernel::resync(&path),
+                    move || {
+                        volume::repair(&path)?;
+                        gpt::kernel::resync(&path)
+                    },
                 );
+                if let Some(why) = repair.filter(|_| done.is_ok()) {
+                    info!(device = %dev.path.display(), why, "label repaired: both copies rewritten");
+                }
                 match done {
                     Ok(r) => info!(device = %dev.path.display(), ?r, "partitions re-synced"),
                     Err(e) => warn!(device = %dev.path.display(), error = %e, "re-sync failed"),
@@ -186,31 +197,59 @@ impl Partitioned {
         })
     }
 
-    /// The volume's partition as the kernel shows it now (re-added if it was dropped).
-    fn carved(&self, raw: &str, rec: &VolumeRecord, parent: &Path) -> Result<Option<Carved>> {
-        let guid = match &rec.partition {
-            Some(p) => uuid::Uuid::parse_str(&p.partuuid).map_err(|e| Error::State {
-                path: parent.to_owned(),
-                reason: format!("bad PARTUUID {:?}: {e}", p.partuuid),
-            })?,
-            None => {
-                // Claimed, maybe carved, crash before the record said so: by name.
-                let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.into()))?;
-                // No label of ours: nothing was carved for it (nothing to erase).
-                let Ok(label) = volume::ours(parent) else {
-                    return Ok(None);
-                };
-                match label.by_name(&id.allocation) {
-                    Some((_, e)) => e.guid,
-                    None => return Ok(None),
-                }
-            }
-        };
-        match self.locate_bounded(parent, guid) {
-            Ok(c) => Ok(Some(c)),
-            Err(Error::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
+    /// Spans and numbers on pool device `device_id` that the state's records (volumes and
+    /// stripe members) hold, whatever its label says now.
+    pub(crate) fn held(&self, device_id: &str) -> Held {
+        let state = self.pool.state.snapshot();
+        let mut held = Held::default();
+        let members = state.volumes.values().flat_map(|r| {
+            let own = (r.device_id == device_id && r.stripe.is_none())
+                .then_some(r.partition.as_ref())
+                .flatten();
+            let striped = r.stripe.iter().flat_map(|s| &s.members);
+            let striped = striped
+                .filter(|m| m.device_id == device_id)
+                .filter_map(|m| m.partition.as_ref());
+            own.into_iter().chain(striped).cloned().collect::<Vec<_>>()
+        });
+        for p in members {
+            held.numbers.push(p.number);
+            held.spans.extend(p.held_span());
         }
+        held
+    }
+
+    /// The volume's partition as the kernel shows it now (re-added if it was dropped);
+    /// None when nothing was ever carved for it, or DeleteVolume already erased it and
+    /// took it out of the label. A label that lacks it otherwise was changed by another
+    /// tool: refused (FailedPrecondition naming the change), the record kept.
+    fn carved(&self, raw: &str, rec: &VolumeRecord, parent: &Path) -> Result<Option<Carved>> {
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.into()))?;
+        let Some(p) = &rec.partition else {
+            // Claimed, maybe carved, crash before the record said so: by name.
+            // No label of ours: nothing was carved for it (nothing to erase).
+            let Ok(label) = volume::ours(parent) else {
+                return Ok(None);
+            };
+            let Some((_, e)) = label.by_name(&id.allocation) else {
+                return Ok(None);
+            };
+            return self.locate_bounded(parent, e.guid).map(Some);
+        };
+        let want = p
+            .recorded(Some(&id.allocation))
+            .ok_or_else(|| Error::State {
+                path: parent.to_owned(),
+                reason: format!("bad PARTUUID {:?}", p.partuuid),
+            })?;
+        if p.erased {
+            return match self.locate_bounded(parent, want.partuuid) {
+                Ok(c) => Ok(Some(c)),
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        self.locate_recorded(parent, want).map(Some)
     }
 
     /// [`volume::locate`] (which may tell the kernel of the partition) under the disk's
@@ -223,6 +262,35 @@ impl Partitioned {
             self.label_deadline,
             move || volume::locate(&path, &guid),
         )
+    }
+
+    /// [`volume::locate_recorded`] like [`Partitioned::locate_bounded`]: a label that no
+    /// longer holds the partition as recorded is FailedPrecondition naming the change.
+    fn locate_recorded(&self, parent: &Path, want: gpt::Recorded) -> Result<Carved> {
+        let path = parent.to_owned();
+        settled_sync(
+            parent,
+            "locating a partition",
+            self.label_deadline,
+            move || volume::locate_recorded(&path, &want),
+        )
+    }
+
+    /// Rewrites a label a crash or another tool left with its two copies different or one
+    /// damaged. The caller holds the device's lock.
+    pub(crate) async fn repair_label(&self, parent: &Path) -> Result<()> {
+        let path = parent.to_owned();
+        let why = settled(
+            parent,
+            "repairing a label",
+            self.label_deadline,
+            move || volume::repair(&path),
+        )
+        .await?;
+        if let Some(why) = why {
+            info!(device = %parent.display(), why, "label repaired: both copies rewritten");
+        }
+        Ok(())
     }
 }
 
@@ -292,24 +360,55 @@ impl Layout for Partitioned {
         self.release_volume(host, volume_id, mounts).await
     }
 
-    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice> {
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {
+        let Some(parent) = self.pool.fresh_device(&record.device_id, mounts) else {
+            return Ok(None);
+        };
+        let Some(part) = record.partition.as_ref() else {
+            return Ok(None);
+        };
+        let want = part.recorded(None).ok_or_else(|| Error::State {
+            path: parent.path.clone(),
+            reason: format!("bad PARTUUID {:?}", part.partuuid),
+        })?;
+        let carved = self.locate_recorded(&parent.path, want).inspect_err(|e| {
+            warn!(device = %parent.path.display(), error = %e, "partition not located");
+        })?;
+        Ok(as_device(&parent, record, &carved))
+    }
+
+    /// The kernel's partition of the recorded number (and start) on the volume's pool
+    /// device: no label read, so another tool's change to the label never keeps a mount
+    /// of the volume from being taken down.
+    fn shown(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice> {
         let parent = self.pool.fresh_device(&record.device_id, mounts)?;
         let part = record.partition.as_ref()?;
-        let guid = uuid::Uuid::parse_str(&part.partuuid).ok()?;
-        match self.locate_bounded(&parent.path, guid) {
-            Ok(carved) => as_device(&parent, record, &carved),
-            Err(e) => {
-                warn!(device = %parent.path.display(), error = %e, "partition not found");
-                None
-            }
-        }
+        let k = gpt::kernel::list(&parent.path)
+            .ok()?
+            .into_iter()
+            .find(|k| k.number == part.number && part.span.is_none_or(|(s, _)| s == k.start))?;
+        let node = gpt::kernel::node(&parent.path, k.number).ok()?;
+        Some(PoolDevice {
+            id: parent.id.clone(),
+            key: record.device_key.clone(),
+            path: node,
+            size_bytes: k.len,
+            major: k.dev.0,
+            minor: k.dev.1,
+            identity: None,
+            source: Source::Listed,
+        })
     }
 
     fn capacity(&self) -> Capacity {
         let (mut available, mut maximum) = (0u64, 0u64);
         for (dev, on) in self.candidates() {
             let (a, m) = match on {
-                OnDisk::Ours { label, .. } => label.capacity(),
+                OnDisk::Ours { label, .. } => {
+                    let free = label.free_extents_clear_of(&self.held(&dev.id));
+                    let total = free.iter().map(|e| e.len).sum();
+                    (total, free.iter().map(|e| e.len).max().unwrap_or(0))
+                }
                 OnDisk::Blank if self.pool.free_devices().iter().any(|f| f.id == dev.id) => {
                     blank_capacity(&dev)
                 }

@@ -325,13 +325,19 @@ impl Striped {
             let dev = self.member_device(m)?;
             let name = member_name(&id.allocation, i);
             let (path, len) = (dev.path.clone(), stripe.member_bytes);
-            let step = move || volume::carve(&path, &name, len);
+            let held = self.parts.held(&dev.id);
+            let step = move || volume::carve(&path, &name, len, &held);
             let carved = self
                 .settled(&dev.path, "carving a stripe member", step)
+                .await?;
+            self.parts
+                .zero_new(&format!("{raw}/member-{i}"), &carved.node)
                 .await?;
             let part = PartitionRecord {
                 partuuid: carved.partuuid.to_string(),
                 number: carved.number,
+                span: Some((carved.span.start, carved.span.len)),
+                erased: false,
             };
             self.pool.state.update(|s| {
                 let r = s.volumes.get_mut(raw).and_then(|r| r.stripe.as_mut());
