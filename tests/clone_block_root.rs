@@ -1,10 +1,11 @@
 //! Block → block clones (issue 15) through the real binary on loop devices: CreateVolume
 //! with `volume_content_source.volume` checks the source (missing: NotFound; too small
 //! a limit: OutOfRange naming both sizes, nothing created; raw block: InvalidArgument),
+//! refuses a source that is staged (a clone is the source as it is at CreateVolume),
 //! pins the clone to the source's node and answers the content source; the first
-//! NodeStage refuses while the source is staged, then copies (after mkfs, before the
-//! staging mount) and the published clone holds the source's files, owners, modes,
-//! symlinks and hard links; a restage copies nothing again; delete drops the record.
+//! NodeStage copies (after mkfs, before the staging mount) and the published clone holds
+//! the source's files, owners, modes, symlinks and hard links; a restage copies nothing
+//! again; delete drops the record.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -116,6 +117,23 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert_eq!(listed(&mut c).await, before, "nothing created");
 
+    // The source is staged: refused (a clone is the source as it is at CreateVolume, and
+    // a staged source may still change), nothing created.
+    let err = c
+        .controller
+        .create_volume(clone_req("clone", &source))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("in use"), "{}", err.message());
+    assert_eq!(listed(&mut c).await, before, "nothing created");
+
+    requests::unpublish(&mut c, &source, &s_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &source, &s_staging)
+        .await
+        .unwrap();
     let clone = requests::create_volume(&mut c, clone_req("clone", &source)).await;
     assert_eq!(clone.capacity_bytes as u64, SIZE);
     assert!(
@@ -130,22 +148,8 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     );
     let id = clone.volume_id;
 
-    // The source is staged: refused, nothing mounted for the clone.
     let (staging, target) = (rig.path("staging/clone"), rig.path("pods/p2/clone"));
     fs::create_dir_all(&staging).unwrap();
-    let err = requests::stage(&mut c, &id, &staging, mount.clone())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("in use"), "{}", err.message());
-    assert_eq!(common::mounts_at(&staging), 0);
-
-    requests::unpublish(&mut c, &source, &s_target)
-        .await
-        .unwrap();
-    requests::unstage(&mut c, &source, &s_staging)
-        .await
-        .unwrap();
     // What a driver killed mid-copy leaves: the source mounted in the clone's private
     // directory. The copy takes it down first, and leaves nothing mounted there.
     let private = rig.path("state/clone-mnt").join(short(&id)).join("source");
@@ -186,7 +190,7 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     assert_eq!(a.ino(), b.ino(), "hard link kept");
 
     // The figures: every byte of the two files (the hard link once) copied; the source
-    // in use counted as the cause of the first, refused stage.
+    // in use counted as the cause of the refused CreateVolume.
     let text = scrape(&addr);
     let bytes = (5u64 << 20) + 11 + 5;
     let series = |name: &str| format!("{name}{{volume=\"{id}\"}} {bytes}");

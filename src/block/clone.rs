@@ -77,14 +77,6 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Re
             "{field}: source volume {source} is being deleted"
         )));
     }
-    if let Some(at) = in_use(b, &id).filter(|_| new) {
-        crate::metrics::clone::failed("in_use");
-        return Err(Error::FailedPrecondition(format!(
-            "{field}: source volume {source} is in use ({at}); a clone is the source as it is \
-             at CreateVolume, so it is made only from a volume nothing has staged: stop what \
-             uses it (its pods) and retry"
-        )));
-    }
     if clone_source::of_record(&rec)?.is_some() && !done(b, source)? {
         return Err(Error::FailedPrecondition(format!(
             "{field}: source volume {source} is a clone not filled yet; stage it once first"
@@ -94,6 +86,14 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Re
         return Err(Error::OutOfRange(format!(
             "capacity_range: the source volume {source} is {} bytes, more than the clone's limit of {limit} bytes; ask for at least {} bytes",
             rec.capacity_bytes, rec.capacity_bytes
+        )));
+    }
+    if let Some(at) = in_use(b, &id).filter(|_| new) {
+        crate::metrics::clone::failed("in_use");
+        return Err(Error::FailedPrecondition(format!(
+            "{field}: source volume {source} is in use ({at}); a clone is the source as it is \
+             at CreateVolume, so it is made only from a volume nothing has staged: stop what \
+             uses it (its pods) and retry"
         )));
     }
     Ok(rec.capacity_bytes)
