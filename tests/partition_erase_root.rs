@@ -148,7 +148,8 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
         1,
         "one zero-out: {logs}"
     );
-    assert_eq!(count(&logs, "long job started"), 1, "one erase job: {logs}");
+    let erase_jobs = count(&logs, "long job started job=\"partition-erase\"");
+    assert_eq!(erase_jobs, 1, "one erase job: {logs}");
     assert!(
         retry_took < full,
         "the retry ({retry_took:?}) did not start over ({full:?})"

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gds_csi::os::{Host, RealHost};
 use gds_csi::partition::label::{self, Blank, OnDisk};
-use gds_csi::partition::{kernel, Error, Label, ALIGN};
+use gds_csi::partition::{kernel, Error, Held, Label, ALIGN};
 
 const MIB: u64 = ALIGN;
 const SIZE: u64 = 128 << 20;
@@ -433,14 +433,17 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
     use gds_csi::partition::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
-    let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB).unwrap();
+    let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();
     // A retry (the state write never happened) finds the same partition.
-    assert_eq!(volume::carve(&l.dev, "aaaa1111", 8 * MIB).unwrap(), a);
+    assert_eq!(
+        volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap(),
+        a
+    );
     assert!(matches!(
-        volume::carve(&l.dev, "aaaa1111", 9 * MIB),
+        volume::carve(&l.dev, "aaaa1111", 9 * MIB, &Held::default()),
         Err(Error::NameTaken { len, .. }) if len == 8 * MIB
     ));
-    let b = volume::carve(&l.dev, "bbbb2222", 4 * MIB).unwrap();
+    let b = volume::carve(&l.dev, "bbbb2222", 4 * MIB, &Held::default()).unwrap();
     write_mib(&a.node, 7, &pattern(3));
     // Dropped from the kernel (a reboot on a kernel without a GPT parser): found again.
     kernel::delete(&l.dev, a.number).unwrap();
@@ -448,13 +451,16 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
     assert_eq!(again, a);
     assert_eq!(read_mib(&again.node, 7), pattern(3));
     // Grow is blocked by b; after b is removed it grows, and a retry is a no-op.
-    let err = volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap_err();
+    let err = volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap_err();
     assert!(err.to_string().contains("\"bbbb2222\""), "{err}");
     volume::remove(&l.dev, &b.partuuid).unwrap();
     volume::remove(&l.dev, &b.partuuid).unwrap();
-    let grown = volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap();
+    let grown = volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap();
     assert_eq!(grown.span.len, 12 * MIB);
-    assert_eq!(volume::grow(&l.dev, &a.partuuid, 12 * MIB).unwrap(), grown);
+    assert_eq!(
+        volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap(),
+        grown
+    );
     assert_eq!(sysfs(&l, a.number), Some((a.span.start, 12 * MIB)));
     assert_eq!(read_mib(&grown.node, 7), pattern(3), "data kept");
     // Remove refuses while open and leaves label and kernel as they were.
@@ -492,8 +498,8 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
     let l = Loop { _dir: dir, dev };
     let label = carve(&l, &[]).await;
     assert_eq!((label.sector, label.first_usable), (4096, 6));
-    let a = volume::carve(&l.dev, "fourk-a", 8 * MIB).unwrap();
-    let b = volume::carve(&l.dev, "fourk-b", 8 * MIB).unwrap();
+    let a = volume::carve(&l.dev, "fourk-a", 8 * MIB, &Held::default()).unwrap();
+    let b = volume::carve(&l.dev, "fourk-b", 8 * MIB, &Held::default()).unwrap();
     assert_eq!(sysfs(&l, b.number), Some((b.span.start, 8 * MIB)));
     write_mib(&b.node, 0, &pattern(4));
     assert_eq!(read_mib(&l.dev, b.span.start / MIB), pattern(4));
@@ -523,7 +529,7 @@ async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
     use gds_csi::partition::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
-    let a = volume::carve(&l.dev, "probe-me", 8 * MIB).unwrap();
+    let a = volume::carve(&l.dev, "probe-me", 8 * MIB, &Held::default()).unwrap();
     // blkid -p prints the parent's PART_ENTRY_* for it and exits 0: not a signature.
     let found = host().probe_signatures(&a.node).await.unwrap();
     assert!(found.is_empty(), "{found:?}");

@@ -12,6 +12,7 @@
 //!   a repeated CreateVolume and after a restart;
 //! - a clone's source cannot be deleted before the clone is filled, and a clone holds its
 //!   source as it was at CreateVolume.
+//!
 //! `GDS_CSI_NO_SKIP=1` turns a skip into a failure.
 
 mod common;

@@ -202,19 +202,16 @@ impl Partitioned {
     pub(crate) fn held(&self, device_id: &str) -> Held {
         let state = self.pool.state.snapshot();
         let mut held = Held::default();
-        let members = state.volumes.values().flat_map(|r| {
-            let own = (r.device_id == device_id && r.stripe.is_none())
-                .then_some(r.partition.as_ref())
-                .flatten();
-            let striped = r.stripe.iter().flat_map(|s| &s.members);
-            let striped = striped
+        for r in state.volumes.values() {
+            let own = (r.device_id == device_id).then_some(r.partition.as_ref());
+            let members = r.stripe.iter().flat_map(|s| &s.members);
+            let members = members
                 .filter(|m| m.device_id == device_id)
-                .filter_map(|m| m.partition.as_ref());
-            own.into_iter().chain(striped).cloned().collect::<Vec<_>>()
-        });
-        for p in members {
-            held.numbers.push(p.number);
-            held.spans.extend(p.held_span());
+                .map(|m| m.partition.as_ref());
+            for p in own.into_iter().chain(members).flatten() {
+                held.numbers.push(p.number);
+                held.spans.extend(p.held_span());
+            }
         }
         held
     }
