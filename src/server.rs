@@ -7,13 +7,14 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tower::{Layer, Service};
@@ -45,8 +46,9 @@ const MAX_IDENTITY_MESSAGE_BYTES: usize = 4 << 10;
 /// turn without reading their bodies. Identity calls are not counted, so Probe
 /// answers while a flood of other calls waits.
 pub const MAX_CALLS_IN_FLIGHT: usize = 64;
-/// Open connections; the next one waits in the listen backlog. The sidecars and the
-/// kubelet use one or two each.
+/// Open connections. The sidecars and the kubelet use one or two each; when every slot is
+/// taken, a new connection takes the slot of the one that has been silent longest with no
+/// call in flight (`incoming`).
 pub const MAX_CONNECTIONS: usize = 128;
 /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; clients queue calls beyond it.
 const MAX_STREAMS_PER_CONNECTION: u32 = 32;
@@ -126,6 +128,7 @@ pub async fn serve(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .initial_connection_window_size(WINDOW_BYTES)
         .initial_stream_window_size(WINDOW_BYTES)
+        .layer(ConnectionCallsLayer)
         .layer(RequestLogLayer)
         .layer(InFlightLayer::new(MAX_CALLS_IN_FLIGHT))
         .add_service(
@@ -153,22 +156,19 @@ pub async fn serve(
 /// The server's connections. Tonic's own accept loop ends the server on any accept
 /// error but a connection-level one (tonic 0.12.3 src/transport/server/incoming.rs
 /// `handle_accept_error`), so running out of file descriptors (EMFILE) stopped the
-/// driver. Here an accept error is logged and retried after a pause, and at most
-/// `max` connections are open at once. Ends when the server stops listening.
+/// driver. Here an accept error is logged and retried after a pause. At most `max`
+/// connections are open at once: a connection that finds every slot taken closes the one
+/// silent longest among those with no call in flight (an idle client's slot goes to a
+/// new one, so thousands of idle connections never lock the kubelet and the sidecars
+/// out; gRPC clients dial again on their next call). While every connection carries a
+/// call, it waits for a slot. Ends when the server stops listening.
 fn incoming(listener: UnixListener, max: usize) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(max));
+    let open = OpenConnections::default();
     tokio::spawn(async move {
         let mut failures = 0u64;
         loop {
-            let slot = tokio::select! {
-                _ = tx.closed() => return,
-                // The semaphore is never closed; were it, the loop would end like a shutdown.
-                slot = Arc::clone(&slots).acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => return,
-                },
-            };
             let io = loop {
                 let accepted = tokio::select! {
                     _ = tx.closed() => return,
@@ -200,7 +200,25 @@ fn incoming(listener: UnixListener, max: usize) -> ReceiverStream<io::Result<Con
                 info!(failures, "accepting connections again");
                 failures = 0;
             }
-            if tx.send(Ok(Conn { io, _slot: slot })).await.is_err() {
+            let slot = loop {
+                if let Ok(slot) = Arc::clone(&slots).try_acquire_owned() {
+                    break slot;
+                }
+                let closed = open.close_idlest();
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    // The semaphore is never closed; were it, the loop would end like a shutdown.
+                    slot = Arc::clone(&slots).acquire_owned() => match slot {
+                        Ok(slot) => break slot,
+                        Err(_) => return,
+                    },
+                    // Every connection carried a call: look again shortly.
+                    _ = tokio::time::sleep(ACCEPT_BACKOFF), if !closed => {}
+                }
+            };
+            let conn = Conn::new(io, slot);
+            open.add(&conn.state);
+            if tx.send(Ok(conn)).await.is_err() {
                 return;
             }
         }
@@ -208,16 +226,103 @@ fn incoming(listener: UnixListener, max: usize) -> ReceiverStream<io::Result<Con
     ReceiverStream::new(rx)
 }
 
-/// A connection and its slot among [`MAX_CONNECTIONS`], freed when hyper drops it.
+/// When the process started, for connections' activity times in milliseconds.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+fn now_ms() -> u64 {
+    EPOCH.elapsed().as_millis() as u64
+}
+
+/// What the server knows of one open connection: when it last moved a byte, how many
+/// calls it carries, and the signal that closes it.
+#[derive(Default)]
+pub struct ConnState {
+    last_io_ms: AtomicU64,
+    calls: AtomicUsize,
+    closing: AtomicBool,
+    close: Notify,
+}
+
+impl ConnState {
+    fn touch(&self) {
+        self.last_io_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// The open connections, to choose one to close when every slot is taken.
+#[derive(Default, Clone)]
+struct OpenConnections(Arc<std::sync::Mutex<Vec<Weak<ConnState>>>>);
+
+impl OpenConnections {
+    fn add(&self, state: &Arc<ConnState>) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(state));
+    }
+
+    /// Closes the connection silent longest among those with no call in flight; false
+    /// when every open connection carries a call (or is closing already).
+    fn close_idlest(&self) -> bool {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        let idlest = all
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.calls.load(Ordering::Acquire) == 0 && !c.closing.load(Ordering::Acquire))
+            .min_by_key(|c| c.last_io_ms.load(Ordering::Relaxed));
+        let Some(conn) = idlest else {
+            return false;
+        };
+        conn.closing.store(true, Ordering::Release);
+        conn.close.notify_one();
+        debug!(
+            idle_ms = now_ms().saturating_sub(conn.last_io_ms.load(Ordering::Relaxed)),
+            "every connection slot taken: closing the idlest connection for a new one"
+        );
+        true
+    }
+}
+
+/// A connection, its slot among [`MAX_CONNECTIONS`] (freed when hyper drops it) and its
+/// state. Once closed for a new client, it reads end-of-file, so hyper ends it.
 struct Conn {
     io: UnixStream,
+    state: Arc<ConnState>,
+    closed: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+    ended: bool,
     _slot: OwnedSemaphorePermit,
 }
 
+impl Conn {
+    fn new(io: UnixStream, slot: OwnedSemaphorePermit) -> Conn {
+        let state = Arc::new(ConnState::default());
+        state.touch();
+        let signal = Arc::clone(&state);
+        Conn {
+            io,
+            state,
+            closed: Box::pin(async move { signal.close.notified().await }),
+            ended: false,
+            _slot: slot,
+        }
+    }
+}
+
+/// What a call learns of the connection it came on (tonic puts the `Connected` info in
+/// each request's extensions: tonic 0.14.9 src/transport/server/service/io.rs:89).
+#[derive(Clone)]
+pub struct ConnInfo {
+    pub uds: UdsConnectInfo,
+    state: Arc<ConnState>,
+}
+
 impl Connected for Conn {
-    type ConnectInfo = UdsConnectInfo;
+    type ConnectInfo = ConnInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        ConnInfo {
+            uds: self.io.connect_info(),
+            state: Arc::clone(&self.state),
+        }
     }
 }
 
@@ -227,7 +332,19 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        if !this.ended && this.closed.as_mut().poll(cx).is_ready() {
+            this.ended = true;
+        }
+        if this.ended {
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.touch();
+        }
+        read
     }
 }
 
@@ -237,14 +354,24 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.state.touch();
+        }
+        written
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.state.touch();
+        }
+        written
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
@@ -265,7 +392,7 @@ pub trait AroundCall: Clone + Send + 'static {
     /// Lives from before the call until its response is back.
     type Guard: Send + 'static;
     /// Runs before the call's body is read; the call waits for the guard.
-    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard>;
+    fn before<B>(&self, req: &http::Request<B>) -> BoxFuture<Self::Guard>;
     /// Sees the response of a call that reached the service.
     fn after<RB>(&self, guard: Self::Guard, response: &http::Response<RB>);
 }
@@ -297,7 +424,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let hook = self.hook.clone();
-        let before = hook.before(req.uri());
+        let before = hook.before(&req);
         Box::pin(async move {
             let guard = before.await;
             let response = inner.call(req).await;
@@ -337,8 +464,8 @@ impl<S> Layer<S> for InFlightLayer {
 impl AroundCall for InFlightLayer {
     type Guard = Option<OwnedSemaphorePermit>;
 
-    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
-        let counted = !uri.path().starts_with("/csi.v1.Identity/");
+    fn before<B>(&self, req: &http::Request<B>) -> BoxFuture<Self::Guard> {
+        let counted = !req.uri().path().starts_with("/csi.v1.Identity/");
         let permits = Arc::clone(&self.permits);
         Box::pin(async move {
             if counted {
@@ -351,6 +478,42 @@ impl AroundCall for InFlightLayer {
     }
 
     fn after<RB>(&self, _permit: Self::Guard, _response: &http::Response<RB>) {}
+}
+
+/// Counts each call on the connection it came on, so a connection carrying one is never
+/// closed to make room for a new client.
+#[derive(Clone, Copy)]
+pub struct ConnectionCallsLayer;
+
+impl<S> Layer<S> for ConnectionCallsLayer {
+    type Service = Around<Self, S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Around { hook: *self, inner }
+    }
+}
+
+/// One call on a connection, counted until it is dropped (answered or cancelled).
+pub struct CallOnConnection(Arc<ConnState>);
+
+impl Drop for CallOnConnection {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
+}
+
+impl AroundCall for ConnectionCallsLayer {
+    type Guard = Option<CallOnConnection>;
+
+    fn before<B>(&self, req: &http::Request<B>) -> BoxFuture<Self::Guard> {
+        let call = req.extensions().get::<ConnInfo>().map(|info| {
+            info.state.calls.fetch_add(1, Ordering::AcqRel);
+            CallOnConnection(Arc::clone(&info.state))
+        });
+        Box::pin(std::future::ready(call))
+    }
+
+    fn after<RB>(&self, _call: Self::Guard, _response: &http::Response<RB>) {}
 }
 
 /// Logs each call's method, gRPC code and latency; never the request, which may
@@ -369,8 +532,9 @@ impl AroundCall for RequestLogLayer {
     /// The method's name and when the call came in.
     type Guard = (String, Instant);
 
-    fn before(&self, uri: &http::Uri) -> BoxFuture<Self::Guard> {
-        let method = uri.path().rsplit('/').next().unwrap_or_default().to_owned();
+    fn before<B>(&self, req: &http::Request<B>) -> BoxFuture<Self::Guard> {
+        let path = req.uri().path();
+        let method = path.rsplit('/').next().unwrap_or_default().to_owned();
         Box::pin(std::future::ready((method, Instant::now())))
     }
 

@@ -1,6 +1,7 @@
 //! The driver as a process, with the real binary: one process per state dir, restarts
 //! right after a SIGKILL, special files where the state files should be, running out
-//! of file descriptors, and memory under a flood of unfinished requests.
+//! of file descriptors, memory under a flood of unfinished requests, and thousands of
+//! idle connections.
 //!
 //! - `a_second_driver_on_one_state_dir_refuses_to_start` (root: a loop device)
 //! - `a_restart_waits_for_a_predecessor_that_is_still_exiting`
@@ -8,6 +9,7 @@
 //! - `state_files_that_are_fifos_are_refused_at_start`
 //! - `running_out_of_file_descriptors_does_not_stop_the_server`
 //! - `memory_stays_bounded_under_a_flood_of_unfinished_requests`
+//! - `thousands_of_idle_connections_never_lock_a_new_client_out` (root: a loop device)
 
 mod common;
 
@@ -527,4 +529,151 @@ async fn memory_stays_bounded_under_a_flood_of_unfinished_requests() {
     drop(held);
     assert!(p.exited().is_none(), "{}", p.log());
     assert!(p.terminate().success());
+}
+
+/// Descriptors the process holds open.
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Opens `n` connections that never send a byte, kept until dropped. A connect the full
+/// listen backlog refuses (EAGAIN) is tried again, as a client would.
+async fn idle_connections(socket: &Path, n: usize) -> Vec<tokio::net::UnixStream> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        match tokio::net::UnixStream::connect(socket).await {
+            Ok(s) => held.push(s),
+            Err(e) if Instant::now() < deadline => {
+                assert!(
+                    e.kind() == std::io::ErrorKind::WouldBlock,
+                    "connect {}: {e}",
+                    held.len()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("only {} of {n} connections within 60 s: {e}", held.len()),
+        }
+    }
+    held
+}
+
+/// Probe, CreateVolume, NodeStage and NodePublish from a new client, each within 10 s;
+/// returns when Probe answered, from `began`.
+async fn new_client_is_served(d: &Dir, name: &str, began: Instant) -> Duration {
+    let within = Duration::from_secs(10);
+    let mut c = tokio::time::timeout(within, async {
+        loop {
+            if let Some(c) = common::ready_clients(&d.socket()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a new client's Probe answers within 10 s");
+    let first = began.elapsed();
+    let req = common::requests::create_without_gds(name, cap());
+    let id = tokio::time::timeout(within, c.controller.create_volume(req))
+        .await
+        .expect("CreateVolume within 10 s")
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let (staging, target) = (
+        d.path(&format!("staging/{name}")),
+        d.path(&format!("pods/{name}")),
+    );
+    fs::create_dir_all(&staging).unwrap();
+    tokio::time::timeout(within, async {
+        common::requests::stage(&mut c, &id, &staging, cap()).await?;
+        common::requests::publish(&mut c, &id, &staging, &target, cap()).await
+    })
+    .await
+    .expect("NodeStage and NodePublish within 10 s")
+    .unwrap();
+    common::requests::unpublish(&mut c, &id, &target)
+        .await
+        .unwrap();
+    common::requests::unstage(&mut c, &id, &staging)
+        .await
+        .unwrap();
+    c.controller
+        .delete_volume(common::requests::delete_request(&id))
+        .await
+        .unwrap();
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_idle_connections_never_lock_a_new_client_out() {
+    if !common::is_root() {
+        return;
+    }
+    // This process holds the idle connections' other ends.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let img = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    img.as_file().set_len(common::SIZE).unwrap();
+    let dev = common::LoopDevice::attach(img.path());
+    for (held, prefix) in [
+        (5000, &[][..]),
+        (1100, &["prlimit", "--nofile=1024:1024"][..]),
+    ] {
+        let mut d = Dir::new();
+        let mut p = d.spawn(prefix, &["--pool-device", &dev.arg()]);
+        ready(&d.socket(), &mut p, Duration::from_secs(30)).await;
+        let pid = p.pid();
+        let base = (rss_bytes(pid), open_fds(pid));
+        let idle = idle_connections(&d.socket(), held).await;
+        let during = (rss_bytes(pid), open_fds(pid));
+        let began = Instant::now();
+        let first = new_client_is_served(&d, &format!("v{held}"), began).await;
+        let all = began.elapsed();
+        drop(idle);
+        // Back to the baseline once the idle clients are gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while open_fds(pid) > base.1 + 8 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let after = (rss_bytes(pid), open_fds(pid));
+        let mib = |b: u64| b >> 20;
+        eprintln!(
+            "{held} idle connections{}: first answer {first:?}, Probe to NodePublish {all:?}; \
+             RSS {} / {} / {} MiB, fds {} / {} / {} (before / during / after)",
+            if prefix.is_empty() {
+                ""
+            } else {
+                " at a 1024 fd limit"
+            },
+            mib(base.0),
+            mib(during.0),
+            mib(after.0),
+            base.1,
+            during.1,
+            after.1
+        );
+        assert!(
+            during.1 <= base.1 + gds_csi::server::MAX_CONNECTIONS + 8,
+            "open connections are bounded: {} fds",
+            during.1
+        );
+        assert!(
+            after.1 <= base.1 + 8,
+            "fds back to the baseline: {after:?} vs {base:?}"
+        );
+        assert!(
+            after.0 < base.0 + (32 << 20),
+            "RSS back near the baseline: {} -> {} MiB",
+            mib(base.0),
+            mib(after.0)
+        );
+        assert!(p.exited().is_none(), "{}", p.log());
+        assert!(p.terminate().success());
+    }
 }
