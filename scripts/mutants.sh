@@ -24,7 +24,7 @@ DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs 'src
   src/request.rs 'src/request/**' src/volume_id.rs)
 DRIVER_TESTS=(--lib --test inprocess --test nfs_inprocess --test security --test node_paths
   --test device_identity --test allocation_root --test block_root --test volume_conditions_root
-  --test partition_layout_root)
+  --test partition_layout_root --test partition_world_root)
 CHECK_FILES=('crates/gds-check/src/parse/**' 'crates/gds-check/src/parse.rs'
   'crates/gds-check/src/node/**' 'crates/gds-check/src/node.rs')
 MUST_KILL='^src/(block(/|\.rs)|pool/)[^:]*:[0-9]+:[0-9]+: .*(decide_format|allocate|fits|release|erase|verify_identity|existing|nothing_fits|fresh_device|free_devices)'

@@ -125,8 +125,21 @@ impl Label {
         self.free_extents_clear_of(&Held::default())
     }
 
-    /// Free aligned extents between the partitions and the `held` spans, in device order.
+    /// The lowest partition number with a free entry, outside the `held` numbers.
+    pub fn free_slot(&self, held: &Held) -> Option<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .position(|(i, e)| e.is_none() && !held.numbers.contains(&(i as u32 + 1)))
+            .map(|i| i as u32 + 1)
+    }
+
+    /// Free aligned extents between the partitions and the `held` spans, in device order;
+    /// none when every partition entry is used (nothing more can be carved).
     pub fn free_extents_clear_of(&self, held: &Held) -> Vec<Extent> {
+        if self.free_slot(held).is_none() {
+            return Vec::new();
+        }
         let usable = self.usable();
         let mut used: Vec<Extent> = self.partitions().map(|(_, e)| self.span(e)).collect();
         used.extend(held.spans.iter().filter(|h| h.len > 0));
@@ -186,20 +199,15 @@ impl Label {
                 len: self.extent(number).map_or(0, |e| e.len),
             });
         }
+        let slot = self.free_slot(held).ok_or(Error::NoEntry {
+            entries: self.slots.len(),
+        })?;
         let free = self.free_extents_clear_of(held);
         let at = best_fit(&free, size).ok_or(Error::NoSpace {
             wanted: size,
             largest: free.iter().map(|e| e.len).max().unwrap_or(0),
         })?;
-        let slot = self
-            .slots
-            .iter()
-            .enumerate()
-            .position(|(i, e)| e.is_none() && !held.numbers.contains(&(i as u32 + 1)))
-            .ok_or(Error::NoSpace {
-                wanted: size,
-                largest: 0,
-            })?;
+        let slot = slot as usize - 1;
         self.slots[slot] = Some(Entry {
             type_guid: TYPE_GUID,
             guid: Uuid::new_v4(),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::partition::gpt::ENTRIES;
 
 const MIB: u64 = ALIGN;
 const GIB: u64 = 1 << 30;
@@ -238,4 +239,42 @@ fn choose_picks_the_best_hole_across_devices() {
     let (dev, _) = choose(&labels, 5 * MIB).unwrap();
     assert_eq!(dev, PathBuf::from("/dev/a").as_path());
     assert!(choose(&labels, 300 * MIB).is_none());
+}
+
+#[test]
+fn a_label_with_every_entry_used_offers_nothing() {
+    let mut l = label(256);
+    for i in 0..ENTRIES {
+        l.allocate(&format!("p{i}"), MIB).unwrap();
+    }
+    assert!(l.free_extents().is_empty(), "no entry: nothing to carve");
+    assert_eq!(l.capacity(), (0, 0));
+    let err = l.allocate("one-more", MIB).unwrap_err();
+    assert!(
+        matches!(err, Error::NoEntry { entries } if entries == ENTRIES),
+        "{err}"
+    );
+    // An entry freed, or a number held, counts.
+    l.remove(7);
+    assert_eq!(l.free_slot(&Held::default()), Some(7));
+    let held = Held {
+        numbers: vec![7],
+        spans: Vec::new(),
+    };
+    assert_eq!(l.free_slot(&held), None);
+    assert!(l.free_extents_clear_of(&held).is_empty());
+    use crate::partition::volume::choose;
+    let full = (std::path::PathBuf::from("/dev/full"), l.clone(), held);
+    let blank = (
+        std::path::PathBuf::from("/dev/b"),
+        label(64),
+        Held::default(),
+    );
+    let labels = [full, blank];
+    let (dev, _) = choose(&labels, MIB).unwrap();
+    assert_eq!(
+        dev,
+        std::path::Path::new("/dev/b"),
+        "a full label is passed over"
+    );
 }

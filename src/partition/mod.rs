@@ -76,6 +76,9 @@ pub enum Error {
     /// No free extent is large enough (CSI ResourceExhausted).
     #[error("no free extent of {wanted} bytes: the largest is {largest} bytes")]
     NoSpace { wanted: u64, largest: u64 },
+    /// Every partition entry of the label is used (CSI ResourceExhausted).
+    #[error("all {entries} partition entries of the label are used")]
+    NoEntry { entries: usize },
     /// Growing in place is blocked by the partition that follows.
     #[error("partition {number} cannot grow to {wanted} bytes in place: {blocker}")]
     Blocked {

@@ -122,6 +122,13 @@ impl Partitioned {
         for (d, on, _) in &locked {
             if let OnDisk::Ours { label, .. } = on {
                 let held = volume::held_on(&d.path, label, &self.held(&d.id)).map_err(csi_error)?;
+                if label.free_slot(&held).is_none() {
+                    let why = format!(
+                        "all {} of its GPT partition entries are used",
+                        label.slots.len()
+                    );
+                    refused.push(format!("{}: {why}", d.path.display()));
+                }
                 labels.push((d.path.clone(), label.clone(), held));
             }
         }

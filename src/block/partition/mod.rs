@@ -57,7 +57,9 @@ pub fn csi_error(e: gpt::Error) -> Error {
     let m = e.to_string();
     match e {
         gpt::Error::OutOfRange(_) => Error::OutOfRange(m),
-        gpt::Error::NoSpace { .. } | gpt::Error::Blocked { .. } => Error::ResourceExhausted(m),
+        gpt::Error::NoSpace { .. } | gpt::Error::NoEntry { .. } | gpt::Error::Blocked { .. } => {
+            Error::ResourceExhausted(m)
+        }
         gpt::Error::NotFound(_) => Error::NotFound(m),
         gpt::Error::NameTaken { .. } => Error::AlreadyExists(m),
         gpt::Error::Io { device, source, .. } => Error::Io {
