@@ -9,10 +9,22 @@
 # pools, after the rest: PART_ROUNDS (default 100) create/delete samples per layout.
 # BENCH_DRIVER=/path/to/gds-csi benches that driver binary instead of building this
 # checkout's (an A/B of two builds; the bench client is still this checkout's).
+#
+#        scripts/bench.sh scale [COUNTS=10,100,1000] [ROUNDS=30]
+# The scale benchmark (examples/scale.rs): each call's p50/p99 with COUNTS volumes on the
+# node (`layout: partition`, 1 MiB each, on loop devices it makes), start-up, RSS and the
+# state file's size, and the ratio of the largest count to the smallest.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
 install_host_tools
+if [ "${1:-}" = scale ]; then
+  if [ -n "${BENCH_DRIVER:-}" ]; then GDS_CSI=$BENCH_DRIVER; else build_driver; fi
+  (cd "$REPO_ROOT" && cargo build --release --quiet --example scale)
+  start_workdir scale
+  "$REPO_ROOT/target/release/examples/scale" "$GDS_CSI" "$WORK" "${2:-10,100,1000}" "${3:-30}"
+  exit
+fi
 ROUNDS=${1:-25}
 STORM=${2:-64}
 if [ -n "${BENCH_DRIVER:-}" ]; then
