@@ -88,30 +88,50 @@ pub fn list(device: &Path) -> Result<Vec<KernelPartition>> {
     let mut parts = Vec::new();
     for entry in fs::read_dir(&dir).map_err(|e| Error::io("listing", &dir, e))? {
         let path = entry.map_err(|e| Error::io("listing", &dir, e))?.path();
-        let Some(number) = read_u64(&path.join("partition")) else {
-            continue;
-        };
-        // sysfs `start` and `size` count 512-byte sectors whatever the block size.
-        let (Some(start), Some(size)) =
-            (read_u64(&path.join("start")), read_u64(&path.join("size")))
-        else {
-            continue;
-        };
-        let dev = fs::read_to_string(path.join("dev")).unwrap_or_default();
-        let (maj, min) = dev.trim().split_once(':').unwrap_or(("0", "0"));
-        parts.push(KernelPartition {
-            number: number as u32,
-            start: start * 512,
-            len: size * 512,
-            name: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            dev: (maj.parse().unwrap_or(0), min.parse().unwrap_or(0)),
-        });
+        parts.extend(read_partition(&path));
     }
     parts.sort_by_key(|p| p.number);
     Ok(parts)
+}
+
+/// Partition `number` of whole device `device` as the kernel shows it, read from its own
+/// sysfs entry alone, so finding one partition costs the same on a disk with hundreds.
+/// The kernel names partition N of disk D `D<N>`, or `Dp<N>` when D ends in a digit
+/// (block/partitions/core.c `add_partition`: `dev_set_name(pdev, "%sp%d", ...)` when
+/// `isdigit(dname[strlen(dname) - 1])`, else `"%s%d"`).
+pub fn partition(device: &Path, number: u32) -> Result<Option<KernelPartition>> {
+    let dir = sysfs_dir(device)?;
+    let disk = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let p = if disk.ends_with(|c: char| c.is_ascii_digit()) {
+        "p"
+    } else {
+        ""
+    };
+    let found = read_partition(&dir.join(format!("{disk}{p}{number}")));
+    Ok(found.filter(|k| k.number == number))
+}
+
+/// The partition whose sysfs directory is `path`; None when it is none (or gone).
+fn read_partition(path: &Path) -> Option<KernelPartition> {
+    let number = read_u64(&path.join("partition"))?;
+    // sysfs `start` and `size` count 512-byte sectors whatever the block size.
+    let start = read_u64(&path.join("start"))?;
+    let size = read_u64(&path.join("size"))?;
+    let dev = fs::read_to_string(path.join("dev")).unwrap_or_default();
+    let (maj, min) = dev.trim().split_once(':').unwrap_or(("0", "0"));
+    Some(KernelPartition {
+        number: number as u32,
+        start: start * 512,
+        len: size * 512,
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        dev: (maj.parse().unwrap_or(0), min.parse().unwrap_or(0)),
+    })
 }
 
 fn blkpg(file: &File, op: libc::c_int, number: u32, span: Extent) -> std::io::Result<()> {
@@ -265,15 +285,12 @@ pub fn ensure(
 /// The device node of partition `number` of `device` (`/dev/loop3p2`), checked to be
 /// the block device of the kernel's partition; NotFound when the kernel does not show it.
 pub fn node(device: &Path, number: u32) -> Result<PathBuf> {
-    let part = list(device)?
-        .into_iter()
-        .find(|k| k.number == number)
-        .ok_or_else(|| {
-            Error::NotFound(format!(
-                "{number} in the kernel's view of {}",
-                device.display()
-            ))
-        })?;
+    let part = partition(device, number)?.ok_or_else(|| {
+        Error::NotFound(format!(
+            "{number} in the kernel's view of {}",
+            device.display()
+        ))
+    })?;
     let path = Path::new("/dev").join(&part.name);
     let meta = fs::metadata(&path).map_err(|e| Error::io("stat", &path, e))?;
     let rdev = meta.rdev();

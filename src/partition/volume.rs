@@ -132,7 +132,8 @@ fn shown(device: &Path, label: &Label, number: u32) -> Result<Carved> {
         .find(|(n, _)| *n == number)
         .map(|(_, e)| e.guid)
         .ok_or_else(|| Error::NotFound(number.to_string()))?;
-    kernel::ensure(device, &kernel::list(device)?, number, span)?;
+    let now = kernel::partition(device, number)?;
+    kernel::ensure(device, now.as_slice(), number, span)?;
     Ok(Carved {
         number,
         partuuid,
@@ -215,7 +216,7 @@ fn missing(device: &Path, want: &Recorded) -> Result<String> {
     let label = ours(device)?;
     let dev = device.display();
     let (n, g) = (want.number, want.partuuid);
-    let shown = kernel::list(device)?.into_iter().find(|k| k.number == n);
+    let shown = kernel::partition(device, n)?;
     let span = want.span.or(shown.as_ref().map(|k| Extent {
         start: k.start,
         len: k.len,

@@ -100,14 +100,13 @@ impl Pool {
         }
         // Every device a volume lives on: a stripe's members too, or after a restart the
         // devices holding only later members (partitioned, held by md) are left out.
-        let allocated: HashSet<String> = self
-            .state
-            .snapshot()
+        let state = self.state.snapshot();
+        let allocated: HashSet<String> = state
             .volumes
-            .into_values()
+            .values()
             .flat_map(|v| {
-                let members = v.stripe.into_iter().flat_map(|s| s.members);
-                std::iter::once(v.device_key).chain(members.map(|m| m.device_key))
+                let members = v.stripe.iter().flat_map(|s| &s.members);
+                std::iter::once(v.device_key.clone()).chain(members.map(|m| m.device_key.clone()))
             })
             .collect();
         if self.config.nvme_discover {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -136,7 +136,9 @@ impl State {
 
 pub struct StateStore {
     path: PathBuf,
-    state: Mutex<State>,
+    /// Shared with the readers of a snapshot: a read costs a reference, not a copy of
+    /// every record.
+    state: Mutex<Arc<State>>,
 }
 
 impl StateStore {
@@ -164,22 +166,23 @@ impl StateStore {
         };
         Ok(StateStore {
             path,
-            state: Mutex::new(state),
+            state: Mutex::new(Arc::new(state)),
         })
     }
 
-    pub fn snapshot(&self) -> State {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The state now; later updates do not change it.
+    pub fn snapshot(&self) -> Arc<State> {
+        Arc::clone(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Applies `change` to a copy, persists it, and only then makes it current:
     /// memory never runs ahead of the disk.
     pub fn update<R>(&self, change: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
         let mut current = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = current.clone();
+        let mut next = State::clone(&current);
         let out = change(&mut next)?;
         self.persist(&next)?;
-        *current = next;
+        *current = Arc::new(next);
         Ok(out)
     }
 

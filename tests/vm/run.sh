@@ -26,6 +26,9 @@ install_vm_tools() {
   command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
   command -v blkid >/dev/null || missing+=(util-linux)
   python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  # virtme-ng builds the guest's initramfs from a busybox ("initramfs is needed, and no
+  # busybox was found" without it, on a machine where nothing installed one before).
+  command -v busybox >/dev/null || missing+=(busybox-static)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}"
     apt-get update -qq

@@ -382,10 +382,10 @@ impl Layout for Partitioned {
     fn shown(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice> {
         let parent = self.pool.fresh_device(&record.device_id, mounts)?;
         let part = record.partition.as_ref()?;
-        let k = gpt::kernel::list(&parent.path)
-            .ok()?
-            .into_iter()
-            .find(|k| k.number == part.number && part.span.is_none_or(|(s, _)| s == k.start))?;
+        let k = gpt::kernel::partition(&parent.path, part.number)
+            .ok()
+            .flatten()
+            .filter(|k| part.span.is_none_or(|(s, _)| s == k.start))?;
         let node = gpt::kernel::node(&parent.path, k.number).ok()?;
         Some(PoolDevice {
             id: parent.id.clone(),
