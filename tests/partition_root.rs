@@ -537,3 +537,26 @@ async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
     let found = host().probe_signatures(&a.node).await.unwrap();
     assert!(found.iter().any(|s| s.kind == "ext4"), "{found:?}");
 }
+
+#[tokio::test]
+async fn a_partition_the_kernel_shows_but_the_label_lacks_is_never_carved_over() {
+    use gds_csi::partition::volume;
+    let Some(l) = Loop::new() else { return };
+    carve(&l, &[]).await;
+    let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();
+    let b = volume::carve(&l.dev, "bbbb2222", 8 * MIB, &Held::default()).unwrap();
+    // Another tool takes b out of the label only; the kernel still shows it.
+    let mut label = volume::ours(&l.dev).unwrap();
+    label.remove(b.number);
+    label::write(&l.dev, &label).unwrap();
+    assert_eq!(kernel::numbers(&l.dev).unwrap(), vec![a.number, b.number]);
+    let c = volume::carve(&l.dev, "cccc3333", 8 * MIB, &Held::default()).unwrap();
+    assert_ne!(c.number, b.number, "b's number is not reused");
+    let (c_end, b_end) = (c.span.start + c.span.len, b.span.start + b.span.len);
+    assert!(
+        c_end <= b.span.start || b_end <= c.span.start,
+        "b's blocks are not carved over: {c:?} {b:?}"
+    );
+    // Nor does a grow reach into them.
+    assert!(volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).is_err());
+}

@@ -94,6 +94,32 @@ pub fn list(device: &Path) -> Result<Vec<KernelPartition>> {
     Ok(parts)
 }
 
+/// The numbers of the partitions the kernel shows for whole device `device`, from the
+/// names of their sysfs entries alone (see [`partition`] for the naming).
+pub fn numbers(device: &Path) -> Result<Vec<u32>> {
+    let dir = sysfs_dir(device)?;
+    let disk = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(|e| Error::io("listing", &dir, e))? {
+        let name = entry
+            .map_err(|e| Error::io("listing", &dir, e))?
+            .file_name();
+        let name = name.to_string_lossy();
+        let Some(rest) = name.strip_prefix(disk.as_str()) else {
+            continue;
+        };
+        let digits = rest.strip_prefix('p').unwrap_or(rest);
+        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            out.extend(digits.parse::<u32>().ok());
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// Partition `number` of whole device `device` as the kernel shows it, read from its own
 /// sysfs entry alone, so finding one partition costs the same on a disk with hundreds.
 /// The kernel names partition N of disk D `D<N>`, or `Dp<N>` when D ends in a digit

@@ -58,15 +58,15 @@ pub fn repair(device: &Path) -> Result<Option<String>> {
 /// What must not be carved on `device` besides what its label lists: `held` (the spans
 /// and numbers the state records) and every partition the kernel shows that the label
 /// lacks (another tool removed its entry; its blocks may hold a tenant's data).
+/// Only the kernel's partitions at numbers the label does not list are read, so the cost
+/// does not grow with the partitions the label holds.
 pub fn held_on(device: &Path, label: &Label, held: &Held) -> Result<Held> {
     let mut all = held.clone();
-    for k in kernel::list(device)? {
-        let listed = label.extent(k.number)
-            == Some(Extent {
-                start: k.start,
-                len: k.len,
-            });
-        if !listed {
+    for n in kernel::numbers(device)? {
+        if label.extent(n).is_some() {
+            continue;
+        }
+        if let Some(k) = kernel::partition(device, n)? {
             all.numbers.push(k.number);
             all.spans.push(Extent {
                 start: k.start,
