@@ -429,15 +429,39 @@ fn zeroout(file: &File, range: [u64; 2]) -> std::io::Result<()> {
     }
 }
 
-/// Makes every block of `node` read back as zeros: [`zero_offloaded`] where the device
-/// has an offload, else BLKZEROOUT, which writes zero pages where it has none
-/// (block/ioctl.c blk_ioctl_zeroout, blkdev_issue_zeroout without NOFALLBACK), each
-/// 1 GiB within `per_chunk`. Opened O_EXCL: nothing may use it meanwhile.
-pub fn zero(node: &Path, per_chunk: Duration) -> Result<()> {
-    if zero_offloaded(node, per_chunk)? == Erased::Done {
+/// Opens partition node `node` for writing, exclusively (EBUSY while anything mounts or
+/// holds it; and while it is open the kernel refuses a re-read of the disk's table, so
+/// udevd cannot take it away meanwhile: block/partitions/core.c `bdev_disk_changed`).
+pub fn open_exclusive(node: &Path) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_EXCL)
+        .open(node)
+        .map_err(|e| Error::io("opening (exclusively)", node, e))
+}
+
+/// Makes every block of the open partition `file` (`node`) read back as zeros: the
+/// device's offload where it has one ([`zero_offloaded`]'s), else BLKZEROOUT, which
+/// writes zero pages where it has none (block/ioctl.c blk_ioctl_zeroout,
+/// blkdev_issue_zeroout without NOFALLBACK), each 1 GiB within `per_chunk`.
+pub fn zero_file(file: &File, node: &Path, per_chunk: Duration) -> Result<()> {
+    let mut f = file;
+    let len = f
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::io("measuring", node, e))?;
+    let whole = Extent { start: 0, len };
+    let offload = in_chunks(
+        file,
+        node,
+        "fallocate(PUNCH_HOLE)",
+        whole,
+        per_chunk,
+        punch_hole,
+    )?;
+    if offload == Erased::Done {
         return Ok(());
     }
-    chunked(node, "BLKZEROOUT", per_chunk, zeroout).map(drop)
+    in_chunks(file, node, "BLKZEROOUT", whole, per_chunk, zeroout).map(drop)
 }
 
 /// Zeroes bytes `span` of whole device `device` (free space of our label that a

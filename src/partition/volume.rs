@@ -268,6 +268,15 @@ fn missing(device: &Path, want: &Recorded) -> Result<String> {
     ))
 }
 
+/// Partition `partuuid` located (told to the kernel if it forgot) and its node opened
+/// exclusively: for a step that must find the node a moment after a label write, when
+/// udevd may be re-reading the disk (run it under the disk's lock).
+pub fn open_located(device: &Path, partuuid: &Uuid) -> Result<(std::fs::File, PathBuf)> {
+    let carved = locate(device, partuuid)?;
+    let file = kernel::open_exclusive(&carved.node)?;
+    Ok((file, carved.node))
+}
+
 /// The first half of [`remove`]: the kernel stops showing partition `partuuid` (refused
 /// while it is open); the label keeps it. Done already when the label lacks it.
 pub fn unshow(device: &Path, partuuid: &Uuid) -> Result<()> {

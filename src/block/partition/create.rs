@@ -235,7 +235,7 @@ impl Partitioned {
         let write = move || volume::carve(&path, &name, size, &held);
         let carved = settled(&dev.path, "carving a partition", self.label_deadline, write).await?;
         faults::reached(KillPoint::PartAfterLabel);
-        self.zero_new(raw, &carved.node).await?;
+        self.zero_new(raw, &dev.path, carved.partuuid).await?;
         let part = PartitionRecord {
             partuuid: carved.partuuid.to_string(),
             number: carved.number,
@@ -257,15 +257,31 @@ impl Partitioned {
 }
 
 impl Partitioned {
-    /// Zeroes a partition just carved for volume `raw`, whatever it holds: its blocks are
-    /// this volume's from now on, and no earlier tenant's byte may reach it.
-    pub(crate) async fn zero_new(&self, raw: &str, node: &std::path::Path) -> Result<()> {
+    /// Zeroes partition `partuuid` of `parent`, just carved for volume `raw`, whatever it
+    /// holds: its blocks are this volume's from now on, and no earlier tenant's byte may
+    /// reach it. Its node is opened under the disk's lock, udevd's re-read after the label
+    /// write waited out (the node can vanish for a moment then), and is zeroed once open.
+    pub(crate) async fn zero_new(
+        &self,
+        raw: &str,
+        parent: &std::path::Path,
+        partuuid: uuid::Uuid,
+    ) -> Result<()> {
         let key = format!("zero-new:{raw}");
-        let (volume_id, node) = (raw.to_owned(), node.to_owned());
+        let (this, volume_id, parent) = (self.clone(), raw.to_owned(), parent.to_owned());
         let job = async move {
+            let path = parent.clone();
+            let open = move || volume::open_located(&path, &partuuid);
+            let (file, node) = settled(
+                &parent,
+                "opening a new partition",
+                this.label_deadline,
+                open,
+            )
+            .await?;
             info!(volume_id, node = %node.display(), "zeroing the new partition");
             let zeroed = tokio::task::spawn_blocking(move || {
-                gpt::kernel::zero(&node, super::ZERO_CHUNK_DEADLINE)
+                gpt::kernel::zero_file(&file, &node, super::ZERO_CHUNK_DEADLINE)
             });
             zeroed
                 .await

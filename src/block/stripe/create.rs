@@ -331,7 +331,7 @@ impl Striped {
                 .settled(&dev.path, "carving a stripe member", step)
                 .await?;
             self.parts
-                .zero_new(&format!("{raw}/member-{i}"), &carved.node)
+                .zero_new(&format!("{raw}/member-{i}"), &dev.path, carved.partuuid)
                 .await?;
             let part = PartitionRecord {
                 partuuid: carved.partuuid.to_string(),
