@@ -44,8 +44,10 @@ pub trait VolumeBackend: Send + Sync {
     async fn node_expand(&self, id: &Self::Id, path: &Path, req: &Expand) -> Result<u64>;
     /// GetCapacity for a request whose parameters chose this backend.
     fn capacity(&self, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse>;
-    /// ListVolumes entries, by volume id.
-    fn list(&self) -> Vec<(String, csi::Volume)>;
+    /// ListVolumes entries in volume id order: those whose ids sort after `after`, at most
+    /// `limit` of them (0: all). Only those are built, so a page costs the same however
+    /// many volumes there are.
+    fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)>;
     /// ValidateVolumeCapabilities: `Ok(None)` confirms, `Ok(Some(why))` does not.
     async fn validate(
         &self,

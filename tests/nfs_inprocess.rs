@@ -1319,3 +1319,50 @@ async fn an_nfs_clone_may_live_on_another_export_than_its_source() {
     assert_ne!(clone_dir.parent(), src_dir.parent(), "another export mount");
     assert_same_tree(&src_dir, &clone_dir);
 }
+
+#[tokio::test]
+async fn list_volumes_pages_through_every_volume_once_in_order() {
+    let h = harness().await;
+    let rw = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let mut made = Vec::new();
+    for i in 0..7 {
+        let v = h
+            .create(&format!("page-{i}"), params(&[]), rw.clone(), 0)
+            .await
+            .unwrap();
+        made.push(v.volume_id);
+    }
+    made.sort();
+    let mut c = h.c.controller.clone();
+    let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let page = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: 3,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 3, "{}", page.entries.len());
+        seen.extend(
+            page.entries
+                .into_iter()
+                .map(|e| e.volume.unwrap().volume_id),
+        );
+        pages += 1;
+        token = page.next_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, made, "every volume once, in id order");
+    assert_eq!(pages, 3);
+    let all = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.entries.len(), 7);
+    assert!(all.next_token.is_empty());
+}

@@ -164,12 +164,15 @@ pub fn validate(
     Ok(None)
 }
 
-pub fn list(b: &BlockBackend) -> Vec<(String, csi::Volume)> {
-    b.pool
-        .state
-        .snapshot()
+pub fn list(b: &BlockBackend, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let state = b.pool.state.snapshot();
+    let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
+    let limit = if limit == 0 { usize::MAX } else { limit };
+    state
         .volumes
-        .iter()
+        .range((from, Unbounded))
+        .take(limit)
         .map(|(id, rec)| (id.clone(), b.volume(id, rec)))
         .collect()
 }

@@ -256,8 +256,8 @@ impl VolumeBackend for BlockBackend {
         controller::capacity(self, req)
     }
 
-    fn list(&self) -> Vec<(String, csi::Volume)> {
-        controller::list(self)
+    fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
+        controller::list(self, after, limit)
     }
 
     async fn validate(

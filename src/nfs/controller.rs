@@ -195,13 +195,13 @@ pub async fn validate(
 }
 
 /// ListVolumes entries of NFS volumes, by id.
-pub fn list(b: &NfsBackend) -> Vec<(String, csi::Volume)> {
+pub fn list(b: &NfsBackend, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
+    let limit = if limit == 0 { usize::MAX } else { limit };
+    // A clone still filling is no volume yet: no CreateVolume has answered it.
     b.store
         .registry
-        .snapshot()
+        .page(after, limit, |rec| !rec.filling)
         .into_iter()
-        // A clone still filling is no volume yet: no CreateVolume has answered it.
-        .filter(|(_, rec)| !rec.filling)
         .map(|(id, rec)| {
             let parsed = NfsVolumeId::parse(&id);
             let v = volume_of(b, &id, &rec, parsed.as_ref());

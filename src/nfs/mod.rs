@@ -235,8 +235,8 @@ impl VolumeBackend for NfsBackend {
         Ok(csi::GetCapacityResponse::default())
     }
 
-    fn list(&self) -> Vec<(String, csi::Volume)> {
-        controller::list(self)
+    fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
+        controller::list(self, after, limit)
     }
 
     async fn validate(

@@ -62,6 +62,25 @@ impl Registry {
         })
     }
 
+    /// Up to `limit` records whose ids sort after `after`, in id order, among those
+    /// `keep` keeps: a page of the registry without copying the rest.
+    pub fn page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&NfsRecord) -> bool,
+    ) -> Vec<(String, NfsRecord)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
+        let volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        volumes
+            .range::<String, _>((from, Unbounded))
+            .filter(|(_, rec)| keep(rec))
+            .take(limit)
+            .map(|(id, rec)| (id.clone(), rec.clone()))
+            .collect()
+    }
+
     pub fn snapshot(&self) -> BTreeMap<String, NfsRecord> {
         self.volumes
             .lock()

@@ -128,13 +128,17 @@ impl ControllerService {
             })?),
         };
         let d = &self.driver;
-        let nfs = d.nfs.as_ref().map(|n| n.list()).unwrap_or_default();
+        // One more than a page from each backend tells whether another page follows.
+        let want = match req.max_entries {
+            0 => 0,
+            n => n as usize + 1,
+        };
+        let nfs = d.nfs.as_ref().map(|n| n.list(after, want));
         let mut entries: Vec<_> = d
             .block
-            .list()
+            .list(after, want)
             .into_iter()
-            .chain(nfs)
-            .filter(|(id, _)| after.is_none_or(|a| id.as_str() > a))
+            .chain(nfs.unwrap_or_default())
             .collect();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let mut next_token = String::new();
