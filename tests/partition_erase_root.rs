@@ -11,7 +11,7 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use gds_csi::partition::kernel;
 use tonic::Code;
 
 use common::frozen::FrozenDevice;
+use common::tools::{scribble, zeros_at};
 use common::{requests, Rig};
 
 const MIB: u64 = 1 << 20;
@@ -48,32 +49,6 @@ fn count(logs: &str, needle: &str) -> usize {
     logs.lines().filter(|l| l.contains(needle)).count()
 }
 
-/// Writes one MiB of 0xA5 at byte `at` of `node` and flushes it to the device.
-fn scribble(node: &Path, at: u64) {
-    let mut f = fs::OpenOptions::new().write(true).open(node).unwrap();
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.write_all(&vec![0xA5; MIB as usize]).unwrap();
-    f.sync_all().unwrap();
-}
-
-/// Whether `len` bytes at `start` of `dev` are all zero (its page cache dropped first).
-fn zeros(dev: &Path, start: u64, len: u64) -> bool {
-    common::run("blockdev", &["--flushbufs", dev.to_str().unwrap()]);
-    let mut f = fs::File::open(dev).unwrap();
-    f.seek(SeekFrom::Start(start)).unwrap();
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        f.read_exact(&mut buf[..n]).unwrap();
-        if buf[..n].iter().any(|&b| b != 0) {
-            return false;
-        }
-        left -= n as u64;
-    }
-    true
-}
-
 async fn delete(
     c: &mut gds_csi::csi::Clients,
     id: &str,
@@ -99,9 +74,9 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
     let part = parts[0].clone();
     let node = PathBuf::from("/dev").join(&part.name);
     for at in [0, part.len / 2, part.len - MIB] {
-        scribble(&node, at);
+        scribble(&node, at, 0xA5);
     }
-    assert!(!zeros(&f.dev, part.start, part.len));
+    assert!(!zeros_at(&f.dev, part.start, part.len));
 
     f.freeze(true);
     let began = Instant::now();
@@ -161,7 +136,7 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
     assert!(rig.state()["volumes"].as_object().unwrap().is_empty());
     rig.kill9();
     assert!(
-        zeros(&f.dev, part.start, part.len),
+        zeros_at(&f.dev, part.start, part.len),
         "the deleted partition reads back zeros"
     );
     println!("erase from the first call: {full:?}; the retry waited {retry_took:?}");

@@ -18,7 +18,6 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -27,7 +26,8 @@ use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;
 
-use common::{requests, run, PartRig};
+use common::tools::{scribble, zeros_at};
+use common::{requests, PartRig};
 
 const MIB: u64 = 1 << 20;
 const DISK: u64 = 256 * MIB;
@@ -87,32 +87,6 @@ fn shown(disk: &Path, number: u32) -> Option<(PathBuf, u64, u64)> {
         .into_iter()
         .find(|k| k.number == number)
         .map(|k| (Path::new("/dev").join(&k.name), k.start, k.len))
-}
-
-/// One MiB of `byte` written at `at` of `dev`, flushed to the device.
-fn scribble(dev: &Path, at: u64, byte: u8) {
-    let mut f = fs::OpenOptions::new().write(true).open(dev).unwrap();
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.write_all(&vec![byte; MIB as usize]).unwrap();
-    f.sync_all().unwrap();
-}
-
-/// Whether `len` bytes at `start` of `dev` are all zero (its page cache dropped first).
-fn zeros(dev: &Path, start: u64, len: u64) -> bool {
-    run("blockdev", &["--flushbufs", dev.to_str().unwrap()]);
-    let mut f = fs::File::open(dev).unwrap();
-    f.seek(SeekFrom::Start(start)).unwrap();
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        f.read_exact(&mut buf[..n]).unwrap();
-        if buf[..n].iter().any(|&b| b != 0) {
-            return false;
-        }
-        left -= n as u64;
-    }
-    true
 }
 
 /// Runs sgdisk; a plain loop device refuses its table re-read, which sgdisk only warns of.
@@ -196,7 +170,7 @@ async fn an_entry_another_tool_removed_is_never_handed_out_and_is_erased_once_re
         overlaps((start4, len4), (free_at, MIB)),
         "the new volume lies where someone's bytes were"
     );
-    assert!(zeros(&node4, 0, len4), "a new partition reads zeros");
+    assert!(zeros_at(&node4, 0, len4), "a new partition reads zeros");
     let grow = c
         .controller
         .controller_expand_volume(ControllerExpandVolumeRequest {
@@ -211,7 +185,7 @@ async fn an_entry_another_tool_removed_is_never_handed_out_and_is_erased_once_re
         .await
         .expect_err("v1 cannot grow over the held span");
     assert_eq!(grow.code(), Code::OutOfRange, "{grow:?}");
-    assert!(!zeros(&node2, 0, MIB), "v2's data untouched");
+    assert!(!zeros_at(&node2, 0, MIB), "v2's data untouched");
 
     // Restored as the message says: the delete erases it and takes it out.
     run_advice(&msg);
@@ -221,7 +195,7 @@ async fn an_entry_another_tool_removed_is_never_handed_out_and_is_erased_once_re
         .expect("a restored entry is deleted");
     assert!(rig.state()["volumes"].get(&v2).is_none());
     assert!(shown(&disk, n2).is_none(), "out of the kernel");
-    assert!(zeros(&disk, start2, len2), "its blocks read zeros");
+    assert!(zeros_at(&disk, start2, len2), "its blocks read zeros");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,7 +246,7 @@ async fn a_partuuid_another_tool_changed_is_refused_at_delete_until_restored() {
     assert!(shown(&disk, n2).is_none());
     let listed = sgdisk(&["--print", disk.to_str().unwrap()]);
     assert!(!listed.contains(&format!("\n   {n2} ")), "{listed}");
-    assert!(zeros(&disk, start2, len2));
+    assert!(zeros_at(&disk, start2, len2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,6 +399,30 @@ async fn a_label_left_with_two_different_copies_is_whole_again_after_a_retry_and
     assert!(v.contains("No problems found"), "after the restart: {v}");
 }
 
+/// Stages and publishes `id` at `<rig>/staging/<name>` and `<rig>/pods/<name>`, writes
+/// `token` there (after checking what it held, when `was` says), and takes both down.
+async fn write_token(
+    c: &mut gds_csi::csi::Clients,
+    rig: &PartRig,
+    id: &str,
+    was: Option<&[u8]>,
+    token: &[u8],
+) {
+    let name = id.rsplit(':').nth(1).unwrap();
+    let (staging, target) = (
+        rig.path(&format!("staging/{name}")),
+        rig.path(&format!("pods/{name}")),
+    );
+    let mount = requests::single_writer_mount();
+    requests::stage_and_publish(c, id, &staging, &target, mount).await;
+    if let Some(was) = was {
+        assert_eq!(fs::read(target.join("token")).unwrap(), was);
+    }
+    fs::write(target.join("token"), token).unwrap();
+    requests::unpublish(c, id, &target).await.unwrap();
+    requests::unstage(c, id, &staging).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clone_holds_its_source_as_it_was_at_its_create_volume() {
     let Some(mut rig) = PartRig::with_size(1, DISK) else {
@@ -456,11 +454,7 @@ async fn a_clone_holds_its_source_as_it_was_at_its_create_volume() {
     assert_eq!(again.volume_id, clone);
 
     // The source is written again after the clone's CreateVolume.
-    requests::stage_and_publish(&mut c, &src, &staging, &target, mount.clone()).await;
-    assert_eq!(fs::read(target.join("token")).unwrap(), b"first");
-    fs::write(target.join("token"), b"second").unwrap();
-    requests::unpublish(&mut c, &src, &target).await.unwrap();
-    requests::unstage(&mut c, &src, &staging).await.unwrap();
+    write_token(&mut c, &rig, &src, Some(b"first"), b"second").await;
 
     let (c_staging, c_target) = (rig.path("staging/clone"), rig.path("pods/b/clone"));
     requests::stage_and_publish(&mut c, &clone, &c_staging, &c_target, mount.clone()).await;
@@ -483,11 +477,7 @@ async fn a_source_with_a_clone_not_filled_yet_is_not_deleted() {
     let mut c = rig.start().await;
     let mount = requests::single_writer_mount();
     let src = create(&mut c, "src").await;
-    let (staging, target) = (rig.path("staging/src"), rig.path("pods/a/src"));
-    requests::stage_and_publish(&mut c, &src, &staging, &target, mount.clone()).await;
-    fs::write(target.join("token"), b"second").unwrap();
-    requests::unpublish(&mut c, &src, &target).await.unwrap();
-    requests::unstage(&mut c, &src, &staging).await.unwrap();
+    write_token(&mut c, &rig, &src, None, b"second").await;
 
     // A source with a clone not filled yet is not deleted.
     let late = requests::create_volume(&mut c, clone_req("late", &src))

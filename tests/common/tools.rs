@@ -155,3 +155,31 @@ pub fn reads_back_zeros(dev: &Path) -> bool {
         }
     }
 }
+
+/// One MiB of `byte` written at byte `at` of `dev`, flushed to the device.
+pub fn scribble(dev: &Path, at: u64, byte: u8) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = fs::OpenOptions::new().write(true).open(dev).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&vec![byte; 1 << 20]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Whether `len` bytes at `start` of `dev` are all zero (its page cache dropped first).
+pub fn zeros_at(dev: &Path, start: u64, len: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    super::run("blockdev", &["--flushbufs", dev.to_str().unwrap()]);
+    let mut f = fs::File::open(dev).unwrap();
+    f.seek(SeekFrom::Start(start)).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        f.read_exact(&mut buf[..n]).unwrap();
+        if buf[..n].iter().any(|&b| b != 0) {
+            return false;
+        }
+        left -= n as u64;
+    }
+    true
+}
