@@ -20,32 +20,11 @@ fn part_rig(size: u64) -> Option<PartRig> {
     PartRig::with_size(1, size)
 }
 
-fn params() -> std::collections::HashMap<String, String> {
-    [
-        ("gdsPolicy".to_string(), "disabled".to_string()),
-        ("layout".to_string(), "partition".to_string()),
-    ]
-    .into()
-}
-
-fn create_req(name: &str, bytes: u64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![requests::single_writer_mount()],
-        parameters: params(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        ..Default::default()
-    }
-}
-
 async fn capacity(c: &mut Clients) -> (u64, u64) {
     let r = c
         .controller
         .get_capacity(GetCapacityRequest {
-            parameters: params(),
+            parameters: requests::partition_params(),
             ..Default::default()
         })
         .await
@@ -112,13 +91,17 @@ async fn three_partitions_on_one_device_live_and_die_apart() {
     let sizes = [32 * MIB, 48 * MIB, 64 * MIB];
     let mut ids = Vec::new();
     for (i, size) in sizes.iter().enumerate() {
-        let v = requests::create_volume(&mut c, create_req(&format!("pv-{i}"), *size)).await;
+        let v = requests::create_volume(
+            &mut c,
+            requests::partition_create(&format!("pv-{i}"), *size),
+        )
+        .await;
         assert_eq!(v.capacity_bytes as u64, *size);
         assert!(v.volume_id.ends_with(":part"), "{}", v.volume_id);
         ids.push(v.volume_id);
     }
     // CreateVolume again with the same name is the same volume.
-    let again = requests::create_volume(&mut c, create_req("pv-1", sizes[1])).await;
+    let again = requests::create_volume(&mut c, requests::partition_create("pv-1", sizes[1])).await;
     assert_eq!(again.volume_id, ids[1]);
     let state = rig.state();
     for id in &ids {
@@ -240,7 +223,7 @@ async fn a_foreign_partition_table_is_never_carved() {
     assert_eq!(capacity(&mut c).await, (0, 0));
     let err = c
         .controller
-        .create_volume(create_req("pv", 8 * MIB))
+        .create_volume(requests::partition_create("pv", 8 * MIB))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
@@ -255,7 +238,7 @@ async fn an_unknown_layout_is_invalid_argument_naming_the_field() {
     };
     let before = digest_file(&rig.loops[0]);
     let mut c = rig.start().await;
-    let mut req = create_req("pv", 8 * MIB);
+    let mut req = requests::partition_create("pv", 8 * MIB);
     req.parameters.insert("layout".into(), "raid0".into());
     let err = c.controller.create_volume(req).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
@@ -272,7 +255,8 @@ async fn a_device_whose_label_is_full_of_entries_passes_the_next_claims_on() {
     let mut c = rig.start().await;
     let mut on = std::collections::BTreeMap::<String, usize>::new();
     for i in 0..129 {
-        let v = requests::create_volume(&mut c, create_req(&format!("v{i}"), MIB)).await;
+        let v = requests::create_volume(&mut c, requests::partition_create(&format!("v{i}"), MIB))
+            .await;
         let device = v.volume_id.split(':').nth(1).unwrap().to_owned();
         *on.entry(device).or_default() += 1;
     }

@@ -32,29 +32,8 @@ use common::{requests, PartRig};
 const MIB: u64 = 1 << 20;
 const DISK: u64 = 256 * MIB;
 
-fn params() -> std::collections::HashMap<String, String> {
-    [
-        ("gdsPolicy".to_string(), "disabled".to_string()),
-        ("layout".to_string(), "partition".to_string()),
-    ]
-    .into()
-}
-
-fn create_req(name: &str, bytes: u64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![requests::single_writer_mount()],
-        parameters: params(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        ..Default::default()
-    }
-}
-
 fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
-    let mut req = create_req(name, 32 * MIB);
+    let mut req = requests::partition_create(name, 32 * MIB);
     req.volume_content_source = Some(VolumeContentSource {
         r#type: Some(Type::Volume(VolumeSource {
             volume_id: source.into(),
@@ -64,7 +43,7 @@ fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
 }
 
 async fn create(c: &mut gds_csi::csi::Clients, name: &str) -> String {
-    requests::create_volume(c, create_req(name, 32 * MIB))
+    requests::create_volume(c, requests::partition_create(name, 32 * MIB))
         .await
         .volume_id
 }
@@ -257,7 +236,7 @@ async fn mounts_come_down_whatever_another_tool_did_to_the_label() {
     let disk = rig.loops[0].clone();
     let mut c = rig.start().await;
     let fs_vol = create(&mut c, "fs").await;
-    let mut raw_req = create_req("raw", 32 * MIB);
+    let mut raw_req = requests::partition_create("raw", 32 * MIB);
     let block = requests::capability(volume_capability::access_mode::Mode::SingleNodeWriter, true);
     raw_req.volume_capabilities = vec![block.clone()];
     let raw_vol = requests::create_volume(&mut c, raw_req).await.volume_id;

@@ -178,3 +178,26 @@ pub async fn published_stats(
         .unwrap()
         .into_inner()
 }
+
+/// The parameters of a `layout: partition` class without GDS.
+pub fn partition_params() -> std::collections::HashMap<String, String> {
+    [
+        ("gdsPolicy".to_string(), "disabled".to_string()),
+        ("layout".to_string(), "partition".to_string()),
+    ]
+    .into()
+}
+
+/// CreateVolume of a `layout: partition` volume of `bytes` for one writer, without GDS.
+pub fn partition_create(name: &str, bytes: u64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![single_writer_mount()],
+        parameters: partition_params(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    }
+}
