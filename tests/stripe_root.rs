@@ -690,3 +690,52 @@ async fn a_stripe_prefers_the_drives_nearest_the_gpus_on_pcie() {
         "SYS,SYS"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_entry_another_tool_removed_keeps_the_stripe_until_restored() {
+    let Some(mut rig) = PartRig::with_size(2, 64 * MIB) else {
+        return;
+    };
+    let mut c = rig.start().await;
+    let id = requests::create_volume(&mut c, create_req("s", 20 * MIB, params("2", None)))
+        .await
+        .volume_id;
+    let state = rig.state();
+    let member = &state["volumes"][&id]["stripe"]["members"][1];
+    let number = member["partition"]["number"].as_u64().unwrap();
+    let dev = rig.loops[1].clone();
+    let out = std::process::Command::new("sgdisk")
+        .arg(format!("--delete={number}"))
+        .arg(&dev)
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some(), "sgdisk ran");
+    let err = c
+        .controller
+        .delete_volume(requests::delete_request(&id))
+        .await
+        .expect_err("a member whose entry is gone is not dropped unerased");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("removed its entry"),
+        "{}",
+        err.message()
+    );
+    assert!(rig.state()["volumes"].get(&id).is_some(), "record kept");
+    // Restored as the message says, the delete goes through.
+    let cmd = err.message().split('`').nth(1).unwrap().to_owned();
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let restored = std::process::Command::new(words[0])
+        .args(&words[1..])
+        .output()
+        .unwrap();
+    assert!(restored.status.code().is_some());
+    c.controller
+        .delete_volume(requests::delete_request(&id))
+        .await
+        .expect("restored: deleted");
+    assert!(rig.state()["volumes"].get(&id).is_none());
+    for d in &rig.loops {
+        assert!(kernel::list(d).unwrap().is_empty(), "{}", d.display());
+    }
+}

@@ -110,7 +110,8 @@ impl Striped {
     }
 
     /// The members whose partition is still there, in order; a member whose device is
-    /// absent fails the delete (retried once it is back), nothing changed.
+    /// absent fails the delete (retried once it is back), and one whose label another
+    /// tool changed fails it naming the change; nothing changed either way.
     pub(crate) fn present_members(
         &self,
         raw: &str,
@@ -131,6 +132,19 @@ impl Striped {
                         m.device_id, m.device_key
                     ))
                 })?;
+            // A recorded member the label lacks is gone only once its delete zeroed it;
+            // otherwise another tool changed the label (an entry, a PARTUUID, a foreign
+            // partition or header): refused, naming the change.
+            let name = member_name(&id.allocation, i);
+            if let Some(want) = m.partition.as_ref().filter(|p| !p.erased) {
+                let want = want.recorded(Some(&name)).ok_or_else(|| Error::State {
+                    path: parent.path.clone(),
+                    reason: format!("bad PARTUUID {:?}", want.partuuid),
+                })?;
+                let carved = self.parts.locate_recorded(&parent.path, want)?;
+                out.push((parent, carved));
+                continue;
+            }
             let Ok(label) = volume::ours(&parent.path) else {
                 warn!(
                     volume_id = raw,
@@ -141,9 +155,7 @@ impl Striped {
             };
             let guid = match &m.partition {
                 Some(p) => uuid::Uuid::parse_str(&p.partuuid).ok(),
-                None => label
-                    .by_name(&member_name(&id.allocation, i))
-                    .map(|(_, e)| e.guid),
+                None => label.by_name(&name).map(|(_, e)| e.guid),
             };
             let Some(guid) = guid else { continue };
             match self.parts.locate_bounded(&parent.path, guid) {

@@ -265,7 +265,7 @@ impl Partitioned {
 
     /// [`volume::locate_recorded`] like [`Partitioned::locate_bounded`]: a label that no
     /// longer holds the partition as recorded is FailedPrecondition naming the change.
-    fn locate_recorded(&self, parent: &Path, want: gpt::Recorded) -> Result<Carved> {
+    pub(crate) fn locate_recorded(&self, parent: &Path, want: gpt::Recorded) -> Result<Carved> {
         let path = parent.to_owned();
         settled_sync(
             parent,

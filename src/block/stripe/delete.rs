@@ -69,6 +69,7 @@ impl Striped {
                 (!member_erasable(sigs, ours)).then(|| foreign(volume_id, parent, carved, sigs))
             })
             .await?;
+            self.mark_member_erased(volume_id, carved.partuuid)?;
             let (path, guid) = (parent.path.clone(), carved.partuuid);
             let step = move || volume::remove(&path, &guid);
             self.settled(&parent.path, "removing a stripe member", step)
@@ -81,6 +82,25 @@ impl Striped {
         })?;
         info!(volume_id, "stripe released");
         Ok(())
+    }
+
+    /// The record says member `partuuid`'s blocks are zeroed: its entry leaving the label
+    /// from now on is this delete's own step, not another tool's change.
+    fn mark_member_erased(&self, volume_id: &str, partuuid: uuid::Uuid) -> Result<()> {
+        let partuuid = partuuid.to_string();
+        self.pool.state.update(|s| {
+            let members = s
+                .volumes
+                .get_mut(volume_id)
+                .and_then(|r| r.stripe.as_mut())
+                .map(|st| st.members.iter_mut());
+            for m in members.into_iter().flatten() {
+                if let Some(p) = m.partition.as_mut().filter(|p| p.partuuid == partuuid) {
+                    p.erased = true;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Stops the volume's array when the kernel runs it (found by our UUID only);
