@@ -26,7 +26,7 @@ use gds_csi::csi::*;
 use gds_csi::partition::kernel;
 use tonic::Code;
 
-use common::tools::{scribble, zeros_at};
+use common::tools::{run_advice, scribble, sgdisk, zeros_at};
 use common::{requests, PartRig};
 
 const MIB: u64 = 1 << 20;
@@ -66,35 +66,6 @@ fn shown(disk: &Path, number: u32) -> Option<(PathBuf, u64, u64)> {
         .into_iter()
         .find(|k| k.number == number)
         .map(|k| (Path::new("/dev").join(&k.name), k.start, k.len))
-}
-
-/// Runs sgdisk; a plain loop device refuses its table re-read, which sgdisk only warns of.
-fn sgdisk(args: &[&str]) -> String {
-    let out = std::process::Command::new("sgdisk")
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() || text.contains("partition table"),
-        "sgdisk {args:?}: {text}"
-    );
-    text
-}
-
-/// The command a refusal tells the operator to run (between backticks), run as told.
-fn run_advice(message: &str) {
-    let cmd = message
-        .split('`')
-        .nth(1)
-        .unwrap_or_else(|| panic!("no command in {message:?}"));
-    let words: Vec<&str> = cmd.split_whitespace().collect();
-    assert_eq!(words[0], "sgdisk", "{cmd}");
-    sgdisk(&words[1..]);
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {

@@ -704,12 +704,7 @@ async fn a_member_whose_entry_another_tool_removed_keeps_the_stripe_until_restor
     let member = &state["volumes"][&id]["stripe"]["members"][1];
     let number = member["partition"]["number"].as_u64().unwrap();
     let dev = rig.loops[1].clone();
-    let out = std::process::Command::new("sgdisk")
-        .arg(format!("--delete={number}"))
-        .arg(&dev)
-        .output()
-        .unwrap();
-    assert!(out.status.code().is_some(), "sgdisk ran");
+    common::tools::sgdisk(&[&format!("--delete={number}"), dev.to_str().unwrap()]);
     let err = c
         .controller
         .delete_volume(requests::delete_request(&id))
@@ -723,13 +718,7 @@ async fn a_member_whose_entry_another_tool_removed_keeps_the_stripe_until_restor
     );
     assert!(rig.state()["volumes"].get(&id).is_some(), "record kept");
     // Restored as the message says, the delete goes through.
-    let cmd = err.message().split('`').nth(1).unwrap().to_owned();
-    let words: Vec<&str> = cmd.split_whitespace().collect();
-    let restored = std::process::Command::new(words[0])
-        .args(&words[1..])
-        .output()
-        .unwrap();
-    assert!(restored.status.code().is_some());
+    common::tools::run_advice(err.message());
     c.controller
         .delete_volume(requests::delete_request(&id))
         .await

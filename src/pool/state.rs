@@ -103,9 +103,7 @@ impl PartitionRecord {
         Some(crate::partition::Recorded {
             partuuid: uuid::Uuid::parse_str(&self.partuuid).ok()?,
             number: self.number,
-            span: self
-                .span
-                .map(|(start, len)| crate::partition::Extent { start, len }),
+            span: self.held_span(),
             name: name.map(str::to_owned),
         })
     }

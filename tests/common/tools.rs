@@ -183,3 +183,29 @@ pub fn zeros_at(dev: &Path, start: u64, len: u64) -> bool {
     }
     true
 }
+
+/// Runs sgdisk; a plain loop device refuses its table re-read, which sgdisk only warns of.
+pub fn sgdisk(args: &[&str]) -> String {
+    let out = Command::new("sgdisk").args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() || text.contains("partition table"),
+        "sgdisk {args:?}: {text}"
+    );
+    text
+}
+
+/// The sgdisk command a refusal tells the operator to run (between backticks), run as told.
+pub fn run_advice(message: &str) {
+    let cmd = message
+        .split('`')
+        .nth(1)
+        .unwrap_or_else(|| panic!("no command in {message:?}"));
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    assert_eq!(words[0], "sgdisk", "{cmd}");
+    sgdisk(&words[1..]);
+}

@@ -31,14 +31,15 @@ impl Partitioned {
     ) -> Result<(BlockVolumeId, VolumeRecord)> {
         if let Some((id, rec)) = self.existing(req)? {
             let _device = self.device_lock(&rec.device_id).await;
-            // A retry after a crash mid-write: both label copies whole before the answer.
+            if rec.partition.is_none() {
+                return self.carve(&id.to_string()).await;
+            }
+            // A retry after a crash mid-write: both label copies whole before the answer
+            // (`carve` repairs them itself).
             if let Some(dev) = self.pool.device(&rec.device_id) {
                 self.repair_label(&dev.path).await?;
             }
-            if rec.partition.is_some() {
-                return Ok((id, rec));
-            }
-            return self.carve(&id.to_string()).await;
+            return Ok((id, rec));
         }
         let range = SizeRange {
             required: req.required_bytes,
