@@ -55,6 +55,22 @@ if ! stamp_ok gds-csi-resizer "$RESIZER_STAMP"; then
   timed build
   stamp gds-csi-resizer "$RESIZER_STAMP"
 fi
+# Kubernetes' External Storage e2e suite (tests/e2e/storage-suite.sh): e2e.test linking only
+# that suite (tools/k8s/storagesuite), the ginkgo runner that runs it in parallel, and
+# agnhost, the suite's test image, static so its image needs only busybox beside it.
+SUITE_STAMP="$K8S_STAMP-$(sha256sum <"$HERE/tools/k8s/storagesuite/suite_test.go" | cut -c1-12)"
+if [ -n "${GDS_E2E_STORAGE_SUITE:-}" ] && { ! stamp_ok e2e-storage.test "$SUITE_STAMP" || ! stamp_ok agnhost "$K8S_VERSION" || ! stamp_ok ginkgo "$K8S_VERSION"; }; then
+  echo "building e2e.test (External Storage suite), ginkgo and agnhost $K8S_VERSION"
+  build() {
+    (cd "$HERE/tools/k8s" && go test -c -ldflags "$K8S_LDFLAGS" -o "$BIN/e2e-storage.test" ./storagesuite &&
+      CGO_ENABLED=0 go build -o "$BIN/agnhost" k8s.io/kubernetes/test/images/agnhost &&
+      go build -o "$BIN/ginkgo" github.com/onsi/ginkgo/v2/ginkgo)
+  }
+  timed build
+  stamp e2e-storage.test "$SUITE_STAMP"
+  stamp agnhost "$K8S_VERSION"
+  stamp ginkgo "$K8S_VERSION"
+fi
 if ! stamp_ok etcd "$ETCD_VERSION"; then
   echo "building etcd $ETCD_VERSION"
   build() { (cd "$HERE/tools/etcd" && go build -o "$BIN/etcd" go.etcd.io/etcd/server/v3); }

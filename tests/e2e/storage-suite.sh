@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Kubernetes' own External Storage e2e suite (test/e2e/storage/external, what production
+# CSI drivers run in their CI) against the chart, installed with helm on the kubelet rig
+# (tests/e2e/kubelet-rig.sh: real control plane, kubelet, containerd, runc). One driver
+# definition per StorageClass the chart ships (tests/e2e/storage-suite/*.yaml) says which
+# capabilities the suite may rely on; the suite copies the chart's class for each test.
+#
+# usage: storage-suite.sh [full|ci]
+#   full (default)  every External Storage test that can run on one Linux node
+#   ci              the tier scripts/test.sh runs: the tests of the patterns claims
+#                   most often meet (see CI_FOCUS), in the CI time budget
+# Prints every test run with its state and ends with `External.Storage: N passed, M failed,
+# K skipped`; the runner's log and the JSON report are left in target/storage-suite/.
+set -euo pipefail
+TIER=${1:-full}
+case $TIER in full | ci) ;; *) echo "usage: $0 [full|ci]" >&2; exit 2 ;; esac
+DEPLOY=chart
+RIG_KUBELET_DIR=/var/lib/kubelet
+export GDS_E2E_STORAGE_SUITE=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+# The images the suite's pods use, under the names it asks for (test/utils/image/manifest.go,
+# registry.k8s.io/e2e-test-images/...): busybox, the default test image; agnhost, for
+# host-exec and subPath pods (the static binary on the busybox layer). Where a test names
+# nginx or jessie-dnsutils it replaces the command with a shell script
+# (testsuites/volumes.go, multivolume.go), so the busybox layer serves those names too.
+SUITE_REGISTRY=registry.k8s.io/e2e-test-images
+rig_more_images() {
+  local name
+  for name in busybox:1.37.0-1 nginx:1.14-4 jessie-dnsutils:1.7; do
+    build_image "$SUITE_REGISTRY/$name" "$WORK/images/suite-${name%%:*}.tar" --layer "$WORK/images/busybox" /bin/sh
+  done
+  mkdir -p "$WORK/images/agnhost"
+  cp "$CACHE_BIN/agnhost" "$WORK/images/agnhost/agnhost"
+  build_image "$SUITE_REGISTRY/agnhost:2.56" "$WORK/images/suite-agnhost.tar" --layer "$WORK/images/busybox" \
+    --layer "$WORK/images/agnhost" --entrypoint /agnhost pause
+}
+# shellcheck source=tests/e2e/kubelet-rig.sh
+. "$HERE/kubelet-rig.sh"
+
+# --- the chart, on a pool shaped for both classes -----------------------------------------
+GiB=$((1 << 30))
+# Two large namespaces (sparse) for the carving class and eight of exactly 1 GiB for the
+# whole-namespace class: a partition of 1 GiB or more (the partition class's smallest claim)
+# does not fit a 1 GiB namespace, and the whole class's claims stay at 1 GiB or under.
+DEVICES=()
+for i in 1 2; do DEVICES+=("$(make_loop "$WORK/carve$i.img" $((48 * GiB)))"); done
+for i in 1 2 3 4 5 6 7 8; do DEVICES+=("$(make_loop "$WORK/whole$i.img" "$GiB")"); done
+rig_chart_values "${DEVICES[@]}"
+# gdsPolicy preferred: this node has no GPU; volumes publish in compat mode and say so.
+helm_set+=(--set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred
+  --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s)
+check "helm install of the chart" "$HELM" install gds-csi "$HERE/../../deploy/helm/gds-csi" \
+  --namespace "$NS" --create-namespace "${helm_set[@]}"
+check "the node DaemonSet rolls out" "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
+csinode_driver() {
+  [[ "$("$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].name}")" == "$DRIVER" ]]
+}
+check "the kubelet registered the driver" wait_for 60 csinode_driver
+[ "$failed" -eq 0 ] || exit 1
+echo "node and chart ready in $((SECONDS - start)) s"
+
+# --- the suite ------------------------------------------------------------------------------
+# Left out of every tier, each for a reason of the rig, not of the driver (README, "External
+# Storage suite"): Windows patterns; [Disruptive] (restarts the kubelet over SSH, which
+# this rig has none of); [Serial] volume limits (attach limits: the driver reports none).
+SKIP='\[Feature:Windows\]|\[Disruptive\]|\[Serial\]'
+FOCUS='External.Storage'
+if [ "$TIER" = ci ]; then
+  # Provisioning, the pod-facing checks, block mode, expansion and capacity on each class.
+  FOCUS='External.Storage.*(\(default fs\)\] (provisioning|volumes|volume-expand|capacity|fsgroupchangepolicy)|\(block volmode\)\] (volumes|volume-expand)|\(xfs\)\] volumes)'
+fi
+PROCS=${GDS_SUITE_PROCS:-4}
+REPORT=$WORK/storage-suite.json
+suite_rc=0
+(cd "$WORK" && "$CACHE_BIN/ginkgo" --procs "$PROCS" --timeout 2h --no-color --output-dir "$WORK" \
+  --json-report storage-suite.json \
+  --focus "$FOCUS" --skip "$SKIP" "$CACHE_BIN/e2e-storage.test" -- \
+  --kubeconfig "$KUBECONFIG" --node-os-distro debian --allowed-not-ready-nodes 0 \
+  --storage.testdriver "$HERE/storage-suite/partition.yaml" \
+  --storage.testdriver "$HERE/storage-suite/whole.yaml") >"$WORK/storage-suite.log" 2>&1 || suite_rc=$?
+# Each test run, by name and state; the counts.
+python3 - "$REPORT" <<'PY'
+import json, sys
+specs = [s for r in json.load(open(sys.argv[1])) for s in r.get("SpecReports") or []
+         if s.get("LeafNodeType") == "It"]
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+for s in sorted(specs, key=lambda s: " ".join(s["ContainerHierarchyTexts"] + [s["LeafNodeText"]])):
+    name = " ".join(s["ContainerHierarchyTexts"][1:] + [s["LeafNodeText"]])
+    state = s["State"]
+    kind = "passed" if state == "passed" else "skipped" if state in ("skipped", "pending") else "failed"
+    counts[kind] += 1
+    if kind != "skipped":
+        print(f"{state:7} {name}")
+    if kind == "failed":
+        msg = (s.get("Failure") or {}).get("Message", "").strip().splitlines()
+        print("        " + (msg[0] if msg else "(no message)"))
+print(f"skipped: {counts['skipped']} (unsupported patterns, listed in the report)")
+with open(sys.argv[1] + ".counts", "w") as f:
+    f.write(f"{counts['passed']} {counts['failed']} {counts['skipped']}\n")
+PY
+read -r n_passed n_failed n_skipped <"$REPORT.counts"
+if [ "$suite_rc" -ne 0 ] && [ "$n_failed" -eq 0 ]; then
+  # The runner failed outside any test (suite setup, a timeout): count it as a failure.
+  tail -40 "$WORK/storage-suite.log"
+  n_failed=1
+fi
+# Kept after the rig is gone: the runner's log and the report.
+OUT=$REPO_ROOT/target/storage-suite
+mkdir -p "$OUT"
+cp "$WORK/storage-suite.log" "$REPORT" "$OUT/"
+[ "$n_failed" -eq 0 ] || { failed=$((failed + 1)); grep -E '^\s*\[FAIL\]|^  \[FAILED\]' "$WORK/storage-suite.log" | head -40; }
+echo "runner log and JSON report: $OUT"
+echo "storage suite wall time: $((SECONDS - start)) s"
+echo "External.Storage: $n_passed passed, $n_failed failed, $n_skipped skipped"
+[ "$n_failed" -eq 0 ]
