@@ -1,4 +1,4 @@
-//! NFS → NVMe clones on the VM rig (issue 15), run inside the guest against a driver
+//! NFS → NVMe clones on the VM rig, run inside the guest against a driver
 //! serving SOCKET, with the kernel's NFS server exporting EXPORT over soft-RoCE RDMA.
 //! Prints `PASS name: detail` / `FAIL name: error` per scenario and the figures; exits 1
 //! on any failure.

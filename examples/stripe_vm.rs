@@ -1,4 +1,4 @@
-//! The stripe layout's scenarios on the VM rig (issue 14), run inside the guest against
+//! The stripe layout's scenarios on the VM rig, run inside the guest against
 //! a driver serving SOCKET, with mdadm and Debian's md driver present. Prints
 //! `PASS name: detail` / `FAIL name: error` per scenario and the fio table; exits 1 on
 //! any failure.

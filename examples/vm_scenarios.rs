@@ -409,7 +409,7 @@ async fn condition(r: &mut Rig, v: &Vol) -> Result<VolumeCondition> {
     Ok(resp.volume_condition.ok_or("no volume_condition")?)
 }
 
-/// Issue 17 point 7 on a real kernel: NFS volumes follow GDS readiness. The VM has NFS over
+/// On a real kernel: NFS volumes follow GDS readiness. The VM has NFS over
 /// RDMA for real but no GPU and no nvidia_fs, so the node is not ready for gds-nfs-rdma.
 /// `req`: gdsPolicy absent (required), `pref`: preferred, `off`: disabled.
 async fn s_gate_nfs(r: &mut Rig, req: &Vol, pref: &Vol, off: &Vol) -> Result<String> {
@@ -556,7 +556,7 @@ async fn s_gate_nfs(r: &mut Rig, req: &Vol, pref: &Vol, off: &Vol) -> Result<Str
     ))
 }
 
-/// Issue 11: unpublish and unstage of an NFS volume whose server is gone answer OK within
+/// Unpublish and unstage of an NFS volume whose server is gone answer OK within
 /// the kubelet's 2-minute deadline, leave no mount, and the driver logs the escalation.
 async fn s_unmount_dead(r: &mut Rig, v: &Vol) -> Result<String> {
     const KUBELET: Duration = Duration::from_secs(120);
@@ -637,7 +637,7 @@ async fn condition_within(
     Ok((cond, t.elapsed()))
 }
 
-/// Issue 18: an NFS volume whose server is stopped, on a real kernel. NodeGetVolumeStats
+/// An NFS volume whose server is stopped, on a real kernel. NodeGetVolumeStats
 /// answers abnormal within the NFS deadline (--mount-timeout 20s) while statvfs hangs in the
 /// kernel, and at once while that statvfs is still stuck; healthy again once it is back.
 /// (Mounted without RDMA is tested in-process only: here a TCP mount of the same server made

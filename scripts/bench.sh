@@ -5,7 +5,7 @@
 # prints a markdown table. Every mount and loop device is removed on exit, even on failure.
 #
 # Usage: scripts/bench.sh [ROUNDS=25] [STORM=64]     (BENCH_ONLY=a,b,d,e,p runs a subset)
-# Section p (the partition layout, issue 13) runs on drivers of its own with their own
+# Section p (the partition layout) runs on drivers of its own with their own
 # pools, after the rest: PART_ROUNDS (default 100) create/delete samples per layout.
 # BENCH_DRIVER=/path/to/gds-csi benches that driver binary instead of building this
 # checkout's (an A/B of two builds; the bench client is still this checkout's).

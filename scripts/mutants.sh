@@ -18,7 +18,7 @@ MAX=${MUTANTS_MAX:-8}
 
 # The driver's files (globs survive module splits) and the tests that exercise them: unit tests
 # plus the in-process and root tests that drive allocation, staging and identity.
-# Issue 18's audit list: the format decision, allocation, mountinfo matching and the mount
+# The data-safety lines: the format decision, allocation, mountinfo matching and the mount
 # logic on it (src/mounts), path validation and volume-id parsing (src/request, volume_id.rs).
 DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/mounts/**'
   src/request.rs 'src/request/**' src/volume_id.rs)

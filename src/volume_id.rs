@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 const PREFIX: &str = "blk";
 const PARTITION_SUFFIX: &str = "part";
-/// A `stripe` volume (md RAID0, issue 14): its device id is its first member's pool
+/// A `stripe` volume (md RAID0): its device id is its first member's pool
 /// device; the members are in its record.
 const STRIPE_SUFFIX: &str = "stripe";
 /// The longest layout suffix (`:stripe`), which the longest id carries.

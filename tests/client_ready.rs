@@ -1,4 +1,4 @@
-//! Clients wait for Probe `ready`, not for the socket (issue 16 item 2): the driver listens
+//! Clients wait for Probe `ready`, not for the socket: the driver listens
 //! before its pool scan ends and answers Unavailable until then. The scan is held here by a
 //! `blkid` stand-in at a gate (no fixed sleeps), the way a loaded machine slows it down.
 

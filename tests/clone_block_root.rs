@@ -1,4 +1,4 @@
-//! Block → block clones (issue 15) through the real binary on loop devices: CreateVolume
+//! Block → block clones through the real binary on loop devices: CreateVolume
 //! with `volume_content_source.volume` checks the source (missing: NotFound; too small
 //! a limit: OutOfRange naming both sizes, nothing created; raw block: InvalidArgument),
 //! refuses a source that is staged (a clone is the source as it is at CreateVolume),

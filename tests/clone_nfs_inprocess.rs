@@ -1,4 +1,4 @@
-//! NFS → block clones (issue 15) in process, over the host double: the real services,
+//! NFS → block clones in process, over the host double: the real services,
 //! a fixture NVMe namespace, and an NFS export that is a local directory (the double
 //! records NFS mounts in its mount table, with the options the "kernel" negotiated, and
 //! mounts nothing). What they prove: CreateVolume measures the source tree through the

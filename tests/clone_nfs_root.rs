@@ -1,4 +1,4 @@
-//! NFS → block clones (issue 15) with the real copy, as root on a loop device: the driver
+//! NFS → block clones with the real copy, as root on a loop device: the driver
 //! in process over the real host, except that this machine has no NFS client, so an NFS
 //! mount is a read-only bind mount of a local directory standing in for the export,
 //! shown in the mount table as the nfs4 mount over RDMA the kernel would list. What runs

@@ -1,6 +1,6 @@
 //! Root tests: the pool knows a device by what it is, not by the path it was given, and
 //! a published raw-block volume counts as in use. The real `gds-csi` binary on real loop
-//! devices (issue 11, items 1, 3, 4 and 15). Without root they report a skip.
+//! devices. Without root they report a skip.
 
 use std::fs;
 use std::path::{Path, PathBuf};

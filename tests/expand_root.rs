@@ -1,4 +1,4 @@
-//! Root-only: volume expansion (issue 13) through the real binary on real loop devices.
+//! Root-only: volume expansion through the real binary on real loop devices.
 //! A published partition volume grows (ControllerExpandVolume, then NodeExpandVolume)
 //! with `df` showing the new size and the data intact, for ext4 and xfs, across a
 //! restart between the two calls; a neighbouring partition blocks the growth, named, and

@@ -350,7 +350,7 @@ async fn disabled_publishes_without_checks_and_absent_policy_means_required() {
     let c = r.condition(&id, &target).await;
     assert!(!c.abnormal, "{c:?}");
 
-    // No gdsPolicy at all: the gate is on (issue 17 #6) and refuses this node.
+    // No gdsPolicy at all: the gate is on (the default is required) and refuses this node.
     let Some(r) = rig(false, Probe::Stub("compat"), Duration::from_secs(60)).await else {
         return;
     };
@@ -813,7 +813,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             gds_dev: true,
             refused: Some(&["volume.udev", "cufile.probe"]),
         },
-        // Issue 17 #8. mdadm's stock rule exports no members (`--no-devices`); libcufile then
+        // mdadm's stock rule exports no members (`--no-devices`); libcufile then
         // cannot verify the RAID group and leaves it to compat mode.
         NodeState {
             name: "md RAID0 without the udev rule for RAID volumes",
@@ -839,7 +839,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             gds_dev: true,
             refused: None,
         },
-        // Issue 14: md level 0 only; the array must run with every member; every member's
+        // A stripe's md RAID0: level 0 only; the array must run with every member; every member's
         // driver registered with nvidia_fs. The fake libcufile would say true GDS each time:
         // the refusal comes from the checks alone.
         NodeState {
@@ -1048,7 +1048,7 @@ fn lay_out(
     )
 }
 
-/// The table of issue 17: each node state gets the same verdict from the gate (NodePublish's
+/// The node-state table: each node state gets the same verdict from the gate (NodePublish's
 /// check) and from `gds-csi doctor --probe --path`, and a refusal names the checks that failed.
 #[tokio::test]
 async fn node_state_table_gate_and_doctor_agree() {
@@ -1103,7 +1103,7 @@ async fn node_state_table_gate_and_doctor_agree() {
     }
 }
 
-/// Issue 14: a stripe volume's md RAID0, one breakage at a time. Each refusal is
+/// A stripe volume's md RAID0, one breakage at a time. Each refusal is
 /// FAILED_PRECONDITION naming what is wrong and how to fix it, and `doctor --json` carries the
 /// md checks with their evidence. The tree is laid out as drivers/md/md.c shows an array (this
 /// kernel has no md driver; the VM rig's stripe scenario has a real one).
@@ -1215,7 +1215,7 @@ async fn md_raid0_refusals_name_the_fix_and_doctor_json_carries_them() {
     }
 }
 
-/// The NFS gate (issue 17 #7), as the block gate is tested: one verdict per node state from the
+/// The NFS gate, as the block gate is tested: one verdict per node state from the
 /// gate and from doctor, over the nvidia-fs double and the real probe child. The VM rig runs
 /// the real NFS over RDMA; here the mount is a fixture line and the probe's file a local one.
 #[tokio::test]

@@ -252,7 +252,7 @@ async fn csi_lib_utils_operations_and_build_info() {
 }
 
 /// Host operations are timed by the wrapper main puts around the real host, under the
-/// `operation` labels the README lists, failures included; the real host alone records none.
+/// `operation` labels docs/operations.md lists, failures included; the real host alone records none.
 #[tokio::test]
 async fn host_operations_are_timed_by_the_wrapper_around_the_host() {
     let _alone = ONE_DRIVER_AT_A_TIME.lock().await;

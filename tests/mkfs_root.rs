@@ -88,7 +88,7 @@ async fn started_with_volume() -> Option<(Rig, Tools, PathBuf, Clients, String)>
     Some((rig, tools, staging, c, id))
 }
 
-/// Issue 11 item 5: a foreign ext4 written after the first probe is found by the probe
+/// A foreign ext4 written after the first probe is found by the probe
 /// taken again under the device hold; mkfs.ext4 (no tty) would have overwritten it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
@@ -109,7 +109,7 @@ async fn a_filesystem_written_after_the_first_probe_is_not_formatted() {
     assert_eq!(mounts_at(&staging), 0);
 }
 
-/// Issue 11 item 5: while mkfs runs, the device carries util-linux's block-device lock,
+/// While mkfs runs, the device carries util-linux's block-device lock,
 /// so cooperating tools (sfdisk/wipefs --lock, flock(1), udev) keep off it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mkfs_runs_under_the_block_device_lock() {
@@ -127,7 +127,7 @@ async fn mkfs_runs_under_the_block_device_lock() {
     assert!(free.success(), "the lock is released after mkfs");
 }
 
-/// Issue 11 item 6: a driver SIGKILLed while its mkfs waits takes the mkfs with it (parent-
+/// A driver SIGKILLed while its mkfs waits takes the mkfs with it (parent-
 /// death signal), and its restarted self formats once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
@@ -161,7 +161,7 @@ async fn a_driver_killed_during_mkfs_takes_its_mkfs_with_it() {
     assert_eq!(mounts_at(&staging), 1);
 }
 
-/// Issue 11 item 6: a device that another program holds exclusively (an mkfs left running
+/// A device that another program holds exclusively (an mkfs left running
 /// by an earlier driver process, a mount in another namespace) is not taken for blank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_held_by_another_program_is_not_formatted() {
@@ -185,7 +185,7 @@ async fn a_device_held_by_another_program_is_not_formatted() {
     assert_eq!(tools.mkfs_runs(), 1);
 }
 
-/// Issue 11 "long commands": the caller gives up during mkfs (the kubelet's deadline); mkfs
+/// Long commands: the caller gives up during mkfs (the kubelet's deadline); mkfs
 /// goes on, the retry joins it, and it runs once; start and end are logged with the time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_stage_leaves_mkfs_running_and_the_retry_joins_it() {
@@ -257,7 +257,7 @@ fn pattern_write(path: &std::path::Path, len: usize) {
     );
 }
 
-/// Issue 11 "erase on delete": the next tenant of a device reads zeros, not the deleted
+/// Erase on delete: the next tenant of a device reads zeros, not the deleted
 /// volume's blocks, whether they were written through a filesystem or raw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_volumes_blocks_read_back_as_zeros() {
@@ -300,7 +300,7 @@ async fn a_deleted_volumes_blocks_read_back_as_zeros() {
     create(&mut c, "next", false).await;
 }
 
-/// Issue 18 item 7: a stage retried onto an existing mount of the volume (the retry after a
+/// A stage retried onto an existing mount of the volume (the retry after a
 /// crash right after mount) checks `data=ordered` again instead of answering OK unseen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_stage_checks_the_mount_options_again() {
@@ -340,7 +340,7 @@ async fn a_repeated_stage_checks_the_mount_options_again() {
     assert_eq!(tools.mkfs_runs(), 1);
 }
 
-/// Issue 11 "long commands": the erase on delete is a job too. Held up by util-linux's lock
+/// Long commands: the erase on delete is a job too. Held up by util-linux's lock
 /// (taken here as another tool would), the DeleteVolume call is cancelled; the retry joins
 /// the erase, which runs once and zeroes the device once the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -203,7 +203,7 @@ async fn create_is_idempotent_multi_node_and_topology_free() {
         .await
         .unwrap();
     assert_eq!(v.volume_id, "nfs:d-rdma-20049-4.1:~export:vol-1:192.0.2.1");
-    // No gdsPolicy means required: only nodes ready for GDS over NFS/RDMA (issue 17 #7).
+    // No gdsPolicy means required: only nodes ready for GDS over NFS/RDMA.
     assert_eq!(v.accessible_topology.len(), 1);
     assert_eq!(
         v.accessible_topology[0].segments,
@@ -398,7 +398,7 @@ async fn stage_publish_unstage_with_merged_options() {
 }
 
 /// NodeUnpublishVolume of an NFS volume takes down only its own bind and removes only
-/// the target its publish created (issue 11, item 7), through the same path-safe helpers
+/// the target its publish created, through the same path-safe helpers
 /// as block volumes.
 #[tokio::test]
 async fn nfs_unpublish_leaves_other_mounts_and_files_alone() {

@@ -1,4 +1,4 @@
-//! Root tests of the node service's path handling (issue 11, items 7 to 12): the real
+//! Root tests of the node service's path handling: the real
 //! `gds-csi` binary on loop devices, driven through its socket, with callers that aim
 //! outside their volume. Without root they report a skip.
 //!

@@ -1,4 +1,4 @@
-//! Root-only (issue 13, "long work survives the caller giving up"): the partition
+//! Root-only (long work survives the caller giving up): the partition
 //! layout's DeleteVolume (erase, then partition removal) is a job. A delete cancelled by
 //! its client deadline leaves the job running with the device held; the retry joins it
 //! (one job, one zero-out in all) and the partition's blocks read back as zeros. The

@@ -1,4 +1,4 @@
-//! The GPT codec of `partition` against independent tools (issue 13): labels we write
+//! The GPT codec of `partition` against independent tools: labels we write
 //! pass `sgdisk -v` and read back in `sfdisk --json` exactly as written; labels other
 //! tools write are foreign; a write interrupted at any step leaves the old or the new
 //! label, never a foreign or blank one. Regular image files, no root needed.

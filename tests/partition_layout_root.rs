@@ -1,4 +1,4 @@
-//! Root-only: the `partition` block layout (issue 13) through the real binary on one
+//! Root-only: the `partition` block layout through the real binary on one
 //! real loop device: volumes carved as GPT partitions, staged, published, surviving a
 //! SIGKILL and a kernel that dropped the partitions, erased and removed on delete,
 //! GetCapacity following the carving; a device with a foreign table is never carved.

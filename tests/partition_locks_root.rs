@@ -1,4 +1,4 @@
-//! Root-only: the partition layout's per-device lock on real loop devices (issue 13).
+//! Root-only: the partition layout's per-device lock on real loop devices.
 //! A device held busy (its lock taken, as a long erase or label change holds it) never
 //! delays a create or delete on another device, while work on the busy device waits its
 //! turn; parallel creates on one device carve partitions that never overlap, each with

@@ -1,4 +1,4 @@
-//! `partition` on real loop devices (issue 13): carved partitions reach the kernel through
+//! `partition` on real loop devices: carved partitions reach the kernel through
 //! BLKPG, survive being dropped from it (re-sync), grow in place, are wiped on delete, and
 //! a device holding anything foreign is refused and left byte-identical. Root only;
 //! `GDS_CSI_NO_SKIP=1` turns a skip into a failure.

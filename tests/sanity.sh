@@ -13,7 +13,7 @@ build_driver
 # Run once per filesystem: ext4 here, then xfs (SANITY_FS_TYPE=xfs) on devices that
 # mkfs.xfs accepts (300 MiB and up since xfsprogs 5.19; CreateVolume rounds up to it),
 # then the partition layout (SANITY_LAYOUT=partition): every volume a GPT partition
-# carved from ONE loop device (issue 13).
+# carved from ONE loop device.
 FS_TYPE=${SANITY_FS_TYPE:-ext4}
 LAYOUT=${SANITY_LAYOUT:-device}
 VOLUME_SIZE=$((64 * 1024 * 1024))

@@ -112,7 +112,7 @@ struct Case {
     also: Option<&'static str>,
 }
 
-/// The number of distinct hostile requests (the README quotes it).
+/// The number of distinct hostile requests (docs/testing.md and docs/operations.md quote it).
 const HOSTILE_REQUESTS: usize = 215;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,7 +364,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         ("empty", String::new(), "required"),
         ("with NUL", format!("{staging}\0x"), "control"),
         ("with newline", format!("{staging}\nx"), "control"),
-        // The whole kubelet directory as a mount point (issue 11, item 8).
+        // The whole kubelet directory as a mount point.
         (
             "the allowed root itself",
             kubelet.to_str().unwrap().into(),
@@ -426,7 +426,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             "staging_target_path",
         ));
     }
-    // NodeGetVolumeStats must not answer whether a host file exists (issue 11, item 12).
+    // NodeGetVolumeStats must not answer whether a host file exists.
     cases.push(case(
         "NodeGetVolumeStats of /etc/shadow",
         Call::Stats(NodeGetVolumeStatsRequest {
@@ -721,7 +721,7 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
     let tried = cases.len();
     assert_eq!(
         tried, HOSTILE_REQUESTS,
-        "update HOSTILE_REQUESTS and the README"
+        "update HOSTILE_REQUESTS and docs/testing.md, docs/operations.md"
     );
     let mut rejected = 0;
     let mut failures = Vec::new();

@@ -1,4 +1,4 @@
-//! Root-only: the `stripe` block layout's controller side (issue 14) through the real
+//! Root-only: the `stripe` block layout's controller side through the real
 //! binary on four real loop devices: equal member partitions on distinct devices,
 //! GetCapacity's maximum for a stripe class, ResourceExhausted counting the devices with
 //! room, bad geometry refused before anything changes, and DeleteVolume that refuses a

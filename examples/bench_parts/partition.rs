@@ -1,4 +1,4 @@
-//! Section p of the benchmark (issue 13): the `partition` layout against whole devices,
+//! Section p of the benchmark: the `partition` layout against whole devices,
 //! run against a driver of its own (scripts/bench.sh starts it on its own pool, so best
 //! fit cannot carve the devices the other sections hand out whole).
 //!

@@ -1,4 +1,4 @@
-//! The clone's figures (issue 15's closing note): the driver's copy (NodeStage of the
+//! The clone's figures (docs/benchmarks.md, "Clones"): the driver's copy (NodeStage of the
 //! `volume` scenario: mkfs, mounts, the copy and its size check) against `cp -a` of the
 //! same tree from the same NFS-over-RDMA export onto an ext4 NVMe namespace, fio's
 //! O_DIRECT read of the source's large files and write of the target, as ratios; and

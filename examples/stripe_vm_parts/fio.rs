@@ -1,4 +1,4 @@
-//! The figures of issue 14: O_DIRECT sequential read with fio (Debian's) through a file on
+//! The stripe figures (docs/benchmarks.md): O_DIRECT sequential read with fio (Debian's) through a file on
 //! a volume of 1 drive (a partition volume), a stripe of 2 and a stripe of 4, each drive
 //! throttled by QEMU to the same bandwidth. Runs interleave the volumes, so drift on the
 //! host hits all alike; the table gives medians and the ratio to one drive.

@@ -1,4 +1,4 @@
-//! The partition layout's scenario on the VM rig (issue 13): volumes carved from real NVMe
+//! The partition layout's scenario on the VM rig: volumes carved from real NVMe
 //! namespaces are staged and written, their partitions dropped from the kernel with
 //! `partx -d`, the driver SIGKILLed and started again (it re-syncs partitions from its
 //! labels at start-up), and the volumes staged again: every file reads back with the

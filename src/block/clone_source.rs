@@ -1,4 +1,4 @@
-//! Where a block clone is filled from (issue 15): another block volume of this node, an
+//! Where a block clone is filled from: another block volume of this node, an
 //! NFS volume of this driver (`volume_content_source`), or a dataset the class names
 //! (`dataset*` parameters). CreateVolume sizes the clone from it; the copy job mounts it
 //! read-only in the clone's private directory, one of two kinds (`SourceMount`).

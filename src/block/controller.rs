@@ -81,7 +81,7 @@ pub async fn create(
     let min = fs_min::min_bytes(fs_type, geometry).await?;
     let mut required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
     let mut parameters = req.params.stored.clone();
-    // A clone (issue 15): at least what its source needs (a block source on its node),
+    // A clone: at least what its source needs (a block source on its node),
     // refused before anything is allocated when the limit cannot hold it.
     let clone = crate::block::clone::check_clone(b, req, nfs).await?;
     if let Some((size, claim_source)) = clone {

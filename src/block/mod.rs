@@ -57,7 +57,7 @@ pub struct BlockBackend {
     pub(crate) striped: Arc<stripe::Striped>,
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
-    /// Clone copies running or finished (issue 15).
+    /// Clone copies running or finished.
     pub(crate) clones: Arc<crate::clone::Cloner>,
     /// This instance runs the NFS backend too, so a clone may mount an NFS source.
     pub(crate) nfs_sources: bool,
@@ -282,7 +282,7 @@ impl VolumeBackend for BlockBackend {
                 .await?;
         }
         // A clone is filled before anything mounts it at the staging path, so nothing
-        // can publish it half copied (issue 15).
+        // can publish it half copied.
         let capability = stage::required_capability(cap)?;
         self.check_ready()?;
         // Clones of this volume take their copy before anything can write it again.

@@ -1,4 +1,4 @@
-//! The stripe layout (issue 14): a volume is md RAID0 over `stripeCount` equal GPT
+//! The stripe layout: a volume is md RAID0 over `stripeCount` equal GPT
 //! partitions, each on a distinct pool device behind a distinct NVMe controller
 //! (`controllers`). The members are carved with the partition layout's code
 //! (`crate::partition`) in its labels, under its per-device locks and with its deadline

@@ -1,4 +1,4 @@
-//! Volumes that arrive filled (issue 15): a directory tree copied from a read-only source
+//! Volumes that arrive filled: a directory tree copied from a read-only source
 //! directory into a new volume's filesystem before the volume can be published.
 //!
 //! The engine (`copy_tree`) knows only two directories: the source, a read-only

@@ -1,4 +1,4 @@
-//! The md port (issue 14): the mdadm calls the stripe layout makes, built and parsed
+//! The md port: the mdadm calls the stripe layout makes, built and parsed
 //! here, run through the host port (`Host::mdadm`, one deadline per call), and the
 //! kernel's view of running arrays from sysfs.
 //!

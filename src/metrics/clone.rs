@@ -1,4 +1,4 @@
-//! The clone copies' figures (issue 15): bytes copied and to copy and the copy's
+//! The clone copies' figures: bytes copied and to copy and the copy's
 //! duration per volume, failures by cause.
 
 use std::sync::atomic::AtomicU64;

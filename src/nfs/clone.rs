@@ -1,4 +1,4 @@
-//! NFS → NFS clones (issue 15): a CreateVolume whose `volume_content_source.volume` is
+//! NFS → NFS clones: a CreateVolume whose `volume_content_source.volume` is
 //! another NFS volume of this driver copies the source's directory into the new one, on
 //! the export(s), before the volume is answered.
 //!

@@ -1,4 +1,4 @@
-//! Pool devices carved into GPT partitions (the `partition` block layout, issue 13).
+//! Pool devices carved into GPT partitions (the `partition` and `stripe` block layouts).
 //!
 //! A partition is the allocation unit: 1 MiB aligned, typed with [`TYPE_GUID`], named
 //! with the allocation id, found again by its PARTUUID. Only a label this driver wrote

@@ -42,7 +42,7 @@ pub struct VolumeRecord {
     /// for a whole-device volume and in records written before layouts existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionRecord>,
-    /// The md RAID0 array and its members (the `stripe` layout, issue 14); `None` for
+    /// The md RAID0 array and its members (the `stripe` layout); `None` for
     /// every other layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<StripeRecord>,

@@ -1,4 +1,4 @@
-//! A dataset named by a block StorageClass (issue 15): every volume of the class is a
+//! A dataset named by a block StorageClass: every volume of the class is a
 //! clone of one directory on an NFS export, without a claim to clone from.
 //!
 //! `datasetServer`, `datasetShare` and `datasetPath` name `server:/share/path` with the

@@ -27,10 +27,11 @@ pub use stripe::StripeParams;
 /// StorageClass parameters the driver understands.
 pub const PARAM_FS_TYPE: &str = "fsType";
 pub const PARAM_GDS_POLICY: &str = "gdsPolicy";
-/// Where a block volume's device comes from: `device` (a whole pool device, the default)
-/// or `partition` (a GPT partition carved from a pool device, issue 13).
+/// What a block volume is made of: `device` (a whole pool device, the default),
+/// `partition` (a GPT partition carved from a pool device) or `stripe` (md RAID0 over
+/// partitions of distinct pool devices).
 pub const PARAM_LAYOUT: &str = "layout";
-/// How a clone is checked before it may be published (issue 15): `sizes` or `checksum`.
+/// How a clone is checked before it may be published: `sizes` or `checksum`.
 pub const PARAM_VERIFY: &str = "verify";
 // NFS volumes (a volume whose parameters carry `server` is an NFS volume).
 use nfs::{PARAM_ON_DELETE, PARAM_SERVER, PARAM_SHARE, PARAM_SUB_DIR};
@@ -272,13 +273,13 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<VolumeParameters> 
 /// Which block layout a volume uses (StorageClass parameter `layout`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LayoutKind {
-    /// The volume is one whole pool device (the default: what every volume made before
-    /// the partition layout existed is, and needs no partition table on any device).
+    /// The volume is one whole pool device (the default: it writes no partition table on
+    /// any device, and an id without a layout suffix is one).
     #[default]
     Device,
     /// The volume is a GPT partition carved from a pool device.
     Partition,
-    /// The volume is md RAID0 over equal partitions of distinct pool devices (issue 14).
+    /// The volume is md RAID0 over equal partitions of distinct pool devices.
     Stripe,
 }
 
@@ -356,7 +357,7 @@ pub struct CreateVolume<'a> {
     /// 0 means no limit.
     pub limit_bytes: u64,
     pub accessibility: Option<&'a csi::TopologyRequirement>,
-    /// `volume_content_source.volume`: the volume to fill this one from (issue 15).
+    /// `volume_content_source.volume`: the volume to fill this one from.
     pub clone_of: Option<String>,
 }
 

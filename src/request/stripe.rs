@@ -1,4 +1,4 @@
-//! The `stripe` layout's StorageClass parameters (issue 14): `stripeCount` members of
+//! The `stripe` layout's StorageClass parameters: `stripeCount` members of
 //! md RAID0 and its `stripeChunk`. Both apply to `layout: stripe` only.
 
 use std::collections::BTreeMap;

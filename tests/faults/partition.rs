@@ -1,4 +1,4 @@
-//! Kill points of the partition layout (issue 13), through the real binary on one loop
+//! Kill points of the partition layout, through the real binary on one loop
 //! device: a neighbour volume carved first (staged, written, unstaged), then volume `v`
 //! lives create, stage, write, unstage, delete. The step that reaches the point runs on
 //! a driver armed with it, dies by SIGKILL, is checked against what the point promises,

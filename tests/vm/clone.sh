@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NFS -> NVMe clones (issue 15) on the real-kernel rig, as its own suite entry: a QEMU VM
+# NFS -> NVMe clones on the real-kernel rig, as its own suite entry: a QEMU VM
 # (virtme-ng, Debian's kernel, software emulation) with 5 NVMe namespaces (two of 160 MiB,
 # two of 192 MiB whose writes QEMU throttles to 16 MiB/s so a copy lasts long enough to
 # be interrupted, one of 160 MiB pre-formatted ext4 `cp-target` that the pool leaves

@@ -150,7 +150,7 @@ else
   echo "scenarios: $SCENARIOS not built"; fail=1
 fi
 
-# Last, since it leaves GPT labels on the namespaces it carves (issue 13): csi-sanity with
+# Last, since it leaves GPT labels on the namespaces it carves: csi-sanity with
 # layout: partition, every volume a GPT partition of a real NVMe namespace under Debian's
 # kernel (which has a GPT parser); then the kernel re-reads each carved namespace's table
 # and sgdisk must find our label valid.
@@ -179,7 +179,7 @@ partition_sanity() {
 partition_sanity
 [ "${GDS_VM_ONLY:-}" = partition-sanity ] && finish
 
-# The partition scenario (issue 13): carved volumes written, their partitions dropped
+# The partition scenario: carved volumes written, their partitions dropped
 # with partx -d, the driver restarted (start-up re-sync), restaged, checksums compared.
 if [ -x "$SCENARIOS" ]; then
   log "scenarios: partition layout"

@@ -6,7 +6,7 @@
 # examples/vm_scenarios.rs, then csi-sanity with layout: partition and the partition
 # scenario (examples/vm_scenarios/partition.rs). Exits non-zero on any failure. Root;
 # Debian 12. GDS_VM_ONLY=nfs-sanity (or partition-sanity): only that csi-sanity run.
-# README.md ("The VM rig") describes what it runs and why.
+# docs/testing.md ("The VM rig") describes what it runs and why.
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
 need_root

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The stripe layout (issue 14) on the real-kernel rig, as its own suite entry: a QEMU VM
+# The stripe layout on the real-kernel rig, as its own suite entry: a QEMU VM
 # with Debian's kernel (md, raid0) and 4 pool NVMe drives throttled by QEMU to a fixed
 # bandwidth each, plus a foreign md array. Inside (tests/vm/stripe_guest.sh): csi-sanity
 # with `layout: stripe`, then examples/stripe_vm.rs (fio figures on 1, 2 and 4 drives, the

@@ -203,7 +203,7 @@ fn p2pdma_mode_counts_without_nvidia_fs() {
         r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
     )
     // A distribution kernel older than 6.2 with P2PDMA backported (RHEL 9): the kallsyms check
-    // is what the guide documents, not the version (issue 17 #2).
+    // is what the guide documents, not the version.
     .write(
         "proc/sys/kernel/osrelease",
         "5.14.0-427.13.1.el9_4.x86_64\n",
@@ -461,7 +461,7 @@ fn device_mapper_and_md() {
     assert_eq!(get(&c, "volume.block_stack").status, Status::Fail);
 }
 
-/// Issue 17 #8: a volume on md RAID0 needs mdadm's udev rule to export the members (NVIDIA's
+/// A volume on md RAID0 needs mdadm's udev rule to export the members (NVIDIA's
 /// "Adding udev Rules for RAID Volumes"); mdadm's stock rule runs `--no-devices`, so MD_LEVEL
 /// is there but no member is. ID_FS_USAGE alone is not enough.
 /// md0 (RAID0) over nvme0n1 and nvme1n1, mounted at /mnt/md0; the members known to udev.
@@ -688,7 +688,7 @@ fn nvme_without_registration_symbols_fails_even_when_held_open() {
     h.write("etc/cufile.json", CUFILE_OK)
         .write("proc/sys/kernel/osrelease", "5.15.0\n")
         .write("proc/cmdline", "ro\n");
-    // Only nvme_rdma exports its symbols: a PCIe NVMe volume gets no GDS path (issue 17 #4).
+    // Only nvme_rdma exports its symbols: a PCIe NVMe volume gets no GDS path.
     let d = double(&h, &["nvme_rdma"], true);
     let c = node_checks(&h.paths, Backend::Nvme);
     let s = get(&c, "nvidia_fs.storage_driver");
@@ -719,7 +719,7 @@ fn p2pdma_host(h: &Host) {
     .write("sys/module/nvme_core/parameters/multipath", "N\n");
 }
 
-/// Issue 17 #4: in P2PDMA mode (no nvidia_fs), md RAID and NVMe-oF volumes are refused; and an
+/// In P2PDMA mode (no nvidia_fs), md RAID and NVMe-oF volumes are refused; and an
 /// NVMe-oF volume is judged with nvme_rdma's registration read as cuFile sees it.
 #[test]
 fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {

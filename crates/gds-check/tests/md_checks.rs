@@ -1,4 +1,4 @@
-//! The md RAID checks (issue 14) against a fixture tree laid out as the kernel lays out an md
+//! The md RAID checks against a fixture tree laid out as the kernel lays out an md
 //! RAID0 over NVMe partitions, as the stripe layout builds it. This build machine's kernel has
 //! no md driver, so the tree is the honest stand-in; its shape follows drivers/md/md.c:
 //! `md/level` (`level_show`), `md/array_state` (`array_state_show`), one `md/dev-<member>`

@@ -210,7 +210,7 @@ fn fake_true_gds_registration_and_read() {
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
 }
 
-/// Issue 17 #3: the driver advertises NVMe (dstatusflags bit 4), but this file is on a device
+/// The driver advertises NVMe (dstatusflags bit 4), but this file is on a device
 /// without a GDS path (a loop device, say). The default probe must say compat, not true GDS.
 #[test]
 fn default_probe_reports_compat_for_a_file_without_a_gds_path() {

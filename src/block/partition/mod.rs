@@ -1,4 +1,4 @@
-//! The partition layout (issue 13): a volume is a GPT partition carved from a pool
+//! The partition layout: a volume is a GPT partition carved from a pool
 //! device (`crate::partition`). Only a label this driver wrote is changed, and a new
 //! label goes only on a device the signature probe found blank.
 //!

@@ -144,7 +144,7 @@ impl DriverProps {
     pub fn supports(&self, backend: Backend) -> bool {
         let bit = |b: u32| self.dstatusflags & (1 << b) != 0;
         match backend {
-            // Bit 5 (NVMe-oF) says nothing about the pool's PCIe namespaces (issue 17 #4).
+            // Bit 5 (NVMe-oF) says nothing about the pool's PCIe namespaces.
             Backend::Nvme => bit(4) || self.p2pdma,
             Backend::NfsRdma => bit(2),
         }

@@ -156,7 +156,7 @@ pub(super) fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<La
     }
     let dir = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let name = name_of(&dir);
-    // A partition (the partition layout's volumes, issue 13) is followed to its disk and
+    // A partition (the partition layout's volumes) is followed to its disk and
     // judged as that disk: nvidia_fs has no notion of partitions. It maps the block
     // requests of the disk's queue (`nvfs_blk_rq_check`: `req->q`, gds-nvidia-fs
     // src/nvfs-dma.c:246-247) through the DMA ops the disk's driver registered
