@@ -31,6 +31,7 @@ FROM debian:bookworm-slim
 #   xfsprogs    mkfs.xfs, xfs_repair, xfs_growfs (xfs volumes)
 #   nfs-common  mount.nfs for NFS over RDMA (vers=4.1, rdma, port=20049)
 #   util-linux  mount, umount, blkid, wipefs, lsblk, findmnt
+#   mdadm       creates, assembles and stops the md RAID0 arrays of `layout: stripe` volumes
 #   ca-certificates  TLS roots for anything the driver fetches over HTTPS
 #   libibverbs1 librdmacm1 ibverbs-providers  what libcufile_rdma.so.1 links (ldd: libibverbs,
 #               librdmacm, libmlx5) for cuFile over NFS/RDMA; libcufile.so.0 needs only libstdc++
@@ -38,7 +39,7 @@ FROM debian:bookworm-slim
 # (debootstrap) for the kubelet e2e test; keep its package list in step.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      e2fsprogs xfsprogs nfs-common util-linux ca-certificates \
+      e2fsprogs xfsprogs nfs-common util-linux mdadm ca-certificates \
       libibverbs1 librdmacm1 ibverbs-providers \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/gds-csi /usr/local/bin/gds-csi

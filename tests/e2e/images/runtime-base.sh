@@ -7,7 +7,7 @@
 set -euo pipefail
 CACHE="${GDS_CSI_CACHE_IMAGES:-$HOME/.cache/gds-csi/images}"
 # Keep in step with the Dockerfile's runtime stage (tests/helm.sh compares the two lists).
-PACKAGES=e2fsprogs,xfsprogs,nfs-common,util-linux,ca-certificates,libibverbs1,librdmacm1,ibverbs-providers
+PACKAGES=e2fsprogs,xfsprogs,nfs-common,util-linux,mdadm,ca-certificates,libibverbs1,librdmacm1,ibverbs-providers
 CUFILE_VERSION=$(sed -n 's/^ARG CUFILE_VERSION=//p' "$(dirname "$0")/../../../Dockerfile")
 [ -n "$CUFILE_VERSION" ] || { echo "no ARG CUFILE_VERSION in the Dockerfile" >&2; exit 1; }
 SUITE=bookworm
