@@ -5,18 +5,21 @@
 # Installs helm at a pinned version from the Go module proxy into
 # ~/.cache/gds-csi/bin (skipped when the cached binary already is that version), then:
 # helm lint --strict, helm template with defaults and with NFS enabled,
-# structural checks on the output, and a diff of deploy/manifests/ against a
-# fresh render (run scripts/render-manifests.sh after changing the chart).
+# structural checks on the output, what each Kubernetes version gets (no flags
+# at all, older releases, a cluster's API list), values.schema.json against
+# values.yaml and against misspelt values, and a diff of deploy/manifests/
+# against a fresh render (run scripts/render-manifests.sh after changing the chart).
 # Ends with "N passed, M failed"; exits non-zero on any failure. Nothing is skipped: a
-# check that cannot run fails. Not done: schema validation (kubeconform is not installable
-# here and needs JSON schemas from the network); the structural checks stand in.
+# check that cannot run fails. Not done: validating the rendered objects against Kubernetes'
+# OpenAPI schemas (kubeconform is not installable here and needs them from the network);
+# the structural checks stand in.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib.sh"
 CHART=deploy/helm/gds-csi
-KUBE_VERSION=1.34.3 # the kubelet e2e's release; the chart needs >= 1.34
+KUBE_VERSION=1.34.3 # the kubelet e2e's release
 DRIVER=gds.csi.gds-csi.io
 NFS_SET=(--set nfs.enabled=true --set nfs.server=nfs.example.internal --set nfs.share=/export/gds)
 
@@ -109,7 +112,8 @@ else
   fail "helm template (driverName / stateDir variants)" "$(cat "$tmp/err")"
 fi
 
-# Values the driver would reject must fail at render time.
+# Values the driver would reject must fail at render time: values.schema.json refuses
+# each value on its own, naming it; the chart's own checks what takes two values.
 expect_render_error() { # description, expected message, args...
   local desc=$1 msg=$2; shift 2
   if out=$(render "$@" 2>&1); then
@@ -122,11 +126,17 @@ expect_render_error() { # description, expected message, args...
 }
 expect_render_error "nfs enabled without server is rejected" "nfs.server is required" --set nfs.enabled=true --set nfs.share=/x
 expect_render_error "nfs enabled without share is rejected" "nfs.share is required" --set nfs.enabled=true --set nfs.server=s
-expect_render_error "fsType other than ext4/xfs is rejected" "fsType must be ext4 or xfs" --set storageClasses.nvme.fsType=btrfs
-expect_render_error "unknown gdsPolicy is rejected" "gdsPolicy must be" --set storageClasses.nvme.gdsPolicy=always
-expect_render_error "unknown layout is rejected" "layout" --set storageClasses.nvme.layout=lvm
-expect_render_error "nvme-gds-whole: fsType other than ext4/xfs is rejected" "storageClasses.nvmeWhole.fsType must be" --set storageClasses.nvmeWhole.fsType=btrfs
-expect_render_error "unknown onDelete is rejected" "onDelete must be" --set nfs.onDelete=shred
+expect_render_error "fsType other than ext4/xfs is rejected" \
+  "'/storageClasses/nvme/fsType': value must be one of 'ext4', 'xfs'" --set storageClasses.nvme.fsType=btrfs
+expect_render_error "unknown gdsPolicy is rejected" \
+  "'/storageClasses/nvme/gdsPolicy': value must be one of 'required', 'preferred', 'disabled'" \
+  --set storageClasses.nvme.gdsPolicy=always
+expect_render_error "unknown layout is rejected" \
+  "'/storageClasses/nvme/layout': value must be one of 'partition', 'device', 'stripe'" --set storageClasses.nvme.layout=lvm
+expect_render_error "nvme-gds-whole: fsType other than ext4/xfs is rejected" \
+  "'/storageClasses/nvmeWhole/fsType': value must be one of" --set storageClasses.nvmeWhole.fsType=btrfs
+expect_render_error "unknown onDelete is rejected" \
+  "'/nfs/onDelete': value must be one of 'delete', 'retain', 'archive'" --set nfs.onDelete=shred
 
 # --- structure of the rendered objects (python3 + PyYAML) -----------------------
 # install_host_tools installs python3-yaml; without it this suite fails, it never skips.
@@ -492,6 +502,216 @@ if grep -qF -- "kubectl get nodes -L $DRIVER/gds-nvme" <<<"$notes" && grep -qF "
   pass "NOTES.txt shows GDS readiness labels and how to run doctor"
 else
   fail "NOTES.txt shows GDS readiness labels and how to run doctor" "$notes"
+fi
+
+# --- Kubernetes versions (Chart.yaml says which feature needs which) --------------------
+# Without a cluster helm assumes Kubernetes v1.20.0 (a helm built without release ldflags)
+# and knows only group/versions; a cluster's discovery (or --api-versions, listing kinds)
+# is what the chart's API checks read.
+render_at() { "$HELM" template gds-csi "$CHART" --namespace gds-csi --kube-version "$@"; }
+# Exactly what a reviewer or a GitOps tool without a cluster runs.
+if out=$("$HELM" template gds-csi "$CHART" 2>&1); then
+  if grep -q '^kind: DaemonSet' <<<"$out" && grep -qx '  storageCapacity: true' <<<"$out"; then
+    pass "helm template with no cluster and no flags renders (DaemonSet, CSIDriver with storageCapacity)"
+  else
+    fail "helm template with no flags: no DaemonSet or no storageCapacity" "$(head -40 <<<"$out")"
+  fi
+else
+  fail "helm template with no cluster and no flags" "$out"
+fi
+if out=$("$HELM" lint --strict "$CHART" 2>&1); then
+  pass "helm lint --strict with no flags (helm's own Kubernetes version)"
+else
+  fail "helm lint --strict with no flags" "$out"
+fi
+expect_error() { # description, expected message, helm template args...
+  local desc=$1 msg=$2; shift 2
+  if out=$("$HELM" template gds-csi "$CHART" "$@" 2>&1); then
+    fail "$desc: render should fail"
+  elif grep -qF -- "$msg" <<<"$out"; then
+    pass "$desc"
+  else
+    fail "$desc: wrong error" "$out"
+  fi
+}
+expect_error "Chart.yaml kubeVersion refuses Kubernetes 1.19" "chart requires kubeVersion" --kube-version 1.19.16
+# A cluster that lists its kinds but not CSIStorageCapacity v1 (1.23 serves only v1beta1).
+expect_error "a cluster without storage.k8s.io/v1 CSIStorageCapacity is refused, naming it" \
+  "does not serve storage.k8s.io/v1 CSIStorageCapacity" --kube-version 1.23.17 \
+  --api-versions v1/Pod --api-versions storage.k8s.io/v1beta1/CSIStorageCapacity
+expect_error "seLinuxMount=true is refused for Kubernetes 1.27" "seLinuxMount=true needs Kubernetes >= 1.28" \
+  --kube-version 1.27.16 --set seLinuxMount=true
+if render_at 1.28.0 --set seLinuxMount=true 2>"$tmp/err" | grep -qx '  seLinuxMount: true'; then
+  pass "seLinuxMount=true renders for Kubernetes 1.28"
+else
+  fail "seLinuxMount=true for Kubernetes 1.28" "$(cat "$tmp/err")"
+fi
+# Below 1.34 (or where the v1 API is not served) the sidecars' VolumeAttributesClass gate
+# is off; below 1.32 the resizer's RecoverVolumeExpansionFailure gate too.
+versions_ok=true
+for v in 1.31.0 1.32.0 1.33.0; do
+  render_at "$v" >"$tmp/k$v.yaml" 2>"$tmp/err" || { versions_ok=false; fail "helm template --kube-version $v" "$(cat "$tmp/err")"; }
+done
+cluster_apis=(--api-versions v1/Pod --api-versions storage.k8s.io/v1/CSIStorageCapacity)
+render_at 1.34.3 "${cluster_apis[@]}" >"$tmp/k-novac.yaml" 2>"$tmp/err" \
+  || { versions_ok=false; fail "helm template for a 1.34 cluster without the VolumeAttributesClass v1 API" "$(cat "$tmp/err")"; }
+render_at 1.34.3 "${cluster_apis[@]}" --api-versions storage.k8s.io/v1/VolumeAttributesClass >"$tmp/k-vac.yaml" 2>"$tmp/err" \
+  || { versions_ok=false; fail "helm template for a 1.34 cluster that lists its APIs" "$(cat "$tmp/err")"; }
+if $versions_ok && python3 -c 'import yaml' 2>/dev/null; then
+  if out=$(python3 - "$tmp" 2>&1 <<'PY'
+import sys, yaml
+tmp = sys.argv[1]
+vac_off = "--feature-gates=Topology=true,VolumeAttributesClass=false"
+full = ("--feature-gates=Topology=true", [], True)
+want = {  # render -> (provisioner gates, resizer gates, resizer may read VolumeAttributesClasses)
+    "k1.31.0": (vac_off, ["--feature-gates=RecoverVolumeExpansionFailure=false,VolumeAttributesClass=false"], False),
+    "k1.32.0": (vac_off, ["--feature-gates=VolumeAttributesClass=false"], False),
+    "k1.33.0": (vac_off, ["--feature-gates=VolumeAttributesClass=false"], False),
+    "k-novac": (vac_off, ["--feature-gates=VolumeAttributesClass=false"], False),
+    "k-vac": full,
+    "default": full,
+}
+errors = []
+for name, (prov_gates, rsz_gates, vac_rule) in want.items():
+    docs = [d for d in yaml.safe_load_all(open(f"{tmp}/{name}.yaml")) if d]
+    cs = {c["name"]: c for d in docs if d["kind"] == "DaemonSet" for c in d["spec"]["template"]["spec"]["containers"]}
+    gates = lambda c: [a for a in cs[c]["args"] if a.startswith("--feature-gates")]
+    if gates("csi-provisioner") != [prov_gates]:
+        errors.append(f"{name}: provisioner {gates('csi-provisioner')}, want {prov_gates}")
+    if gates("csi-resizer") != rsz_gates:
+        errors.append(f"{name}: resizer {gates('csi-resizer')}, want {rsz_gates}")
+    rules = [r for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-external-resizer")
+             for r in d["rules"]]
+    if any("volumeattributesclasses" in r["resources"] for r in rules) != vac_rule:
+        errors.append(f"{name}: resizer RBAC on volumeattributesclasses should be {vac_rule}")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "VolumeAttributesClass gates off below 1.34 or without the v1 API, RecoverVolumeExpansionFailure off below 1.32"
+  else
+    fail "sidecar feature gates by Kubernetes version" "$out"
+  fi
+elif $versions_ok; then
+  fail "the version checks need python3 with PyYAML"
+fi
+notes_at() { "$HELM" template gds-csi "$tmp/notes-chart" --kube-version "$1" --show-only templates/notes-check.yaml 2>&1; }
+notes131=$(notes_at 1.31.0)
+notes133=$(notes_at 1.33.0)
+if grep -qF "VolumeAttributesClass=false" <<<"$notes133" && ! grep -qF "RecoverVolumeExpansionFailure" <<<"$notes133" \
+  && grep -qF "RecoverVolumeExpansionFailure=false" <<<"$notes131" && grep -qF "VolumeAttributesClass=false" <<<"$notes131" \
+  && ! grep -qE "VolumeAttributesClass|RecoverVolumeExpansionFailure" <<<"$notes"; then
+  pass "NOTES.txt says which sidecar gates are off for the target (1.31, 1.33) and nothing on 1.34"
+else
+  fail "NOTES.txt on the gates turned off" "1.33:"$'\n'"$notes133"$'\n'"1.31:"$'\n'"$notes131"
+fi
+
+# --- values.schema.json -------------------------------------------------------------
+# A misspelt or malformed value fails the install, naming it, instead of being ignored.
+expect_render_error "schema: fsType ext3 is refused, naming the value" \
+  "'/storageClasses/nvme/fsType': value must be one of 'ext4', 'xfs'" --set storageClasses.nvme.fsType=ext3
+expect_render_error "schema: a misspelt key is refused (storageClasses.nvme.fstype)" \
+  "'/storageClasses/nvme': additional properties 'fstype' not allowed" --set storageClasses.nvme.fstype=xfs
+expect_render_error "schema: a misspelt key is refused (node.poolDevice)" \
+  "'/node': additional properties 'poolDevice' not allowed" --set node.poolDevice=/dev/nvme1n1
+expect_render_error "schema: a timeout that is not a duration is refused" "'/mountTimeout'" --set mountTimeout=20
+expect_render_error "schema: layout stripe needs extraParameters.stripeCount" \
+  "'/storageClasses/nvme/extraParameters': missing property 'stripeCount'" --set storageClasses.nvme.layout=stripe
+expect_render_error "schema: extraParameters may not repeat a parameter the chart sets" \
+  "invalid propertyName 'gdsPolicy'" --set storageClasses.nvme.extraParameters.gdsPolicy=disabled
+if render --set storageClasses.nvme.layout=stripe --set storageClasses.nvme.extraParameters.stripeCount=4 \
+  2>"$tmp/err" | grep -qx '  stripeCount: "4"'; then
+  pass "schema: layout stripe with stripeCount renders"
+else
+  fail "layout stripe with stripeCount" "$(cat "$tmp/err")"
+fi
+# The values the kubelet e2e rigs install with (tests/e2e/kubelet-rig.sh rig_chart_values,
+# kubelet.sh, storage-suite.sh).
+e2e_set=(--set image.repository=localhost/gds-csi-e2e/gds-csi --set image.tag=e2e --set image.pullPolicy=Never
+  --set kubeletDir=/tmp/gds-kubelet.x/kubelet --set stateDir=/tmp/gds-kubelet.x/driver-state --set cufile.mount=false
+  --set gds.runtimeClassName= --set 'node.poolDevices={/dev/loop1,/dev/loop2}'
+  --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s
+  --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds --set mountTimeout=20s
+  --set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred)
+for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe resizer:resizer; do
+  e2e_set+=(--set "sidecars.${sidecar%%:*}.image.repository=localhost/gds-csi-e2e/${sidecar##*:}"
+    --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
+done
+if out=$(render "${e2e_set[@]}" 2>&1); then
+  if grep -qF -- '--pool-device=/dev/loop2' <<<"$out" && grep -qF 'image: localhost/gds-csi-e2e/resizer:e2e' <<<"$out" \
+    && ! grep -q 'runtimeClassName' <<<"$out"; then
+    pass "the e2e rigs' values pass the schema and render"
+  else
+    fail "the e2e rigs' values render without their effect" "$(grep -nE 'pool-device|image:|runtimeClassName' <<<"$out")"
+  fi
+else
+  fail "the e2e rigs' values" "$out"
+fi
+# Every key of values.yaml has its schema entry, at every depth, so a value added later
+# without one fails here. Maps the schema leaves open (labels, resources.requests, ...)
+# are not walked; every object it spells out must refuse unknown keys. The checker is
+# first shown a values file with a key the schema lacks, which it must report.
+schema_check() { # values file -> problems, one a line; exit status 1 when any
+  python3 - "$1" "$CHART/values.schema.json" <<'PY'
+import json, sys, yaml
+values = yaml.safe_load(open(sys.argv[1]))
+schema = json.load(open(sys.argv[2]))
+problems = []
+
+def resolve(node):
+    while "$ref" in node:
+        node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+def properties(node):
+    """The properties a schema node spells out (through $ref and allOf), or None for an open map."""
+    node = resolve(node)
+    found = None
+    if "properties" in node:
+        if node.get("additionalProperties") is not False:
+            problems.append(f"schema object {sorted(node['properties'])} accepts unknown keys")
+        found = dict(node["properties"])
+    for part in node.get("allOf", []):
+        more = properties(part)
+        if more is not None:
+            found = {**(found or {}), **more}
+    return found
+
+def walk(value, node, path):
+    node = resolve(node)
+    if isinstance(value, dict):
+        props = properties(node)
+        if props is None:
+            if "properties" not in node and node.get("type") not in ("object", ["object", "null"]) and "allOf" not in node:
+                problems.append(f"{path or '.'}: a map in values.yaml, not an object in the schema")
+            return
+        for key, sub in value.items():
+            if key not in props:
+                problems.append(f"{path}.{key}: no entry in values.schema.json")
+            else:
+                walk(sub, props[key], f"{path}.{key}")
+    elif isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value):
+            walk(item, node["items"], f"{path}[{i}]")
+
+walk(values, schema, "")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PY
+}
+python3 -c 'import sys, yaml; v = yaml.safe_load(open(sys.argv[1])); v["node"]["newValue"] = 1; yaml.safe_dump(v, open(sys.argv[2], "w"))' \
+  "$CHART/values.yaml" "$tmp/values-extra.yaml"
+if out=$(schema_check "$tmp/values-extra.yaml"); then
+  fail "the values/schema key check misses a key the schema lacks (node.newValue)"
+elif [[ "$out" == ".node.newValue: no entry in values.schema.json" ]]; then
+  pass "the values/schema key check reports a key the schema lacks (node.newValue)"
+else
+  fail "the values/schema key check on node.newValue" "$out"
+fi
+if out=$(schema_check "$CHART/values.yaml"); then
+  pass "every value in values.yaml has its values.schema.json entry, objects refuse unknown keys"
+else
+  fail "values.yaml and values.schema.json differ" "$out"
 fi
 
 # --- the cuFile probe inside the node pod (issue 16 item 1) ---------------------------

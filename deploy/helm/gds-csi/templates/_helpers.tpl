@@ -14,7 +14,7 @@
 {{- end -}}
 
 {{/* The node plugin's state dir: unique per driver name unless set. The default
-     driver name keeps the historical /var/lib/gds-csi, so upgrades find their state. */}}
+     driver name keeps /var/lib/gds-csi, so upgrades find their state. */}}
 {{- define "gds-csi.stateDir" -}}
 {{- if .Values.stateDir -}}
 {{- .Values.stateDir -}}
@@ -72,24 +72,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* Fail early on values the driver would reject at runtime. */}}
+{{/* Fail early on values the driver would reject at runtime, and on a target
+     cluster that lacks what the chart cannot do without. values.schema.json
+     checks each value on its own; these need two values, or the cluster. */}}
 {{- define "gds-csi.validate" -}}
-{{- if not (has .Values.logFormat (list "text" "json")) -}}
-{{- fail (printf "logFormat must be text or json, got %q" .Values.logFormat) -}}
-{{- end -}}
-{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nvmeWhole" .Values.storageClasses.nvmeWhole -}}
-{{- if not (has $sc.fsType (list "ext4" "xfs")) -}}
-{{- fail (printf "storageClasses.%s.fsType must be ext4 or xfs, got %q" $name $sc.fsType) -}}
-{{- end -}}
-{{- end -}}
-{{- range $name, $sc := dict "nvme" .Values.storageClasses.nvme "nvmeWhole" .Values.storageClasses.nvmeWhole "nfs" .Values.storageClasses.nfs -}}
-{{- if not (has $sc.gdsPolicy (list "required" "preferred" "disabled")) -}}
-{{- fail (printf "storageClasses.%s.gdsPolicy must be required, preferred or disabled, got %q" $name $sc.gdsPolicy) -}}
-{{- end -}}
-{{- end -}}
-{{- if not (has .Values.nfs.onDelete (list "delete" "retain" "archive")) -}}
-{{- fail (printf "nfs.onDelete must be delete, retain or archive, got %q" .Values.nfs.onDelete) -}}
-{{- end -}}
 {{- if .Values.nfs.enabled -}}
 {{- if not .Values.nfs.server -}}
 {{- fail "nfs.server is required when nfs.enabled is true" -}}
@@ -97,6 +83,40 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not .Values.nfs.share -}}
 {{- fail "nfs.share is required when nfs.enabled is true" -}}
 {{- end -}}
+{{- end -}}
+{{- if not (include "gds-csi.serves" (list . "storage.k8s.io/v1/CSIStorageCapacity")) -}}
+{{- fail (printf "Kubernetes %s does not serve storage.k8s.io/v1 CSIStorageCapacity (Kubernetes >= 1.24): the scheduler places node-local volumes by it and external-provisioner 6.x publishes only v1" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if and .Values.seLinuxMount (semverCompare "<1.28.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "seLinuxMount=true needs Kubernetes >= 1.28 (SELinuxMountReadWriteOncePod on by default); the target is %s (without a cluster, pass helm template --kube-version)" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" unless the target's API list says it does not serve a kind. Call
+     with (list $ "group/version/Kind"). A cluster's discovery names every kind
+     it serves (v1/Pod among them); a render without a cluster (helm template)
+     knows only group/versions, and then the answer is "true". */}}
+{{- define "gds-csi.serves" -}}
+{{- $caps := (index . 0).Capabilities -}}
+{{- if or (not ($caps.APIVersions.Has "v1/Pod")) ($caps.APIVersions.Has (index . 1)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the target serves storage.k8s.io/v1 VolumeAttributesClass
+     (Kubernetes >= 1.34), which external-provisioner 6.x and external-resizer
+     2.x use unless their VolumeAttributesClass gate is off. */}}
+{{- define "gds-csi.volumeAttributesClass" -}}
+{{- if and (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) (include "gds-csi.serves" (list . "storage.k8s.io/v1/VolumeAttributesClass")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the target has RecoverVolumeExpansionFailure on by default
+     (Kubernetes >= 1.32), which external-resizer 2.x needs with that gate on. */}}
+{{- define "gds-csi.recoverExpansion" -}}
+{{- if semverCompare ">=1.32.0-0" .Capabilities.KubeVersion.Version -}}
+true
 {{- end -}}
 {{- end -}}
 
