@@ -1,10 +1,14 @@
-//! CreateVolume knows each filesystem's smallest size, read from the installed mkfs (issue
-//! 16 item 10): an xfs volume on a device mkfs.xfs refuses would stay unstageable forever.
+//! CreateVolume knows each filesystem's smallest size, read from the installed mkfs: an xfs
+//! volume on a device mkfs.xfs refuses would stay unstageable forever. The dry runs that
+//! read it leave no scratch file behind, even from a driver killed in the middle.
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
+use common::tools::process_ended;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
 use gds_csi::os::{FsType, StripeGeometry};
@@ -145,4 +149,79 @@ async fn xfs_on_devices_below_its_minimum_is_refused_at_create() {
         .unwrap()
         .into_inner();
     assert_eq!(v.volume.unwrap().capacity_bytes, common::SIZE as i64);
+}
+
+/// Everything in `dir`, by name.
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Polls `done` every 20 ms for up to 30 s; false when it never held.
+fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_killed_during_a_dry_run_leaves_no_scratch_file() {
+    // A container restart keeps its /tmp (an emptyDir): a scratch file named there would
+    // pile up, 64 GiB apparent each, one per SIGKILL.
+    let Some(mut rig) = common::Rig::new(1) else {
+        return;
+    };
+    let tmp = rig.path("driver-tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let tmp_env = tmp.to_str().unwrap().to_owned();
+    let env = [("TMPDIR", tmp_env.as_str())];
+
+    rig.tools.close_dry_run_gate();
+    let mut c = rig.start_with(&env, &[]).await;
+    let create = tokio::spawn(async move {
+        c.controller
+            .create_volume(request("v1", "ext4", 0, 0))
+            .await
+    });
+    assert!(
+        wait_until(|| !rig.tools.mkfs_dry_runs().is_empty()),
+        "no dry run started:\n{}",
+        rig.logs()
+    );
+    let held = rig.tools.mkfs_dry_runs()[0];
+    rig.kill9();
+    assert!(create.await.unwrap().is_err(), "answered after SIGKILL");
+    assert!(
+        wait_until(|| process_ended(held)),
+        "the dry run {held} outlived its driver"
+    );
+    assert_eq!(
+        entries(&tmp),
+        Vec::<String>::new(),
+        "left by the killed driver"
+    );
+
+    // The restarted driver sizes the filesystem afresh and leaves nothing behind either.
+    rig.tools.open_dry_run_gate();
+    let mut c = rig.start_with(&env, &[]).await;
+    c.controller
+        .create_volume(request("v1", "ext4", 0, 0))
+        .await
+        .unwrap();
+    assert!(
+        rig.tools.mkfs_dry_runs().len() > 1,
+        "the restarted driver ran no dry run"
+    );
+    assert_eq!(
+        entries(&tmp),
+        Vec::<String>::new(),
+        "left after the restart"
+    );
 }

@@ -9,10 +9,12 @@
 //! as the real mkfs does); e2fsprogs' floor is some 60 KiB.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
@@ -48,25 +50,13 @@ pub async fn min_bytes(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64
 }
 
 async fn search(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
-    let file = Scratch(std::env::temp_dir().join(format!(
-        "gds-csi-fs-min-{}-{}",
-        std::process::id(),
-        fs.as_str()
-    )));
-    let _ = std::fs::remove_file(&file.0);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&file.0)
-        .map_err(|e| {
-            Error::FailedPrecondition(format!(
-                "cannot make a scratch file {} to read the smallest {} from its mkfs: {e}",
-                file.0.display(),
-                fs.as_str()
-            ))
-        })?;
-    let path = file.0.as_path();
-    if !accepts(fs, stripe, path, CEILING).await? {
+    let scratch = Scratch::new().map_err(|e| {
+        Error::FailedPrecondition(format!(
+            "cannot make a scratch file to read the smallest {} from its mkfs: {e}",
+            fs.as_str()
+        ))
+    })?;
+    if !accepts(fs, stripe, &scratch, CEILING).await? {
         return Err(Error::FailedPrecondition(format!(
             "the installed mkfs for {} refuses even a {} GiB device in a dry run; check the node image",
             fs.as_str(),
@@ -77,7 +67,7 @@ async fn search(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
     let (mut lo, mut hi) = (0u64, CEILING / STEP);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if accepts(fs, stripe, path, mid * STEP).await? {
+        if accepts(fs, stripe, &scratch, mid * STEP).await? {
             hi = mid;
         } else {
             lo = mid;
@@ -93,12 +83,27 @@ async fn search(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
     Ok(min)
 }
 
-/// The sparse dry-run file, removed when the search ends.
-struct Scratch(std::path::PathBuf);
+/// The dry runs' sparse device: a memory file with no name in any directory, so that no
+/// scratch file outlives the driver however it ends (a SIGKILL mid-search included); the
+/// kernel frees it with its last descriptor. mkfs opens it through the driver's
+/// descriptor in /proc, which both mkfs.ext4 and mkfs.xfs take as a regular file. Dry runs
+/// only read, so its up to 64 GiB stay holes and take no memory.
+struct Scratch {
+    file: std::fs::File,
+    /// `/proc/<driver pid>/fd/<n>`: the child's own `/proc/self` would name the child.
+    path: PathBuf,
+}
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl Scratch {
+    fn new() -> std::io::Result<Scratch> {
+        let fd = memfd_create(c"gds-csi-fs-min", MFdFlags::MFD_CLOEXEC)?;
+        let file = std::fs::File::from(fd);
+        let path = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            file.as_raw_fd()
+        ));
+        Ok(Scratch { file, path })
     }
 }
 
@@ -106,19 +111,15 @@ impl Drop for Scratch {
 async fn accepts(
     fs: FsType,
     stripe: Option<StripeGeometry>,
-    file: &Path,
+    scratch: &Scratch,
     bytes: u64,
 ) -> Result<bool> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(file)
-        .and_then(|f| f.set_len(bytes))
-        .map_err(|e| Error::Io {
-            context: "sizing the mkfs dry-run file",
-            path: file.to_owned(),
-            source: e,
-        })?;
-    let (program, args) = mkfs::dry_run_command(file, fs, stripe);
+    scratch.file.set_len(bytes).map_err(|e| Error::Io {
+        context: "sizing the mkfs dry-run file",
+        path: scratch.path.clone(),
+        source: e,
+    })?;
+    let (program, args) = mkfs::dry_run_command(&scratch.path, fs, stripe);
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let out = runner::run_raw(program, &args, DRY_RUN_TIMEOUT)
         .await

@@ -1,6 +1,7 @@
-//! Test-only stand-ins placed first on the driver's PATH (never shipped): `mkfs.ext4` and `mkfs.xfs`
-//! that record every call and every real run and can be held at a gate, and a `wipefs`
-//! that can write a foreign filesystem right after the driver's first probe, or fail.
+//! Test-only stand-ins placed first on the driver's PATH (never shipped): `mkfs.ext4` and
+//! `mkfs.xfs` that record every call, every real run and every dry run and can be held at
+//! a gate, and a `wipefs` that can write a foreign filesystem right after the driver's
+//! first probe, or fail.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -47,8 +48,12 @@ impl Tools {
                 &bin.join(program),
                 &format!(
                     // A dry run (`-N`/`-n`: the driver sizing a filesystem's minimum) is
-                    // neither a call nor a run.
-                    "#!/bin/sh\ncase \" $* \" in *\" -N \"*|*\" -n \"*) exec {real_mkfs} \"$@\";; esac\n\
+                    // neither a call nor a run: it goes to `dry-runs` and waits while
+                    // `dry-run-gate` exists.
+                    "#!/bin/sh\ncase \" $* \" in *\" -N \"*|*\" -n \"*)\n\
+                     echo $$ >> {d}/mkfs.dry-runs\n\
+                     while [ -e {d}/dry-run-gate ]; do sleep 0.05; done\n\
+                     exec {real_mkfs} \"$@\";; esac\n\
                      echo $$ >> {d}/mkfs.calls\n\
                      while [ -e {d}/gate ]; do sleep 0.05; done\n\
                      echo $$ >> {d}/mkfs.runs\nexec {real_mkfs} \"$@\"\n"
@@ -91,6 +96,20 @@ impl Tools {
     /// Pids of every mkfs.ext4 invocation by the driver, in order.
     pub fn mkfs_calls(&self) -> Vec<u32> {
         self.lines("mkfs.calls")
+    }
+
+    /// Pids of every mkfs dry run by the driver, in order.
+    pub fn mkfs_dry_runs(&self) -> Vec<u32> {
+        self.lines("mkfs.dry-runs")
+    }
+
+    /// Holds every mkfs dry run before it runs until [`Tools::open_dry_run_gate`].
+    pub fn close_dry_run_gate(&self) {
+        fs::write(self.dir.join("dry-run-gate"), "").unwrap();
+    }
+
+    pub fn open_dry_run_gate(&self) {
+        let _ = fs::remove_file(self.dir.join("dry-run-gate"));
     }
 
     /// How many real mkfs.ext4 runs the driver started.
