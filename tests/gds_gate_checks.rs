@@ -381,3 +381,48 @@ async fn a_partition_of_a_loop_device_is_refused_naming_the_device() {
     let stack = o.report.get("volume.block_stack").unwrap();
     assert_eq!(stack.evidence, "loop0p1 (partition) -> loop0", "{stack:?}");
 }
+
+/// Without a GPU driver the probe is not run (cuFile would only hang until the deadline on
+/// every publish): preferred publishes in compat mode at once, required refuses, and both name
+/// gpu.driver as why the probe line failed. With the driver back, the probe runs again.
+#[tokio::test]
+async fn no_gpu_driver_means_no_probe_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tree::gpu_nvme(dir.path(), "nvme: 1\n", Path::new(MP), true);
+    t.remove("proc/driver/nvidia").remove("dev/nvidia0");
+    let g = gate(&t, "true_gds", Duration::from_secs(60));
+    let started = std::time::Instant::now();
+    let out = g
+        .check_publish(&staged("vol-1"), Policy::Preferred)
+        .await
+        .unwrap();
+    assert!(
+        matches!(out.verdict, Verdict::Compat(_)),
+        "{:?}",
+        out.verdict
+    );
+    let probe = out
+        .report
+        .checks
+        .iter()
+        .find(|c| c.id == "cufile.probe")
+        .expect("a cufile.probe line");
+    assert_eq!(probe.status, gds_check::Status::Fail);
+    assert!(probe.evidence.contains("gpu.driver"), "{}", probe.evidence);
+    assert_eq!(t.probe_runs(), 0);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = g
+        .check_publish(&staged("vol-2"), Policy::Required)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gpu.driver"), "{err}");
+    assert_eq!(t.probe_runs(), 0);
+
+    t.gpu_node();
+    let out = g
+        .check_publish(&staged("vol-3"), Policy::Required)
+        .await
+        .unwrap();
+    assert!(matches!(out.verdict, Verdict::Ready), "{:?}", out.verdict);
+    assert_eq!(t.probe_runs(), 1);
+}

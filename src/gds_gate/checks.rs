@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use gds_check::{
     node_checks, probe_check_required, run_probe, volume_checks, Backend, Check, GdsMode,
-    HostPaths, ProbeArgs, ProbeOutcome, ProbeStatus, Report,
+    HostPaths, ProbeArgs, ProbeOutcome, ProbeStatus, Report, Status,
 };
 use tracing::debug;
 
@@ -115,11 +115,21 @@ impl Checks {
 
     /// Every check for `vol`: node, volume (when it has a filesystem) and the probe.
     /// Returns the report and whether the probe's answer came from the cache.
+    /// Without a GPU driver the probe is not run: cuFile cannot work there, and its
+    /// cuFileDriverOpen would only hang until the deadline on every publish.
     pub async fn run(&self, vol: &MountedVolume) -> (Report, bool) {
         let paths = &self.config.paths;
         let mut report = node_report(paths, vol.backend);
+        let gpu_missing = report
+            .checks
+            .iter()
+            .any(|c| c.id == "gpu.driver" && c.status == Status::Fail);
         if let Some(p) = &vol.mount_path {
             report.extend(volume_checks(paths, vol.backend, p));
+        }
+        if gpu_missing {
+            report.extend([probe_not_run_without_gpu()]);
+            return (report, false);
         }
         let (outcome, cached) = self.probe_cached(vol).await;
         report.extend([probe_check_required(&outcome)]);
@@ -187,6 +197,16 @@ impl Checks {
             .insert(vol.id.clone(), entry);
         (outcome, false)
     }
+}
+
+/// The probe's line when there is no GPU driver to probe through.
+fn probe_not_run_without_gpu() -> Check {
+    Check::fail(
+        "cufile.probe",
+        "cuFile gives this volume true GDS",
+        "not run: gpu.driver failed, and cuFile needs an NVIDIA GPU driver",
+        "load the NVIDIA driver (GPU Operator or the host's), then publish again",
+    )
 }
 
 /// The outcome of a probe that gave no answer (its task died, or it outlived the deadline).
