@@ -9,133 +9,21 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use gds_csi::csi::volume_content_source::{Type, VolumeSource};
 use gds_csi::csi::*;
-use gds_csi::error::{Error, Result};
 use gds_csi::nfs::NfsStore;
-use gds_csi::os::{
-    Anchored, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, MountEntry, RealHost,
-    Signature, StripeGeometry,
-};
+use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
 
+use common::host_double::HostDouble;
 use common::{digest_file, requests, Rig};
-
-/// The real host, with `mount_nfs` of `server:/export/<dir>` binding `<local>/<dir>`.
-struct BindNfs {
-    real: RealHost,
-    local: PathBuf,
-    /// Mount point → (NFS source, options) of the binds standing in for NFS mounts.
-    nfs: Mutex<HashMap<PathBuf, (String, Vec<String>)>>,
-}
-
-fn sh(args: &[&OsStr]) -> Result<()> {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(Error::FailedPrecondition(
-            String::from_utf8_lossy(&out.stderr).into(),
-        ))
-    }
-}
-
-#[async_trait]
-impl Host for BindNfs {
-    fn mount_table(&self) -> Result<Vec<MountEntry>> {
-        let nfs = self.nfs.lock().unwrap();
-        let mut table = self.real.mount_table()?;
-        for m in &mut table {
-            if let Some((source, opts)) = nfs.get(&m.mount_point) {
-                m.fs_type = "nfs4".into();
-                m.source = Some(source.clone());
-                if opts.iter().any(|o| o == "rdma") {
-                    m.super_options.insert("proto".into(), Some("rdma".into()));
-                    m.super_options.insert("port".into(), Some("20049".into()));
-                }
-            }
-        }
-        Ok(table)
-    }
-    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
-        self.real.probe_signatures(device).await
-    }
-    fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
-        self.real.hold_device(device)
-    }
-    async fn mkfs(
-        &self,
-        device: &Path,
-        fs: FsType,
-        uuid: &str,
-        stripe: Option<StripeGeometry>,
-    ) -> Result<()> {
-        self.real.mkfs(device, fs, uuid, stripe).await
-    }
-    async fn wipe_signatures(&self, device: &Path) -> Result<()> {
-        self.real.wipe_signatures(device).await
-    }
-    async fn grow_filesystem(&self, device: &Path, at: &Path, fs: FsType) -> Result<()> {
-        self.real.grow_filesystem(device, at, fs).await
-    }
-    async fn zero_device(&self, device: &Path) -> Result<()> {
-        self.real.zero_device(device).await
-    }
-    async fn mount(&self, dev: &Path, at: &Anchored, fs: FsType, o: &[String]) -> Result<()> {
-        self.real.mount(dev, at, fs, o).await
-    }
-    async fn bind_mount(&self, s: &Anchored, t: &Anchored, o: &[String]) -> Result<()> {
-        self.real.bind_mount(s, t, o).await
-    }
-    async fn unmount(&self, target: &Anchored) -> Result<()> {
-        self.real.unmount(target).await
-    }
-    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()> {
-        self.real.unmount_forced(target, how).await
-    }
-    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
-        let path = source.split_once(":/export").unwrap().1;
-        let local = self.local.join(path.trim_start_matches('/'));
-        let ro = if options.iter().any(|o| o == "ro") {
-            "ro"
-        } else {
-            "rw"
-        };
-        sh(&[
-            "mount".as_ref(),
-            "--bind".as_ref(),
-            "-o".as_ref(),
-            ro.as_ref(),
-            local.as_os_str(),
-            target.as_os_str(),
-        ])?;
-        self.nfs
-            .lock()
-            .unwrap()
-            .insert(target.to_owned(), (source.to_owned(), options.to_vec()));
-        Ok(())
-    }
-    fn create_dir_all(&self, path: &Path) -> Result<()> {
-        self.real.create_dir_all(path)
-    }
-    fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
-        self.real.stat(path)
-    }
-    fn statvfs(&self, path: &Path) -> Result<FsUsage> {
-        self.real.statvfs(path)
-    }
-}
 
 /// The dataset: nested directories, a large file, a sparse file, an empty file, odd
 /// names, owners and modes, a hard link and a symlink out of the share.
@@ -188,14 +76,13 @@ async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() 
     };
     let export = rig.path("export");
     fs::create_dir_all(&export).unwrap();
-    let host = Arc::new(BindNfs {
-        real: RealHost {
+    let host = Arc::new(HostDouble::nfs_by_bind(
+        RealHost {
             command_timeout: Duration::from_secs(60),
             mount_timeout: Duration::from_secs(30),
         },
-        local: export.clone(),
-        nfs: Mutex::default(),
-    });
+        export.clone(),
+    ));
     let state = rig.path("state");
     let pool = Pool::open(PoolConfig {
         node_id: "node-a".into(),

@@ -3,9 +3,15 @@
 //! included), and the failures a test can switch on (a hung mkfs or NFS mount, a failing
 //! probe, a dead NFS server, RDMA not negotiated). Paths are real (temporary) directories:
 //! `stat`, `statvfs` and `create_dir_all` act on them for real.
+//!
+//! Over the real host (`HostDouble::nfs_by_bind`, root tests on loop devices) it stands in
+//! for NFS only, which this machine has no client for: devices, filesystems and local
+//! mounts are real, and an NFS mount is a bind of a local directory that the mount table
+//! shows as the nfs4 mount the kernel would list.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +57,15 @@ pub struct HostDouble {
     pub unmount_fails: Mutex<Option<fn() -> Error>>,
     /// `umount -f` answers OK but the mount stays (a mount stacked below).
     pub force_leaves_mount: AtomicBool,
+    /// Some: every call but `mount_nfs` goes to the real host (the switches above are off).
+    pub over_real: Option<OverRealHost>,
+}
+
+/// The real host behind a double that stands in for NFS only.
+pub struct OverRealHost {
+    pub real: RealHost,
+    /// `mount_nfs` of `server:/export/<dir>` binds `<exports>/<dir>`.
+    pub exports: PathBuf,
 }
 
 fn opts_map(list: &[String]) -> HashMap<String, Option<String>> {
@@ -97,6 +112,20 @@ impl HostDouble {
     /// A double that only records: every call succeeds and nothing changes.
     pub fn recording() -> Self {
         HostDouble::default()
+    }
+
+    /// The real host, except that an NFS mount of `server:/export/<dir>` is a bind of
+    /// `<exports>/<dir>` (read-only when asked `ro`), listed as nfs4 (over RDMA when asked
+    /// `rdma`).
+    pub fn nfs_by_bind(real: RealHost, exports: PathBuf) -> Self {
+        HostDouble {
+            over_real: Some(OverRealHost { real, exports }),
+            ..Default::default()
+        }
+    }
+
+    fn real(&self) -> Option<&RealHost> {
+        self.over_real.as_ref().map(|o| &o.real)
     }
 
     pub fn record(&self, call: String) {
@@ -200,10 +229,48 @@ impl HostDouble {
 }
 
 /// Real file-system reads of the test's own temporary paths.
-fn real() -> RealHost {
+fn real_paths() -> RealHost {
     RealHost {
         command_timeout: std::time::Duration::from_secs(5),
         mount_timeout: std::time::Duration::from_secs(5),
+    }
+}
+
+impl OverRealHost {
+    /// A bind of the export's local directory at `target`, read-only when asked.
+    fn bind_export(&self, source: &str, target: &Path, options: &[String]) -> Result<()> {
+        let dir = source.split_once(":/export").unwrap().1;
+        let local = self.exports.join(dir.trim_start_matches('/'));
+        let ro = if options.iter().any(|o| o == "ro") {
+            "ro"
+        } else {
+            "rw"
+        };
+        let out = Command::new("mount")
+            .args(["--bind", "-o", ro])
+            .arg(&local)
+            .arg(target)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(Error::FailedPrecondition(
+                String::from_utf8_lossy(&out.stderr).into(),
+            ))
+        }
+    }
+}
+
+/// `bind` as the kernel lists an NFS mount of `source` with `options`.
+fn shown_as_nfs(bind: &mut MountEntry, source: &str, options: &[String]) {
+    bind.fs_type = "nfs4".into();
+    bind.source = Some(source.to_owned());
+    if options.iter().any(|o| o == "rdma") {
+        bind.super_options
+            .insert("proto".into(), Some("rdma".into()));
+        bind.super_options
+            .insert("port".into(), Some("20049".into()));
     }
 }
 
@@ -212,10 +279,27 @@ impl Host for HostDouble {
     fn mount_table(&self) -> Result<Vec<MountEntry>> {
         let mut s = self.state.lock().unwrap();
         s.calls.push("mount_table".into());
-        Ok(s.mounts.clone())
+        let Some(real) = self.real() else {
+            return Ok(s.mounts.clone());
+        };
+        let mut table = real.mount_table()?;
+        for m in &mut table {
+            let nfs = s
+                .nfs_calls
+                .iter()
+                .rev()
+                .find(|(_, t, _)| *t == m.mount_point);
+            if let Some((source, _, options)) = nfs {
+                shown_as_nfs(m, source, options);
+            }
+        }
+        Ok(table)
     }
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
         self.record(format!("probe {}", device.display()));
+        if let Some(real) = self.real() {
+            return real.probe_signatures(device).await;
+        }
         if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
             // What RealHost's probe_failed returns (src/os/host.rs).
             return Err(HostError::ProbeFailed {
@@ -229,6 +313,9 @@ impl Host for HostDouble {
     }
     fn hold_device(&self, device: &Path) -> Result<DeviceHold> {
         self.record(format!("hold {}", device.display()));
+        if let Some(real) = self.real() {
+            return real.hold_device(device);
+        }
         Ok(DeviceHold::nothing_to_lock())
     }
     async fn mkfs(
@@ -236,13 +323,16 @@ impl Host for HostDouble {
         device: &Path,
         fs: FsType,
         uuid: &str,
-        _stripe: Option<StripeGeometry>,
+        stripe: Option<StripeGeometry>,
     ) -> Result<()> {
         let hang = self.hang_mkfs.lock().unwrap().get(device).cloned();
         if let Some(hang) = hang {
             let _permit = hang.acquire().await.unwrap();
         }
         self.record(format!("mkfs {}", device.display()));
+        if let Some(real) = self.real() {
+            return real.mkfs(device, fs, uuid, stripe).await;
+        }
         let sig = Signature {
             kind: fs.as_str().into(),
             uuid: Some(uuid.into()),
@@ -255,6 +345,9 @@ impl Host for HostDouble {
     }
     async fn wipe_signatures(&self, device: &Path) -> Result<()> {
         self.record(format!("wipe {}", device.display()));
+        if let Some(real) = self.real() {
+            return real.wipe_signatures(device).await;
+        }
         self.state.lock().unwrap().signatures.remove(device);
         Ok(())
     }
@@ -264,10 +357,16 @@ impl Host for HostDouble {
             device.display(),
             mount_point.display()
         ));
+        if let Some(real) = self.real() {
+            return real.grow_filesystem(device, mount_point, fs).await;
+        }
         Ok(())
     }
     async fn zero_device(&self, device: &Path) -> Result<()> {
         self.record(format!("zero {}", device.display()));
+        if let Some(real) = self.real() {
+            return real.zero_device(device).await;
+        }
         self.state.lock().unwrap().signatures.remove(device);
         Ok(())
     }
@@ -276,12 +375,18 @@ impl Host for HostDouble {
         device: &Path,
         target: &Anchored,
         fs: FsType,
-        _: &[String],
+        options: &[String],
     ) -> Result<()> {
-        let target = target.path();
-        self.record(format!("mount {} {}", device.display(), target.display()));
+        self.record(format!(
+            "mount {} {}",
+            device.display(),
+            target.path().display()
+        ));
+        if let Some(real) = self.real() {
+            return real.mount(device, target, fs, options).await;
+        }
         if let Some(&(major, minor)) = self.devnums.get(device) {
-            self.push_mount(entry(major, minor, target, fs.as_str(), false));
+            self.push_mount(entry(major, minor, target.path(), fs.as_str(), false));
         }
         Ok(())
     }
@@ -291,17 +396,26 @@ impl Host for HostDouble {
         target: &Anchored,
         options: &[String],
     ) -> Result<()> {
-        let (source, target) = (source.path(), target.path());
-        self.record(format!("bind {} {}", source.display(), target.display()));
+        self.record(format!(
+            "bind {} {}",
+            source.path().display(),
+            target.path().display()
+        ));
+        if let Some(real) = self.real() {
+            return real.bind_mount(source, target, options).await;
+        }
         let ro = options.iter().any(|o| o == "ro");
-        if let Some(m) = self.bind_entry(source, target, ro) {
+        if let Some(m) = self.bind_entry(source.path(), target.path(), ro) {
             self.push_mount(m);
         }
         Ok(())
     }
     async fn unmount(&self, target: &Anchored) -> Result<()> {
+        self.record(format!("umount {}", target.path().display()));
+        if let Some(real) = self.real() {
+            return real.unmount(target).await;
+        }
         let target = target.path();
-        self.record(format!("umount {}", target.display()));
         if self.server_gone.load(Ordering::SeqCst) && self.is_nfs_at(target) {
             std::future::pending::<()>().await;
         }
@@ -317,6 +431,9 @@ impl Host for HostDouble {
             ForceUnmount::Lazy => "-l",
         };
         self.record(format!("umount {flag} {}", target.display()));
+        if let Some(real) = self.real() {
+            return real.unmount_forced(target, how).await;
+        }
         if how == ForceUnmount::Force && self.force_leaves_mount.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -334,30 +451,46 @@ impl Host for HostDouble {
             let _permit = hang.acquire().await.unwrap();
         }
         self.record(format!("mount_nfs {source} {}", target.display()));
-        let m = self.nfs_entry(source, target, options);
+        // Over the real host the bind is in the real mount table already.
+        let simulated = match &self.over_real {
+            Some(over) => {
+                over.bind_export(source, target, options)?;
+                None
+            }
+            None => Some(self.nfs_entry(source, target, options)),
+        };
         let mut s = self.state.lock().unwrap();
         s.nfs_calls
             .push((source.to_owned(), target.to_owned(), options.to_vec()));
-        if self.track_mounts {
+        if let Some(m) = simulated.filter(|_| self.track_mounts) {
             s.mounts.push(m);
         }
         Ok(())
     }
     fn create_dir_all(&self, path: &Path) -> Result<()> {
         self.record(format!("mkdir {}", path.display()));
-        real().create_dir_all(path)
+        match self.real() {
+            Some(real) => real.create_dir_all(path),
+            None => real_paths().create_dir_all(path),
+        }
     }
     fn stat(&self, path: &Path) -> Result<Option<FileKind>> {
         self.record(format!("stat {}", path.display()));
-        real().stat(path)
+        match self.real() {
+            Some(real) => real.stat(path),
+            None => real_paths().stat(path),
+        }
     }
     fn statvfs(&self, path: &Path) -> Result<FsUsage> {
         self.record(format!("statvfs {}", path.display()));
+        if let Some(real) = self.real() {
+            return real.statvfs(path);
+        }
         // A hard NFS mount's statvfs waits for the gone server (in the kernel, unkillable
         // from here): blocks its thread until the server is back.
         while self.server_gone.load(Ordering::SeqCst) && self.is_nfs_at(path) {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        real().statvfs(path)
+        real_paths().statvfs(path)
     }
 }
