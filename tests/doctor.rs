@@ -205,3 +205,46 @@ fn path_reports_a_partition_volume_and_its_parent() {
         "{why}"
     );
 }
+
+/// Each line states what was found, so a WARN or FAIL line never reads as a pass: a GPU
+/// node whose cufile.json allows the compat fallback, and a volume on a loop device.
+#[test]
+fn warn_and_fail_lines_state_what_was_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = Tree::new(dir.path());
+    tree.gpu_node()
+        .nvidia_fs("nvme: 1\n")
+        .loop_partition_volume(Path::new("/mnt/vol"))
+        .write(
+            "etc/cufile.json",
+            r#"{ "properties": { "allow_compat_mode": true } }"#,
+        );
+    let o = doctor(dir.path(), &["--path", "/mnt/vol"]);
+    let t = text(&o);
+    for line in [
+        "[WARN] cufile.allow_compat          compat fallback enabled (allow_compat_mode is \
+         true): I/O may silently bounce through the CPU\n",
+        "[WARN] volume.nvme_transport        /dev/loop0 is not an NVMe namespace: no GDS path\n",
+    ] {
+        assert!(t.contains(line), "{line:?} not in:\n{t}");
+    }
+    let v = json(&doctor(dir.path(), &["--path", "/mnt/vol", "--json"]));
+    assert_eq!(
+        check(&v, "cufile.allow_compat")["summary"],
+        "compat fallback enabled (allow_compat_mode is true): I/O may silently bounce through \
+         the CPU"
+    );
+    assert_eq!(
+        check(&v, "volume.nvme_transport")["summary"],
+        "/dev/loop0 is not an NVMe namespace: no GDS path"
+    );
+
+    // No GPU: the failed line says there is none.
+    let dir = tempfile::tempdir().unwrap();
+    Tree::new(dir.path());
+    let t = text(&doctor(dir.path(), &[]));
+    assert!(
+        t.contains("[FAIL] gpu.driver                   no NVIDIA GPU driver"),
+        "{t}"
+    );
+}

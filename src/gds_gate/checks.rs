@@ -34,12 +34,12 @@ pub struct GateConfig {
 /// only hang until its deadline; doctor uses this to say so plainly.
 pub fn gpu_check(paths: &HostPaths) -> Check {
     let id = "gpu.driver";
-    let title = "NVIDIA GPU driver present";
+    let present = "NVIDIA GPU driver present";
     let gpus_dir = paths.proc("driver/nvidia/gpus");
     let gpus = dir_names(&gpus_dir, |_| true);
     if !gpus.is_empty() {
         let evidence = format!("{}: {}", gpus_dir.display(), gpus.join(" "));
-        return Check::pass(id, title, evidence);
+        return Check::pass(id, present, evidence);
     }
     let nodes = dir_names(&paths.dev_root, |n| {
         n.strip_prefix("nvidia")
@@ -52,11 +52,11 @@ pub fn gpu_check(paths: &HostPaths) -> Check {
             nodes.join(" "),
             paths.dev_root.display()
         );
-        return Check::pass(id, title, evidence);
+        return Check::pass(id, present, evidence);
     }
     Check::fail(
         id,
-        title,
+        "no NVIDIA GPU driver: no GPU visible on this node",
         format!(
             "no {} and no nvidia<N> device node in {}: this node has no GPU or no NVIDIA driver",
             gpus_dir.display(),
@@ -203,7 +203,7 @@ impl Checks {
 fn probe_not_run_without_gpu() -> Check {
     Check::fail(
         "cufile.probe",
-        "cuFile gives this volume true GDS",
+        "the cuFile probe was not run: no NVIDIA GPU driver",
         "not run: gpu.driver failed, and cuFile needs an NVIDIA GPU driver",
         "load the NVIDIA driver (GPU Operator or the host's), then publish again",
     )
@@ -250,14 +250,21 @@ mod tests {
     #[test]
     fn no_gpu_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let c = gpu_check(&HostPaths::under(dir.path()));
-        assert_eq!(c.status, gds_check::Status::Fail);
-        assert!(c.evidence.contains("no GPU"), "{}", c.evidence);
+        let missing = gpu_check(&HostPaths::under(dir.path()));
+        assert_eq!(missing.status, gds_check::Status::Fail);
+        assert!(missing.evidence.contains("no GPU"), "{}", missing.evidence);
         std::fs::create_dir_all(dir.path().join("dev")).unwrap();
         std::fs::write(dir.path().join("dev/nvidia0"), "").unwrap();
         std::fs::write(dir.path().join("dev/nvidiactl"), "").unwrap();
         let c = gpu_check(&HostPaths::under(dir.path()));
         assert_eq!(c.status, gds_check::Status::Pass);
         assert!(c.evidence.contains("but nvidia0 in"), "{}", c.evidence);
+        // The failed line says what was found, not what passing means.
+        assert!(
+            missing.summary.starts_with("no NVIDIA GPU driver") && missing.summary != c.summary,
+            "{missing:?}"
+        );
+        let not_run = probe_not_run_without_gpu();
+        assert!(not_run.summary.contains("not run"), "{not_run:?}");
     }
 }

@@ -101,7 +101,7 @@ pub fn judge(policy: Policy, volume_id: &str, report: &Report) -> Result<Verdict
 /// `check-id: evidence -> remedy`, one line.
 pub fn failure_line(c: &Check) -> String {
     let evidence = if c.evidence.is_empty() {
-        c.title.as_str()
+        c.summary.as_str()
     } else {
         c.evidence.as_str()
     };

@@ -158,52 +158,54 @@ impl Status {
     }
 }
 
-/// One finding. `evidence` says what was read (so an operator can verify it by hand);
-/// `remedy` says what to change, and is set for every Fail and most Warns.
+/// One finding. `summary` states what was found, in the words of this outcome (a Warn or
+/// Fail line that read like the pass would hide the problem); `evidence` says what was read
+/// (so an operator can verify it by hand); `remedy` says what to change, and is set for every
+/// Fail and most Warns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     pub id: &'static str,
-    pub title: String,
+    pub summary: String,
     pub status: Status,
     pub evidence: String,
     pub remedy: Option<String>,
 }
 
 impl Check {
-    pub fn new(id: &'static str, title: impl Into<String>, status: Status) -> Self {
+    pub fn new(id: &'static str, summary: impl Into<String>, status: Status) -> Self {
         Check {
             id,
-            title: title.into(),
+            summary: summary.into(),
             status,
             evidence: String::new(),
             remedy: None,
         }
     }
-    pub fn pass(id: &'static str, title: impl Into<String>, evidence: impl Into<String>) -> Self {
-        Check::new(id, title, Status::Pass).evidence(evidence)
+    pub fn pass(id: &'static str, summary: impl Into<String>, evidence: impl Into<String>) -> Self {
+        Check::new(id, summary, Status::Pass).evidence(evidence)
     }
     pub fn fail(
         id: &'static str,
-        title: impl Into<String>,
+        summary: impl Into<String>,
         evidence: impl Into<String>,
         remedy: impl Into<String>,
     ) -> Self {
-        Check::new(id, title, Status::Fail)
+        Check::new(id, summary, Status::Fail)
             .evidence(evidence)
             .remedy(remedy)
     }
     pub fn warn(
         id: &'static str,
-        title: impl Into<String>,
+        summary: impl Into<String>,
         evidence: impl Into<String>,
         remedy: impl Into<String>,
     ) -> Self {
-        Check::new(id, title, Status::Warn)
+        Check::new(id, summary, Status::Warn)
             .evidence(evidence)
             .remedy(remedy)
     }
-    pub fn na(id: &'static str, title: impl Into<String>, evidence: impl Into<String>) -> Self {
-        Check::new(id, title, Status::NotApplicable).evidence(evidence)
+    pub fn na(id: &'static str, summary: impl Into<String>, evidence: impl Into<String>) -> Self {
+        Check::new(id, summary, Status::NotApplicable).evidence(evidence)
     }
     pub fn evidence(mut self, e: impl Into<String>) -> Self {
         self.evidence = e.into();
@@ -271,7 +273,13 @@ impl Report {
             warnings.len()
         );
         for c in &self.checks {
-            let _ = writeln!(out, "  [{:<4}] {:<28} {}", c.status.as_str(), c.id, c.title);
+            let _ = writeln!(
+                out,
+                "  [{:<4}] {:<28} {}",
+                c.status.as_str(),
+                c.id,
+                c.summary
+            );
         }
         for (label, list) in [("Failed", &failures), ("Warnings", &warnings)] {
             if list.is_empty() {
@@ -279,7 +287,7 @@ impl Report {
             }
             let _ = writeln!(out, "\n{label}:");
             for c in list.iter() {
-                let _ = writeln!(out, "- {} ({})", c.title, c.id);
+                let _ = writeln!(out, "- {} ({})", c.summary, c.id);
                 if !c.evidence.is_empty() {
                     let _ = writeln!(out, "    evidence: {}", c.evidence);
                 }

@@ -891,3 +891,341 @@ fn nvme_of_volume_fails_without_nvme_rdma_registered() {
         t.evidence
     );
 }
+
+/// Every check a doctor run can print, each reached below with its pass and a non-pass outcome.
+const CHECK_IDS: [&str; 21] = [
+    "nvidia_fs.module",
+    "nvidia_fs.devices",
+    "nvidia_fs.storage_driver",
+    "nvme.p2pdma",
+    "cufile.config",
+    "cufile.force_compat",
+    "cufile.allow_compat",
+    "cufile.denylist_drivers",
+    "iommu",
+    "rdma.devices",
+    "volume.mount",
+    "volume.filesystem",
+    "volume.denylist",
+    "volume.block_stack",
+    "volume.nvme_transport",
+    "volume.p2pdma",
+    "volume.udev",
+    "volume.md_members",
+    "volume.md_udev",
+    "volume.md_udev_rule",
+    "cufile.probe",
+];
+
+/// A probe outcome as the child reports it, with only `status` and `mode` set.
+fn probe_outcome(status: &str, mode: &str) -> gds_check::ProbeOutcome {
+    serde_json::from_value(serde_json::json!({
+        "status": status, "mode": mode, "detail": "fixture", "backend": "nvme",
+        "strict": false, "elapsed_ms": 0, "log_tail": [],
+    }))
+    .unwrap()
+}
+
+/// The lines of every outcome the fixtures of this file reach, check by check.
+fn lines_of_every_outcome() -> Vec<Check> {
+    let mut lines = Vec::new();
+    let node = |h: &Host, b: Backend| node_checks(&h.paths, b);
+    let vol = |h: &Host, b: Backend, at: &str| volume_checks(&h.paths, b, Path::new(at));
+
+    // nvidia_fs ready with NVMe registered; an IOMMU in passthrough.
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n")
+        .write("etc/cufile.json", CUFILE_OK)
+        .mkdir("sys/class/iommu/dmar0")
+        .write("proc/cmdline", "ro iommu=pt\n");
+    lines.extend(node(&h, Backend::Nvme));
+    // Neither nvidia_fs nor P2PDMA; an IOMMU translating; no RDMA device.
+    h.write("proc/cmdline", "ro\n");
+    fs::remove_dir_all(h.root.join("sys/module/nvidia_fs")).unwrap();
+    lines.extend(node(&h, Backend::Nvme));
+    lines.extend(node(&h, Backend::NfsRdma));
+    // nvidia_fs loaded, but no device node to read its registrations through.
+    h.nvfs_loaded("nvme: 1\n");
+    for n in ["dev/nvidia-fs0", "dev/nvidia-fs1"] {
+        fs::remove_file(h.root.join(n)).unwrap();
+    }
+    lines.extend(node(&h, Backend::Nvme));
+    // An RDMA device.
+    h.mkdir("sys/class/infiniband/mlx5_0");
+    lines.extend(node(&h, Backend::NfsRdma));
+
+    // P2PDMA mode ready: without nvidia_fs, then with it but NVMe unregistered.
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
+    )
+    .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    p2pdma_host(&h);
+    lines.extend(node(&h, Backend::Nvme));
+    h.nvfs_loaded("wekafsio: 1\n");
+    lines.extend(node(&h, Backend::Nvme));
+
+    // cufile.json forcing compat mode, compat fallback on, NVMe denylisted; then unset
+    // fallback; then invalid; then absent.
+    let h = Host::new();
+    h.nvfs_loaded("nvme: 1\n").write(
+        "etc/cufile.json",
+        r#"{ "properties": { "force_compat_mode": true, "allow_compat_mode": true },
+             "denylist": { "drivers": ["nvme"] } }"#,
+    );
+    lines.extend(node(&h, Backend::Nvme));
+    h.write("etc/cufile.json", "{}");
+    lines.extend(node(&h, Backend::Nvme));
+    h.write("etc/cufile.json", "{ \"properties\": { ");
+    lines.extend(node(&h, Backend::Nvme));
+    fs::remove_file(h.root.join("etc/cufile.json")).unwrap();
+    lines.extend(node(&h, Backend::Nvme));
+
+    // An NVMe volume: ready; then each filesystem and mount the checks refuse.
+    let h = nvme_volume(EXT4_ORDERED, true);
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    for mount in [
+        EXT4_IMPLICIT,
+        XFS,
+        "100 29 259:1 / /mnt/vol rw - ext4 /dev/nvme0n1p1 rw,data=journal",
+        "100 29 259:1 / /mnt/vol rw - ext4 /dev/nvme0n1p1 rw,data=writeback",
+        "100 29 259:1 / /mnt/vol rw - btrfs /dev/nvme0n1p1 rw",
+        "100 29 0:60 / /mnt/vol rw - nfs4 10.0.0.1:/export rw,proto=rdma",
+    ] {
+        h.mountinfo(&[mount]);
+        lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    }
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/none"));
+    fs::remove_file(h.root.join("proc/self/mountinfo")).unwrap();
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    // Its udev entry without ID_FS_USAGE, then gone; the volume denylisted, then cufile.json
+    // invalid, then absent.
+    let h = nvme_volume(XFS, false);
+    h.write(
+        "etc/cufile.json",
+        r#"{ "denylist": { "mounts": ["/mnt/vol"] } }"#,
+    );
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    fs::remove_file(h.root.join("run/udev/data/b259:1")).unwrap();
+    h.write("etc/cufile.json", "{ \"denylist\": ");
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    fs::remove_file(h.root.join("etc/cufile.json")).unwrap();
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    // NVMe over TCP (no GDS path), then NVMe-oF over RDMA with only `nvme` registered.
+    let ctrl = "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport";
+    for transport in ["tcp\n", "rdma\n"] {
+        h.write(ctrl, transport);
+        lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    }
+
+    // A loop device, device-mapper, md RAID1, tmpfs.
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK)
+        .nvme_disk("pcie")
+        .write(
+            "sys/devices/virtual/block/loop0/loop/backing_file",
+            "/var/img\n",
+        )
+        .link("sys/dev/block/7:0", "../../devices/virtual/block/loop0")
+        .write("sys/devices/virtual/block/dm-0/dm/name", "vg-lv\n")
+        .link(
+            "sys/devices/virtual/block/dm-0/slaves/nvme0n1p1",
+            "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1/nvme0n1p1",
+        )
+        .link("sys/dev/block/253:0", "../../devices/virtual/block/dm-0")
+        .write("sys/devices/virtual/block/md1/md/level", "raid1\n")
+        .link("sys/dev/block/9:1", "../../devices/virtual/block/md1")
+        .mountinfo(&[
+            "400 29 7:0 / /mnt/loop rw - ext4 /dev/loop0 rw,data=ordered",
+            "300 29 253:0 / /mnt/lvm rw - xfs /dev/mapper/vg-lv rw",
+            "302 29 9:1 / /mnt/md1 rw - xfs /dev/md1 rw",
+            "200 29 0:55 / /mnt/tmp rw - tmpfs tmpfs rw",
+        ]);
+    for at in ["/mnt/loop", "/mnt/lvm", "/mnt/md1", "/mnt/tmp"] {
+        lines.extend(vol(&h, Backend::Nvme, at));
+    }
+
+    // NFS: over RDMA, over TCP, and a local filesystem where NFS should be.
+    let h = Host::new();
+    h.write("etc/cufile.json", CUFILE_OK).mountinfo(&[
+        "500 29 0:60 / /mnt/nfs rw - nfs4 10.0.0.1:/export rw,vers=4.1,proto=rdma,port=20049",
+        "501 29 0:61 / /mnt/tcp rw - nfs4 10.0.0.1:/export rw,vers=4.1,proto=tcp,port=0",
+        "502 29 0:62 / /mnt/tmp rw - tmpfs tmpfs rw",
+    ]);
+    for at in ["/mnt/nfs", "/mnt/tcp", "/mnt/tmp"] {
+        lines.extend(vol(&h, Backend::NfsRdma, at));
+    }
+
+    // P2PDMA mode: one NVMe namespace over PCIe, then md RAID0.
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true } }"#,
+    )
+    .nvme_disk("pcie")
+    .write("sys/devices/virtual/block/md0/md/level", "raid0\n")
+    .link(
+        "sys/devices/virtual/block/md0/slaves/nvme0n1",
+        "../../../../pci0000:00/0000:00:01.0/nvme/nvme0/nvme0n1",
+    )
+    .link("sys/dev/block/9:0", "../../devices/virtual/block/md0")
+    .mountinfo(&[
+        "301 29 9:0 / /mnt/md0 rw - xfs /dev/md0 rw",
+        "302 29 259:1 / /mnt/vol rw - xfs /dev/nvme0n1p1 rw",
+    ])
+    .udev("9:0", true)
+    .udev("259:1", true);
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+
+    // md RAID0: members exported by NVIDIA's rule; then mdadm's stock rule; then no rule and
+    // a SATA member; then no rules directory at all.
+    let (h, p, blkid_only) = md0_over_two_namespaces();
+    let rules = "etc/udev/rules.d/63-md-raid-arrays.rules";
+    h.md_rule_keys("9:0", "raid0", &["nvme0n1", "nvme1n1"])
+        .write(
+            rules,
+            "IMPORT{program}=\"/sbin/mdadm --detail --export $devnode\"\n",
+        );
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+    fs::write(
+        &p,
+        format!("{blkid_only}E:MD_LEVEL=raid0\nE:MD_DEVICES=2\n"),
+    )
+    .unwrap();
+    h.write(
+        rules,
+        "IMPORT{program}=\"/sbin/mdadm --detail --no-devices --export $devnode\"\n",
+    );
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+    h.write(rules, "# masked\n")
+        .write("sys/devices/pci0000:00/0000:00:17.0/ata1/sda/dev", "8:0\n")
+        .link(
+            "sys/devices/virtual/block/md0/slaves/sda",
+            "../../../../pci0000:00/0000:00:17.0/ata1/sda",
+        );
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+    fs::remove_dir_all(h.root.join("etc/udev")).unwrap();
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+
+    // The probe: every status, and each mode of a completed run.
+    for (status, mode) in [
+        ("completed", "true_gds"),
+        ("completed", "compat"),
+        ("completed", "unavailable"),
+        ("completed", "unknown"),
+        ("library_missing", "unknown"),
+        ("symbol_missing", "unknown"),
+        ("file_error", "unknown"),
+        ("bad_args", "unknown"),
+        ("timed_out", "unknown"),
+        ("crashed", "unknown"),
+        ("spawn_failed", "unknown"),
+        ("no_output", "unknown"),
+    ] {
+        let o = probe_outcome(status, mode);
+        lines.push(gds_check::probe_check(&o));
+        lines.push(gds_check::probe_check_required(&o));
+    }
+    lines
+}
+
+/// A Warn, Fail or N/A line that reads like the pass would hide the problem: every line says
+/// what was found. Checked on the summary the text report prints and the JSON carries.
+#[test]
+fn every_non_pass_line_states_what_was_found() {
+    let lines = lines_of_every_outcome();
+    for id in CHECK_IDS {
+        let of = |pass: bool| -> Vec<&Check> {
+            lines
+                .iter()
+                .filter(|c| c.id == id && (c.status == Status::Pass) == pass)
+                .collect()
+        };
+        let (passes, others) = (of(true), of(false));
+        assert!(!passes.is_empty(), "{id}: no fixture passes it");
+        assert!(
+            !others.is_empty(),
+            "{id}: no fixture makes it other than pass"
+        );
+        for p in &passes {
+            for o in &others {
+                assert!(
+                    !o.summary.contains(&p.summary) && !p.summary.contains(&o.summary),
+                    "{id}: the {:?} line {:?} reads as the pass line {:?}",
+                    o.status,
+                    o.summary,
+                    p.summary
+                );
+            }
+        }
+    }
+    let unknown: Vec<&str> = lines
+        .iter()
+        .map(|c| c.id)
+        .filter(|id| !CHECK_IDS.contains(id))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "checks this test does not cover: {unknown:?}"
+    );
+
+    let report = Report::new(lines);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let text = report.to_text();
+    for (c, j) in report.checks.iter().zip(json["checks"].as_array().unwrap()) {
+        assert_eq!(j["summary"], c.summary.as_str(), "{c:?}");
+        let line = format!("[{:<4}] {:<28} {}\n", c.status.as_str(), c.id, c.summary);
+        assert!(text.contains(&line), "{line:?} not in the text report");
+    }
+}
+
+#[test]
+fn compat_fallback_enabled_and_a_loop_device_say_so() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "allow_compat_mode": true } }"#,
+    )
+    .write(
+        "sys/devices/virtual/block/loop0/loop/backing_file",
+        "/var/img\n",
+    )
+    .link("sys/dev/block/7:0", "../../devices/virtual/block/loop0")
+    .mountinfo(&["400 29 7:0 / /mnt/loop rw - ext4 /dev/loop0 rw,data=ordered"])
+    .udev("7:0", true);
+    let mut report = Report::new(node_checks(&h.paths, Backend::Nvme));
+    report.extend(volume_checks(
+        &h.paths,
+        Backend::Nvme,
+        Path::new("/mnt/loop"),
+    ));
+    let text = report.to_text();
+    for line in [
+        "[WARN] cufile.allow_compat          compat fallback enabled (allow_compat_mode is \
+         true): I/O may silently bounce through the CPU\n",
+        "[WARN] volume.nvme_transport        /dev/loop0 is not an NVMe namespace: no GDS path\n",
+    ] {
+        assert!(text.contains(line), "{line:?} not in:\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let summary = |id: &str| {
+        json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["summary"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_eq!(
+        summary("cufile.allow_compat"),
+        "compat fallback enabled (allow_compat_mode is true): I/O may silently bounce through \
+         the CPU"
+    );
+    assert_eq!(
+        summary("volume.nvme_transport"),
+        "/dev/loop0 is not an NVMe namespace: no GDS path"
+    );
+}

@@ -30,7 +30,7 @@ pub(super) fn cufile_checks(cfg: &CufileState, backend: Backend) -> Vec<Check> {
         CufileState::Missing(e) => {
             return vec![Check::warn(
                 "cufile.config",
-                "cufile.json readable",
+                "no cufile.json: libcufile runs on its defaults (compat mode allowed)",
                 format!("{e}; libcufile uses built-in defaults (compat mode allowed)"),
                 "install /etc/cufile.json (or set CUFILE_ENV_PATH_JSON) and mount it into \
                  workload pods",
@@ -39,7 +39,7 @@ pub(super) fn cufile_checks(cfg: &CufileState, backend: Backend) -> Vec<Check> {
         CufileState::Invalid(e) => {
             return vec![Check::fail(
                 "cufile.config",
-                "cufile.json readable",
+                "cufile.json is invalid: libcufile cannot read it",
                 e.clone(),
                 "fix the JSON (comments are allowed; keys must have the documented types)",
             )];
@@ -65,38 +65,48 @@ fn config_check(c: &CufileConfig) -> Check {
     if let Some(kb) = c.max_direct_io_size_kb {
         ev += &format!(" max_direct_io_size_kb={kb}");
     }
-    Check::pass("cufile.config", "cufile.json readable", ev)
+    Check::pass("cufile.config", "cufile.json read", ev)
 }
 
 fn force_compat_check(c: &CufileConfig) -> Check {
-    let title = "cufile.json does not force compat mode";
     if c.force_compat_mode == Some(true) {
         Check::fail(
             "cufile.force_compat",
-            title,
+            "cufile.json forces compat mode (force_compat_mode is true): no GDS",
             "properties.force_compat_mode is true: every read goes through POSIX",
             "set \"force_compat_mode\": false in cufile.json",
         )
     } else {
-        Check::pass("cufile.force_compat", title, "force_compat_mode not set")
+        Check::pass(
+            "cufile.force_compat",
+            "cufile.json does not force compat mode",
+            "force_compat_mode not set",
+        )
     }
 }
 
 fn allow_compat_check(c: &CufileConfig) -> Check {
-    let title = "compat fallback disabled";
     match c.allow_compat_mode {
-        Some(false) => Check::pass("cufile.allow_compat", title, "allow_compat_mode is false"),
-        v => Check::warn(
+        Some(false) => Check::pass(
             "cufile.allow_compat",
-            title,
-            format!(
-                "allow_compat_mode is {}: cuFile silently falls back to POSIX I/O when GDS \
-                 is unavailable",
-                v.map_or("unset (default true)".to_string(), |b| b.to_string())
-            ),
-            "set \"allow_compat_mode\": false for workloads that require true GDS, or rely on \
-             the volume probe to detect fallback",
+            "compat fallback disabled (allow_compat_mode is false)",
+            "allow_compat_mode is false",
         ),
+        v => {
+            let value = match v {
+                Some(_) => "allow_compat_mode is true",
+                None => "allow_compat_mode unset, default true",
+            };
+            Check::warn(
+                "cufile.allow_compat",
+                format!(
+                    "compat fallback enabled ({value}): I/O may silently bounce through the CPU"
+                ),
+                format!("{value}: cuFile silently falls back to POSIX I/O when GDS is unavailable"),
+                "set \"allow_compat_mode\": false for workloads that require true GDS, or rely \
+                 on the volume probe to detect fallback",
+            )
+        }
     }
 }
 
@@ -107,24 +117,22 @@ fn denylist_drivers_check(c: &CufileConfig, backend: Backend) -> Check {
         .iter()
         .filter(|d| required_drivers(backend).contains(&d.as_str()))
         .collect();
-    let title = "storage driver not denylisted";
     if deny.is_empty() {
         Check::pass(
             "cufile.denylist_drivers",
-            title,
+            "storage driver not denylisted",
             format!("denylist.drivers: [{}]", c.denylist.drivers.join(", ")),
         )
     } else {
+        let names = deny
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         Check::fail(
             "cufile.denylist_drivers",
-            title,
-            format!(
-                "denylist.drivers names {}: I/O through it is disabled (IO_DISABLED)",
-                deny.iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            format!("storage driver {names} denylisted in cufile.json: no GDS through it"),
+            format!("denylist.drivers names {names}: I/O through it is disabled (IO_DISABLED)"),
             "remove the driver from denylist.drivers in cufile.json",
         )
     }

@@ -8,6 +8,9 @@ use crate::{Backend, Check, HostPaths};
 use std::fs;
 use std::path::PathBuf;
 
+/// The N/A line of each nvidia_fs check when NVMe takes the P2PDMA route instead.
+const NOT_NEEDED: &str = "nvidia_fs not loaded, not needed: NVMe uses P2PDMA mode";
+
 const LOAD_REMEDY: &str = "load nvidia_fs (GPU Operator: ClusterPolicy spec.gds.enabled=true, \
     needs the open GPU kernel modules; or `modprobe nvidia_fs`), then reload the storage driver";
 
@@ -25,12 +28,11 @@ pub(super) struct NvfsState<'a> {
 
 pub(super) fn module_check(s: &NvfsState) -> Check {
     let module_dir = s.paths.sys("module/nvidia_fs");
-    let title = "nvidia_fs kernel module loaded";
     if !s.loaded {
         return if s.p2p_ready {
             Check::na(
                 "nvidia_fs.module",
-                title,
+                NOT_NEEDED,
                 format!(
                     "{} absent; not needed: NVMe uses P2PDMA mode",
                     module_dir.display()
@@ -39,7 +41,7 @@ pub(super) fn module_check(s: &NvfsState) -> Check {
         } else {
             Check::fail(
                 "nvidia_fs.module",
-                title,
+                "nvidia_fs kernel module not loaded",
                 format!("{} absent", module_dir.display()),
                 LOAD_REMEDY,
             )
@@ -60,23 +62,22 @@ pub(super) fn module_check(s: &NvfsState) -> Check {
         Some(v) => ev += &format!(", /proc/driver/nvidia-fs/version {v}"),
         None => ev += ", /proc/driver/nvidia-fs/version unreadable",
     }
-    Check::pass("nvidia_fs.module", title, ev)
+    Check::pass("nvidia_fs.module", "nvidia_fs kernel module loaded", ev)
 }
 
 pub(super) fn devices_check(s: &NvfsState) -> Check {
-    let title = "nvidia-fs device nodes present";
     if !s.devs.is_empty() {
         Check::pass(
             "nvidia_fs.devices",
-            title,
+            "nvidia-fs device nodes present",
             format!("{} in {}", s.devs.join(" "), s.paths.dev_root.display()),
         )
     } else if !s.loaded && s.p2p_ready {
-        Check::na("nvidia_fs.devices", title, "not needed in P2PDMA mode")
+        Check::na("nvidia_fs.devices", NOT_NEEDED, "not needed in P2PDMA mode")
     } else {
         Check::fail(
             "nvidia_fs.devices",
-            title,
+            "no nvidia-fs device nodes",
             format!("no nvidia-fs<N> under {}", s.paths.dev_root.display()),
             if s.loaded {
                 "nvidia_fs is loaded but its device nodes are not visible: give the container \
@@ -89,19 +90,18 @@ pub(super) fn devices_check(s: &NvfsState) -> Check {
 }
 
 pub(super) fn storage_driver_check(s: &NvfsState) -> Check {
-    let wanted = required_drivers(s.backend);
-    let title = format!("{} registered with nvidia_fs", wanted.join(" or "));
+    let wanted = required_drivers(s.backend).join(" or ");
     if !s.loaded {
         return if s.p2p_ready {
             Check::na(
                 "nvidia_fs.storage_driver",
-                title,
+                NOT_NEEDED,
                 "nvidia_fs not loaded; NVMe uses P2PDMA mode",
             )
         } else {
             Check::fail(
                 "nvidia_fs.storage_driver",
-                title,
+                format!("{wanted} not registered: nvidia_fs not loaded"),
                 "nvidia_fs not loaded",
                 LOAD_REMEDY,
             )
@@ -116,10 +116,10 @@ pub(super) fn storage_driver_check(s: &NvfsState) -> Check {
         )),
     };
     match listing {
-        Ok(mods) => listed_check(s, title, &mods, held_dev),
+        Ok(mods) => listed_check(s, &wanted, &mods, held_dev),
         Err(e) => Check::fail(
             "nvidia_fs.storage_driver",
-            title,
+            "nvidia_fs loaded, but its registered drivers cannot be read",
             format!("nvidia_fs loaded but the registered drivers cannot be read: {e}"),
             "give the container /dev/nvidia-fs* (CDI device nvidia.com/gds=all) and the \
              host's /proc/driver/nvidia-fs; check that the module is healthy (dmesg)",
@@ -127,10 +127,10 @@ pub(super) fn storage_driver_check(s: &NvfsState) -> Check {
     }
 }
 
-/// The listing could be read: Pass when it names the backend's driver.
+/// The listing could be read: Pass when it names the backend's driver (`wanted`).
 fn listed_check(
     s: &NvfsState,
-    title: String,
+    wanted: &str,
     mods: &[NvfsModule],
     held_dev: Option<PathBuf>,
 ) -> Check {
@@ -147,7 +147,11 @@ fn listed_check(
         .iter()
         .any(|n| required_drivers(s.backend).contains(n))
     {
-        return Check::pass("nvidia_fs.storage_driver", title, ev);
+        return Check::pass(
+            "nvidia_fs.storage_driver",
+            format!("{wanted} registered with nvidia_fs"),
+            ev,
+        );
     }
     let remedy = match s.backend {
         Backend::Nvme => {
@@ -164,14 +168,14 @@ fn listed_check(
     if s.p2p_ready {
         Check::warn(
             "nvidia_fs.storage_driver",
-            title,
+            format!("{wanted} not registered with nvidia_fs; P2PDMA mode serves NVMe instead"),
             format!("{ev}; P2PDMA mode covers NVMe"),
             remedy,
         )
     } else {
         Check::fail(
             "nvidia_fs.storage_driver",
-            title,
+            format!("{wanted} not registered with nvidia_fs: no GDS path, compat mode only"),
             format!("{ev}: cuFile silently falls back to compat mode for this backend"),
             remedy,
         )

@@ -149,19 +149,22 @@ pub(crate) fn p2pdma_route(paths: &HostPaths) -> bool {
 
 /// The P2PDMA alternative as a check; `nvfs_ok`: the nvidia_fs path is ready instead.
 pub(super) fn p2pdma_check(p: P2p, nvfs_ok: bool) -> Check {
-    let title = "NVMe P2PDMA mode (no nvidia_fs needed)";
     if p.ready {
-        Check::pass("nvme.p2pdma", title, p.evidence)
+        Check::pass(
+            "nvme.p2pdma",
+            "NVMe P2PDMA mode ready (no nvidia_fs needed)",
+            p.evidence,
+        )
     } else if nvfs_ok {
         Check::na(
             "nvme.p2pdma",
-            title,
+            "NVMe P2PDMA mode not used: the nvidia_fs path is ready",
             format!("not used (nvidia_fs path is ready); {}", p.evidence),
         )
     } else {
         Check::fail(
             "nvme.p2pdma",
-            title,
+            "NVMe P2PDMA mode not set up, and no nvidia_fs path either",
             format!("{}; missing: {}", p.evidence, p.missing.join(", ")),
             format!(
                 "either fix nvidia_fs (above) or provide what P2PDMA mode needs (GDS \

@@ -5,7 +5,6 @@ use super::{list_dir_names, read_trim};
 use crate::{Check, HostPaths};
 
 pub(super) fn iommu_check(paths: &HostPaths) -> Check {
-    let title = "IOMMU off or in passthrough";
     let cmdline = read_trim(&paths.proc("cmdline")).unwrap_or_default();
     let args: Vec<&str> = cmdline.split_whitespace().collect();
     let units = list_dir_names(&paths.sys("class/iommu"));
@@ -14,11 +13,11 @@ pub(super) fn iommu_check(paths: &HostPaths) -> Check {
         || args.contains(&"intel_iommu=off")
         || args.contains(&"amd_iommu=off");
     if units.is_empty() {
-        Check::pass("iommu", title, "no IOMMU units under /sys/class/iommu")
+        Check::pass("iommu", "no IOMMU", "no IOMMU units under /sys/class/iommu")
     } else if pt {
         Check::pass(
             "iommu",
-            title,
+            "IOMMU off or in passthrough",
             format!(
                 "IOMMU units {}; kernel cmdline has passthrough/off",
                 units.join(" ")
@@ -27,7 +26,7 @@ pub(super) fn iommu_check(paths: &HostPaths) -> Check {
     } else {
         Check::warn(
             "iommu",
-            title,
+            "IOMMU translating (no iommu=pt): GDS P2P DMA may fail or be slow",
             format!(
                 "IOMMU active ({}) and no iommu=pt on the kernel command line",
                 units.join(" ")
@@ -41,11 +40,10 @@ pub(super) fn iommu_check(paths: &HostPaths) -> Check {
 pub(super) fn rdma_check(paths: &HostPaths, cfg: &CufileState) -> Check {
     let ib = paths.sys("class/infiniband");
     let devs = list_dir_names(&ib);
-    let title = "RDMA device present";
     if devs.is_empty() {
         return Check::fail(
             "rdma.devices",
-            title,
+            "no RDMA device: no NFS over RDMA",
             format!("no devices under {}", ib.display()),
             "install an RDMA NIC driver (MOFED / mlx5_ib) or, for tests, Soft-RoCE \
              (`rdma link add rxe0 type rxe netdev <if>`)",
@@ -60,5 +58,5 @@ pub(super) fn rdma_check(paths: &HostPaths, cfg: &CufileState) -> Check {
             );
         }
     }
-    Check::pass("rdma.devices", title, ev)
+    Check::pass("rdma.devices", "RDMA device present", ev)
 }

@@ -23,7 +23,6 @@ pub(super) fn block_checks(paths: &HostPaths, backend: Backend, layers: &[Layer]
 }
 
 fn stack_check(layers: &[Layer], stack: &str) -> Check {
-    let title = "block device stack supported";
     let dm = layers.iter().any(|l| matches!(l, Layer::Dm(_)));
     // md RAID0 only. NVIDIA documents RAID0 over NVMe as the nvidia-fs route (gds-diag
     // checks/fs_matrix.py `raid0`: "RAID0 over supported NVMe devices. The nvidia-fs/nvfs
@@ -32,33 +31,42 @@ fn stack_check(layers: &[Layer], stack: &str) -> Check {
     // (`block.raid1.use_pci_p2pdma`, `strings`), undocumented. The level is the kernel's
     // `md/level` (drivers/md/md.c `level_show`: the personality name, `raid0`).
     let bad_md = layers.iter().find_map(|l| match l {
-        Layer::Md(md) if md.level.is_empty() => Some(format!("{}: md/level unreadable", md.name)),
-        Layer::Md(md) if md.level != "raid0" => {
-            Some(format!("{} is {} (md/level)", md.name, md.level))
-        }
+        Layer::Md(md) if md.level.is_empty() => Some((
+            format!("{}: md/level unreadable", md.name),
+            format!(
+                "md level of {} unknown: GDS supports md RAID0 only",
+                md.name
+            ),
+        )),
+        Layer::Md(md) if md.level != "raid0" => Some((
+            format!("{} is {} (md/level)", md.name, md.level),
+            format!("{} is md {}: GDS supports md RAID0 only", md.name, md.level),
+        )),
         _ => None,
     });
     if dm {
         Check::fail(
             "volume.block_stack",
-            title,
+            "device-mapper in the block stack: not supported by GDS",
             format!("{stack}: device-mapper (LVM, dm-crypt, multipath) is not supported by GDS"),
             "put the filesystem directly on the NVMe namespace (or md RAID0 over namespaces)",
         )
-    } else if let Some(md) = bad_md {
+    } else if let Some((md, summary)) = bad_md {
         Check::fail(
             "volume.block_stack",
-            title,
+            summary,
             format!("{stack}: {md}; GDS supports md RAID0 (level 0) only"),
             "put the volume on md RAID0 over NVMe (the stripe layout) or on a single NVMe \
              namespace or partition; other md levels get no GDS path",
         )
     } else {
-        Check::pass("volume.block_stack", title, stack.to_string())
+        Check::pass(
+            "volume.block_stack",
+            "block device stack supported",
+            stack.to_string(),
+        )
     }
 }
-
-const TRANSPORT_TITLE: &str = "NVMe transport supports GDS";
 
 fn transport_check(paths: &HostPaths, layers: &[Layer], stack: &str) -> Check {
     let nvme: Vec<(&str, Option<&str>)> = layers
@@ -90,16 +98,16 @@ fn transport_check(paths: &HostPaths, layers: &[Layer], stack: &str) -> Check {
     if fail {
         Check::fail(
             "volume.nvme_transport",
-            TRANSPORT_TITLE,
+            "NVMe-oF over RDMA without nvme_rdma registered with nvidia_fs: no GDS path",
             ev,
             "load nvme_rdma after nvidia_fs (GDS-enabled MOFED driver)",
         )
     } else if problems.is_empty() {
-        Check::pass("volume.nvme_transport", TRANSPORT_TITLE, ev)
+        Check::pass("volume.nvme_transport", "NVMe transport supports GDS", ev)
     } else {
         Check::warn(
             "volume.nvme_transport",
-            TRANSPORT_TITLE,
+            format!("no GDS path for part of the stack: {}", problems.join("; ")),
             ev,
             "use NVMe over PCIe or NVMe-oF over RDMA for true GDS",
         )
@@ -124,9 +132,19 @@ fn not_nvme_check(others: &[&str]) -> Check {
         .map(|n| format!("{n} is not an NVMe namespace ({})", kind(n)))
         .collect::<Vec<_>>()
         .join("; ");
+    let devices = others
+        .iter()
+        .map(|n| format!("/dev/{n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let summary = match others.len() {
+        0 => "no NVMe namespace under the volume: no GDS path".to_string(),
+        1 => format!("{devices} is not an NVMe namespace: no GDS path"),
+        _ => format!("{devices} are not NVMe namespaces: no GDS path"),
+    };
     Check::warn(
         "volume.nvme_transport",
-        TRANSPORT_TITLE,
+        summary,
         format!("{what}; cuFile uses compat mode for it"),
         "back the volume with an NVMe namespace for true GDS",
     )
@@ -159,7 +177,6 @@ fn transport_problems(paths: &HostPaths, nvme: &[(&str, Option<&str>)]) -> (Vec<
 }
 
 fn p2pdma_check(layers: &[Layer], stack: &str) -> Check {
-    let title = "volume supported in NVMe P2PDMA mode";
     let mut bad: Vec<String> = layers
         .iter()
         .filter_map(|l| match l {
@@ -175,11 +192,15 @@ fn p2pdma_check(layers: &[Layer], stack: &str) -> Check {
         .collect();
     bad.dedup();
     if bad.is_empty() {
-        Check::pass("volume.p2pdma", title, format!("{stack}: NVMe over PCIe"))
+        Check::pass(
+            "volume.p2pdma",
+            "volume supported in NVMe P2PDMA mode",
+            format!("{stack}: NVMe over PCIe"),
+        )
     } else {
         Check::fail(
             "volume.p2pdma",
-            title,
+            "volume not supported in NVMe P2PDMA mode (md RAID, multipath or NVMe-oF)",
             format!(
                 "{stack}: {}; this node has no nvidia_fs, and P2PDMA mode does not serve md \
                  RAID, multipath or NVMe-oF",
@@ -193,14 +214,13 @@ fn p2pdma_check(layers: &[Layer], stack: &str) -> Check {
 
 pub(super) fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
     let id = "volume.udev";
-    let title = "udev database identifies the block device";
     let p = paths.udev_data_dir.join(format!("b{majmin}"));
     let remedy = "run udevd on the node (or `udevadm trigger --action=change` for the device) and \
                   give workload pods /run/udev read-only (CDI device nvidia.com/gds=all does)";
     match fs::read_to_string(&p) {
         Err(e) => Check::fail(
             id,
-            title,
+            "no udev database entry for the block device: cuFile cannot register it",
             format!(
                 "{}: {e}; without it cuFileHandleRegister fails with 5027 \
                  HANDLE_NOT_REGISTERED, even in compat mode",
@@ -213,7 +233,7 @@ pub(super) fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
             match props.get("ID_FS_USAGE").map(String::as_str) {
                 Some("filesystem") => Check::pass(
                     id,
-                    title,
+                    "udev database identifies the block device",
                     format!(
                         "{}: ID_FS_USAGE=filesystem ID_FS_TYPE={}",
                         p.display(),
@@ -222,7 +242,7 @@ pub(super) fn udev_check(paths: &HostPaths, majmin: &str) -> Check {
                 ),
                 other => Check::fail(
                     id,
-                    title,
+                    "udev entry lacks ID_FS_USAGE=filesystem: cuFile cannot register the device",
                     format!(
                         "{}: ID_FS_USAGE is {}; cuFileHandleRegister fails with 5027",
                         p.display(),

@@ -8,33 +8,32 @@ use procfs_core::process::MountInfo;
 use std::path::Path;
 
 const FS_ID: &str = "volume.filesystem";
-const FS_TITLE: &str = "filesystem supports true GDS";
 
 pub(super) fn filesystem_check(m: &MountInfo, backend: Backend) -> Check {
-    let (id, title) = (FS_ID, FS_TITLE);
+    let id = FS_ID;
     let fs = m.fs_type.as_str();
     let opts = opts_string(m);
     let ev = format!("{fs} super options: {opts}");
     let nfs = fs == "nfs" || fs == "nfs4";
     match (backend, fs) {
         (Backend::Nvme, "ext4") => ext4_check(m, ev),
-        (Backend::Nvme, "xfs") => Check::pass(id, title, ev),
+        (Backend::Nvme, "xfs") => Check::pass(id, "xfs supports true GDS", ev),
         (Backend::NfsRdma, _) if nfs => nfs_check(m, ev),
         (Backend::Nvme, _) if nfs => Check::fail(
             id,
-            title,
+            "an NFS mount where an NVMe volume should be",
             format!("{ev}: an NFS mount on an NVMe volume"),
             "format the NVMe volume with xfs or ext4 (data=ordered)",
         ),
         (Backend::NfsRdma, _) => Check::fail(
             id,
-            title,
+            format!("{fs} where an NFS over RDMA volume should be"),
             format!("{ev}: not NFS, but the volume's backend is NFS over RDMA"),
             "mount the NFS export with -o rdma,port=20049",
         ),
         (Backend::Nvme, _) => Check::fail(
             id,
-            title,
+            format!("{fs} gets compat mode only, no true GDS"),
             format!("{ev}: {fs} gets compat mode only"),
             "use xfs, or ext4 mounted with -o data=ordered",
         ),
@@ -42,24 +41,24 @@ pub(super) fn filesystem_check(m: &MountInfo, backend: Backend) -> Check {
 }
 
 fn ext4_check(m: &MountInfo, ev: String) -> Check {
-    let (id, title) = (FS_ID, FS_TITLE);
+    let id = FS_ID;
     match super_opt(m, "data") {
-        Some(Some("ordered")) => Check::pass(id, title, ev),
+        Some(Some("ordered")) => Check::pass(id, "ext4 with data=ordered supports true GDS", ev),
         Some(Some("journal")) => Check::fail(
             id,
-            title,
+            "ext4 with data=journal: no O_DIRECT, no GDS",
             format!("{ev}: data=journal disables O_DIRECT"),
             "mount with -o data=ordered",
         ),
         Some(Some(other)) => Check::fail(
             id,
-            title,
+            format!("ext4 with data={other}: not supported by GDS"),
             format!("{ev}: data={other} is not supported by GDS"),
             "mount with -o data=ordered",
         ),
         _ => Check::fail(
             id,
-            title,
+            "ext4 without an explicit data=ordered: not supported by GDS",
             format!("{ev}: data=ordered is not set explicitly (GDS requires it)"),
             "mount with -o data=ordered",
         ),
@@ -70,15 +69,13 @@ fn nfs_check(m: &MountInfo, ev: String) -> Check {
     let proto = super_opt(m, "proto").flatten();
     let rdma = matches!(proto, Some("rdma") | Some("rdma6")) || super_opt(m, "rdma").is_some();
     if rdma {
-        return Check::pass(FS_ID, FS_TITLE, ev);
+        return Check::pass(FS_ID, "NFS over RDMA supports true GDS", ev);
     }
+    let over = proto.unwrap_or("an unknown transport");
     Check::fail(
         FS_ID,
-        FS_TITLE,
-        format!(
-            "{ev}: NFS over {} is compat mode only",
-            proto.unwrap_or("an unknown transport")
-        ),
+        format!("NFS over {over}, not RDMA: compat mode only"),
+        format!("{ev}: NFS over {over} is compat mode only"),
         "mount with -o rdma,port=20049 (server: `echo \"rdma 20049\" > \
          /proc/fs/nfsd/portlist`)",
     )
@@ -92,14 +89,19 @@ pub(super) fn denylist_check(
     dev_name: Option<&str>,
 ) -> Check {
     let id = "volume.denylist";
-    let title = "volume not denylisted in cufile.json";
     let c = match cfg {
         CufileState::Ok(c) => c,
-        CufileState::Missing(e) => return Check::na(id, title, format!("no cufile.json: {e}")),
+        CufileState::Missing(e) => {
+            return Check::na(
+                id,
+                "no cufile.json, so no denylist",
+                format!("no cufile.json: {e}"),
+            )
+        }
         CufileState::Invalid(e) => {
             return Check::warn(
                 id,
-                title,
+                "denylist not checked: cufile.json is invalid",
                 format!("cannot evaluate: {e}"),
                 "fix cufile.json",
             )
@@ -109,7 +111,7 @@ pub(super) fn denylist_check(
     if hits.is_empty() {
         Check::pass(
             id,
-            title,
+            "volume not denylisted in cufile.json",
             format!(
                 "mount {mp}, device {}, filesystem {} not listed",
                 dev_name.or(m.mount_source.as_deref()).unwrap_or("none"),
@@ -119,7 +121,7 @@ pub(super) fn denylist_check(
     } else {
         Check::fail(
             id,
-            title,
+            "volume denylisted in cufile.json: cuFile disables GDS for it",
             format!(
                 "{}: cuFile disables GDS for it (IO_DISABLED)",
                 hits.join("; ")

@@ -25,8 +25,12 @@ use crate::{Check, HostPaths};
 use std::collections::BTreeSet;
 
 const ID: &str = "volume.md_members";
-const TITLE: &str =
-    "md array running; each member an NVMe partition whose driver nvidia_fs registered";
+
+/// What keeps an array from GDS: a few words for the check's line, and the full reason.
+struct Problem {
+    short: String,
+    detail: String,
+}
 
 /// The nvidia-fs registration name of the driver behind an NVMe transport; None: nvidia-fs
 /// has no DMA ops for it.
@@ -47,7 +51,10 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
     let mut remedies = BTreeSet::new();
     if let Some(st) = md.array_state.as_deref() {
         if matches!(st, "broken" | "inactive" | "clear" | "suspended") {
-            problems.push(format!("{} array_state is {st}", md.name));
+            problems.push(Problem {
+                short: format!("{} is {st}", md.name),
+                detail: format!("{} array_state is {st}", md.name),
+            });
             remedies.insert(format!(
                 "the array lost a member or is not running: see `mdadm --detail /dev/{}`; \
                  bring the member's drive back (a stripe volume's NodeStage reassembles it)",
@@ -56,10 +63,10 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
         }
     }
     if md.members.is_empty() {
-        problems.push(format!(
-            "{} lists no member in md/dev-*/block or slaves/",
-            md.name
-        ));
+        problems.push(Problem {
+            short: format!("{} has no members", md.name),
+            detail: format!("{} lists no member in md/dev-*/block or slaves/", md.name),
+        });
     }
     let mut ev = Vec::new();
     for m in &md.members {
@@ -84,13 +91,19 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
         }
     );
     if problems.is_empty() {
-        return Check::pass(ID, TITLE, evidence);
+        return Check::pass(
+            ID,
+            "md array running; each member an NVMe partition whose driver nvidia_fs registered",
+            evidence,
+        );
     }
     let remedy: Vec<String> = remedies.into_iter().collect();
+    let (short, detail): (Vec<String>, Vec<String>) =
+        problems.into_iter().map(|p| (p.short, p.detail)).unzip();
     Check::fail(
         ID,
-        TITLE,
-        format!("{evidence}; {}", problems.join("; ")),
+        format!("{} unfit for GDS: {}", md.name, short.join("; ")),
+        format!("{evidence}; {}", detail.join("; ")),
         remedy.join("; "),
     )
 }
@@ -99,7 +112,7 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
 fn judge_member(
     m: &MdMember,
     registered: Option<&[String]>,
-) -> (String, Option<String>, Option<String>) {
+) -> (String, Option<Problem>, Option<String>) {
     let mut desc = format!("{} ({}", m.name, m.majmin.as_deref().unwrap_or("no dev"));
     if let Some(p) = &m.parent {
         desc += &format!(", partition of {p}");
@@ -109,28 +122,37 @@ fn judge_member(
     }
     if st_faulty(m) {
         desc += ")";
-        let why = format!("member {} is faulty", m.name);
+        let why = Problem {
+            short: format!("member {} faulty", m.name),
+            detail: format!("member {} is faulty", m.name),
+        };
         let fix = "replace or bring back the faulty member (`mdadm --detail` names it)";
         return (desc, Some(why), Some(fix.into()));
     }
     if !m.nvme {
         desc += ", not NVMe)";
-        let why = format!(
-            "member {} is not on an NVMe namespace: nvidia-fs has no DMA path for it, and \
-             cuFile disables GDS for the whole RAID group",
-            m.name
-        );
+        let why = Problem {
+            short: format!("member {} not NVMe", m.name),
+            detail: format!(
+                "member {} is not on an NVMe namespace: nvidia-fs has no DMA path for it, and \
+                 cuFile disables GDS for the whole RAID group",
+                m.name
+            ),
+        };
         let fix = "build the RAID0 from NVMe namespaces or their partitions only";
         return (desc, Some(why), Some(fix.into()));
     }
     let transport = m.transport.as_deref().unwrap_or("unknown");
     let Some(driver) = nvfs_driver(transport) else {
         desc += &format!(", NVMe over {transport})");
-        let why = format!(
-            "member {} is NVMe over {transport}: nvidia-fs registers DMA ops for nvme (PCIe) \
-             and nvme_rdma only",
-            m.name
-        );
+        let why = Problem {
+            short: format!("member {} is NVMe over {transport}", m.name),
+            detail: format!(
+                "member {} is NVMe over {transport}: nvidia-fs registers DMA ops for nvme \
+                 (PCIe) and nvme_rdma only",
+                m.name
+            ),
+        };
         return (
             desc,
             Some(why),
@@ -144,11 +166,17 @@ fn judge_member(
         }
         Some(_) => {
             desc += &format!(", NVMe over {transport}, driver {driver} NOT registered)");
-            let why = format!(
-                "member {}: its driver {driver} is not registered with nvidia_fs \
-                 (/proc/driver/nvidia-fs/modules, read with a nvidia-fs node open)",
-                m.name
-            );
+            let why = Problem {
+                short: format!(
+                    "member {}'s driver {driver} not registered with nvidia_fs",
+                    m.name
+                ),
+                detail: format!(
+                    "member {}: its driver {driver} is not registered with nvidia_fs \
+                     (/proc/driver/nvidia-fs/modules, read with a nvidia-fs node open)",
+                    m.name
+                ),
+            };
             let fix = format!(
                 "load a GDS-enabled {driver} driver after nvidia_fs (MLNX_OFED/DOCA builds \
                  one), so that nvidia-fs lists `{driver}` in /proc/driver/nvidia-fs/modules"

@@ -22,7 +22,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const ID: &str = "volume.md_udev_rule";
-const TITLE: &str = "udev rule exports md members (NVIDIA's rule for RAID volumes)";
 const RULE_FILE: &str = "63-md-raid-arrays.rules";
 
 /// An mdadm `--detail --export` import found in a rule file.
@@ -48,7 +47,7 @@ pub(super) fn md_rule_check(paths: &HostPaths, md: &MdArray) -> Check {
         };
         return Check::warn(
             ID,
-            TITLE,
+            "md udev rule not checked: no udev rules directory visible",
             format!("not checked: {looked}; the udev database check decides"),
             format!(
                 "give the host's rules directories (read-only mounts, `--udev-rules-dir`) to \
@@ -63,7 +62,7 @@ pub(super) fn md_rule_check(paths: &HostPaths, md: &MdArray) -> Check {
     if let Some(ok) = imports.iter().find(|i| !i.no_devices) {
         return Check::pass(
             ID,
-            TITLE,
+            "udev rule exports md members (NVIDIA's rule for RAID volumes)",
             format!(
                 "{}:{}: mdadm --detail --export (members exported)",
                 ok.file.display(),
@@ -71,6 +70,10 @@ pub(super) fn md_rule_check(paths: &HostPaths, md: &MdArray) -> Check {
             ),
         );
     }
+    let summary = match imports.first() {
+        Some(_) => "mdadm's stock udev rule (--no-devices) exports no md members",
+        None => "no udev rule exports md members",
+    };
     let evidence = match imports.first() {
         Some(stock) => format!(
             "{}:{}: mdadm --detail --no-devices --export, mdadm's stock rule: {}'s udev entry \
@@ -85,7 +88,7 @@ pub(super) fn md_rule_check(paths: &HostPaths, md: &MdArray) -> Check {
             join(&visible)
         ),
     };
-    Check::fail(ID, TITLE, evidence, fix)
+    Check::fail(ID, summary, evidence, fix)
 }
 
 fn remedy(md: &MdArray) -> String {

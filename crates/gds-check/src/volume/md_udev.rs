@@ -39,7 +39,10 @@ fn md_member_dev_key(member: &str) -> String {
 ///   from these strings, not read.
 pub(super) fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Check {
     let id = "volume.md_udev";
-    let title = "udev database carries the md array's members (mdadm rule)";
+    let unverifiable = format!(
+        "cuFile cannot verify {}'s RAID group from udev: no GDS for it",
+        md.name
+    );
     let rule_remedy = rule_remedy(md);
     let p = paths.udev_data_dir.join(format!("b{majmin}"));
     let props = match fs::read_to_string(&p) {
@@ -47,7 +50,7 @@ pub(super) fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Ch
         Err(e) => {
             return Check::fail(
                 id,
-                title,
+                unverifiable,
                 format!(
                     "{}: {e}; cuFile finds no MD_LEVEL or members for {}",
                     p.display(),
@@ -67,7 +70,11 @@ pub(super) fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Ch
             props.get("MD_DEVICES").map_or("?", |s| s.as_str()),
             member_ev.join(", ")
         );
-        return Check::pass(id, title, ev_ok);
+        return Check::pass(
+            id,
+            "udev database carries the md array's members (mdadm rule)",
+            ev_ok,
+        );
     }
     let mut ev = vec![format!("{}: {}", p.display(), md.name)];
     if !missing.is_empty() {
@@ -86,7 +93,7 @@ pub(super) fn md_udev_check(paths: &HostPaths, majmin: &str, md: &MdArray) -> Ch
             "run udevd on the node and `udevadm trigger --action=change` for the members".into(),
         );
     }
-    Check::fail(id, title, ev.join("; "), remedy.join("; "))
+    Check::fail(id, unverifiable, ev.join("; "), remedy.join("; "))
 }
 
 fn rule_remedy(md: &MdArray) -> String {

@@ -27,7 +27,7 @@ pub fn volume_checks(paths: &HostPaths, backend: Backend, mount_point: &Path) ->
         Err(e) => {
             return vec![Check::fail(
                 "volume.mount",
-                "volume is mounted",
+                "the mount table cannot be read",
                 e,
                 "make the host's /proc visible to the plugin",
             )];
@@ -36,7 +36,7 @@ pub fn volume_checks(paths: &HostPaths, backend: Backend, mount_point: &Path) ->
     let Some((m, exact)) = mount::find_mount(&mounts, mount_point) else {
         return vec![Check::fail(
             "volume.mount",
-            "volume is mounted",
+            "volume is not mounted",
             format!("no mountinfo entry covers {}", mount_point.display()),
             "mount the volume before checking it",
         )];
@@ -82,9 +82,9 @@ fn device_checks(
     if backend == Backend::NfsRdma && !block {
         let why = "NFS volume: no local block device";
         return vec![
-            Check::na("volume.block_stack", "block device stack supported", why),
-            Check::na("volume.nvme_transport", "NVMe transport", why),
-            Check::na("volume.udev", "udev database entry", why),
+            Check::na("volume.block_stack", why, why),
+            Check::na("volume.nvme_transport", why, why),
+            Check::na("volume.udev", why, why),
         ];
     }
     if !block {
@@ -95,7 +95,7 @@ fn device_checks(
         );
         return vec![Check::fail(
             "volume.block_stack",
-            "block device stack supported",
+            "no block device under the mount: no GDS path",
             why,
             "GDS on NVMe needs a filesystem on a block device",
         )];
