@@ -252,7 +252,7 @@ check(vols.get("socket-dir", {}).get("hostPath", {}).get("path") == f"/var/lib/k
 prov = container(pod, "csi-provisioner")
 for a in ("--node-deployment=true", "--enable-capacity=true", "--capacity-ownerref-level=1",
           "--feature-gates=Topology=true", "--strict-topology", "--immediate-topology=false",
-          "--node-deployment-immediate-binding=false"):
+          "--node-deployment-immediate-binding=true"):
     check(a in prov["args"], f"node provisioner arg {a} missing")
 penv = {e["name"]: e for e in prov.get("env", [])}
 check(penv.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
@@ -331,7 +331,7 @@ for docs, label in ((d, "defaults"), (n, "nfs enabled")):
 # StorageClasses, defaults
 scs = {s["metadata"]["name"]: s for s in d if s["kind"] == "StorageClass"}
 check(set(scs) == {"nvme-gds", "nvme-gds-whole"}, f"default StorageClasses: {sorted(scs)}")
-# nvme-gds carves exact-size GPT partitions (issue 13); nvme-gds-whole hands out whole namespaces.
+# nvme-gds carves exact-size GPT partitions; nvme-gds-whole hands out whole namespaces.
 for name, layout, grows in (("nvme-gds", "partition", True), ("nvme-gds-whole", "device", False)):
     nv = scs.get(name, {})
     check(nv.get("provisioner") == driver, f"{name} provisioner")
@@ -341,10 +341,11 @@ for name, layout, grows in (("nvme-gds", "partition", True), ("nvme-gds-whole", 
           f"{name} parameters {nv.get('parameters')}")
 check(not [x for x in d if x["kind"] == "Deployment"], "no Deployment without nfs.enabled")
 
-# NFS enabled (issue 16 item 4): the per-node provisioners are the driver's only ones, for
-# both backends, so a claim of one backend can never reach a provisioner meant for the
-# other. NVMe claims (WaitForFirstConsumer) go to the selected node's provisioner only; NFS
-# claims (Immediate) are taken by one node's provisioner (--node-deployment-immediate-binding).
+# NFS enabled: the per-node provisioners are the driver's only ones, for both backends, so a
+# claim of one backend can never reach a provisioner meant for the other. Claims of a
+# WaitForFirstConsumer class go to the selected node's provisioner only; Immediate claims (the
+# NFS class, an NVMe class that binds at once) are taken by one node's provisioner whose node
+# the class admits (--node-deployment-immediate-binding).
 for docs, label in ((d, "defaults"), (n, "nfs enabled")):
     check(not [x for x in docs if x["kind"] in ("Deployment", "StatefulSet")],
           f"{label}: no central controller workload (it would act on every claim of the driver)")
@@ -361,8 +362,9 @@ check("--node-deployment-base-delay=20s" in nprov["args"], "nfs enabled: --node-
 # as fs_type "ext4", which the driver refuses (found by tests/e2e/kubelet.sh).
 check(not any(a.startswith("--default-fstype") for a in nprov["args"] + prov["args"]),
       "node provisioners must not set --default-fstype (NFS claims would get fs_type ext4)")
-check("--node-deployment-immediate-binding=false" in prov["args"],
-      "defaults: node provisioners take no Immediate claims without NFS")
+check("--node-deployment-immediate-binding=true" in prov["args"]
+      and "--node-deployment-base-delay=20s" in prov["args"],
+      "defaults: node provisioners take Immediate claims too (an NVMe class pinned by allowedTopologies)")
 nroles = {x for r in n if r["kind"] == "Role" for rule in r["rules"] for x in rule["resources"]}
 check("leases" not in nroles, "nfs enabled: no leader-election Role (no central provisioner)")
 crb = one(n, "ClusterRoleBinding", "gds-csi-external-provisioner")
@@ -422,7 +424,7 @@ else
   pass "storageClasses.*.create=false renders no StorageClass"
 fi
 
-# --- chart conventions (issue 16 item 3) -------------------------------------------
+# --- chart conventions ---------------------------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   render "${NFS_SET[@]}" --set imageRegistry=mirror.example.com/k8s --set logLevel=debug \
     --set sidecars.logLevel=5 --set revisionHistoryLimit=3 --set seLinuxMount=true \
@@ -714,7 +716,7 @@ else
   fail "values.yaml and values.schema.json differ" "$out"
 fi
 
-# --- the cuFile probe inside the node pod (issue 16 item 1) ---------------------------
+# --- the cuFile probe inside the node pod -------------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   render --set gds.runtimeClassName= >"$tmp/noruntime.yaml" 2>"$tmp/err" || fail "helm template (no runtime class)" "$(cat "$tmp/err")"
   if out=$(python3 - "$tmp/default.yaml" "$tmp/noruntime.yaml" 2>&1 <<'PY'
@@ -769,7 +771,7 @@ else
   fail "the e2e image and the Dockerfile's runtime stage differ" "Dockerfile: $docker_pkgs"$'\n'"e2e:        $e2e_pkgs"
 fi
 
-# --- GDS workload examples are least-privilege (issue 16 item 8) -----------------------
+# --- GDS workload examples are least-privilege --------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
 import sys, yaml
@@ -811,7 +813,7 @@ PY
   fi
 fi
 
-# --- sidecars current, and the e2e runs what the chart names (issue 16 item 5) ----------
+# --- sidecars current, and the e2e runs what the chart names ------------------------------
 # The provisioner the kubelet e2e builds (tests/e2e/build-tools.sh, from the Go module
 # proxy) must be the release the chart deploys. The registrar and livenessprobe are not on
 # the proxy (their v2 tags have no /v2 module path), so the e2e runs stand-ins

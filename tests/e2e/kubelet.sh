@@ -33,7 +33,7 @@ if [ "$DEPLOY" = chart ]; then
   rig_chart_values "${DEVICES[@]}"
   helm_set+=(--set sidecars.provisioner.capacityPollInterval=5s
     # NFS enabled, as a cluster with both backends runs it: the node pods join the host
-    # network and their provisioners also take Immediate (NFS) claims. The server is a
+    # network and the chart adds the NFS class (Immediate binding). The server is a
     # TEST-NET address: this kernel has no NFS client, so an NFS CreateVolume can only
     # get as far as the mount, which is what shows where the claim went.
     --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds

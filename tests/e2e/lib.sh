@@ -139,7 +139,8 @@ PY
 # chart's DaemonSet runs it next to each node plugin.
 start_provisioner() {
   NODE_NAME=$1 NAMESPACE=$NS "$CACHE_BIN/csi-provisioner" --csi-address "$2" \
-    --kubeconfig "$WORK/sa.kubeconfig" --node-deployment=true --node-deployment-immediate-binding=false \
+    --kubeconfig "$WORK/sa.kubeconfig" --node-deployment=true --node-deployment-immediate-binding=true \
+    --node-deployment-base-delay=1s \
     --feature-gates=Topology=true --strict-topology --immediate-topology=false --enable-capacity=true \
     --capacity-ownerref-level=-1 --capacity-poll-interval=5s --leader-election=false \
     --extra-create-metadata --v=3 >>"$3" 2>&1 &
