@@ -27,10 +27,13 @@ NODE=kubelet-node
 # A caller may name the kubelet's root directory (RIG_KUBELET_DIR): Kubernetes' storage
 # suite looks for pods' volumes under /var/lib/kubelet, whatever the kubelet says.
 KUBELET_DIR=${RIG_KUBELET_DIR:-$WORK/kubelet}
-if [ "$KUBELET_DIR" != "$WORK/kubelet" ] && [ -n "$(ls -A "$KUBELET_DIR" 2>/dev/null)" ]; then
-  echo "$KUBELET_DIR is not empty: another kubelet's? Refusing to use it." >&2
+if pgrep -x kubelet >/dev/null; then
+  echo "a kubelet already runs on this machine: the rig needs the node to itself" >&2
   exit 1
 fi
+# Removed at the end only if this run made it.
+MADE_KUBELET_DIR=
+[ -e "$KUBELET_DIR" ] || MADE_KUBELET_DIR=1
 CONTAINERD_SOCK="$WORK/containerd/containerd.sock"
 CNI_BRIDGE=gdse2e0
 POD_CIDR=10.244.77.0/24
@@ -78,7 +81,11 @@ cleanup() {
   ip link del "$CNI_BRIDGE" 2>/dev/null
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null
   [ -z "$MADE_RUN_UDEV" ] || rmdir /run/udev
-  [ "$KUBELET_DIR" = "$WORK/kubelet" ] || cleanup_dir_and_loops "$KUBELET_DIR"
+  if [ -n "$MADE_KUBELET_DIR" ]; then
+    cleanup_dir_and_loops "$KUBELET_DIR"
+  else
+    awk -v d="$KUBELET_DIR" '$5 ~ "^"d {print $5}' /proc/self/mountinfo | sort -r | xargs -r umount -l
+  fi
   cleanup_dir_and_loops "$WORK"
   # The kubelet's QoS cgroups; rmdir only removes them once empty.
   find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} + 2>/dev/null

@@ -46,6 +46,10 @@ func TestMain(m *testing.M) {
 	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
 	testfiles.AddFileSource(conformancetestdata.GetConformanceTestdataFS())
 	framework.AfterReadingAllFlags(&framework.TestContext)
+	// Files a driver definition names (StorageClass.FromFile) are read below --repo-root.
+	if framework.TestContext.RepoRoot != "" {
+		testfiles.AddFileSource(testfiles.RootFileSource{Root: framework.TestContext.RepoRoot})
+	}
 	os.Exit(m.Run())
 }
 
