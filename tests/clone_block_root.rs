@@ -1,23 +1,32 @@
 //! Block → block clones through the real binary on loop devices: CreateVolume
 //! with `volume_content_source.volume` checks the source (missing: NotFound; too small
-//! a limit: OutOfRange naming both sizes, nothing created; raw block: InvalidArgument),
-//! refuses a source that is staged (a clone is the source as it is at CreateVolume),
-//! pins the clone to the source's node and answers the content source; the first
-//! NodeStage copies (after mkfs, before the staging mount) and the published clone holds
-//! the source's files, owners, modes, symlinks and hard links; a restage copies nothing
-//! again; delete drops the record.
+//! a limit: OutOfRange naming both sizes, nothing created; raw block access to a source
+//! that holds a filesystem: InvalidArgument), refuses a source that is staged (a clone is
+//! the source as it is at CreateVolume), pins the clone to the source's node and answers
+//! the content source; the first NodeStage copies (after mkfs, before the staging mount)
+//! and the published clone holds the source's files, owners, modes, symlinks and hard
+//! links; a restage copies nothing again; delete drops the record.
+//!
+//! Raw block clones: the source's bytes as they were at the clone's CreateVolume (the
+//! source's next stage fills its clone before anything writes it again), zeros past the
+//! source's size on a bigger clone (whole device and partition), a published source
+//! refused, a NodeStage given up while the copy waits on a frozen device joined by its
+//! retry.
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gds_csi::csi::volume_content_source::{Type, VolumeSource};
+use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use tonic::Code;
 
 mod common;
-use common::{digest_file, requests, Rig, SIZE};
+use common::frozen::{FrozenDevice, ThawOnDrop};
+use common::{digest_file, requests, PartRig, Rig, SIZE};
 
 fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
     let mut req = requests::create_without_gds(name, requests::single_writer_mount());
@@ -115,6 +124,14 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     )];
     let err = c.controller.create_volume(raw).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .starts_with("volume_capabilities: the source volume")
+            && err.message().contains("holds an ext4 filesystem")
+            && err.message().contains("ask for mount access"),
+        "{}",
+        err.message()
+    );
     assert_eq!(listed(&mut c).await, before, "nothing created");
 
     // The source is staged: refused (a clone is the source as it is at CreateVolume, and
@@ -290,4 +307,303 @@ fn short(id: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+const MIB: u64 = 1 << 20;
+
+fn raw_access() -> VolumeCapability {
+    requests::capability(volume_capability::access_mode::Mode::SingleNodeWriter, true)
+}
+
+/// A raw block clone of `source` (verified byte for byte: `verify: checksum`).
+fn raw_clone_req(name: &str, source: &str) -> CreateVolumeRequest {
+    let mut req = clone_req(name, source);
+    req.volume_capabilities = vec![raw_access()];
+    req
+}
+
+fn pattern(len: u64, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// Stages and publishes `id` with raw block access, writes `bytes` at its start through
+/// the published device node, flushes, and takes it down again.
+async fn write_raw(c: &mut Clients, rig: &Rig, id: &str, bytes: &[u8]) {
+    let (staging, target) = (rig.path("staging/writer"), rig.path("pods/writer/dev"));
+    requests::stage_and_publish(c, id, &staging, &target, raw_access()).await;
+    let dev = fs::OpenOptions::new().write(true).open(&target).unwrap();
+    dev.write_all_at(bytes, 0).unwrap();
+    dev.sync_all().unwrap();
+    drop(dev);
+    requests::unpublish(c, id, &target).await.unwrap();
+    requests::unstage(c, id, &staging).await.unwrap();
+}
+
+/// Every byte of `id`'s device, read through a raw block publish.
+async fn read_raw(c: &mut Clients, rig: &Rig, id: &str) -> Vec<u8> {
+    let (staging, target) = (rig.path("staging/reader"), rig.path("pods/reader/dev"));
+    requests::stage_and_publish(c, id, &staging, &target, raw_access()).await;
+    let bytes = fs::read(&target).unwrap();
+    requests::unpublish(c, id, &target).await.unwrap();
+    requests::unstage(c, id, &staging).await.unwrap();
+    bytes
+}
+
+fn count(logs: &str, needle: &str) -> usize {
+    logs.lines().filter(|l| l.contains(needle)).count()
+}
+
+const COPY_STARTED: &str = "copying the source device onto the raw block clone";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_clone_holds_its_source_as_it_was_at_create_volume() {
+    let Some(rig) = Rig::new(2) else { return };
+    let mut rig = rig;
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
+    let source = requests::create_volume_id(&mut c, "source", raw_access()).await;
+    let first = pattern(SIZE, 1);
+    write_raw(&mut c, &rig, &source, &first).await;
+
+    // Published: refused, as a copy of a device a pod writes is a state that never
+    // existed; nothing is created.
+    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
+    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, raw_access()).await;
+    let err = c
+        .controller
+        .create_volume(raw_clone_req("clone", &source))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains("is in use (published as a raw block device at"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(rig.state()["volumes"].as_object().unwrap().len(), 1);
+    requests::unpublish(&mut c, &source, &s_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &source, &s_staging)
+        .await
+        .unwrap();
+
+    let clone = requests::create_volume(&mut c, raw_clone_req("clone", &source)).await;
+    let id = clone.volume_id;
+    assert!(
+        matches!(&clone.content_source, Some(VolumeContentSource { r#type: Some(Type::Volume(v)) }) if v.volume_id == source)
+    );
+    let recorded = &rig.state()["volumes"][&id]["parameters"];
+    assert_eq!(recorded["cloneSource"], source.as_str());
+    assert_eq!(recorded["cloneAccess"], "block");
+    // A repeated CreateVolume answers the same clone.
+    let again = requests::create_volume(&mut c, raw_clone_req("clone", &source)).await;
+    assert_eq!(again.volume_id, id);
+
+    // The source is written again before the clone's first stage: its own stage fills
+    // the clone first, so none of this reaches it.
+    let second = pattern(SIZE, 2);
+    write_raw(&mut c, &rig, &source, &second).await;
+    assert_eq!(count(&rig.logs(), COPY_STARTED), 1, "{}", rig.logs());
+    assert!(
+        read_raw(&mut c, &rig, &id).await == first,
+        "the clone holds the first pattern"
+    );
+    assert!(read_raw(&mut c, &rig, &source).await == second);
+    assert_eq!(count(&rig.logs(), COPY_STARTED), 1, "copied once");
+
+    // Its figures: every byte of the source copied.
+    let text = scrape(&addr);
+    for name in ["gds_csi_clone_copied_bytes", "gds_csi_clone_total_bytes"] {
+        let series = format!("{name}{{volume=\"{id}\"}} {SIZE}");
+        assert!(text.contains(&series), "{series}: {text}");
+    }
+    assert!(
+        text.contains("gds_csi_clone_failures_total{cause=\"in_use\"} 1"),
+        "{text}"
+    );
+
+    // The other kind is refused, naming the field and the fix: a filesystem clone of a
+    // raw block clone, and a raw block clone staged with mount access.
+    let err = c
+        .controller
+        .create_volume(clone_req("fs-of-raw", &id))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .starts_with("volume_capabilities: the source volume")
+            && err.message().contains("ask for block access"),
+        "{}",
+        err.message()
+    );
+    let staging = rig.path("staging/mounted");
+    fs::create_dir_all(&staging).unwrap();
+    let err = requests::stage(&mut c, &id, &staging, requests::single_writer_mount())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("volume_capability: volume")
+            && err
+                .message()
+                .contains("stage and publish it with block access"),
+        "{}",
+        err.message()
+    );
+    let dev = device_of(&rig, &id);
+    assert_eq!(
+        common::blkid_code(Path::new(&dev)),
+        Some(2),
+        "never formatted"
+    );
+
+    for v in [&id, &source] {
+        c.controller
+            .delete_volume(requests::delete_request(v))
+            .await
+            .unwrap();
+    }
+    assert!(rig.state()["volumes"].as_object().unwrap().is_empty());
+    rig.kill9();
+}
+
+/// A raw clone of `bytes` more than its source: the source's pattern, then zeros.
+async fn a_bigger_raw_clone(rig: &mut Rig, params: &[(&str, &str)], source_bytes: u64) {
+    let mut c = rig.start().await;
+    let sized = |name: &str, bytes: u64, source: Option<&str>| {
+        let mut req = match source {
+            Some(s) => raw_clone_req(name, s),
+            None => requests::create_without_gds(name, raw_access()),
+        };
+        req.parameters
+            .extend(params.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        req.capacity_range = Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        });
+        req
+    };
+    let source = requests::create_volume(&mut c, sized("source", source_bytes, None))
+        .await
+        .volume_id;
+    let written = pattern(source_bytes, 3);
+    write_raw(&mut c, rig, &source, &written).await;
+    let clone = requests::create_volume(
+        &mut c,
+        sized("clone", source_bytes + 32 * MIB, Some(&source)),
+    )
+    .await;
+    assert!(clone.capacity_bytes as u64 > source_bytes, "{clone:?}");
+    let held = read_raw(&mut c, rig, &clone.volume_id).await;
+    assert_eq!(held.len() as u64, clone.capacity_bytes as u64);
+    let (head, tail) = held.split_at(source_bytes as usize);
+    assert!(head == written, "the source's bytes");
+    assert!(tail.iter().all(|&b| b == 0), "zeros past the source's size");
+    rig.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_clone_bigger_than_its_source_reads_zeros_past_it_whole_device() {
+    let Some(rig) = Rig::with_sizes(&[SIZE, 2 * SIZE]) else {
+        return;
+    };
+    let mut rig = rig;
+    // What an earlier user of the bigger device left past the source's size, without a
+    // signature: the pool takes the device, and the clone must not show it.
+    for at in [SIZE, SIZE + SIZE / 2, 2 * SIZE - MIB] {
+        common::tools::scribble(&rig.loops[1], at, 0xA5);
+    }
+    a_bigger_raw_clone(&mut rig, &[], SIZE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_clone_bigger_than_its_source_reads_zeros_past_it_partition() {
+    let Some(mut rig) = PartRig::with_size(1, 512 * MIB) else {
+        return;
+    };
+    a_bigger_raw_clone(&mut rig, &[("layout", "partition")], 64 * MIB).await;
+}
+
+/// NodeStage with raw block access, given up after `within` as the kubelet does.
+async fn stage_within(
+    c: &Clients,
+    id: &str,
+    staging: &Path,
+    within: Duration,
+) -> Result<(), tonic::Status> {
+    let mut req = tonic::Request::new(requests::stage_request(id, staging, raw_access()));
+    req.set_timeout(within);
+    c.clone().node.node_stage_volume(req).await.map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_node_stage_joins_the_running_raw_copy() {
+    // Declared before the rig: dropped after its mounts are gone.
+    let Some(frozen) = FrozenDevice::new(SIZE + 32 * MIB) else {
+        return;
+    };
+    let mut rig = Rig::new(1).unwrap();
+    let mut c = rig
+        .start_with(&[], &["--pool-device", frozen.dev.to_str().unwrap()])
+        .await;
+    let source = requests::create_volume_id(&mut c, "source", raw_access()).await;
+    assert_ne!(device_of(&rig, &source), frozen.dev.to_str().unwrap());
+    let written = pattern(SIZE, 4);
+    write_raw(&mut c, &rig, &source, &written).await;
+    let id = requests::create_volume(&mut c, raw_clone_req("clone", &source))
+        .await
+        .volume_id;
+    assert_eq!(device_of(&rig, &id), frozen.dev.to_str().unwrap());
+
+    frozen.freeze(true);
+    let _thaw = ThawOnDrop(&frozen);
+    let staging = rig.path("staging/clone");
+    fs::create_dir_all(&staging).unwrap();
+    // The kubelet gives up on a call that does not answer: the copy goes on.
+    let err = stage_within(&c, &id, &staging, Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    assert_eq!(count(&rig.logs(), COPY_STARTED), 1, "{}", rig.logs());
+    // Its retry joins the running copy (a call still held by the first is Aborted: retried).
+    let retry = tokio::spawn({
+        let (c, id, staging) = (c.clone(), id.clone(), staging.clone());
+        async move {
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match stage_within(&c, &id, &staging, Duration::from_secs(60)).await {
+                    Err(e) if e.code() == Code::Aborted && Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    other => return other,
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!retry.is_finished(), "the retry waits for the copy");
+    frozen.freeze(false);
+    retry.await.unwrap().expect("the retry joins the copy");
+    assert_eq!(
+        count(&rig.logs(), COPY_STARTED),
+        1,
+        "one copy: {}",
+        rig.logs()
+    );
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    let held = read_raw(&mut c, &rig, &id).await;
+    assert!(held[..SIZE as usize] == written[..], "the source's bytes");
+    assert!(held[SIZE as usize..].iter().all(|&b| b == 0));
+    rig.kill9();
 }

@@ -1,31 +1,50 @@
 //! Block → block clones on one node: CreateVolume checks the source and records it in
-//! the clone's volume record (`cloneSource`, written with the allocation, so no crash
-//! leaves a clone without its source); the first NodeStage, after mkfs, fills the volume
-//! before it is mounted at the staging path, so nothing can publish it earlier.
+//! the clone's volume record (`cloneSource`, and `cloneAccess: block` for a raw block
+//! clone, written with the allocation, so no crash leaves a clone without its source or
+//! its kind); the first NodeStage fills the volume before anything can publish it.
 //!
-//! What is safe to copy from: only a source volume that nothing has staged or mounted.
-//! A source in use is refused (FailedPrecondition naming where; the kubelet retries):
-//! copying a filesystem that a pod writes meanwhile gives a copy that never existed, and
-//! a second mount of a mounted ext4 shares its live superblock. While the copy runs, the
-//! source is mounted read-only in a private directory of the state dir, so a NodeStage
-//! or DeleteVolume of the source finds it in use and is refused until the copy ends.
+//! Two kinds, as the clone's access type asks (Kubernetes' external-provisioner clones a
+//! claim only from one of the same volumeMode, and CreateVolume refuses what it can tell
+//! is the other kind): a filesystem clone is formatted and filled file by file through
+//! its filesystem before it is mounted at the staging path; a raw block clone is the
+//! source device's bytes copied onto its own (`clone::raw`), no filesystem made.
+//!
+//! What is safe to copy from: only a source volume that nothing has staged, mounted or
+//! published. A source in use is refused (FailedPrecondition naming where; the kubelet
+//! retries): copying what a pod writes meanwhile gives a copy that never existed, and a
+//! second mount of a mounted ext4 shares its live superblock. While a file copy runs, the
+//! source is mounted read-only in a private directory of the state dir; a raw copy holds
+//! both devices open exclusively; either way a NodeStage or DeleteVolume of the source
+//! waits for or is refused until the copy ends.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::block::clone_source::{self, Source, SourceMount};
 use crate::block::{BlockBackend, Located};
+use crate::clone::raw::{DeviceAt, RawCopyRequest};
 use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
 use crate::error::{Error, Result};
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
-use crate::volume_id::BlockVolumeId;
+use crate::volume_id::{BlockVolumeId, IdLayout};
 
 /// The record's parameter naming the source volume (set by CreateVolume only: a class
 /// cannot name it, unknown parameters are refused).
 pub const SOURCE_KEY: &str = "cloneSource";
+/// The record's parameter of a raw block clone (`block`), set with `SOURCE_KEY`; absent
+/// for a filesystem clone.
+pub const ACCESS_KEY: &str = "cloneAccess";
+const RAW: &str = "block";
+
+/// Whether the record is a raw block clone's: its source's bytes, no filesystem of its
+/// own.
+pub fn is_raw_clone(rec: &crate::pool::VolumeRecord) -> bool {
+    rec.parameters.get(ACCESS_KEY).map(String::as_str) == Some(RAW)
+}
 /// How long a NodeStage waits for the copy before answering Unavailable with the
 /// progress (the kubelet gives up on a call after 2 minutes and retries).
 pub const STAGE_WAIT: Duration = Duration::from_secs(100);
@@ -48,10 +67,17 @@ fn done(b: &BlockBackend, id: &str) -> Result<bool> {
 }
 
 /// CreateVolume with `volume_content_source.volume` naming a block volume: the source
-/// must be a block volume of this node, not being deleted or filled itself, not in use
-/// when the clone is `new` (a repeated CreateVolume answers what it made), and fit
-/// `limit` (0: none). Returns its capacity, the clone's smallest size.
-pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Result<u64> {
+/// must be a block volume of this node, not being deleted or filled itself, fit `limit`
+/// (0: none), and when the clone is `new` (a repeated CreateVolume answers what it made)
+/// be of the clone's `access` and not in use. Returns its capacity, the clone's smallest
+/// size.
+pub fn check_source(
+    b: &BlockBackend,
+    source: &str,
+    limit: u64,
+    new: bool,
+    access: Access,
+) -> Result<u64> {
     let field = "volume_content_source.volume.volume_id";
     let not_found = || Error::NotFound(format!("{field}: source volume {source} does not exist"));
     let id = match request::volume_ref(source) {
@@ -88,6 +114,9 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Re
             rec.capacity_bytes, rec.capacity_bytes
         )));
     }
+    if new {
+        same_access(source, &rec, access)?;
+    }
     if let Some(at) = in_use(b, &id).filter(|_| new) {
         crate::metrics::clone::failed("in_use");
         return Err(Error::FailedPrecondition(format!(
@@ -97,6 +126,33 @@ pub fn check_source(b: &BlockBackend, source: &str, limit: u64, new: bool) -> Re
         )));
     }
     Ok(rec.capacity_bytes)
+}
+
+/// A raw block clone is made of a raw block source and a filesystem clone of a
+/// filesystem source, as Kubernetes asks (a claim is cloned only from a claim of its
+/// volumeMode). A source that holds a filesystem of ours, or is a raw block clone, shows
+/// its kind; one never staged with a filesystem may be either and is copied as asked.
+fn same_access(source: &str, rec: &crate::pool::VolumeRecord, access: Access) -> Result<()> {
+    match access {
+        Access::Block if rec.formatted => Err(Error::invalid(
+            "volume_capabilities",
+            format!(
+                "the source volume {source} holds an {} filesystem (it is used with mount \
+                 access): a raw block clone copies a raw block volume; ask for mount access, \
+                 as the source's (Kubernetes: volumeMode: Filesystem)",
+                rec.fs_type.as_str()
+            ),
+        )),
+        Access::Mount if is_raw_clone(rec) => Err(Error::invalid(
+            "volume_capabilities",
+            format!(
+                "the source volume {source} is a raw block clone (used with block access): \
+                 its clone is one too; ask for block access, as the source's (Kubernetes: \
+                 volumeMode: Block)"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Where the volume's device is staged or held now; None when nothing uses it (or its
@@ -156,8 +212,13 @@ pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<
             continue;
         };
         let mut vol = b.locate(&id)?;
+        let access = if is_raw_clone(&vol.record) {
+            Access::Block
+        } else {
+            Access::Mount
+        };
         let cap = Capability {
-            access: Access::Mount,
+            access,
             fs_type: Some(vol.record.fs_type),
             mount_flags: Vec::new(),
             read_only_mode: false,
@@ -170,27 +231,35 @@ pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
-/// limit before anything is allocated, and the record parameter that names a claim's
-/// source (a class's dataset is in the class's own parameters).
+/// limit before anything is allocated, and the record parameters that name a claim's
+/// source and a raw block clone's kind (a class's dataset is in the class's own
+/// parameters).
 pub async fn check_clone(
     b: &BlockBackend,
     req: &request::CreateVolume<'_>,
     nfs: Option<&crate::nfs::NfsBackend>,
-) -> Result<Option<(u64, Option<String>)>> {
+) -> Result<Option<(u64, BTreeMap<String, String>)>> {
     let Some(source) = clone_source::requested(req)? else {
         return Ok(None);
     };
-    check_create(req)?;
+    let access = clone_access(req, &source)?;
     let size = match &source {
         Source::Block(raw) => {
             let new = b.pool.state.snapshot().by_name(&req.name).is_none();
-            check_source(b, raw, req.limit_bytes, new)?
+            check_source(b, raw, req.limit_bytes, new, access)?
         }
         Source::Nfs { id, label } => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
         }
     };
-    Ok(Some((size, req.clone_of.clone())))
+    let mut recorded = BTreeMap::new();
+    if let Some(claim_source) = &req.clone_of {
+        recorded.insert(SOURCE_KEY.to_owned(), claim_source.clone());
+    }
+    if access == Access::Block {
+        recorded.insert(ACCESS_KEY.to_owned(), RAW.to_owned());
+    }
+    Ok(Some((size, recorded)))
 }
 
 /// `verify` of the class: `sizes` (the default) or `checksum`.
@@ -209,10 +278,6 @@ pub fn verify_of(rec: &crate::pool::VolumeRecord) -> Verify {
 /// killed mid-copy left in the clone's private directory are taken down (they would
 /// hold the clone, and the source, in use for ever).
 pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
-    let dir = copy_dir(b, id);
-    if !dir.exists() {
-        return Ok(());
-    }
     let key = format!("clone:{id}");
     if tokio::time::timeout(Duration::ZERO, b.clones.jobs.join(&key))
         .await
@@ -221,6 +286,10 @@ pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
         return Err(Error::FailedPrecondition(format!(
             "volume {id}: its clone copy is still running; retry when it has ended"
         )));
+    }
+    let dir = copy_dir(b, id);
+    if !dir.exists() {
+        return Ok(());
     }
     for name in ["source", "target"] {
         take_down(b.mounter.host.as_ref(), &dir, name).await?;
@@ -237,13 +306,26 @@ pub fn forget(b: &BlockBackend, id: &str) {
     crate::metrics::clone::forget(id);
 }
 
-/// NodeStage's hook: a clone not filled yet is formatted, filled and verified here,
-/// before the stage mounts it; Ok at once for every other volume.
+/// NodeStage's hook: a clone not filled yet is filled and verified here (a filesystem
+/// clone formatted first), before the stage mounts it or a publish binds it; Ok at once
+/// for every other volume.
 pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {
     let raw = vol.id.to_string();
     let Some(source) = clone_source::of_record(&vol.record)? else {
         return Ok(());
     };
+    let raw_clone = is_raw_clone(&vol.record);
+    if raw_clone && cap.access == Access::Mount {
+        // Its device holds the source's bytes: a mount would find no filesystem of its
+        // own and format over them.
+        return Err(Error::invalid(
+            "volume_capability",
+            format!(
+                "volume {raw} is a raw block clone (its device holds its source's bytes, no \
+                 filesystem of its own): stage and publish it with block access"
+            ),
+        ));
+    }
     if done(b, &raw)? {
         return Ok(());
     }
@@ -254,10 +336,13 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
             crate::error::VolumeError::NfsDisabled
         )));
     }
-    if cap.access == Access::Block {
+    if !raw_clone && cap.access == Access::Block {
         return Err(Error::invalid(
             "volume_capability",
-            "a clone is filled through its filesystem: stage it with mount access",
+            format!(
+                "volume {raw} is a filesystem clone, filled file by file through its \
+                 filesystem: stage it with mount access"
+            ),
         ));
     }
     let key = format!("clone:{raw}");
@@ -270,11 +355,15 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
         Ok(None) => {}
         Err(_) => return Err(Error::NotReady(progress.message())),
     }
+    if raw_clone {
+        let job = raw_fill(b, vol, &source, &progress)?;
+        return b.clones.run(&key, &progress, STAGE_WAIT, job).await;
+    }
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     crate::block::stage::format_if_blank(b, vol, fs).await?;
     let dir = copy_dir(b, &raw);
     let mounts = b.mounter.mount_table()?;
-    refuse_in_use(b, vol, &dir, &mounts, "clone")
+    refuse_in_use(b, vol, Some(&dir), &mounts, "clone")
         .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
     let Some(from) = source_mount(b, &source, &dir, &mounts)? else {
         // A block source never staged: an empty filesystem, which mkfs just made.
@@ -302,6 +391,84 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
         raw.clone(),
     );
     b.clones.run(&key, &progress, STAGE_WAIT, job).await
+}
+
+/// The job that fills raw block clone `vol` from `source`: both devices in use nowhere
+/// and verified as the volumes' own now, then copied by device number.
+fn raw_fill(
+    b: &BlockBackend,
+    vol: &mut Located,
+    source: &Source,
+    progress: &Arc<Progress>,
+) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+    let src_id = match source {
+        Source::Block(raw) => match request::volume_ref(raw)? {
+            VolumeRef::Block(id) => id,
+            _ => {
+                return Err(Error::NotFound(format!(
+                    "clone source {raw} is no block volume"
+                )))
+            }
+        },
+        // CreateVolume refuses it: a raw copy needs a device.
+        Source::Nfs { label, .. } => {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {} is a raw block clone of {label}, an NFS directory, which has no \
+                 device to copy; delete it",
+                vol.id
+            )))
+        }
+    };
+    let mut src = b.locate(&src_id)?;
+    let mounts = b.mounter.mount_table()?;
+    for (what, v) in [("clone", &*vol), ("source", &src)] {
+        refuse_in_use(b, v, None, &mounts, what)
+            .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+    }
+    if src.record.capacity_bytes > vol.record.capacity_bytes {
+        return Err(Error::FailedPrecondition(format!(
+            "the source volume {} is {} bytes now, more than its clone {} of {} bytes (was \
+             it expanded since the clone was made?); the clone cannot hold it: delete the \
+             clone and clone again",
+            src.id, src.record.capacity_bytes, vol.id, vol.record.capacity_bytes
+        )));
+    }
+    b.verify_located(&mut src)?;
+    b.verify_located(vol)?;
+    let at = |v: &Located| DeviceAt {
+        path: v.device.path.clone(),
+        major: v.device.major,
+        minor: v.device.minor,
+    };
+    let req = RawCopyRequest {
+        source: at(&src),
+        target: at(vol),
+        bytes: src.record.capacity_bytes,
+        // A partition (and a stripe over partitions) is zeroed when carved; a whole
+        // device is zeroed only when a volume on it is deleted, so a device never used
+        // by a volume before may hold anything.
+        zero_tail: vol.id.layout == IdLayout::Device,
+        label: source.label().to_owned(),
+        streams: crate::clone::STREAMS,
+        chunk: crate::clone::CHUNK,
+        verify: verify_of(&vol.record),
+    };
+    let (progress, volume) = (Arc::clone(progress), vol.id.to_string());
+    Ok(async move {
+        tracing::info!(volume_id = %volume, source = %req.label, bytes = req.bytes,
+            from = %req.source.path.display(), to = %req.target.path.display(),
+            "copying the source device onto the raw block clone");
+        let p = Arc::clone(&progress);
+        let outcome = tokio::task::spawn_blocking(move || crate::clone::raw::copy_device(&req, &p))
+            .await
+            .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+            .and_then(|r| r);
+        match &outcome {
+            Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
+            Err(e) => crate::metrics::clone::failed(cause(e)),
+        }
+        outcome
+    })
 }
 
 /// How the copy mounts `source`; None when there is nothing to copy.
@@ -345,7 +512,7 @@ fn block_source(
     if !src.record.formatted {
         return Ok(None);
     }
-    refuse_in_use(b, &src, dir, mounts, "source")
+    refuse_in_use(b, &src, Some(dir), mounts, "source")
         .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
     b.verify_located(&mut src)?;
     Ok(Some(SourceMount::Device {
@@ -354,18 +521,20 @@ fn block_source(
     }))
 }
 
-/// The volume's device is mounted nowhere but (after a killed driver) in `dir`.
+/// The volume's device is mounted nowhere but (after a killed driver) in the copy's
+/// private `dir`, if it has one.
 fn refuse_in_use(
     b: &BlockBackend,
     vol: &Located,
-    dir: &std::path::Path,
+    dir: Option<&std::path::Path>,
     mounts: &[MountEntry],
     what: &str,
 ) -> Result<()> {
     let uses = b.pool.uses(&vol.device, mounts);
+    let private = |at: &std::path::Path| dir.is_some_and(|d| at.starts_with(d));
     let elsewhere: Vec<String> = uses
         .iter()
-        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if at.starts_with(dir)))
+        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if private(at)))
         .map(|u| u.to_string())
         .collect();
     if elsewhere.is_empty() {
@@ -447,8 +616,9 @@ fn cause(e: &Error) -> &'static str {
     match e {
         Error::NotReady(m) if m.contains("NFS server did not answer") => "source_timeout",
         Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
+        Error::FailedPrecondition(m) if m.contains(" is in use ") => "in_use",
         Error::Io {
-            context: "copy" | "create" | "link" | "read directory" | "open" | "stat",
+            context: "copy" | "create" | "link" | "read directory" | "open" | "stat" | "syncing",
             ..
         } => "copy",
         Error::Io {
@@ -460,17 +630,31 @@ fn cause(e: &Error) -> &'static str {
     }
 }
 
-/// What CreateVolume must refuse for a clone before anything is allocated: raw block
-/// access (the copy is a file tree).
-pub fn check_create(req: &request::CreateVolume<'_>) -> Result<()> {
+/// The clone's kind, from its capabilities, before anything is allocated: one access
+/// type, and block access only from a block volume (an NFS directory is copied file by
+/// file into a filesystem).
+pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<Access> {
     let caps = request::capabilities(req.capabilities)?;
-    if caps.iter().any(|c| c.access == Access::Block) {
+    let block = caps.iter().any(|c| c.access == Access::Block);
+    if block && caps.iter().any(|c| c.access == Access::Mount) {
         return Err(Error::invalid(
             "volume_capabilities",
-            "a clone is filled file by file through its filesystem: ask for mount access",
+            "a clone is either a raw block copy of its source (block access) or a copy of \
+             its files (mount access): ask for one access type",
         ));
     }
-    Ok(())
+    match source {
+        Source::Nfs { label, .. } if block => Err(Error::invalid(
+            "volume_capabilities",
+            format!(
+                "the clone's source {label} is an NFS directory, copied file by file into a \
+                 filesystem; a raw block clone copies a block volume of this node: ask for \
+                 mount access (Kubernetes: volumeMode: Filesystem)"
+            ),
+        )),
+        _ if block => Ok(Access::Block),
+        _ => Ok(Access::Mount),
+    }
 }
 
 /// The content source a clone's Volume answers with (CSI: returned when it was asked).
@@ -483,4 +667,70 @@ pub fn content_source(rec: &crate::pool::VolumeRecord) -> Option<crate::csi::Vol
                 volume_id: id.clone(),
             })),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType};
+    use crate::csi::volume_content_source::{Type, VolumeSource};
+
+    fn capability(block: bool) -> crate::csi::VolumeCapability {
+        crate::csi::VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(if block {
+                AccessType::Block(Default::default())
+            } else {
+                AccessType::Mount(Default::default())
+            }),
+        }
+    }
+
+    fn clone_of(source: &str, caps: &[bool]) -> crate::csi::CreateVolumeRequest {
+        crate::csi::CreateVolumeRequest {
+            name: "clone".into(),
+            volume_capabilities: caps.iter().map(|&b| capability(b)).collect(),
+            volume_content_source: Some(crate::csi::VolumeContentSource {
+                r#type: Some(Type::Volume(VolumeSource {
+                    volume_id: source.into(),
+                })),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn access(source: &str, caps: &[bool]) -> Result<Access> {
+        let req = clone_of(source, caps);
+        let req = request::create_volume(&req)?;
+        let source = clone_source::requested(&req)?.expect("a clone");
+        clone_access(&req, &source)
+    }
+
+    #[test]
+    fn a_clone_is_one_kind_and_raw_only_of_a_block_volume() {
+        let block = "blk:dev-0123456789abcdef:0badf00d:node-a";
+        assert_eq!(access(block, &[true]).unwrap(), Access::Block);
+        assert_eq!(access(block, &[false]).unwrap(), Access::Mount);
+        let both = tonic::Status::from(access(block, &[true, false]).unwrap_err());
+        assert_eq!(both.code(), tonic::Code::InvalidArgument);
+        assert!(
+            both.message()
+                .starts_with("volume_capabilities: a clone is either a raw block copy"),
+            "{}",
+            both.message()
+        );
+        let nfs = "nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1";
+        assert_eq!(access(nfs, &[false]).unwrap(), Access::Mount);
+        let raw_of_nfs = tonic::Status::from(access(nfs, &[true]).unwrap_err());
+        assert_eq!(raw_of_nfs.code(), tonic::Code::InvalidArgument);
+        assert!(
+            raw_of_nfs.message().starts_with(
+                "volume_capabilities: the clone's source nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1 is an NFS directory"
+            ) && raw_of_nfs.message().contains("ask for mount access"),
+            "{}",
+            raw_of_nfs.message()
+        );
+    }
 }

@@ -84,11 +84,9 @@ pub async fn create(
     // A clone: at least what its source needs (a block source on its node),
     // refused before anything is allocated when the limit cannot hold it.
     let clone = crate::block::clone::check_clone(b, req, nfs).await?;
-    if let Some((size, claim_source)) = clone {
+    if let Some((size, recorded)) = clone {
         required_bytes = required_bytes.max(size);
-        if let Some(source) = claim_source {
-            parameters.insert(crate::block::clone::SOURCE_KEY.into(), source);
-        }
+        parameters.extend(recorded);
     }
     let alloc = AllocationRequest {
         name: req.name.clone(),
@@ -155,6 +153,9 @@ pub fn validate(
                 "multi-node access modes are not supported by node-local block volumes",
             );
         };
+        if parsed.access == request::Access::Mount && crate::block::clone::is_raw_clone(&rec) {
+            return unconfirmed("the volume is a raw block clone: block access only");
+        }
         if let Some(fs) = parsed.fs_type {
             if rec.formatted && fs != rec.fs_type {
                 return unconfirmed(format!("the volume holds {}", rec.fs_type.as_str()));

@@ -32,7 +32,7 @@ use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
-use crate::request::CreateVolume;
+use crate::request::{self, CreateVolume};
 use crate::volume_id::{BlockVolumeId, IdLayout};
 
 /// Which node this is, as the block backend's volumes and topology name it.
@@ -306,6 +306,16 @@ impl VolumeBackend for BlockBackend {
     }
 
     async fn publish(&self, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
+        // A raw block volume is written through its publish, and a CO may publish it
+        // while it is still staged from before a clone of it was made (NodeStage of
+        // block access mounts nothing that CreateVolume could see): its clones take their
+        // copy first, and a raw clone is filled before its first bind.
+        let capability = stage::required_capability(req.capability)?;
+        if capability.access == request::Access::Block {
+            self.check_ready()?;
+            clone::fill_clones_of(self, id).await?;
+            clone::prestage(self, &mut self.locate(id)?, &capability).await?;
+        }
         publish::publish(self, id, req).await
     }
 

@@ -22,7 +22,7 @@ use super::walk::{open_beneath, Entry};
 use crate::error::{Error, Result};
 
 /// O_DIRECT alignment: the largest logical block size of the devices met (4 KiB NVMe).
-const ALIGN: usize = 4096;
+pub(crate) const ALIGN: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unit {
@@ -134,7 +134,7 @@ impl AlignedBuf {
         let start = raw.as_ptr().align_offset(ALIGN);
         AlignedBuf { raw, start, len }
     }
-    fn get(&mut self) -> &mut [u8] {
+    pub(crate) fn get(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
     }
 }
@@ -244,7 +244,7 @@ fn copy_range(
     Ok(())
 }
 
-fn read_full(f: &File, buf: &mut [u8], at: u64) -> nix::Result<usize> {
+pub(crate) fn read_full(f: &File, buf: &mut [u8], at: u64) -> nix::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match f.read_at(&mut buf[got..], at + got as u64) {
@@ -261,7 +261,7 @@ fn read_full(f: &File, buf: &mut [u8], at: u64) -> nix::Result<usize> {
     Ok(got)
 }
 
-fn write_full(f: &File, buf: &[u8], at: u64) -> nix::Result<()> {
+pub(crate) fn write_full(f: &File, buf: &[u8], at: u64) -> nix::Result<()> {
     f.write_all_at(buf, at)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }

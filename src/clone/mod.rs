@@ -8,12 +8,14 @@
 //! holes, records its progress in the state dir so a restarted driver resumes, and runs
 //! as a job (`src/jobs.rs`) so a NodeStage that gives up leaves it running and the
 //! retry joins it (`Cloner`). `block/clone.rs` is the block backend's hook: the source volume
-//! mounted read-only in a private directory, the target after mkfs.
+//! mounted read-only in a private directory, the target after mkfs. A raw block clone is
+//! copied device to device instead (`raw`), with the same record, jobs and progress.
 
 pub mod copy;
 pub mod measure;
 pub mod meta;
 pub mod progress;
+pub mod raw;
 pub mod verify;
 pub mod walk;
 

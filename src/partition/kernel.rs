@@ -472,10 +472,21 @@ pub fn zero_span(device: &Path, span: Extent, per_chunk: Duration) -> Result<()>
         .write(true)
         .open(device)
         .map_err(|e| Error::io("opening", device, e))?;
-    let what = "zeroing free space";
-    match in_chunks(&file, device, what, span, per_chunk, punch_hole)? {
+    zero_extent(&file, device, "zeroing free space", span, per_chunk)
+}
+
+/// Makes bytes `span` of the open device `file` (`node`) read back as zeros, offloaded
+/// where the device can, else written; each 1 GiB within `per_chunk`.
+pub fn zero_extent(
+    file: &File,
+    node: &Path,
+    what: &'static str,
+    span: Extent,
+    per_chunk: Duration,
+) -> Result<()> {
+    match in_chunks(file, node, what, span, per_chunk, punch_hole)? {
         Erased::Done => Ok(()),
-        Erased::Unsupported => in_chunks(&file, device, what, span, per_chunk, zeroout).map(drop),
+        Erased::Unsupported => in_chunks(file, node, what, span, per_chunk, zeroout).map(drop),
     }
 }
 

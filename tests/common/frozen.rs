@@ -58,6 +58,20 @@ impl FrozenDevice {
     }
 }
 
+/// Thaws the device when dropped, even after a failed assertion: declared after the
+/// rig, it goes first, so the rig's SIGKILL of a driver blocked on the frozen device can
+/// take effect.
+pub struct ThawOnDrop<'a>(pub &'a FrozenDevice);
+
+impl Drop for ThawOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze")
+            .args(["-u", self.0.mnt.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 impl Drop for FrozenDevice {
     fn drop(&mut self) {
         let _ = Command::new("fsfreeze")
