@@ -607,3 +607,53 @@ async fn a_retry_of_node_stage_joins_the_running_raw_copy() {
     assert!(held[SIZE as usize..].iter().all(|&b| b == 0));
     rig.kill9();
 }
+
+/// Mounts under the state dir's `clone-mnt`, by mount point.
+fn clone_mnt_mounts(rig: &Rig) -> Vec<String> {
+    common::mount_points_under(
+        &fs::read_to_string("/proc/self/mountinfo").unwrap(),
+        &rig.path("state/clone-mnt"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filled_clone_left_mounted_in_its_copy_directory_stages() {
+    let Some(rig) = Rig::new(2) else { return };
+    let mut rig = rig;
+    let mut c = rig.start().await;
+    let mount = requests::single_writer_mount();
+    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
+    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
+    fs::create_dir_all(&s_staging).unwrap();
+    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    fs::write(s_target.join("before"), b"copied").unwrap();
+    requests::unpublish(&mut c, &source, &s_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &source, &s_staging)
+        .await
+        .unwrap();
+    let id = requests::create_volume(&mut c, clone_req("clone", &source))
+        .await
+        .volume_id;
+    let (staging, target) = (rig.path("staging/clone"), rig.path("pods/p2/clone"));
+    fs::create_dir_all(&staging).unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+
+    // The copy done and recorded, its private mount of the clone left behind (a driver
+    // killed before its take-down, or a take-down that failed): the clone's NodeStage
+    // takes it down instead of finding the clone staged there for ever.
+    let private = rig.path("state/clone-mnt").join(short(&id)).join("target");
+    fs::create_dir_all(&private).unwrap();
+    common::run("mount", &[&device_of(&rig, &id), private.to_str().unwrap()]);
+    rig.kill9();
+    let mut c = rig.start().await;
+    requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    assert_eq!(clone_mnt_mounts(&rig), Vec::<String>::new());
+    assert_eq!(fs::read(target.join("before")).unwrap(), b"copied");
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    rig.kill9();
+}

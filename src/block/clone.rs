@@ -299,6 +299,32 @@ pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// NodeStage of a clone: mounts left in its private copy directory (a driver killed
+/// after the copy, or a take-down that failed) would make the stage find the clone in
+/// use there for ever, done or not. Taken down as a job under the copy's key, so no
+/// copy starts meanwhile; a copy running now is joined (its own end takes them down).
+async fn take_down_idle_leftovers(
+    b: &BlockBackend,
+    key: &str,
+    id: &str,
+    progress: &Progress,
+) -> Result<()> {
+    let dir = copy_dir(b, id);
+    let mounts = b.mounter.mount_table()?;
+    if !mounts.iter().any(|m| m.mount_point.starts_with(&dir)) {
+        return Ok(());
+    }
+    let (host, dir2) = (Arc::clone(&b.mounter.host), dir.clone());
+    let job = async move {
+        for name in ["source", "target"] {
+            take_down(host.as_ref(), &dir2, name).await?;
+        }
+        tracing::info!(dir = %dir2.display(), "took down mounts left in a clone's copy directory");
+        Ok(())
+    };
+    b.clones.run(key, progress, STAGE_WAIT, job).await
+}
+
 /// Removes a deleted clone's progress record.
 pub fn forget(b: &BlockBackend, id: &str) {
     let _ = std::fs::remove_file(progress_path(b, id));
@@ -326,6 +352,11 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
             ),
         ));
     }
+    let key = format!("clone:{raw}");
+    let progress = b
+        .clones
+        .progress(&key, &raw, progress_path(b, &raw), source.label());
+    take_down_idle_leftovers(b, &key, &raw, &progress).await?;
     if done(b, &raw)? {
         return Ok(());
     }
@@ -345,10 +376,6 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
             ),
         ));
     }
-    let key = format!("clone:{raw}");
-    let progress = b
-        .clones
-        .progress(&key, &raw, progress_path(b, &raw), source.label());
     // A copy a given-up call left running: wait for it, do not start another.
     match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
         Ok(Some(outcome)) => return outcome,
@@ -557,9 +584,39 @@ async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result
     if crate::os::mountinfo::at(&mounts, &dir.join(name)).is_some() {
         // Pinned after the mount: its own descriptor of the mount root would keep it busy.
         let at = pin(dir, name)?.without_final();
-        host.unmount(&at).await?;
+        unmount_retrying(host, &at).await?;
     }
     Ok(())
+}
+
+/// How long an unmount of the copy's private mounts retries while it is busy.
+const BUSY_RETRY: Duration = Duration::from_secs(5);
+
+/// Unmounts a private copy mount, retrying a while on EBUSY. Nothing of the driver's
+/// holds it once the copy has returned, but a holder may be transient: a process of
+/// this mount namespace whose working directory or open file lies under it for a
+/// moment (a host-exec process that entered the namespace, a tree scanner), or a child
+/// the driver forked meanwhile for another volume that holds the copy's descriptors
+/// until it execs.
+async fn unmount_retrying(host: &dyn Host, at: &Anchored) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match clone_source::unmount(host, at).await {
+            Err(e) if is_busy(&e) && started.elapsed() < BUSY_RETRY => {
+                tracing::info!(at = %at.path().display(), "copy mount busy; unmounting again shortly");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_busy(e: &Error) -> bool {
+    match e {
+        Error::Io { source, .. } => source.raw_os_error() == Some(libc::EBUSY),
+        Error::Shared(inner) => is_busy(inner),
+        _ => false,
+    }
 }
 
 fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
@@ -598,12 +655,24 @@ async fn fill(
             .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
             .and_then(|r| r)
             .map_err(|e| from.explain(e, &progress));
-        let unmounted = host.unmount(&dst_at).await;
+        let unmounted = unmount_retrying(host.as_ref(), &dst_at).await;
         copied.and(unmounted)
     }
     .await;
-    let unmounted = clone_source::unmount(host.as_ref(), &src_at).await;
+    let unmounted = unmount_retrying(host.as_ref(), &src_at).await;
     let outcome = copied.and(unmounted);
+    if outcome.is_err() {
+        // The copy records done when it ends, before the take-down: a mount left behind
+        // must leave the clone not filled, so the retry takes it down (and checks the
+        // copy again) rather than staging a clone mounted here.
+        let mut saved = progress.saved();
+        if saved.done {
+            saved.done = false;
+            let _ = progress.set(saved).inspect_err(
+                |e| tracing::warn!(volume_id = %volume, error = %e, "recording the clone not filled"),
+            );
+        }
+    }
     match &outcome {
         Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
         Err(e) => crate::metrics::clone::failed(cause(e)),
