@@ -9,9 +9,11 @@
 //! its filesystem before it is mounted at the staging path; a raw block clone is the
 //! source device's bytes copied onto its own (`clone::raw`), no filesystem made.
 //!
-//! What is safe to copy from: only a source volume that nothing has staged, mounted or
-//! published. A source in use is refused (FailedPrecondition naming where; the kubelet
-//! retries): copying what a pod writes meanwhile gives a copy that never existed, and a
+//! What is safe to copy from: a source volume that nothing has staged, mounted or
+//! published, copied at the clone's first NodeStage; or a filesystem source staged here,
+//! copied at the clone's CreateVolume from its own mount, frozen for the copy
+//! (`fill_from_mounted_source`; copying what a pod writes meanwhile gives a copy that
+//! never existed). A raw block source in use is refused (no filesystem to freeze); a
 //! second mount of a mounted ext4 shares its live superblock. While a file copy runs, the
 //! source is mounted read-only in a private directory of the state dir; a raw copy holds
 //! both devices open exclusively; either way a NodeStage or DeleteVolume of the source
@@ -117,12 +119,16 @@ pub fn check_source(
     if new {
         same_access(source, &rec, access)?;
     }
-    if let Some(at) = in_use(b, &id).filter(|_| new) {
+    // A filesystem source in use is copied at CreateVolume from its own mount, frozen
+    // (`fill_from_mounted_source`); a raw one has no filesystem to freeze.
+    if let Some(at) = in_use(b, &id).filter(|_| new && (access == Access::Block || !rec.formatted))
+    {
         crate::metrics::clone::failed("in_use");
         return Err(Error::FailedPrecondition(format!(
-            "{field}: source volume {source} is in use ({at}); a clone is the source as it is \
-             at CreateVolume, so it is made only from a volume nothing has staged: stop what \
-             uses it (its pods) and retry"
+            "{field}: source volume {source} is in use ({at}) with raw block access; a clone \
+             is the source as it is at CreateVolume, and a raw block volume in use has no \
+             filesystem to freeze for a consistent copy: stop what uses it (its pods) and \
+             retry, or clone from a filesystem volume"
         )));
     }
     Ok(rec.capacity_bytes)
@@ -323,6 +329,143 @@ async fn take_down_idle_leftovers(
         Ok(())
     };
     b.clones.run(key, progress, STAGE_WAIT, job).await
+}
+
+/// CreateVolume of a filesystem clone whose source is mounted on this node now (a pod
+/// uses it): the clone is filled here, from the source's own mount (a second mount of a
+/// mounted ext4 or xfs would share its live superblock) with the source's filesystem
+/// frozen for the copy, so the clone is the source as it was at CreateVolume. A job
+/// under the copy's key, which a retry joins. A source not mounted: Ok, its clone is
+/// filled at its first NodeStage, or the source's, whichever comes first.
+pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
+    let raw = id.to_string();
+    let mut vol = b.locate(id)?;
+    let Some(source) = clone_source::of_record(&vol.record)? else {
+        return Ok(());
+    };
+    let Source::Block(src_raw) = &source else {
+        return Ok(());
+    };
+    if is_raw_clone(&vol.record) || done(b, &raw)? {
+        return Ok(());
+    }
+    let VolumeRef::Block(src_id) = request::volume_ref(src_raw)? else {
+        return Ok(());
+    };
+    let mut src = b.locate(&src_id)?;
+    let mounts = b.mounter.mount_table()?;
+    let dev = (src.device.major, src.device.minor);
+    let Some(at) = mounts
+        .iter()
+        .find(|m| (m.major, m.minor) == dev && m.root == "/")
+        .map(|m| m.mount_point.clone())
+    else {
+        return Ok(());
+    };
+    let key = format!("clone:{raw}");
+    let progress = b
+        .clones
+        .progress(&key, &raw, progress_path(b, &raw), source.label());
+    match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
+        Ok(Some(outcome)) => return outcome,
+        Ok(None) => {}
+        Err(_) => return Err(Error::NotReady(progress.message())),
+    }
+    let fs = vol.record.fs_type;
+    crate::block::stage::format_if_blank(b, &mut vol, fs).await?;
+    let dir = copy_dir(b, &raw);
+    refuse_in_use(b, &vol, Some(&dir), &mounts, "clone")
+        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+    b.verify_located(&mut src)?;
+    b.verify_located(&mut vol)?;
+    tracing::info!(volume_id = %raw, source = %src_raw, at = %at.display(),
+        "filling the clone now from its source's mount, frozen for the copy");
+    let job = fill_frozen(
+        Arc::clone(&b.mounter.host),
+        (b.pool.state_dir().to_owned(), dir),
+        (at, dev),
+        (vol.device.path.clone(), fs),
+        CopyRequest {
+            source: PathBuf::new(),
+            target: PathBuf::new(),
+            label: source.label().to_owned(),
+            streams: crate::clone::STREAMS,
+            chunk: crate::clone::CHUNK,
+            verify: verify_of(&vol.record),
+        },
+        Arc::clone(&progress),
+        raw.clone(),
+    );
+    b.clones.run(&key, &progress, STAGE_WAIT, job).await
+}
+
+/// The job of `fill_from_mounted_source`: the clone mounted in `dir`, the source's mount
+/// root `at` opened and checked as device `dev`'s, frozen, copied from, thawed (the
+/// guard thaws on every path, a panic included), the clone unmounted.
+async fn fill_frozen(
+    host: Arc<dyn Host>,
+    (state_dir, dir): (PathBuf, PathBuf),
+    (at, dev): (PathBuf, (u32, u32)),
+    (dst_dev, dst_fs): (PathBuf, FsType),
+    mut req: CopyRequest,
+    progress: Arc<Progress>,
+    volume: String,
+) -> Result<()> {
+    use nix::fcntl::OFlag;
+    host.create_dir_all(&dir)?;
+    take_down(host.as_ref(), &dir, "source").await?;
+    take_down(host.as_ref(), &dir, "target").await?;
+    let dst_at = pin(&dir, "target")?;
+    host.mount(&dst_dev, &dst_at, dst_fs, &[])
+        .await
+        .inspect_err(|_| crate::metrics::clone::failed("mount"))?;
+    let open = |p: &std::path::Path| {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        nix::fcntl::open(p, flags, nix::sys::stat::Mode::empty())
+            .map_err(|e| Error::io("open", p, e.into()))
+    };
+    let copied = async {
+        let (src, dst) = (open(&at)?, open(dst_at.path())?);
+        let st = nix::sys::stat::fstat(&src).map_err(|e| Error::io("stat", &at, e.into()))?;
+        if (libc::major(st.st_dev), libc::minor(st.st_dev)) != dev {
+            return Err(Error::FailedPrecondition(format!(
+                "{} is no longer the source volume's mount; retry",
+                at.display()
+            )));
+        }
+        (req.source, req.target) = (at.clone(), dst_at.path().to_owned());
+        let p = Arc::clone(&progress);
+        let name = short(&volume);
+        tokio::task::spawn_blocking(move || {
+            use std::os::fd::AsFd;
+            let root = src
+                .try_clone()
+                .map_err(|e| Error::io("open", &req.source, e))?;
+            let frozen =
+                crate::block::freeze::Frozen::freeze(&state_dir, &name, root, dev, &req.source)?;
+            let copied = crate::clone::copy_tree_at(src.as_fd(), dst.as_fd(), &req, &p);
+            drop(frozen);
+            copied
+        })
+        .await
+        .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+        .and_then(|r| r)
+    }
+    .await;
+    let outcome = copied.and(unmount_retrying(host.as_ref(), &dst_at).await);
+    if outcome.is_err() {
+        // Not filled until the clone's mount is down (see `fill`).
+        let mut saved = progress.saved();
+        if saved.done {
+            saved.done = false;
+            let _ = progress.set(saved);
+        }
+    }
+    match &outcome {
+        Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
+        Err(e) => crate::metrics::clone::failed(cause(e)),
+    }
+    outcome
 }
 
 /// Removes a deleted clone's progress record.

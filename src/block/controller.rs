@@ -114,6 +114,8 @@ pub async fn create(
             }
             e => e,
         })?;
+    // A source in use: its clone is copied now, while CreateVolume is its point in time.
+    crate::block::clone::fill_from_mounted_source(b, &id).await?;
     Ok(b.volume(&id.to_string(), &rec))
 }
 

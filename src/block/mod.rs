@@ -8,6 +8,7 @@ pub mod clone_source;
 pub mod controller;
 pub mod device;
 pub mod expand;
+pub mod freeze;
 pub mod layout;
 pub mod partition;
 pub mod publish;
@@ -108,6 +109,7 @@ impl BlockBackend {
     /// Scans the pool and probes free devices; the backend is ready only after this.
     pub async fn initialise(&self) -> Result<()> {
         let mounts = self.mounter.mount_table()?;
+        freeze::thaw_recorded(self.pool.state_dir(), &mounts);
         self.pool.rescan(&mounts);
         self.pool.classify_free(self.mounter.host.as_ref()).await;
         self.partitioned.resync();
