@@ -44,6 +44,9 @@ suite "hostile input, socket mode, secrets in logs" cargo test --quiet --test se
 suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
 suite "end to end: helm install on a real kubelet node (containerd, runc, kube-proxy)" bash tests/e2e/kubelet.sh
+# Kubernetes' own External Storage suite against the chart on the kubelet node: one test of
+# each thing the classes promise (the full run: bash tests/e2e/storage-suite.sh).
+suite "Kubernetes' External Storage e2e suite (CI tier) on the kubelet node" bash tests/e2e/storage-suite.sh ci
 suite "helm chart" bash tests/helm.sh
 # A QEMU VM (software emulation) with real NVMe namespaces and NFS v4.1 over soft-RoCE RDMA:
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.
@@ -51,7 +54,7 @@ suite "VM rig: NVMe + NFS over RDMA (csi-sanity x2, scenarios)" bash tests/vm/ru
 suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenarios, fio)" bash tests/vm/stripe.sh
 suite "VM rig: NFS -> NVMe clones (file by file, SIGKILL and server stop mid-copy, figures)" bash tests/vm/clone.sh
 suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh
-suite "fuzzing every parser (20 s each)" env FUZZ_SECONDS=20 bash scripts/fuzz.sh
+suite "fuzzing every parser (10 s each)" env FUZZ_SECONDS=10 bash scripts/fuzz.sh
 
 echo
 if [ ${#failed_names[@]} -gt 0 ]; then echo "failed suites: ${failed_names[*]}"; fi
