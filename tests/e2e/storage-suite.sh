@@ -72,14 +72,15 @@ echo "node and chart ready in $((SECONDS - start)) s"
 # Left out of every tier, each for its reason (docs/testing.md, "Kubernetes' External
 # Storage suite"): Windows patterns; [Disruptive] (restarts the kubelet over SSH, which this
 # rig has none of); [Serial] volume limits (attach limits: the driver reports none); growing
-# a mounted ext4, which needs CAP_SYS_RESOURCE, withheld here even from root (the xfs
-# definition runs those tests); a clone of a raw block volume a pod is writing, which the
+# a mounted ext4 (the kubelet grows a volume after staging it), which needs
+# CAP_SYS_RESOURCE, withheld here even from root (the xfs definition runs those tests); a clone of a raw block volume a pod is writing, which the
 # driver refuses by design (no filesystem to freeze for a point-in-time copy).
 SKIP='\[Feature:Windows\]|\[Disruptive\]|\[Serial\]'
-SKIP+='|\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)(\(allowExpansion\))?\] volume-expand should resize'
+SKIP+='|\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)(\(allowExpansion\))?\] volume-expand (should resize|Verify if offline)'
+SKIP+='|\[Driver: gds-csi-partition\] \[Testpattern: Generic Ephemeral-volume \(default fs\).*\] ephemeral should support expansion'
 SKIP+='|\[Testpattern: Dynamic PV \(block volmode\)\] multiVolume \[Slow\] should concurrently access the volume and its clone'
 # Every test of the two chart classes; of the xfs class, the expansion tests.
-FOCUS='External.Storage (\[Driver: gds-csi-(partition|whole)\]|\[Driver: gds-csi-partition-xfs\].*volume-expand)'
+FOCUS='External.Storage (\[Driver: gds-csi-(partition|whole)\]|\[Driver: gds-csi-partition-xfs\].*(volume-expand|should support expansion))'
 if [ "$TIER" = ci ]; then
   # One test of each thing the classes promise, chosen to fit the CI budget: a clone, raw
   # block, xfs, capacity, topology, online expansion, fsGroup, exec.
@@ -107,18 +108,23 @@ suite_rc=0
 # Each test run, by name and state; the counts. No report: the runner died (counted as a
 # failure below).
 [ -s "$REPORT" ] || echo '[]' >"$REPORT"
+# Kept after the rig is gone: the runner's log and the report.
+OUT=$REPO_ROOT/target/storage-suite
+mkdir -p "$OUT"
+cp "$WORK/storage-suite.log" "$REPORT" "$OUT/"
 python3 - "$REPORT" <<'PY'
-import json, sys
+import json, re, sys
 specs = [s for r in json.load(open(sys.argv[1])) for s in r.get("SpecReports") or []
          if s.get("LeafNodeType") == "It"]
 counts = {"passed": 0, "failed": 0, "skipped": 0}
 per_class = {}
 for s in sorted(specs, key=lambda s: " ".join(s["ContainerHierarchyTexts"] + [s["LeafNodeText"]])):
-    name = " ".join(s["ContainerHierarchyTexts"][1:] + [s["LeafNodeText"]])
+    name = " ".join(s["ContainerHierarchyTexts"] + [s["LeafNodeText"]]).removeprefix("External Storage ")
     state = s["State"]
     kind = "passed" if state == "passed" else "skipped" if state in ("skipped", "pending") else "failed"
     counts[kind] += 1
-    cls = per_class.setdefault(s["ContainerHierarchyTexts"][1], {"passed": 0, "failed": 0, "skipped": 0})
+    driver = re.search(r"\[Driver: ([^\]]+)\]", name)
+    cls = per_class.setdefault(driver.group(1) if driver else "?", {"passed": 0, "failed": 0, "skipped": 0})
     cls[kind] += 1
     if kind != "skipped":
         print(f"{state:7} {name}")
@@ -137,10 +143,6 @@ if [ "$suite_rc" -ne 0 ] && [ "$n_failed" -eq 0 ]; then
   tail -40 "$WORK/storage-suite.log"
   n_failed=1
 fi
-# Kept after the rig is gone: the runner's log and the report.
-OUT=$REPO_ROOT/target/storage-suite
-mkdir -p "$OUT"
-cp "$WORK/storage-suite.log" "$REPORT" "$OUT/"
 [ "$n_failed" -eq 0 ] || { failed=$((failed + 1)); grep -E '^\s*\[FAIL\]|^  \[FAILED\]' "$WORK/storage-suite.log" | head -40; }
 echo "runner log and JSON report: $OUT"
 echo "storage suite wall time: $((SECONDS - start)) s"
