@@ -385,17 +385,27 @@ async fn a_clone_holds_its_source_as_it_was_at_its_create_volume() {
     requests::stage_and_publish(&mut c, &src, &staging, &target, mount.clone()).await;
     fs::write(target.join("token"), b"first").unwrap();
 
-    // In use: no clone of it now (it would take what is written later).
-    let err = c
-        .controller
-        .create_volume(clone_req("early", &src))
+    // In use: the clone is copied now, from the source's own mount, frozen for the copy.
+    let early = requests::create_volume(&mut c, clone_req("early", &src))
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("in use"), "{}", err.message());
-
+        .volume_id;
+    fs::write(target.join("token"), b"after").unwrap();
     requests::unpublish(&mut c, &src, &target).await.unwrap();
     requests::unstage(&mut c, &src, &staging).await.unwrap();
+    let (e_staging, e_target) = (rig.path("staging/early"), rig.path("pods/b/early"));
+    requests::stage_and_publish(&mut c, &early, &e_staging, &e_target, mount.clone()).await;
+    assert_eq!(
+        fs::read(e_target.join("token")).unwrap(),
+        b"first",
+        "a clone of a source in use is the source at its CreateVolume"
+    );
+    requests::unpublish(&mut c, &early, &e_target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &early, &e_staging).await.unwrap();
+
+    // Unstaged: the clone is filled at its first NodeStage, from the source as it was at
+    // the clone's CreateVolume.
     let clone = requests::create_volume(&mut c, clone_req("clone", &src))
         .await
         .volume_id;
@@ -404,13 +414,13 @@ async fn a_clone_holds_its_source_as_it_was_at_its_create_volume() {
     assert_eq!(again.volume_id, clone);
 
     // The source is written again after the clone's CreateVolume.
-    write_token(&mut c, &rig, &src, Some(b"first"), b"second").await;
+    write_token(&mut c, &rig, &src, Some(b"after"), b"second").await;
 
     let (c_staging, c_target) = (rig.path("staging/clone"), rig.path("pods/b/clone"));
     requests::stage_and_publish(&mut c, &clone, &c_staging, &c_target, mount.clone()).await;
     assert_eq!(
         fs::read(c_target.join("token")).unwrap(),
-        b"first",
+        b"after",
         "the clone is the source at its CreateVolume"
     );
     requests::unpublish(&mut c, &clone, &c_target)
