@@ -339,20 +339,27 @@ async fn take_down_idle_leftovers(
 /// filled at its first NodeStage, or the source's, whichever comes first.
 pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     let raw = id.to_string();
-    let mut vol = b.locate(id)?;
-    let Some(source) = clone_source::of_record(&vol.record)? else {
+    // From the record first: most volumes are no clone, and a stripe's device exists only
+    // while it is staged, so locating it here would fail its CreateVolume.
+    let Some(record) = b.pool.state.snapshot().volumes.get(&raw).cloned() else {
+        return Ok(());
+    };
+    let Some(source) = clone_source::of_record(&record)? else {
         return Ok(());
     };
     let Source::Block(src_raw) = &source else {
         return Ok(());
     };
-    if is_raw_clone(&vol.record) || done(b, &raw)? {
+    if is_raw_clone(&record) || done(b, &raw)? {
         return Ok(());
     }
     let VolumeRef::Block(src_id) = request::volume_ref(src_raw)? else {
         return Ok(());
     };
-    let mut src = b.locate(&src_id)?;
+    // A source whose device is not here now (a stripe not staged) is mounted nowhere.
+    let Ok(mut src) = b.locate(&src_id) else {
+        return Ok(());
+    };
     let mounts = b.mounter.mount_table()?;
     let dev = (src.device.major, src.device.minor);
     let Some(at) = mounts
@@ -362,6 +369,17 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     else {
         return Ok(());
     };
+    if id.layout == crate::volume_id::IdLayout::Stripe {
+        // A stripe clone's md array runs only while it is staged: it is filled at its
+        // first NodeStage, from a source nothing uses then.
+        return Err(Error::FailedPrecondition(format!(
+            "volume_content_source.volume.volume_id: source volume {src_raw} is in use \
+             (mounted at {}); a stripe clone is copied only from a source nothing has staged: \
+             stop what uses it (its pods) and retry",
+            at.display()
+        )));
+    }
+    let mut vol = b.locate(id)?;
     let key = format!("clone:{raw}");
     let progress = b
         .clones
