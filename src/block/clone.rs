@@ -268,6 +268,18 @@ pub async fn check_clone(
     Ok(Some((size, recorded)))
 }
 
+/// The file copy of a clone from `source`: paths set by the job once it has mounted both.
+fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest {
+    CopyRequest {
+        source: PathBuf::new(),
+        target: PathBuf::new(),
+        label: source.label().to_owned(),
+        streams: crate::clone::STREAMS,
+        chunk: crate::clone::CHUNK,
+        verify: verify_of(rec),
+    }
+}
+
 /// `verify` of the class: `sizes` (the default) or `checksum`.
 pub fn verify_of(rec: &crate::pool::VolumeRecord) -> Verify {
     match rec
@@ -403,14 +415,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
         (b.pool.state_dir().to_owned(), dir),
         (at, dev),
         (vol.device.path.clone(), fs),
-        CopyRequest {
-            source: PathBuf::new(),
-            target: PathBuf::new(),
-            label: source.label().to_owned(),
-            streams: crate::clone::STREAMS,
-            chunk: crate::clone::CHUNK,
-            verify: verify_of(&vol.record),
-        },
+        copy_request(&source, &vol.record),
         Arc::clone(&progress),
         raw.clone(),
     );
@@ -567,14 +572,7 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
         dir,
         from,
         (vol.device.path.clone(), fs),
-        CopyRequest {
-            source: PathBuf::new(),
-            target: PathBuf::new(),
-            label: source.label().to_owned(),
-            streams: crate::clone::STREAMS,
-            chunk: crate::clone::CHUNK,
-            verify: verify_of(&vol.record),
-        },
+        copy_request(&source, &vol.record),
         Arc::clone(&progress),
         raw.clone(),
     );
