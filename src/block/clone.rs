@@ -435,9 +435,7 @@ async fn fill_frozen(
     volume: String,
 ) -> Result<()> {
     use nix::fcntl::OFlag;
-    host.create_dir_all(&dir)?;
-    take_down(host.as_ref(), &dir, "source").await?;
-    take_down(host.as_ref(), &dir, "target").await?;
+    clean_copy_dir(host.as_ref(), &dir).await?;
     let dst_at = pin(&dir, "target")?;
     host.mount(&dst_dev, &dst_at, dst_fs, &[])
         .await
@@ -734,6 +732,14 @@ fn refuse_in_use(
     )))
 }
 
+/// The copy's private directory, made if missing and with nothing mounted in it: a driver
+/// killed mid-copy may have left its mounts there.
+async fn clean_copy_dir(host: &dyn Host, dir: &std::path::Path) -> Result<()> {
+    host.create_dir_all(dir)?;
+    take_down(host, dir, "source").await?;
+    take_down(host, dir, "target").await
+}
+
 /// Unmounts what is mounted at `<dir>/<name>` (left by a driver killed mid-copy).
 async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
     if clone_source::take_down_nfs(host, &dir.join(name)).await? {
@@ -797,10 +803,7 @@ async fn fill(
     progress: Arc<Progress>,
     volume: String,
 ) -> Result<()> {
-    host.create_dir_all(&dir)?;
-    // Left mounted by a driver killed mid-copy: start from clean mounts.
-    take_down(host.as_ref(), &dir, "source").await?;
-    take_down(host.as_ref(), &dir, "target").await?;
+    clean_copy_dir(host.as_ref(), &dir).await?;
     let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
     from.mount(host.as_ref(), &src_at)
         .await
