@@ -1,0 +1,614 @@
+//! One pass over Nodes and PersistentVolumes, and the two actions.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Event, EventSource, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::Client;
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::claim::{pod_uses_claim, template, PVC_PROTECTION};
+use crate::clock::{Clock, NodeState};
+use crate::metrics::{Metrics, NodeAction, NodeLabel, OutcomeLabel, StateLabel};
+use crate::volumes::{LocalVolume, Selector, Skip};
+
+pub const COMPONENT: &str = "gds-csi-node-loss";
+
+/// Finalizers only the lost node could ever remove: the external-provisioner's (it
+/// runs on that node, in distributed mode, and removes it after DeleteVolume:
+/// sig-storage-lib-external-provisioner v13 controller/controller.go:90) and the PV
+/// protection one, removed by Kubernetes once no claim is bound (kubernetes
+/// pkg/volume/util/finalizer.go:24); by then the old claim is gone.
+const PV_FINALIZERS: &[&str] = &[
+    "external-provisioner.volume.kubernetes.io/finalizer",
+    "kubernetes.io/pv-protection",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Action {
+    /// An Event on the claim and the metric; nothing else.
+    Report,
+    /// Delete the PV and re-create the claim unbound.
+    Recreate,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Report => "report",
+            Action::Recreate => "recreate",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: no answer within {1:?}")]
+    Timeout(String, Duration),
+    #[error("{0}: {1}")]
+    Api(String, #[source] kube::Error),
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+pub struct Config {
+    pub selector: Selector,
+    pub grace: Duration,
+    pub action: Action,
+    pub api_timeout: Duration,
+}
+
+pub struct Controller {
+    client: Client,
+    cfg: Config,
+    clock: Clock,
+    metrics: Metrics,
+    /// PVs (by uid) reported in this loss of their node: one Event each, not one a pass.
+    reported: HashSet<String>,
+    /// Nodes announced missing, so the log says when a loss starts and ends.
+    announced: BTreeSet<String>,
+    /// PVs of ours passed over as ambiguous, logged once each.
+    warned: HashSet<String>,
+    instance: String,
+}
+
+/// What `recreate` got to this pass.
+#[derive(Debug, PartialEq, Eq)]
+enum Progress {
+    Done,
+    Waiting(String),
+}
+
+impl Controller {
+    pub fn new(client: Client, cfg: Config, metrics: Metrics) -> Self {
+        Controller {
+            client,
+            cfg,
+            clock: Clock::default(),
+            metrics,
+            reported: HashSet::new(),
+            announced: BTreeSet::new(),
+            warned: HashSet::new(),
+            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| COMPONENT.into()),
+        }
+    }
+
+    /// Every API call goes through here: a deadline, and the call named in the error.
+    async fn api<T>(
+        &self,
+        what: impl Into<String>,
+        call: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        let what = what.into();
+        match tokio::time::timeout(self.cfg.api_timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Api(what, e)),
+            Err(_) => Err(Error::Timeout(what, self.cfg.api_timeout)),
+        }
+    }
+
+    pub async fn pass(&mut self) -> Result<()> {
+        let result = self.pass_inner().await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .passes
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+        result
+    }
+
+    async fn pass_inner(&mut self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let listed = self
+            .api("list nodes", nodes.list_metadata(&ListParams::default()))
+            .await;
+        let present: BTreeSet<String> = match listed {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect(),
+            Err(e) => {
+                // Absence seen with a gap proves nothing: start every clock again.
+                if !self.announced.is_empty() {
+                    warn!(error = %e, "could not list Nodes: every missing node's grace period starts again");
+                }
+                self.clock.reset();
+                return Err(e);
+            }
+        };
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pvs = self
+            .api("list persistentvolumes", pvs.list(&ListParams::default()))
+            .await?;
+        let mut by_node: BTreeMap<String, Vec<LocalVolume>> = BTreeMap::new();
+        for pv in &pvs.items {
+            match self.cfg.selector.select(pv) {
+                Ok(v) => by_node.entry(v.node.clone()).or_default().push(v),
+                Err(Skip::Ambiguous(why)) => {
+                    let name = pv.metadata.name.clone().unwrap_or_default();
+                    if self.warned.insert(name.clone()) {
+                        warn!(pv = %name, %why, "left alone: cannot tell which node holds this volume");
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        let wanted: BTreeSet<String> = by_node.keys().cloned().collect();
+        let states = self
+            .clock
+            .observe(&present, &wanted, Instant::now(), self.cfg.grace);
+        self.update_gauges(&states, &by_node);
+
+        let mut still_lost = HashSet::new();
+        for (node, state) in &states {
+            let volumes = &by_node[node];
+            match *state {
+                NodeState::Present => {
+                    if self.announced.remove(node) {
+                        info!(%node, volumes = volumes.len(), "node is back before its grace period ended: nothing changed");
+                    }
+                }
+                NodeState::InGrace(gone) => {
+                    if self.announced.insert(node.clone()) {
+                        info!(%node, volumes = volumes.len(), grace = ?self.cfg.grace, action = self.cfg.action.as_str(),
+                            "node object is absent; acting after the grace period unless it comes back");
+                    } else {
+                        debug!(%node, ?gone, "node still absent, within the grace period");
+                    }
+                }
+                NodeState::Lost(gone) => {
+                    self.announced.insert(node.clone());
+                    // The list may be stale or partial: act only on a 404 for this node now.
+                    let exists = self
+                        .api(format!("get node {node}"), nodes.get_metadata_opt(node))
+                        .await?;
+                    if exists.is_some() {
+                        info!(%node, "node is back (seen by a direct read); nothing changed");
+                        continue;
+                    }
+                    for v in volumes {
+                        still_lost.insert(v.pv_uid.clone());
+                        let outcome = match self.cfg.action {
+                            Action::Report => self.report(v, gone).await.map(|()| Progress::Done),
+                            Action::Recreate => self.recreate(v, gone).await,
+                        };
+                        match outcome {
+                            Ok(Progress::Done) => {}
+                            Ok(Progress::Waiting(why)) => {
+                                info!(pv = %v.pv_name, %node, %why, "claim re-creation waiting")
+                            }
+                            Err(e) => {
+                                warn!(pv = %v.pv_name, %node, error = %e, "node loss action failed; retried next pass")
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.announced.retain(|n| wanted.contains(n));
+        self.reported.retain(|uid| still_lost.contains(uid));
+        Ok(())
+    }
+
+    fn update_gauges(
+        &self,
+        states: &BTreeMap<String, NodeState>,
+        by_node: &BTreeMap<String, Vec<LocalVolume>>,
+    ) {
+        let (mut in_grace, mut lost) = (0, 0);
+        self.metrics.claims.clear();
+        for (node, state) in states {
+            match state {
+                NodeState::Present => {}
+                NodeState::InGrace(_) => in_grace += 1,
+                NodeState::Lost(_) => {
+                    lost += 1;
+                    self.metrics
+                        .claims
+                        .get_or_create(&NodeAction {
+                            node: node.clone(),
+                            action: self.cfg.action.as_str().into(),
+                        })
+                        .set(by_node[node].len() as i64);
+                }
+            }
+        }
+        for (state, n) in [("in_grace", in_grace), ("lost", lost)] {
+            self.metrics
+                .missing_nodes
+                .get_or_create(&StateLabel {
+                    state: state.into(),
+                })
+                .set(n);
+        }
+    }
+
+    fn message(&self, v: &LocalVolume, gone: Duration) -> String {
+        format!(
+            "node {} has been deleted for {} (grace period {}): volume {} on its drives can never be used again",
+            v.node,
+            humantime::format_duration(Duration::from_secs(gone.as_secs())),
+            humantime::format_duration(self.cfg.grace),
+            v.pv_name
+        )
+    }
+
+    /// The old claim if it is still the one the PV was bound to (same uid, bound to
+    /// this PV); local-static-provisioner checks the same before deleting
+    /// (pkg/node-cleanup/controller/controller.go:230).
+    async fn bound_claim(&self, v: &LocalVolume) -> Result<Option<PersistentVolumeClaim>> {
+        let Some(c) = &v.claim else { return Ok(None) };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        let pvc = self
+            .api(
+                format!("get claim {}/{}", c.namespace, c.name),
+                api.get_opt(&c.name),
+            )
+            .await?;
+        Ok(pvc.filter(|p| {
+            p.metadata.uid.as_deref() == Some(c.uid.as_str())
+                && p.spec.as_ref().and_then(|s| s.volume_name.as_deref())
+                    == Some(v.pv_name.as_str())
+        }))
+    }
+
+    async fn report(&mut self, v: &LocalVolume, gone: Duration) -> Result<()> {
+        if self.reported.contains(&v.pv_uid) {
+            return Ok(());
+        }
+        let message = format!(
+            "{}; action report: nothing changed (delete the claim and its PV to get a new volume, or run the node-loss controller with action recreate)",
+            self.message(v, gone)
+        );
+        let target = match self.bound_claim(v).await? {
+            Some(pvc) => claim_ref(&pvc),
+            None => pv_ref(v),
+        };
+        self.event(&target, "Warning", "NodeLost", &message).await?;
+        warn!(pv = %v.pv_name, node = %v.node, claim = ?v.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)),
+            gone = ?Duration::from_secs(gone.as_secs()), "node lost: reported (Event NodeLost), nothing changed");
+        self.reported.insert(v.pv_uid.clone());
+        Ok(())
+    }
+
+    /// Each step is idempotent and checks the state it starts from, so a pass that
+    /// stops anywhere (an error, a restart) is taken up by the next:
+    /// 1. the claim's template is written on the PV (annotation) before the claim is
+    ///    deleted, so a restart between 2 and 3 can still re-create it;
+    /// 2. the old claim (same uid, bound to this PV) is deleted with a uid precondition
+    ///    (as local-static-provisioner's deletePVC, controller.go:296) and, once no pod
+    ///    uses it, its pvc-protection finalizer is removed if Kubernetes has not yet;
+    /// 3. the claim is created again from the template, unbound;
+    /// 4. the PV is deleted and the finalizers only the lost node would remove are
+    ///    removed (local-static-provisioner deletes such PVs too, deleter.go:96-98;
+    ///    TopoLVM's node finalizer deletes the claims of a deleted node,
+    ///    internal/controller/node_controller.go:122).
+    async fn recreate(&mut self, v: &LocalVolume, gone: Duration) -> Result<Progress> {
+        let pv_api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let Some(pv) = self
+            .api(format!("get pv {}", v.pv_name), pv_api.get_opt(&v.pv_name))
+            .await?
+        else {
+            return Ok(Progress::Done);
+        };
+        if pv.metadata.uid.as_deref() != Some(v.pv_uid.as_str()) {
+            return Ok(Progress::Done);
+        }
+        let key = self.template_annotation();
+        let mut saved = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&key))
+            .cloned();
+
+        if let (Some(c), Some(old)) = (&v.claim, self.bound_claim(v).await?) {
+            let pvc_api: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.client.clone(), &c.namespace);
+            if saved.is_none() {
+                let text = serde_json::to_string(&template(&old)).expect("a claim serializes");
+                let patch = json!({"metadata": {"annotations": {&key: &text}}});
+                self.api(
+                    format!("annotate pv {} with its claim", v.pv_name),
+                    pv_api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
+                )
+                .await?;
+                info!(pv = %v.pv_name, claim = %format!("{}/{}", c.namespace, c.name), "saved the claim's template on its PV");
+                saved = Some(text);
+            }
+            if old.metadata.deletion_timestamp.is_none() {
+                let message = format!(
+                    "{}; action recreate: deleting this claim to create it again unbound",
+                    self.message(v, gone)
+                );
+                self.event(&claim_ref(&old), "Warning", "NodeLost", &message)
+                    .await?;
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(c.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match self
+                    .api(
+                        format!("delete claim {}/{}", c.namespace, c.name),
+                        pvc_api.delete(&c.name, &dp),
+                    )
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(Error::Api(_, kube::Error::Api(s))) if s.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+                warn!(pv = %v.pv_name, node = %v.node, claim = %format!("{}/{}", c.namespace, c.name),
+                    "node lost: deleted the claim bound to its volume");
+            }
+            // Deleted at once unless a finalizer holds it.
+            let Some(old) = self.bound_claim(v).await? else {
+                return self.recreate_claim_and_delete_pv(v, saved.as_deref()).await;
+            };
+            let finalizers = old.metadata.finalizers.clone().unwrap_or_default();
+            if !finalizers.iter().any(|f| f == PVC_PROTECTION) {
+                return Ok(Progress::Waiting(format!(
+                    "claim {}/{} is held by finalizers {finalizers:?}",
+                    c.namespace, c.name
+                )));
+            }
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &c.namespace);
+            let pods = self
+                .api(
+                    format!("list pods in {}", c.namespace),
+                    pods.list(&ListParams::default()),
+                )
+                .await?;
+            if let Some(p) = pods.items.iter().find(|p| pod_uses_claim(p, &c.name)) {
+                return Ok(Progress::Waiting(format!(
+                    "pod {}/{} (node {}) still uses claim {}; the pod garbage collector removes pods of deleted nodes",
+                    c.namespace,
+                    p.metadata.name.as_deref().unwrap_or(""),
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
+                    c.name
+                )));
+            }
+            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != PVC_PROTECTION).collect();
+            // resourceVersion makes the patch conditional: a claim changed since the read
+            // (a pod added, a finalizer) is a conflict, retried next pass.
+            let patch = json!({"metadata": {
+                "resourceVersion": old.metadata.resource_version,
+                "finalizers": rest,
+            }});
+            self.api(
+                format!(
+                    "remove {PVC_PROTECTION} from claim {}/{}",
+                    c.namespace, c.name
+                ),
+                pvc_api.patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
+            info!(claim = %format!("{}/{}", c.namespace, c.name), "no pod uses the deleted claim: removed its {PVC_PROTECTION} finalizer");
+            if self.bound_claim(v).await?.is_some() {
+                return Ok(Progress::Waiting(format!(
+                    "claim {}/{} is still being deleted",
+                    c.namespace, c.name
+                )));
+            }
+        }
+        self.recreate_claim_and_delete_pv(v, saved.as_deref()).await
+    }
+
+    fn template_annotation(&self) -> String {
+        format!("{}/node-loss-claim", self.cfg.selector.driver)
+    }
+
+    async fn recreate_claim_and_delete_pv(
+        &mut self,
+        v: &LocalVolume,
+        saved: Option<&str>,
+    ) -> Result<Progress> {
+        match (saved, &v.claim) {
+            (Some(text), Some(c)) => {
+                let new: PersistentVolumeClaim = match serde_json::from_str(text) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return Ok(Progress::Waiting(format!(
+                            "the saved claim on PV {} does not parse ({e}); re-create {}/{} by hand and delete the PV",
+                            v.pv_name, c.namespace, c.name
+                        )))
+                    }
+                };
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.client.clone(), &c.namespace);
+                match self
+                    .api(
+                        format!("create claim {}/{}", c.namespace, c.name),
+                        api.create(&PostParams::default(), &new),
+                    )
+                    .await
+                {
+                    Ok(created) => {
+                        let message = format!(
+                            "re-created unbound: its volume {} was on node {}, deleted for good",
+                            v.pv_name, v.node
+                        );
+                        self.event(
+                            &claim_ref(&created),
+                            "Normal",
+                            "NodeLostRecreated",
+                            &message,
+                        )
+                        .await?;
+                        warn!(claim = %format!("{}/{}", c.namespace, c.name), pv = %v.pv_name, node = %v.node,
+                            "node lost: re-created the claim unbound");
+                        self.metrics
+                            .recreated
+                            .get_or_create(&NodeLabel {
+                                node: v.node.clone(),
+                            })
+                            .inc();
+                    }
+                    // Already re-created (by an earlier pass, or a StatefulSet for its pod).
+                    Err(Error::Api(_, kube::Error::Api(s))) if s.is_already_exists() => {
+                        info!(claim = %format!("{}/{}", c.namespace, c.name), "a claim of that name exists already: not created again");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            (None, Some(c)) => {
+                info!(pv = %v.pv_name, claim = %format!("{}/{}", c.namespace, c.name),
+                    "the PV's claim is gone or replaced already: deleting the PV only");
+            }
+            _ => info!(pv = %v.pv_name, "PV bound to no claim: deleting it"),
+        }
+        self.delete_pv(v).await?;
+        Ok(Progress::Done)
+    }
+
+    async fn delete_pv(&self, v: &LocalVolume) -> Result<()> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(v.pv_uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self
+            .api(
+                format!("delete pv {}", v.pv_name),
+                api.delete(&v.pv_name, &dp),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(Error::Api(_, kube::Error::Api(s))) if s.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let Some(pv) = self
+            .api(format!("get pv {}", v.pv_name), api.get_opt(&v.pv_name))
+            .await?
+        else {
+            warn!(pv = %v.pv_name, node = %v.node, "node lost: deleted the PV");
+            return Ok(());
+        };
+        let finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
+        let (ours, others): (Vec<String>, Vec<String>) = finalizers
+            .into_iter()
+            .partition(|f| PV_FINALIZERS.contains(&f.as_str()));
+        if !ours.is_empty() {
+            let patch = json!({"metadata": {
+                "resourceVersion": pv.metadata.resource_version,
+                "finalizers": others,
+            }});
+            self.api(
+                format!("remove finalizers {ours:?} from pv {}", v.pv_name),
+                api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
+        }
+        if others.is_empty() {
+            warn!(pv = %v.pv_name, node = %v.node, removed_finalizers = ?ours, "node lost: deleted the PV");
+        } else {
+            warn!(pv = %v.pv_name, waiting_for = ?others, "PV deleted; other finalizers hold it");
+        }
+        Ok(())
+    }
+
+    async fn event(
+        &self,
+        target: &ObjectReference,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        let now = Time(Timestamp::now());
+        // Cluster-scoped objects' events go to `default`, as client-go's recorder does.
+        let ns = target.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = format!(
+            "{}.{:x}",
+            target.name.as_deref().unwrap_or(""),
+            now.0.as_nanosecond()
+        );
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: target.clone(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(type_.into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        self.api(
+            format!("create event {reason} in {ns}"),
+            api.create(&PostParams::default(), &ev),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        name: pvc.metadata.name.clone(),
+        namespace: pvc.metadata.namespace.clone(),
+        uid: pvc.metadata.uid.clone(),
+        resource_version: pvc.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+fn pv_ref(v: &LocalVolume) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolume".into()),
+        name: Some(v.pv_name.clone()),
+        uid: Some(v.pv_uid.clone()),
+        ..Default::default()
+    }
+}
