@@ -99,6 +99,51 @@ pub enum VolumeError {
     TaskFailed { what: String, why: String },
 }
 
+/// A clone's copy that cannot go on, by cause: the clone metric's `cause` label is chosen
+/// from the variant (`metrics::clone::Cause`), never from the message.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// Verification found the copy unlike its source.
+    #[error("the copy of {copy} differs from its source{at}; the volume stays unpublished")]
+    Differs {
+        /// What was copied, as shown to the operator.
+        copy: String,
+        /// Where: `: <what differs>` or ` at byte N`.
+        at: String,
+    },
+    /// A device or volume of the copy is in use, so the copy could not be consistent.
+    #[error("{what} is in use ({uses}); {fix}")]
+    InUse {
+        what: String,
+        uses: String,
+        fix: &'static str,
+    },
+    /// The NFS source stopped answering (mounted soft); the next NodeStage resumes.
+    #[error(
+        "reading {label} failed: the NFS server did not answer (the source is mounted soft: a \
+         read fails after about {soft_seconds} s without an answer; {error}); nothing was \
+         published; the next NodeStage resumes the copy at {percent}% ({copied_gib:.2} of \
+         {total_gib:.2} GiB) once the server answers"
+    )]
+    SourceTimeout {
+        label: String,
+        soft_seconds: u64,
+        error: String,
+        percent: u64,
+        copied_gib: f64,
+        total_gib: f64,
+    },
+}
+
+impl CopyError {
+    fn code(&self) -> Code {
+        match self {
+            CopyError::SourceTimeout { .. } => Code::Unavailable,
+            CopyError::Differs { .. } | CopyError::InUse { .. } => Code::FailedPrecondition,
+        }
+    }
+}
+
 /// What stands in the way of a mount, an unmount or a publish, by cause.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -205,6 +250,8 @@ pub enum Error {
     Mount(#[from] MountError),
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Copy(#[from] CopyError),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] crate::os::error::HostError),
@@ -245,6 +292,7 @@ fn code(err: &Error) -> Code {
         Error::Host(e) => host_code(e),
         Error::Mount(e) => e.code(),
         Error::Volume(_) => Code::FailedPrecondition,
+        Error::Copy(e) => e.code(),
         Error::Shared(inner) => code(inner),
     }
 }

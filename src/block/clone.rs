@@ -28,7 +28,8 @@ use crate::block::clone_source::{self, Source, SourceMount};
 use crate::block::{BlockBackend, Located};
 use crate::clone::raw::{DeviceAt, RawCopyRequest};
 use crate::clone::{copy_tree, CopyRequest, Progress, Saved, Verify};
-use crate::error::{Error, Result};
+use crate::error::{CopyError, Error, Result};
+use crate::metrics::clone::Cause;
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
@@ -123,7 +124,7 @@ pub fn check_source(
     // (`fill_from_mounted_source`); a raw one has no filesystem to freeze.
     if let Some(at) = in_use(b, &id).filter(|_| new && (access == Access::Block || !rec.formatted))
     {
-        crate::metrics::clone::failed("in_use");
+        crate::metrics::clone::failed_because(Cause::InUse);
         return Err(Error::FailedPrecondition(format!(
             "{field}: source volume {source} is in use ({at}) with raw block access; a clone \
              is the source as it is at CreateVolume, and a raw block volume in use has no \
@@ -163,7 +164,7 @@ fn same_access(source: &str, rec: &crate::pool::VolumeRecord, access: Access) ->
 
 /// Where the volume's device is staged or held now; None when nothing uses it (or its
 /// device cannot be found, so nothing can).
-fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
+pub(crate) fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
     let dev = b.mounted_device(id).ok()?;
     let mounts = b.mounter.mount_table().ok()?;
     let uses = b.pool.uses(&dev, &mounts);
@@ -201,39 +202,6 @@ pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
          retry",
         clones.join(", ")
     )))
-}
-
-/// NodeStage of a clone's source: its clones not filled yet take their copy first, so
-/// each holds the source as it was at the clone's CreateVolume (which refuses a source in
-/// use; nothing could write the source since). A source in use already is a repeated
-/// NodeStage: its clones are left to their own NodeStage.
-pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<()> {
-    let raw = source.to_string();
-    let clones = unfilled_clones_of(b, &raw)?;
-    if clones.is_empty() || in_use(b, source).is_some() {
-        return Ok(());
-    }
-    for clone in clones {
-        let Some(id) = BlockVolumeId::parse(&clone) else {
-            continue;
-        };
-        let mut vol = b.locate(&id)?;
-        let access = if is_raw_clone(&vol.record) {
-            Access::Block
-        } else {
-            Access::Mount
-        };
-        let cap = Capability {
-            access,
-            fs_type: Some(vol.record.fs_type),
-            mount_flags: Vec::new(),
-            read_only_mode: false,
-            single_writer: false,
-        };
-        tracing::info!(volume_id = %raw, clone = %clone, "filling a clone of this volume before it is staged");
-        prestage(b, &mut vol, &cap).await?;
-    }
-    Ok(())
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
@@ -405,7 +373,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     crate::block::stage::format_if_blank(b, &mut vol, fs).await?;
     let dir = copy_dir(b, &raw);
     refuse_in_use(b, &vol, Some(&dir), &mounts, "clone")
-        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+        .inspect_err(crate::metrics::clone::failed)?;
     b.verify_located(&mut src)?;
     b.verify_located(&mut vol)?;
     tracing::info!(volume_id = %raw, source = %src_raw, at = %at.display(),
@@ -439,7 +407,7 @@ async fn fill_frozen(
     let dst_at = pin(&dir, "target")?;
     host.mount(&dst_dev, &dst_at, dst_fs, &[])
         .await
-        .inspect_err(|_| crate::metrics::clone::failed("mount"))?;
+        .inspect_err(|_| crate::metrics::clone::failed_because(Cause::Mount))?;
     let open = |p: &std::path::Path| {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         nix::fcntl::open(p, flags, nix::sys::stat::Mode::empty())
@@ -484,7 +452,7 @@ async fn fill_frozen(
     }
     match &outcome {
         Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
-        Err(e) => crate::metrics::clone::failed(cause(e)),
+        Err(e) => crate::metrics::clone::failed(e),
     }
     outcome
 }
@@ -496,13 +464,29 @@ pub fn forget(b: &BlockBackend, id: &str) {
     crate::metrics::clone::forget(id);
 }
 
-/// NodeStage's hook: a clone not filled yet is filled and verified here (a filesystem
-/// clone formatted first), before the stage mounts it or a publish binds it; Ok at once
-/// for every other volume.
-pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {
+/// A clone's copy still to be made, found by [`pending`].
+pub struct Pending {
+    key: String,
+    source: Source,
+    progress: Arc<Progress>,
+    raw: bool,
+}
+
+impl Pending {
+    /// A filesystem clone is filled through its own filesystem, made first.
+    pub fn needs_filesystem(&self) -> bool {
+        !self.raw
+    }
+}
+
+/// The fill step's question (`block::fill`): the copy volume `vol` still needs, checked
+/// against the capability it is staged or published with; None for every volume that is
+/// no clone, a clone filled already, or one whose copy a given-up call left running and
+/// that finished while this call waited for it.
+pub async fn pending(b: &BlockBackend, vol: &Located, cap: &Capability) -> Result<Option<Pending>> {
     let raw = vol.id.to_string();
     let Some(source) = clone_source::of_record(&vol.record)? else {
-        return Ok(());
+        return Ok(None);
     };
     let raw_clone = is_raw_clone(&vol.record);
     if raw_clone && cap.access == Access::Mount {
@@ -522,7 +506,7 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
         .progress(&key, &raw, progress_path(b, &raw), source.label());
     take_down_idle_leftovers(b, &key, &raw, &progress).await?;
     if done(b, &raw)? {
-        return Ok(());
+        return Ok(None);
     }
     if let (Source::Nfs { label, .. }, false) = (&source, b.nfs_sources) {
         return Err(Error::FailedPrecondition(format!(
@@ -542,20 +526,36 @@ pub async fn prestage(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> 
     }
     // A copy a given-up call left running: wait for it, do not start another.
     match tokio::time::timeout(STAGE_WAIT, b.clones.jobs.join(&key)).await {
-        Ok(Some(outcome)) => return outcome,
+        Ok(Some(outcome)) => return outcome.map(|()| None),
         Ok(None) => {}
         Err(_) => return Err(Error::NotReady(progress.message())),
     }
+    Ok(Some(Pending {
+        key,
+        source,
+        progress,
+        raw: raw_clone,
+    }))
+}
+
+/// Makes the pending copy into `vol` (a filesystem clone formatted already), verified,
+/// as a job a retry joins.
+pub async fn run(b: &BlockBackend, vol: &mut Located, fs: FsType, pending: Pending) -> Result<()> {
+    let Pending {
+        key,
+        source,
+        progress,
+        raw: raw_clone,
+    } = pending;
     if raw_clone {
         let job = raw_fill(b, vol, &source, &progress)?;
         return b.clones.run(&key, &progress, STAGE_WAIT, job).await;
     }
-    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
-    crate::block::stage::format_if_blank(b, vol, fs).await?;
+    let raw = vol.id.to_string();
     let dir = copy_dir(b, &raw);
     let mounts = b.mounter.mount_table()?;
     refuse_in_use(b, vol, Some(&dir), &mounts, "clone")
-        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+        .inspect_err(crate::metrics::clone::failed)?;
     let Some(from) = source_mount(b, &source, &dir, &mounts)? else {
         // A block source never staged: an empty filesystem, which mkfs just made.
         return progress.set(Saved {
@@ -606,8 +606,7 @@ fn raw_fill(
     let mut src = b.locate(&src_id)?;
     let mounts = b.mounter.mount_table()?;
     for (what, v) in [("clone", &*vol), ("source", &src)] {
-        refuse_in_use(b, v, None, &mounts, what)
-            .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+        refuse_in_use(b, v, None, &mounts, what).inspect_err(crate::metrics::clone::failed)?;
     }
     if src.record.capacity_bytes > vol.record.capacity_bytes {
         return Err(Error::FailedPrecondition(format!(
@@ -649,7 +648,7 @@ fn raw_fill(
             .and_then(|r| r);
         match &outcome {
             Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
-            Err(e) => crate::metrics::clone::failed(cause(e)),
+            Err(e) => crate::metrics::clone::failed(e),
         }
         outcome
     })
@@ -697,7 +696,7 @@ fn block_source(
         return Ok(None);
     }
     refuse_in_use(b, &src, Some(dir), mounts, "source")
-        .inspect_err(|_| crate::metrics::clone::failed("in_use"))?;
+        .inspect_err(crate::metrics::clone::failed)?;
     b.verify_located(&mut src)?;
     Ok(Some(SourceMount::Device {
         dev: src.device.path.clone(),
@@ -724,12 +723,13 @@ fn refuse_in_use(
     if elsewhere.is_empty() {
         return Ok(());
     }
-    Err(Error::FailedPrecondition(format!(
-        "the {what} volume {} is in use ({}); a clone is copied only from and into volumes \
-         nothing has staged, so the copy is consistent: stop what uses it; the kubelet's retry then copies",
-        vol.id,
-        elsewhere.join(", ")
-    )))
+    Err(CopyError::InUse {
+        what: format!("the {what} volume {}", vol.id),
+        uses: elsewhere.join(", "),
+        fix: "a clone is copied only from and into volumes nothing has staged, so the copy \
+              is consistent: stop what uses it; the kubelet's retry then copies",
+    }
+    .into())
 }
 
 /// The copy's private directory, made if missing and with nothing mounted in it: a driver
@@ -807,7 +807,7 @@ async fn fill(
     let (src_at, dst_at) = (pin(&dir, "source")?, pin(&dir, "target")?);
     from.mount(host.as_ref(), &src_at)
         .await
-        .inspect_err(|_| crate::metrics::clone::failed("mount"))?;
+        .inspect_err(|_| crate::metrics::clone::failed_because(Cause::Mount))?;
     let copied = async {
         host.mount(&dst_dev, &dst_at, dst_fs, &[]).await?;
         (req.source, req.target) = (src_at.path().to_owned(), dst_at.path().to_owned());
@@ -837,28 +837,9 @@ async fn fill(
     }
     match &outcome {
         Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
-        Err(e) => crate::metrics::clone::failed(cause(e)),
+        Err(e) => crate::metrics::clone::failed(e),
     }
     outcome
-}
-
-/// The `cause` label of a failed copy.
-fn cause(e: &Error) -> &'static str {
-    match e {
-        Error::NotReady(m) if m.contains("NFS server did not answer") => "source_timeout",
-        Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
-        Error::FailedPrecondition(m) if m.contains(" is in use ") => "in_use",
-        Error::Io {
-            context: "copy" | "create" | "link" | "read directory" | "open" | "stat" | "syncing",
-            ..
-        } => "copy",
-        Error::Io {
-            context: "mounting",
-            ..
-        }
-        | Error::Mount(_) => "mount",
-        _ => "other",
-    }
 }
 
 /// The clone's kind, from its capabilities, before anything is allocated: one access

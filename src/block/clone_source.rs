@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{CopyError, Error, Result, VolumeError};
 use crate::nfs::NfsBackend;
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
 use crate::pool::VolumeRecord;
@@ -195,16 +195,16 @@ impl SourceMount {
             return e;
         }
         let (copied, total) = (progress.copied_bytes(), progress.total_bytes());
-        let pct = (copied * 100).checked_div(total).unwrap_or(0);
         let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-        Error::NotReady(format!(
-            "reading {label} failed: the NFS server did not answer (the source is mounted \
-             soft: a read fails after about {SOFT_SECONDS} s without an answer; {e}); nothing \
-             was published; the next NodeStage resumes the copy at {pct}% ({:.2} of {:.2} GiB) \
-             once the server answers",
-            gib(copied),
-            gib(total),
-        ))
+        CopyError::SourceTimeout {
+            label: label.clone(),
+            soft_seconds: SOFT_SECONDS,
+            error: e.to_string(),
+            percent: (copied * 100).checked_div(total).unwrap_or(0),
+            copied_gib: gib(copied),
+            total_gib: gib(total),
+        }
+        .into()
     }
 }
 

@@ -1,7 +1,8 @@
 //! What differs between the layouts of a block volume on the node's devices: where a
-//! volume's block device comes from and goes back to. The whole device (`device.rs`) is
-//! the one layout today; a GPT partition or an md RAID0 stripe is one more module
-//! implementing this, the stage/publish/stats code above it unchanged.
+//! volume's block device comes from and goes back to, and what staging it needs first.
+//! Three implement it: the whole device (`device.rs`), a GPT partition (`partition/`)
+//! and an md RAID0 stripe over partitions (`stripe/`); the stage/publish/stats code
+//! above it is the same for all.
 
 use std::sync::Arc;
 
@@ -47,4 +48,14 @@ pub trait Layout: Send + Sync {
         None
     }
     fn capacity(&self) -> Capacity;
+    /// NodeStage's step before the volume is located: what must exist for its device to
+    /// be there at all (a stripe's md array assembled). Idempotent.
+    async fn prepare_stage(&self, _host: &dyn Host, _id: &BlockVolumeId) -> Result<()> {
+        Ok(())
+    }
+    /// NodeUnstage's step once nothing is mounted: what `prepare_stage` made taken down
+    /// again (a stripe's array stopped). Idempotent.
+    async fn after_unstage(&self, _host: &dyn Host, _id: &BlockVolumeId) -> Result<()> {
+        Ok(())
+    }
 }

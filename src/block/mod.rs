@@ -8,6 +8,7 @@ pub mod clone_source;
 pub mod controller;
 pub mod device;
 pub mod expand;
+pub mod fill;
 pub mod freeze;
 pub mod layout;
 pub mod partition;
@@ -27,13 +28,13 @@ use tracing::info;
 pub use layout::{Capacity, Layout};
 pub use stage::{decide_format, FormatDecision};
 
-use crate::backend::{Expand, Expanded, Publish, VolumeBackend};
+use crate::backend::{Expand, Expanded, Publish, Stage, VolumeBackend};
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
-use crate::request::{self, CreateVolume};
+use crate::request::Capability;
 use crate::volume_id::{BlockVolumeId, IdLayout};
 
 /// Which node this is, as the block backend's volumes and topology name it.
@@ -235,12 +236,7 @@ impl BlockBackend {
 #[async_trait]
 impl VolumeBackend for BlockBackend {
     type Id = BlockVolumeId;
-
-    /// Without the NFS backend: a clone of an NFS directory is refused (the driver's
-    /// handler calls `controller::create` with its NFS backend).
-    async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume> {
-        controller::create(self, req, None).await
-    }
+    type Capability = Capability;
 
     async fn delete(&self, id: &BlockVolumeId) -> Result<()> {
         controller::delete(self, id).await
@@ -252,10 +248,6 @@ impl VolumeBackend for BlockBackend {
 
     async fn node_expand(&self, id: &BlockVolumeId, path: &Path, req: &Expand) -> Result<u64> {
         expand::node_expand(self, id, path, req).await
-    }
-
-    fn capacity(&self, req: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
-        controller::capacity(self, req)
     }
 
     fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
@@ -270,54 +262,15 @@ impl VolumeBackend for BlockBackend {
         controller::validate(self, id, caps)
     }
 
-    async fn stage(
-        &self,
-        id: &BlockVolumeId,
-        staging: &Path,
-        cap: Option<&csi::VolumeCapability>,
-    ) -> Result<()> {
-        if id.layout == IdLayout::Stripe {
-            self.check_ready()?;
-            stage::required_capability(cap)?;
-            self.striped
-                .ensure_array(self.mounter.host.as_ref(), id)
-                .await?;
-        }
-        // A clone is filled before anything mounts it at the staging path, so nothing
-        // can publish it half copied.
-        let capability = stage::required_capability(cap)?;
-        self.check_ready()?;
-        // Clones of this volume take their copy before anything can write it again.
-        clone::fill_clones_of(self, id).await?;
-        clone::prestage(self, &mut self.locate(id)?, &capability).await?;
-        stage::stage(self, id, staging, cap).await
+    async fn stage(&self, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<()> {
+        stage::stage(self, id, req).await
     }
 
     async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
-        stage::unstage(self, id, staging).await?;
-        if id.layout == IdLayout::Stripe {
-            self.striped
-                .stop_array(self.mounter.host.as_ref(), id)
-                .await?;
-        }
-        // The gate's compat mark belongs to the staged volume; the next stage publishes anew.
-        match &self.gate {
-            Some(gate) => gate.forget(&id.to_string()),
-            None => Ok(()),
-        }
+        stage::unstage(self, id, staging).await
     }
 
-    async fn publish(&self, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
-        // A raw block volume is written through its publish, and a CO may publish it
-        // while it is still staged from before a clone of it was made (NodeStage of
-        // block access mounts nothing that CreateVolume could see): its clones take their
-        // copy first, and a raw clone is filled before its first bind.
-        let capability = stage::required_capability(req.capability)?;
-        if capability.access == request::Access::Block {
-            self.check_ready()?;
-            clone::fill_clones_of(self, id).await?;
-            clone::prestage(self, &mut self.locate(id)?, &capability).await?;
-        }
+    async fn publish(&self, id: &BlockVolumeId, req: &Publish<Capability>) -> Result<()> {
         publish::publish(self, id, req).await
     }
 

@@ -4,8 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::stage::required_capability;
-use super::{BlockBackend, Located};
+use super::{fill, BlockBackend, Located};
 use crate::backend::Publish;
 use crate::error::{Error, Result, VolumeError};
 use crate::faults::{self, KillPoint};
@@ -16,23 +15,40 @@ use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
 use crate::volume_id::{BlockVolumeId, IdLayout};
 
-pub async fn publish(b: &BlockBackend, id: &BlockVolumeId, req: &Publish<'_>) -> Result<()> {
-    let cap = required_capability(req.capability)?;
+/// NodePublishVolume of a block volume: the pool ready → (raw block access) the fill
+/// step → the GDS gate → a bind of the staged filesystem or of the device node.
+pub async fn publish(
+    b: &BlockBackend,
+    id: &BlockVolumeId,
+    req: &Publish<Capability>,
+) -> Result<()> {
+    let cap = &req.capability;
     b.check_ready()?;
-    let vol = b.locate(id)?;
-    gate(b, &vol, req.staging, &cap).await?;
+    // A raw block volume is written through its publish, and a CO may publish it while it
+    // is still staged from before a clone of it was made (NodeStage of block access
+    // mounts nothing that CreateVolume could see): its clones take their copy first, and
+    // a raw clone is filled before its first bind.
+    if cap.access == Access::Block {
+        fill::fill_clones_of(b, id).await?;
+    }
+    let mut vol = b.locate(id)?;
+    if cap.access == Access::Block {
+        fill::fill(b, &mut vol, cap).await?;
+    }
+    let (staging, target) = (req.staging.as_path(), req.target.as_path());
+    gate(b, &vol, staging, cap).await?;
     let readonly = req.readonly || cap.read_only_mode;
     let dev = &vol.device;
     let mounts = b.mounter.mount_table()?;
     // A filesystem publish is a mount of the device; a raw-block one a bind of its node.
-    if already_published(&mounts, req.target, readonly, |m| match cap.access {
+    if already_published(&mounts, target, readonly, |m| match cap.access {
         Access::Mount => m.is_device(dev.major, dev.minor),
         Access::Block => blockdev::is_node_bind(m, dev.major, dev.minor),
     })? {
         return Ok(());
     }
     if cap.single_writer {
-        if let Some(other) = published_targets(&mounts, dev, req.staging).next() {
+        if let Some(other) = published_targets(&mounts, dev, staging).next() {
             return Err(crate::mounts::single_writer(&vol.id.to_string(), &other));
         }
     }
@@ -41,8 +57,8 @@ pub async fn publish(b: &BlockBackend, id: &BlockVolumeId, req: &Publish<'_>) ->
         options.push("ro".into());
     }
     match cap.access {
-        Access::Mount => bind_filesystem(b, &vol, req.staging, req.target, &options).await,
-        Access::Block => bind_device(b, &vol, req.target, &options).await,
+        Access::Mount => bind_filesystem(b, &vol, staging, target, &options).await,
+        Access::Block => bind_device(b, &vol, target, &options).await,
     }
 }
 

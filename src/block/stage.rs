@@ -1,30 +1,20 @@
-//! NodeStageVolume and NodeUnstageVolume of block volumes: format once (only what is
-//! provably this volume's and blank), mount with the options GDS needs, verify.
+//! NodeStageVolume and NodeUnstageVolume of block volumes, each one pipeline: format
+//! once (only what is provably this volume's and blank), mount with the options GDS
+//! needs, verify.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracing::info;
 
-use super::{BlockBackend, Located};
-use crate::csi;
+use super::{fill, BlockBackend, Located};
 use crate::error::{Error, MountError, Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::os::{mountinfo, DeviceUse, FsType, Host, MountEntry, Signature};
 use crate::pool::{describe_signatures, VolumeRecord};
-use crate::request::{self, Access, Capability};
+use crate::request::node::Stage;
+use crate::request::{Access, Capability};
 use crate::volume_id::BlockVolumeId;
-
-/// The capability of a block node call: required, and single-node.
-pub fn required_capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability> {
-    let cap = cap.ok_or_else(|| Error::invalid("volume_capability", "required"))?;
-    request::capability(cap, "volume_capability")?.ok_or_else(|| {
-        Error::invalid(
-            "volume_capability",
-            "multi-node access modes are not supported by node-local block volumes",
-        )
-    })
-}
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum FormatDecision {
@@ -77,29 +67,50 @@ pub fn decide_format(
     }
 }
 
-/// NodeStageVolume: the capability checked, the volume located, then staged.
-pub async fn stage(
-    b: &BlockBackend,
-    id: &BlockVolumeId,
-    staging: &Path,
-    cap: Option<&csi::VolumeCapability>,
-) -> Result<()> {
-    let cap = required_capability(cap)?;
+/// NodeStageVolume of a block volume, one pipeline over the parsed request: the pool
+/// ready → the layout's own preparation (a stripe's array assembled) → the clones of
+/// this volume take their copy, before anything can write it again → the volume located,
+/// once → the fill step (a volume with a content source is filled and verified, a
+/// filesystem one formatted first: nothing can publish it half copied) → format if blank,
+/// mount and verify the options GDS needs (mount access; a raw block volume is published
+/// straight from its device node).
+pub async fn stage(b: &BlockBackend, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<()> {
+    let cap = &req.capability;
     b.check_ready()?;
-    let mut located = b.locate(id)?;
-    stage_located(b, &mut located, staging, &cap).await
+    b.layout_of(id.layout)
+        .prepare_stage(b.mounter.host.as_ref(), id)
+        .await?;
+    fill::fill_clones_of(b, id).await?;
+    let mut vol = b.locate(id)?;
+    fill::fill(b, &mut vol, cap).await?;
+    if cap.access == Access::Block {
+        return Ok(());
+    }
+    mount(b, &mut vol, &req.staging, cap).await
 }
 
-async fn stage_located(
+/// NodeUnstageVolume of a block volume: its filesystem unmounted from the staging path
+/// (the directory itself belongs to the kubelet), then the layout's own take-down (a
+/// stripe's array stopped), then the gate's compat mark forgotten: it belongs to the
+/// staged volume, and the next stage publishes anew.
+pub async fn unstage(b: &BlockBackend, id: &BlockVolumeId, staging: &Path) -> Result<()> {
+    unmount(b, id, staging).await?;
+    b.layout_of(id.layout)
+        .after_unstage(b.mounter.host.as_ref(), id)
+        .await?;
+    match &b.gate {
+        Some(gate) => gate.forget(&id.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// Format if blank, mount, verify; a mount already at the staging path is a retry.
+async fn mount(
     b: &BlockBackend,
     vol: &mut Located,
     staging: &Path,
     cap: &Capability,
 ) -> Result<()> {
-    if cap.access == Access::Block {
-        // Raw block volumes are published straight from the device node.
-        return Ok(());
-    }
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     let mounts = b.mounter.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
@@ -202,9 +213,9 @@ pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &mut Located, fs: FsT
                 fs,
             );
             b.pool.jobs.run(&key, "mkfs", job).await?;
-            mark_formatted(b, &vol.id, fs)
+            mark_formatted(b, vol, fs)
         }
-        FormatDecision::UseExisting { adopt: true } => mark_formatted(b, &vol.id, fs),
+        FormatDecision::UseExisting { adopt: true } => mark_formatted(b, vol, fs),
         FormatDecision::UseExisting { adopt: false } => Ok(()),
     }
 }
@@ -234,16 +245,21 @@ async fn format_job(
     Ok(())
 }
 
-fn mark_formatted(b: &BlockBackend, id: &BlockVolumeId, fs: FsType) -> Result<()> {
+/// Records a finished mkfs, in the state and in `vol`'s copy of its record.
+fn mark_formatted(b: &BlockBackend, vol: &mut Located, fs: FsType) -> Result<()> {
+    let raw = vol.id.to_string();
     b.pool.state.update(|s| {
         let rec = s
             .volumes
-            .get_mut(&id.to_string())
-            .ok_or_else(|| Error::VolumeNotFound(id.to_string()))?;
+            .get_mut(&raw)
+            .ok_or_else(|| Error::VolumeNotFound(raw.clone()))?;
         rec.formatted = true;
         rec.fs_type = fs;
         Ok(())
-    })
+    })?;
+    vol.record.formatted = true;
+    vol.record.fs_type = fs;
+    Ok(())
 }
 
 /// The kernel must show what GDS needs; a mount that lost it is taken down again.
@@ -267,9 +283,7 @@ async fn verify_staged(b: &BlockBackend, staging: &Path, fs: FsType) -> Result<(
     .into())
 }
 
-/// NodeUnstageVolume of a block volume: unmount its filesystem at `staging`. The
-/// staging directory itself belongs to the kubelet.
-pub async fn unstage(b: &BlockBackend, id: &BlockVolumeId, staging: &Path) -> Result<()> {
+async fn unmount(b: &BlockBackend, id: &BlockVolumeId, staging: &Path) -> Result<()> {
     let mounts = b.mounter.mount_table()?;
     if mountinfo::at(&mounts, staging).is_none() {
         return Ok(());

@@ -219,6 +219,14 @@ impl Layout for Striped {
             chunk_bytes: params::DEFAULT_CHUNK,
         })
     }
+
+    async fn prepare_stage(&self, host: &dyn Host, id: &BlockVolumeId) -> Result<()> {
+        self.ensure_array(host, id).await.map(drop)
+    }
+
+    async fn after_unstage(&self, host: &dyn Host, id: &BlockVolumeId) -> Result<()> {
+        self.stop_array(host, id).await
+    }
 }
 
 impl Striped {

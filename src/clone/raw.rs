@@ -24,7 +24,7 @@ use nix::sys::stat::{fstat, makedev, SFlag};
 
 use super::copy::{read_full, write_full, AlignedBuf};
 use super::{Progress, Saved, Verify};
-use crate::error::{Error, Result};
+use crate::error::{CopyError, Error, Result};
 use crate::partition::{kernel, Extent};
 
 /// Each 1 GiB of the zero-out past the source's bytes must finish within this.
@@ -73,12 +73,13 @@ impl Opened {
             .custom_flags(libc::O_DIRECT | libc::O_EXCL)
             .open(&dev.path)
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => Error::FailedPrecondition(format!(
-                    "the {what} device {} is in use (mounted, or opened exclusively by mkfs \
-                     or another copy); a raw clone is copied only between devices nothing \
-                     uses: stop what uses it; the kubelet's retry then copies",
-                    dev.path.display()
-                )),
+                Some(libc::EBUSY) => CopyError::InUse {
+                    what: format!("the {what} device {}", dev.path.display()),
+                    uses: "mounted, or opened exclusively by mkfs or another copy".into(),
+                    fix: "a raw clone is copied only between devices nothing uses: stop what \
+                          uses it; the kubelet's retry then copies",
+                }
+                .into(),
                 _ => Error::io("opening", &dev.path, e),
             })?;
         let buffered = OpenOptions::new()
@@ -318,12 +319,11 @@ fn compare_span(
         read_span(src, x, at)?;
         read_span(dst, y, at)?;
         if let Some(off) = x.iter().zip(y.iter()).position(|(p, q)| p != q) {
-            return Err(Error::FailedPrecondition(format!(
-                "the copy of {label} on {} differs from its source at byte {}; the volume \
-                 stays unpublished",
-                dst.path.display(),
-                at + off as u64
-            )));
+            return Err(CopyError::Differs {
+                copy: format!("{label} on {}", dst.path.display()),
+                at: format!(" at byte {}", at + off as u64),
+            }
+            .into());
         }
         at += len as u64;
     }

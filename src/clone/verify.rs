@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::meta;
 use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
-use crate::error::{Error, Result};
+use crate::error::{CopyError, Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Verify {
@@ -23,10 +23,11 @@ pub enum Verify {
 }
 
 fn mismatch(shown: &Path, e: &Entry, what: String) -> Error {
-    Error::FailedPrecondition(format!(
-        "the copy of {} differs from its source: {what}; the volume stays unpublished",
-        shown.join(&e.rel).display()
-    ))
+    CopyError::Differs {
+        copy: shown.join(&e.rel).display().to_string(),
+        at: format!(": {what}"),
+    }
+    .into()
 }
 
 /// Every entry but the root, on `streams` threads (a checksum reads both sides again).

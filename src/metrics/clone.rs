@@ -10,6 +10,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::error::{CopyError, Error};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VolumeLabels {
     pub volume: String,
@@ -47,9 +49,61 @@ pub fn finished(vol: &str, seconds: f64) {
     CLONES.seconds.get_or_create(&volume(vol)).set(seconds);
 }
 
-/// A copy failed: `source_in_use`, `mount`, `copy`, `verify`, `other`.
-pub fn failed(cause: &'static str) {
-    CLONES.failures.get_or_create(&CauseLabels { cause }).inc();
+/// Why a copy failed: the `cause` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The NFS source stopped answering.
+    SourceTimeout,
+    /// The copy differs from its source.
+    Verify,
+    /// The source or the clone is in use, so no consistent copy could be made.
+    InUse,
+    /// Mounting the source or the clone failed.
+    Mount,
+    /// Reading, writing or creating what is copied failed.
+    Copy,
+    Other,
+}
+
+impl Cause {
+    /// The cause of a failed copy, chosen by the error's variant.
+    pub fn of(e: &Error) -> Cause {
+        match e {
+            Error::Copy(CopyError::SourceTimeout { .. }) => Cause::SourceTimeout,
+            Error::Copy(CopyError::Differs { .. }) => Cause::Verify,
+            Error::Copy(CopyError::InUse { .. }) => Cause::InUse,
+            Error::Mount(_) => Cause::Mount,
+            Error::Io { .. } | Error::Volume(_) => Cause::Copy,
+            Error::Shared(inner) => Cause::of(inner),
+            _ => Cause::Other,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::SourceTimeout => "source_timeout",
+            Cause::Verify => "verify",
+            Cause::InUse => "in_use",
+            Cause::Mount => "mount",
+            Cause::Copy => "copy",
+            Cause::Other => "other",
+        }
+    }
+}
+
+/// A copy failed with `e`.
+pub fn failed(e: &Error) {
+    failed_because(Cause::of(e));
+}
+
+/// A copy failed for a cause the caller knows from the step that failed.
+pub fn failed_because(cause: Cause) {
+    CLONES
+        .failures
+        .get_or_create(&CauseLabels {
+            cause: cause.label(),
+        })
+        .inc();
 }
 
 /// A deleted clone's series go.
@@ -80,4 +134,40 @@ pub fn register(r: &mut Registry) {
         "Clone copies that failed, by cause",
         CLONES.failures.clone(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cause_is_the_variant_whatever_the_message_says() {
+        let differs = Error::Copy(CopyError::Differs {
+            copy: "a file that is in use".into(),
+            at: " at byte 0".into(),
+        });
+        assert_eq!(Cause::of(&differs), Cause::Verify);
+        let in_use = Error::Copy(CopyError::InUse {
+            what: "the source volume v".into(),
+            uses: "mounted at /x".into(),
+            fix: "stop it",
+        });
+        assert_eq!(Cause::of(&in_use), Cause::InUse);
+        // The old text matches would have called these a verify failure and an in-use one.
+        let worded =
+            Error::FailedPrecondition("the copy differs from its source; x is in use ".into());
+        assert_eq!(Cause::of(&worded), Cause::Other);
+        let timeout = CopyError::SourceTimeout {
+            label: "192.0.2.1:/e/a".into(),
+            soft_seconds: 60,
+            error: "timed out".into(),
+            percent: 40,
+            copied_gib: 0.4,
+            total_gib: 1.0,
+        };
+        let shared = Error::Shared(std::sync::Arc::new(timeout.into()));
+        assert_eq!(Cause::of(&shared), Cause::SourceTimeout);
+        assert_eq!(tonic::Status::from(shared).code(), tonic::Code::Unavailable);
+        assert_eq!(Cause::InUse.label(), "in_use");
+    }
 }

@@ -238,7 +238,7 @@ impl Copy {
             .and_then(|r| r);
         match &outcome {
             Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
-            Err(e) => crate::metrics::clone::failed(cause(e)),
+            Err(e) => crate::metrics::clone::failed(e),
         }
         outcome
     }
@@ -262,15 +262,6 @@ impl Copy {
                 ))
             })?;
         copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress)
-    }
-}
-
-/// The `cause` label of a failed copy (`src/metrics/clone.rs`).
-fn cause(e: &Error) -> &'static str {
-    match e {
-        Error::FailedPrecondition(m) if m.contains("differs from its source") => "verify",
-        Error::Io { .. } | Error::Volume(_) => "copy",
-        _ => "other",
     }
 }
 

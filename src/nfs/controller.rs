@@ -209,3 +209,16 @@ pub fn list(b: &NfsBackend, after: Option<&str>, limit: usize) -> Vec<(String, c
         })
         .collect()
 }
+
+/// GetCapacity of an NFS class, answered without the backend (an instance without it
+/// answers the same). The server's free space is not tracked: capacity is not enforced
+/// for NFS, so no request is too large. Not 0: the chart's per-node
+/// external-provisioners take an immediate-binding (NFS) claim only when
+/// `request <= available` (external-provisioner v6.4.0 pkg/controller/controller.go:1736,
+/// checkCapacity, called from becomeOwner), and 0 would leave every NFS claim Pending.
+pub fn capacity() -> csi::GetCapacityResponse {
+    csi::GetCapacityResponse {
+        available_capacity: i64::MAX,
+        ..Default::default()
+    }
+}

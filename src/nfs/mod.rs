@@ -23,13 +23,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use crate::backend::{Expand, Expanded, Publish, VolumeBackend};
+use crate::backend::{Expand, Expanded, Publish, Stage, VolumeBackend};
 use crate::csi;
 use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::mounts::Mounter;
 use crate::os::{mountinfo, Anchored, Host, MountEntry};
-use crate::request::{nfs_options, CreateVolume};
+use crate::request::{nfs_options, CreateVolume, NfsCapability};
 
 pub use crate::request::{MountOptions, NfsParams, NfsVolumeId, OnDelete, Transport};
 pub use registry::{NfsRecord, Registry};
@@ -85,6 +85,11 @@ pub struct NfsBackend {
 }
 
 impl NfsBackend {
+    /// CreateVolume of a class whose parameters name a server.
+    pub async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume> {
+        controller::create(self, req).await
+    }
+
     pub fn new(store: NfsStore, mut mounter: Mounter, driver_name: String) -> Self {
         mounter.unmount_step = store.op_timeout.min(mounter.unmount_step);
         NfsBackend {
@@ -209,10 +214,7 @@ impl NfsBackend {
 #[async_trait]
 impl VolumeBackend for NfsBackend {
     type Id = NfsVolumeId;
-
-    async fn create(&self, req: &CreateVolume<'_>) -> Result<csi::Volume> {
-        controller::create(self, req).await
-    }
+    type Capability = NfsCapability;
 
     async fn delete(&self, id: &NfsVolumeId) -> Result<()> {
         controller::delete(self, id).await
@@ -230,11 +232,6 @@ impl VolumeBackend for NfsBackend {
         Ok(req.required)
     }
 
-    /// The server's free space is not tracked: capacity is not enforced for NFS.
-    fn capacity(&self, _: &csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
-        Ok(csi::GetCapacityResponse::default())
-    }
-
     fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
         controller::list(self, after, limit)
     }
@@ -247,13 +244,8 @@ impl VolumeBackend for NfsBackend {
         controller::validate(self, id, caps).await
     }
 
-    async fn stage(
-        &self,
-        id: &NfsVolumeId,
-        staging: &Path,
-        cap: Option<&csi::VolumeCapability>,
-    ) -> Result<()> {
-        node::stage(self, id, staging, cap).await
+    async fn stage(&self, id: &NfsVolumeId, req: &Stage<NfsCapability>) -> Result<()> {
+        node::stage(self, id, req).await
     }
 
     async fn unstage(&self, id: &NfsVolumeId, staging: &Path) -> Result<()> {
@@ -265,7 +257,7 @@ impl VolumeBackend for NfsBackend {
         }
     }
 
-    async fn publish(&self, id: &NfsVolumeId, req: &Publish<'_>) -> Result<()> {
+    async fn publish(&self, id: &NfsVolumeId, req: &Publish<NfsCapability>) -> Result<()> {
         node::publish(self, id, req).await
     }
 

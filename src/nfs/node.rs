@@ -7,27 +7,16 @@ use std::path::Path;
 use tracing::{info, warn};
 
 use super::{is_nfs_from, transport_mismatch, verify_mounted, NfsBackend, NfsVolumeId};
-use crate::backend::Publish;
-use crate::csi;
+use crate::backend::{Publish, Stage};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::{MountedVolume, Policy};
 use crate::mounts::{already_published, Mounter};
 use crate::os::{mountinfo, MountEntry};
-use crate::request::{nfs, nfs_options, NfsCapability};
-
-fn required_capability(cap: Option<&csi::VolumeCapability>) -> Result<NfsCapability> {
-    let cap = cap.ok_or_else(|| Error::invalid("volume_capability", "required"))?;
-    nfs::required(cap, "volume_capability")
-}
+use crate::request::{nfs_options, NfsCapability};
 
 /// NodeStageVolume: mount `server:/share/dir` at the staging path.
-pub async fn stage(
-    b: &NfsBackend,
-    id: &NfsVolumeId,
-    staging: &Path,
-    cap: Option<&csi::VolumeCapability>,
-) -> Result<()> {
-    let cap = required_capability(cap)?;
+pub async fn stage(b: &NfsBackend, id: &NfsVolumeId, req: &Stage<NfsCapability>) -> Result<()> {
+    let (staging, cap) = (req.staging.as_path(), &req.capability);
     let opts = nfs_options::merge(&id.transport, &cap.mount_flags)?;
     let source = id.source();
     let mounts = b.mounter.mount_table()?;
@@ -110,31 +99,32 @@ fn check_single_writer(
 }
 
 /// NodePublishVolume: bind the staged mount to the target.
-pub async fn publish(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<'_>) -> Result<()> {
-    let cap = required_capability(req.capability)?;
+pub async fn publish(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<NfsCapability>) -> Result<()> {
+    let cap = &req.capability;
+    let (staging, target) = (req.staging.as_path(), req.target.as_path());
     let readonly = req.readonly || cap.read_only_mode;
     let source = id.source();
     let mounts = b.mounter.mount_table()?;
-    let staged = mountinfo::at(&mounts, req.staging)
+    let staged = mountinfo::at(&mounts, staging)
         .filter(|m| is_nfs_from(m, &source))
         .cloned();
     // A bind mount of this volume shows the volume's own source.
-    if already_published(&mounts, req.target, readonly, |m| is_nfs_from(m, &source))? {
+    if already_published(&mounts, target, readonly, |m| is_nfs_from(m, &source))? {
         return Ok(());
     }
-    let staged = staged.ok_or_else(|| not_staged(id, req.staging))?;
+    let staged = staged.ok_or_else(|| not_staged(id, staging))?;
     if cap.single_writer {
-        check_single_writer(id, &mounts, &staged, req.staging)?;
+        check_single_writer(id, &mounts, &staged, staging)?;
     }
     gate(b, id, req).await?;
     // Both ends pinned beneath the root: the source must still be this volume's mount.
     let pinned_staging = b
         .mounter
-        .open("staging_target_path", req.staging)?
-        .ok_or_else(|| not_staged(id, req.staging))?;
+        .open("staging_target_path", staging)?
+        .ok_or_else(|| not_staged(id, staging))?;
     let pinned_target = b
         .mounter
-        .mount_dir("target_path", req.target, Some(&id.to_string()))?;
+        .mount_dir("target_path", target, Some(&id.to_string()))?;
     let opts: Vec<String> = if readonly { vec!["ro".into()] } else { vec![] };
     b.host()
         .bind_mount(&pinned_staging, &pinned_target, &opts)
@@ -143,11 +133,11 @@ pub async fn publish(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<'_>) -> Res
 
 /// NodePublishVolume's GDS gate, the NFS backend's one call into it: the policy from the
 /// volume context, the staged mount checked for NFS over RDMA.
-async fn gate(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<'_>) -> Result<()> {
+async fn gate(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<NfsCapability>) -> Result<()> {
     let Some(gate) = &b.gate else {
         return Ok(());
     };
     let policy = Policy::from_parameters(req.volume_context.iter())?;
-    let mounted = MountedVolume::nfs(id.to_string(), req.staging);
+    let mounted = MountedVolume::nfs(id.to_string(), &req.staging);
     gate.check_publish(&mounted, policy).await.map(drop)
 }

@@ -14,6 +14,7 @@ pub mod dataset;
 pub mod nfs;
 pub mod nfs_id;
 pub mod nfs_options;
+pub mod node;
 pub mod path;
 pub mod stripe;
 

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::Driver;
+use super::{Call, Driver};
 use crate::backend::VolumeBackend;
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
@@ -63,8 +63,7 @@ impl ControllerService {
         match &volume {
             VolumeRef::Block(id) => d.block.delete(id).await,
             VolumeRef::Nfs(id) => d.nfs()?.delete(id).await,
-            // Never issued by this driver, so it does not exist: deleting it succeeds.
-            VolumeRef::Unknown(_) => Ok(()),
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Delete, raw),
         }
     }
 
@@ -80,7 +79,7 @@ impl ControllerService {
         let done = match &volume {
             VolumeRef::Block(id) => d.block.expand(id, &expand).await?,
             VolumeRef::Nfs(id) => d.nfs()?.expand(id, &expand).await?,
-            VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Other, raw)?,
         };
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: done.capacity as i64,
@@ -104,7 +103,7 @@ impl ControllerService {
         let refused = match &volume {
             VolumeRef::Block(id) => d.block.validate(id, caps).await?,
             VolumeRef::Nfs(id) => d.nfs()?.validate(id, caps).await?,
-            VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Other, raw)?,
         };
         Ok(match refused {
             None => confirmed(req),
@@ -164,18 +163,9 @@ impl ControllerService {
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
         if request::is_nfs(&req.parameters) {
-            // Answered without the backend. The server's free space is not tracked: capacity
-            // is not enforced for NFS, so no request is too large. Not 0: the chart's per-node
-            // external-provisioners take an immediate-binding (NFS) claim only when
-            // `request <= available` (external-provisioner v6.4.0
-            // pkg/controller/controller.go:1736, checkCapacity, called from becomeOwner), and 0
-            // would leave every NFS claim Pending.
-            return Ok(GetCapacityResponse {
-                available_capacity: i64::MAX,
-                ..Default::default()
-            });
+            return Ok(crate::nfs::controller::capacity());
         }
-        self.driver.block.capacity(&req)
+        crate::block::controller::capacity(&self.driver.block, &req)
     }
 }
 

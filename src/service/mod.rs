@@ -8,17 +8,34 @@ pub mod identity;
 pub mod node;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::backend::VolumeBackend;
 use crate::block::{BlockBackend, NodeIdentity};
-use crate::error::{Result, VolumeError};
+use crate::error::{Error, Result, VolumeError};
 use crate::gds_gate::GdsGate;
 use crate::locks::VolumeLocks;
 use crate::mounts::Mounter;
-use crate::nfs::{NfsBackend, NfsStore};
+use crate::nfs::{NfsBackend, NfsStore, NfsVolumeId};
 use crate::os::Host;
 use crate::pool::Pool;
+
+/// The calls whose answer for an unknown volume id is not plain `NotFound`.
+pub enum Call<'a> {
+    Stage,
+    Publish,
+    Unstage(&'a Path),
+    Delete,
+    Other,
+}
+
+/// Which mount a take-down call removes.
+#[derive(Clone, Copy)]
+pub enum TakeDownOf {
+    Staging,
+    Target,
+}
 
 pub struct Driver {
     pub name: String,
@@ -93,6 +110,40 @@ impl Driver {
         self.nfs
             .as_ref()
             .ok_or_else(|| VolumeError::NfsDisabled.into())
+    }
+
+    /// What a call answers for a volume id this driver never issued, in one place.
+    pub fn unknown_volume<T: Default>(&self, call: Call<'_>, raw: &str) -> Result<T> {
+        match call {
+            // Never issued by this driver, so it does not exist: deleting it succeeds.
+            Call::Delete => Ok(T::default()),
+            // Nothing at the staging path is success; anything there is not ours.
+            Call::Unstage(staging) => self
+                .block
+                .unstage_unknown(raw, staging)
+                .map(|()| T::default()),
+            // Checked as a block volume's would be (its capability when parsed) first.
+            Call::Stage | Call::Publish => {
+                self.check_ready()?;
+                Err(Error::VolumeNotFound(raw.to_owned()))
+            }
+            Call::Other => Err(Error::VolumeNotFound(raw.to_owned())),
+        }
+    }
+
+    /// NFS unstage and unpublish need only the mount table: they work, as teardown must,
+    /// in an instance without the NFS backend.
+    pub async fn nfs_take_down(&self, id: &NfsVolumeId, of: TakeDownOf, path: &Path) -> Result<()> {
+        match (&self.nfs, of) {
+            (Some(nfs), TakeDownOf::Staging) => nfs.unstage(id, path).await,
+            (Some(nfs), TakeDownOf::Target) => nfs.unpublish(id, path).await,
+            (None, TakeDownOf::Staging) => {
+                crate::nfs::node::unstage(&self.mounter(), id, path).await
+            }
+            (None, TakeDownOf::Target) => {
+                crate::nfs::node::unpublish(&self.mounter(), id, path).await
+            }
+        }
     }
 
     /// Scans the pool and probes free devices; Probe answers ready only after this.

@@ -1,17 +1,15 @@
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::Driver;
-use crate::backend::{Publish, VolumeBackend};
-use crate::block;
+use super::{Call, Driver, TakeDownOf};
+use crate::backend::VolumeBackend;
 use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
-use crate::error::{Error, Result};
-use crate::nfs;
+use crate::error::Result;
+use crate::request::node::{ForVolume, NodeExpand, Stats, TakeDown};
 use crate::request::{self, VolumeRef};
 
 pub struct NodeService {
@@ -19,131 +17,77 @@ pub struct NodeService {
 }
 
 impl NodeService {
-    fn host_path(&self, field: &'static str, raw: &str) -> Result<PathBuf> {
-        request::host_path(field, raw, &self.driver.allowed_roots)
-    }
-
-    /// NodeGetVolumeStats' path is a staging or target path like the others: checked
-    /// against the allowed roots before anything about it is answered. A volume is never
-    /// at a path that fails the checks, so that is `NotFound` (what csi-sanity's "volume
-    /// does not exist on the specified path" expects), the same answer whether or not
-    /// such a host path exists; only a missing path is `InvalidArgument`.
-    fn volume_path(&self, volume: &str, raw: &str) -> Result<PathBuf> {
-        if raw.is_empty() {
-            return Err(Error::invalid("volume_path", "required"));
-        }
-        self.host_path("volume_path", raw).map_err(|e| match e {
-            Error::InvalidArgument { field, reason } => Error::NotFound(format!(
-                "volume {volume} is not published or staged at {raw:?} ({field}: {reason})"
-            )),
-            other => other,
-        })
-    }
-
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<()> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
-        let cap = req.volume_capability.as_ref();
-        let _guard = d.locks.try_lock(&volume.raw())?;
-        match &volume {
-            VolumeRef::Block(id) => d.block.stage(id, &staging, cap).await,
-            VolumeRef::Nfs(id) => d.nfs()?.stage(id, &staging, cap).await,
-            VolumeRef::Unknown(raw) => {
-                // Checked as a block volume's would be before it is found missing.
-                block::stage::required_capability(cap)?;
-                d.check_ready()?;
-                Err(Error::VolumeNotFound(raw.clone()))
-            }
+        let stage = request::node::node_stage(&req, &d.allowed_roots)?;
+        let _guard = d.locks.try_lock(&stage.raw())?;
+        match &stage {
+            ForVolume::Block(id, req) => d.block.stage(id, req).await,
+            ForVolume::Nfs(id, req) => d.nfs()?.stage(id, req).await,
+            ForVolume::Unknown(raw) => d.unknown_volume(Call::Stage, raw),
         }
     }
 
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<()> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
+        let TakeDown { volume, path } = request::node::node_unstage(&req, &d.allowed_roots)?;
         let _guard = d.locks.try_lock(&volume.raw())?;
         match &volume {
-            VolumeRef::Block(id) => d.block.unstage(id, &staging).await,
-            VolumeRef::Nfs(id) => match &d.nfs {
-                Some(nfs) => nfs.unstage(id, &staging).await,
-                None => nfs::node::unstage(&d.mounter(), id, &staging).await,
-            },
-            VolumeRef::Unknown(raw) => d.block.unstage_unknown(raw, &staging),
+            VolumeRef::Block(id) => d.block.unstage(id, &path).await,
+            VolumeRef::Nfs(id) => d.nfs_take_down(id, TakeDownOf::Staging, &path).await,
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Unstage(&path), raw),
         }
     }
 
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
-        let target = self.host_path("target_path", &req.target_path)?;
-        let publish = Publish {
-            staging: &staging,
-            target: &target,
-            readonly: req.readonly,
-            capability: req.volume_capability.as_ref(),
-            volume_context: &req.volume_context,
-        };
-        let _guard = d.locks.try_lock(&volume.raw())?;
-        match &volume {
-            VolumeRef::Block(id) => d.block.publish(id, &publish).await,
-            VolumeRef::Nfs(id) => d.nfs()?.publish(id, &publish).await,
-            VolumeRef::Unknown(raw) => {
-                block::stage::required_capability(publish.capability)?;
-                d.check_ready()?;
-                Err(Error::VolumeNotFound(raw.clone()))
-            }
+        let publish = request::node::node_publish(&req, &d.allowed_roots)?;
+        let _guard = d.locks.try_lock(&publish.raw())?;
+        match &publish {
+            ForVolume::Block(id, req) => d.block.publish(id, req).await,
+            ForVolume::Nfs(id, req) => d.nfs()?.publish(id, req).await,
+            ForVolume::Unknown(raw) => d.unknown_volume(Call::Publish, raw),
         }
     }
 
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        let target = self.host_path("target_path", &req.target_path)?;
+        let TakeDown { volume, path } = request::node::node_unpublish(&req, &d.allowed_roots)?;
         let _guard = d.locks.try_lock(&volume.raw())?;
         match &volume {
-            VolumeRef::Block(id) => d.block.unpublish(id, &target).await,
-            VolumeRef::Nfs(id) => match &d.nfs {
-                Some(nfs) => nfs.unpublish(id, &target).await,
-                None => nfs::node::unpublish(&d.mounter(), id, &target).await,
-            },
-            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Block(id) => d.block.unpublish(id, &path).await,
+            VolumeRef::Nfs(id) => d.nfs_take_down(id, TakeDownOf::Target, &path).await,
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Other, raw),
         }
     }
 
     async fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        // The path first: a bad one is refused before the host is looked at.
-        let path = self.volume_path(&req.volume_id, &req.volume_path)?;
-        let staging = match req.staging_target_path.as_str() {
-            "" => None,
-            raw => Some(request::host_path(
-                "staging_target_path",
-                raw,
-                &d.allowed_roots,
-            )?),
-        };
+        let Stats {
+            volume,
+            path,
+            staging,
+        } = request::node::node_stats(&req, &d.allowed_roots)?;
         let staging = staging.as_deref();
         match &volume {
             VolumeRef::Block(id) => d.block.stats(id, &path, staging).await,
             VolumeRef::Nfs(id) => d.nfs()?.stats(id, &path, staging).await,
-            VolumeRef::Unknown(raw) => Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Other, raw),
         }
     }
 
     async fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let d = &self.driver;
-        let volume = request::volume_ref(&req.volume_id)?;
-        let path = self.volume_path(&req.volume_id, &req.volume_path)?;
-        let cap = req.volume_capability.as_ref();
-        let expand = request::expand(req.capacity_range.as_ref(), false, cap)?;
+        let NodeExpand {
+            volume,
+            path,
+            expand,
+        } = request::node::node_expand(&req, &d.allowed_roots)?;
         let _guard = d.locks.try_lock(&volume.raw())?;
         let capacity = match &volume {
             VolumeRef::Block(id) => d.block.node_expand(id, &path, &expand).await?,
             VolumeRef::Nfs(id) => d.nfs()?.node_expand(id, &path, &expand).await?,
-            VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
+            VolumeRef::Unknown(raw) => d.unknown_volume(Call::Other, raw)?,
         };
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: capacity as i64,
