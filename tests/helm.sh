@@ -493,6 +493,65 @@ PY
     fail "chart conventions" "$out"
   fi
 fi
+# --- the Grafana dashboard ------------------------------------------------------------
+# Off by default; on, a ConfigMap with the sidecar's label (configurable) whose JSON is the
+# chart's file byte for byte; the monitors give every series the node label it filters by.
+if python3 -c 'import yaml' 2>/dev/null; then
+  render --set dashboard.enabled=true >"$tmp/dash.yaml" 2>"$tmp/err" || fail "helm template (dashboard)" "$(cat "$tmp/err")"
+  render --set dashboard.enabled=true --set dashboard.label=grafana_dashboard_gds --set dashboard.labelValue=gpu \
+    --set dashboard.namespace=monitoring --set dashboard.annotations.grafana_folder=Storage \
+    >"$tmp/dash2.yaml" 2>"$tmp/err" || fail "helm template (dashboard, overrides)" "$(cat "$tmp/err")"
+  if out=$(python3 - "$tmp/default.yaml" "$tmp/dash.yaml" "$tmp/dash2.yaml" "$tmp/conv.yaml" "$CHART/dashboards/gds-csi.json" 2>&1 <<'PY'
+import json, sys, yaml
+default, dash, dash2, conv = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:5])
+source = open(sys.argv[5]).read()
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def cms(docs): return [x for x in docs if x["kind"] == "ConfigMap"]
+check(not cms(default), "no dashboard ConfigMap by default")
+for docs, key, value, ns, ann in ((dash, "grafana_dashboard", "1", "gds-csi", None),
+                                  (dash2, "grafana_dashboard_gds", "gpu", "monitoring", {"grafana_folder": "Storage"})):
+    c = cms(docs)
+    check(len(c) == 1, f"dashboard.enabled: one ConfigMap, got {len(c)}")
+    if len(c) != 1:
+        continue
+    m = c[0]["metadata"]
+    check(m["labels"].get(key) == value, f"ConfigMap label {key}={value!r}: {m['labels']}")
+    check(m["namespace"] == ns, f"ConfigMap namespace {ns}: {m['namespace']}")
+    check(m.get("annotations") == ann, f"ConfigMap annotations {ann}: {m.get('annotations')}")
+    text = c[0]["data"].get("gds-csi.json", "")
+    check(text.strip() == source.strip(), "the ConfigMap's gds-csi.json is dashboards/gds-csi.json")
+    try:
+        j = json.loads(text)
+    except ValueError as e:
+        errors.append(f"the dashboard is not valid JSON: {e}")
+        continue
+    names = [v["name"] for v in j.get("templating", {}).get("list", [])]
+    check(names == ["datasource", "node"], f"template variables datasource and node: {names}")
+    targets = [t for p in j["panels"] for t in p.get("targets", [])]
+    check(targets and all(t.get("datasource", {}).get("uid") == "${datasource}" for t in targets) and
+          all(p.get("datasource", {}).get("uid") == "${datasource}" for p in j["panels"] if p["type"] != "row"),
+          "every panel and query reads ${datasource}")
+    check(all('node=~"$node"' in t["expr"] for t in targets), "every query filters by node=~\"$node\"")
+    check(len({p["id"] for p in j["panels"]}) == len(j["panels"]), "panel ids are unique")
+for mon in [x for x in conv if x["kind"] in ("ServiceMonitor", "PodMonitor")]:
+    eps = mon["spec"].get("endpoints") or mon["spec"].get("podMetricsEndpoints")
+    check(all({"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in e.get("relabelings", [])
+              for e in eps), f"{mon['kind']}: every endpoint sets the node label")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+    pass "dashboard: off by default; on, a ConfigMap with the sidecar's label (overridable) holding the chart's JSON; monitors set node"
+  else
+    fail "dashboard" "$out"
+  fi
+else
+  fail "dashboard checks need python3-yaml"
+fi
+expect_render_error "schema: dashboard.labelValue must be a label value" "labelValue" \
+  --set dashboard.enabled=true --set 'dashboard.labelValue=not a value'
 expect_render_error "values.schema.json rejects unknown top-level keys" "additional properties" --set nosuchkey=1
 expect_render_error "values.schema.json checks types" "revisionHistoryLimit" --set revisionHistoryLimit=many
 # NOTES.txt is never in `helm template` output: render it through a copy of the chart.
