@@ -117,7 +117,7 @@ impl Rig {
         }
     }
 
-    /// The clone's progress record (src/block/clone.rs progress_path).
+    /// The clone's progress record (src/volume/block/clone.rs progress_path).
     pub fn progress(&self, v: &Vol) -> Option<serde_json::Value> {
         use sha2::Digest;
         let hash: String = sha2::Sha256::digest(v.id.as_bytes())[..8]
@@ -376,7 +376,7 @@ async fn stop(rig: &mut Rig, src: &str) -> Result<String> {
 }
 
 /// NFS → NFS: a new NFS volume filled from the source's directory at CreateVolume (the
-/// driver copies through its export mounts; `src/nfs/clone.rs`). Unavailable is the copy
+/// driver copies through its export mounts; `src/volume/nfs/clone.rs`). Unavailable is the copy
 /// still running; the retry joins it. The export's two directories compared locally.
 async fn nfs_to_nfs(rig: &mut Rig, src: &str) -> Result<String> {
     let req = CreateVolumeRequest {

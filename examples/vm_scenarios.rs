@@ -642,7 +642,7 @@ async fn condition_within(
 /// kernel, and at once while that statvfs is still stuck; healthy again once it is back.
 /// (Mounted without RDMA is tested in-process only: here a TCP mount of the same server made
 /// behind the driver's back came up proto=rdma in two runs, also with the volume's own
-/// mounts gone; the driver keeps the export itself mounted over RDMA (src/nfs/mod.rs), and
+/// mounts gone; the driver keeps the export itself mounted over RDMA (src/volume/nfs/mod.rs), and
 /// the kernel gave the new mount that RDMA client.)
 async fn s_stats_conditions(r: &mut Rig, v: &Vol) -> Result<String> {
     const BOUND: Duration = Duration::from_secs(40);

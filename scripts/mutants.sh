@@ -19,15 +19,15 @@ MAX=${MUTANTS_MAX:-8}
 # The driver's files (globs survive module splits) and the tests that exercise them: unit tests
 # plus the in-process and root tests that drive allocation, staging and identity.
 # The data-safety lines: the format decision, allocation, mountinfo matching and the mount
-# logic on it (src/mounts), path validation and volume-id parsing (src/request, volume_id.rs).
-DRIVER_FILES=(src/block.rs 'src/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/mounts/**'
-  src/request.rs 'src/request/**' src/volume_id.rs)
+# logic on it (src/mounts), path validation and volume-id parsing (src/request, src/volume/id.rs).
+DRIVER_FILES=('src/volume/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/mounts/**'
+  'src/request/**' src/volume/id.rs)
 DRIVER_TESTS=(--lib --test inprocess --test nfs_inprocess --test security --test node_paths
   --test device_identity --test allocation_root --test block_root --test volume_conditions_root
   --test partition_layout_root --test partition_world_root)
 CHECK_FILES=('crates/gds-check/src/parse/**' 'crates/gds-check/src/parse.rs'
   'crates/gds-check/src/node/**' 'crates/gds-check/src/node.rs')
-MUST_KILL='^src/(block(/|\.rs)|pool/)[^:]*:[0-9]+:[0-9]+: .*(decide_format|allocate|fits|release|erase|verify_identity|existing|nothing_fits|fresh_device|free_devices)'
+MUST_KILL='^src/(volume/block/|pool/)[^:]*:[0-9]+:[0-9]+: .*(decide_format|allocate|fits|release|erase|verify_identity|existing|nothing_fits|fresh_device|free_devices)'
 
 ensure_cargo_mutants() {
   command -v cargo-mutants >/dev/null && return
@@ -103,7 +103,7 @@ case $mode in
     [ -z "$base" ] || [ "$(git rev-parse "$base")" = "$(git rev-parse HEAD)" ] && base=$(git rev-parse HEAD~1)
     echo "mutating lines changed since $(git rev-parse --short "$base")"
     if ! git diff --name-only "$base" HEAD -- src crates/gds-check/src | grep -qE \
-      '^(src/(block|pool|request|mounts)|src/(os/mountinfo|volume_id)\.rs|crates/gds-check/src/(parse|node))'; then
+      '^(src/(volume/block|pool|request|mounts)|src/(os/mountinfo|volume/id)\.rs|crates/gds-check/src/(parse|node))'; then
       echo "no data-safety file changed: nothing to mutate"
       exit 0
     fi

@@ -259,7 +259,7 @@ impl ServeArgs {
 
     pub fn validate(&self) -> Result<(), String> {
         self.socket_path()?;
-        crate::volume_id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
+        crate::volume::id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
         let name = &self.driver_name;
         let valid_name = !name.is_empty()
             && name.len() <= 63

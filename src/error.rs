@@ -37,7 +37,7 @@ pub enum VolumeError {
         holds: &'static str,
         asked: &'static str,
     },
-    /// The data-safety table refused to format or mount the device (block/stage.rs).
+    /// The data-safety table refused to format or mount the device (volume/block/stage.rs).
     #[error("{0}")]
     FormatRefused(String),
     #[error(
@@ -328,7 +328,7 @@ mod tests {
     fn a_bad_gds_policy_is_one_code_wherever_it_is_read() {
         // Stored parameters and a publish's volume_context go through Policy::from_str;
         // CreateVolume's parameters through request::parameters: both InvalidArgument.
-        let stored = "bogus".parse::<crate::gds_gate::Policy>().unwrap_err();
+        let stored = "bogus".parse::<crate::gds::gate::Policy>().unwrap_err();
         let created =
             crate::request::parameters(&[("gdsPolicy".to_owned(), "bogus".to_owned())].into())
                 .unwrap_err();

@@ -1,33 +1,37 @@
 //! gds-csi: a CSI driver whose volumes are readable with NVIDIA GPUDirect Storage.
 //!
-//! Layout: `service` holds the thin gRPC handlers, `request` turns CSI requests into
-//! validated domain types, `backend` is the interface that `block` and `nfs` implement,
-//! `mounts` the mount-table logic they share, `pool` owns the node's devices and the allocation state,
-//! `os` is the narrow port to the host (commands, mounts, signatures).
+//! Dependencies point one way: `service` (gRPC handlers) → `request` (CSI requests parsed
+//! into domain types) → `volume` (the backend seam and its two backends) → the parts the
+//! backends compose → `os` (the narrow port to the host).
+//!
+//! - `service`: the Controller, Node and Identity handlers, the socket server.
+//! - `request`: every CSI request and StorageClass parameter parsed and checked.
+//! - `volume`: the `VolumeBackend` seam, volume ids, `block` (node-local volumes on NVMe:
+//!   whole device, GPT partition, md stripe) and `nfs` (a directory per volume over RDMA).
+//! - `pool`: the node's devices, their identity and the allocation state.
+//! - `gpt`: the GPT codec and the kernel's partition table; `md`: mdadm's arrays.
+//! - `copy`: the verified, resumable, parallel copy engine that fills clones.
+//! - `mounts`: the mount-table logic both backends share.
+//! - `gds`: the GPUDirect Storage gate, readiness labels and `doctor`.
+//! - `metrics`: the Prometheus endpoint; `config`: flags; `error`: errors by cause and
+//!   the one map to gRPC codes; `jobs`, `locks`, `state_dir`, `faults`: long jobs a retry
+//!   joins, per-volume guards, the state directory, test-only kill points.
 
-pub mod backend;
-pub mod block;
-pub mod clone;
 pub mod config;
+pub mod copy;
 pub mod csi;
-pub mod doctor;
-pub mod doctor_pod;
 pub mod error;
 pub mod faults;
-pub mod gds_gate;
-pub mod host_timing;
+pub mod gds;
+pub mod gpt;
 pub mod jobs;
 pub mod locks;
 pub mod md;
 pub mod metrics;
 pub mod mounts;
-pub mod nfs;
 pub mod os;
-pub mod partition;
 pub mod pool;
-pub mod readiness;
 pub mod request;
-pub mod server;
 pub mod service;
 pub mod state_dir;
-pub mod volume_id;
+pub mod volume;

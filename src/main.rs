@@ -9,12 +9,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
-use gds_csi::gds_gate::{GateConfig, GdsGate};
-use gds_csi::host_timing::TimedHost;
+use gds_csi::gds::gate::{GateConfig, GdsGate};
+use gds_csi::metrics::host_timing::TimedHost;
 use gds_csi::metrics::PoolGauges;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
-use gds_csi::server;
+use gds_csi::service::server;
 use gds_csi::service::Driver;
 
 fn init_logging(format: LogFormat) {
@@ -38,7 +38,7 @@ fn gds_gate(args: &ServeArgs) -> Result<GdsGate, String> {
             .gds
             .host_paths(&args.host_proc, &args.host_sys, &args.host_dev),
         probe_exe: std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
-        probe_prefix: gds_csi::doctor::probe_prefix(),
+        probe_prefix: gds_csi::gds::doctor::probe_prefix(),
         cufile_library: args.gds.cufile_library.clone(),
         probe_timeout: args.gds.probe_timeout,
         cache_ttl: args.gds_cache_ttl,
@@ -76,7 +76,7 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
         state_dir: args.state_dir.clone(),
     })
     .map_err(|e| e.to_string())?;
-    let nfs = gds_csi::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
+    let nfs = gds_csi::volume::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
         .map_err(|e| e.to_string())?;
     Ok(Driver::new(
         args.driver_name.clone(),
@@ -132,9 +132,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     });
     if args.mode != gds_csi::config::Mode::Controller {
         if let Some(gate) = driver.gds_gate.clone() {
-            gds_csi::readiness::spawn(
+            gds_csi::gds::readiness::spawn(
                 gate,
-                gds_csi::readiness::WatchConfig {
+                gds_csi::gds::readiness::WatchConfig {
                     interval: args.readiness_interval,
                     registration_socket: args.registration_socket.clone(),
                 },
@@ -166,7 +166,7 @@ async fn main() -> ExitCode {
             init_logging(args.log_format);
             serve(*args).await
         }
-        Command::Doctor(args) => return ExitCode::from(gds_csi::doctor::main(&args) as u8),
+        Command::Doctor(args) => return ExitCode::from(gds_csi::gds::doctor::main(&args) as u8),
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
             match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {
@@ -177,7 +177,9 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::CufileProbe { args } => std::process::exit(gds_csi::doctor::probe_child(&args)),
+        Command::CufileProbe { args } => {
+            std::process::exit(gds_csi::gds::doctor::probe_child(&args))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

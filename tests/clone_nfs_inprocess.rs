@@ -21,9 +21,9 @@ use gds_csi::csi::volume_capability::{
 use gds_csi::csi::volume_content_source::{Type, VolumeSource};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::nfs::NfsStore;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
+use gds_csi::volume::nfs::NfsStore;
 use tonic::Code;
 
 const DEV_SIZE: u64 = 1 << 30;
@@ -208,7 +208,7 @@ fn fill(dir: &Path) {
 }
 
 /// 3 MiB + 5 bytes of files: 3 MiB + 4 KiB in blocks, plus root and sub: 3 MiB + 12 KiB,
-/// × 16/15, rounded up to 4 KiB (src/clone/measure.rs).
+/// × 16/15, rounded up to 4 KiB (src/copy/measure.rs).
 const DATA: u64 = (3 << 20) + 5;
 const NEEDED: u64 = (((3u64 << 20) + (12 << 10)) * 16)
     .div_ceil(15)

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use gds_csi::csi::volume_content_source::{Type, VolumeSource};
 use gds_csi::csi::*;
-use gds_csi::nfs::NfsStore;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
+use gds_csi::volume::nfs::NfsStore;
 
 use common::host_double::HostDouble;
 use common::{digest_file, requests, Rig};

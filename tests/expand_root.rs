@@ -10,7 +10,7 @@ use std::path::Path;
 use gds_csi::csi::volume_capability::{AccessType, MountVolume};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::partition::{kernel, Held};
+use gds_csi::gpt::{kernel, Held};
 use tonic::Code;
 
 mod common;
@@ -265,7 +265,7 @@ async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     assert!(err.message().contains("volume_id"), "{err}");
-    let mut unknown = gds_csi::volume_id::BlockVolumeId::parse(&a).unwrap();
+    let mut unknown = gds_csi::volume::id::BlockVolumeId::parse(&a).unwrap();
     unknown.allocation = "00000000".into();
     let unknown = unknown.to_string();
     let err = c
@@ -408,7 +408,7 @@ async fn a_crash_between_label_and_record_converges_on_retry() {
         .unwrap()
         .parse()
         .unwrap();
-    gds_csi::partition::volume::grow(&dev, &partuuid, 64 * MIB, &Held::default()).unwrap();
+    gds_csi::gpt::volume::grow(&dev, &partuuid, 64 * MIB, &Held::default()).unwrap();
 
     let mut c = rig.0.start().await;
     let err = requests::stage(&mut c, &id, &staging, mount_cap("ext4"))

@@ -22,7 +22,7 @@ use gds_csi::csi::controller_server::Controller;
 use gds_csi::csi::node_server::Node;
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::*;
-use gds_csi::gds_gate::{GateConfig, GdsGate};
+use gds_csi::gds::gate::{GateConfig, GdsGate};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::controller::ControllerService;
 use gds_csi::service::node::NodeService;
@@ -99,7 +99,7 @@ async fn rig(ready: bool, probe: Probe, ttl: Duration) -> Option<Rig> {
     let (probe_exe, probe_prefix, library) = match probe {
         Probe::MissingLibrary => (
             PathBuf::from(env!("CARGO_BIN_EXE_gds-csi")),
-            gds_csi::doctor::probe_prefix(),
+            gds_csi::gds::doctor::probe_prefix(),
             Some(PathBuf::from("/nonexistent/libcufile.so.0")),
         ),
         Probe::Stub(mode) => {
@@ -909,19 +909,19 @@ impl LaidOut<'_> {
             probe_timeout: Duration::from_secs(20),
             cache_ttl: Duration::ZERO,
         });
-        let vol = gds_csi::gds_gate::MountedVolume {
+        let vol = gds_csi::gds::gate::MountedVolume {
             id: volume_id.into(),
             backend,
             mount_path: Some(self.vol.to_owned()),
             device: None,
         };
         let got = gate
-            .check_publish(&vol, gds_csi::gds_gate::Policy::Required)
+            .check_publish(&vol, gds_csi::gds::gate::Policy::Required)
             .await;
         match (refused, &got) {
             (None, Ok(o)) => assert_eq!(
                 o.verdict,
-                gds_csi::gds_gate::Verdict::Ready,
+                gds_csi::gds::gate::Verdict::Ready,
                 "{name}: {}",
                 o.report.to_text()
             ),
@@ -949,9 +949,9 @@ impl LaidOut<'_> {
         name: &str,
         backend: gds_check::Backend,
         refused: Option<&[&str]>,
-    ) -> gds_csi::doctor::Diagnosis {
+    ) -> gds_csi::gds::doctor::Diagnosis {
         let args = doctor_args(backend, self.tree, self.vol, self.lib);
-        let d = gds_csi::doctor::diagnose(&args, self.exe, self.prefix);
+        let d = gds_csi::gds::doctor::diagnose(&args, self.exe, self.prefix);
         assert_eq!(
             d.ready(),
             refused.is_none(),
@@ -1172,9 +1172,9 @@ async fn md_raid0_refusals_name_the_fix_and_doctor_json_carries_them() {
             probe_timeout: Duration::from_secs(20),
             cache_ttl: Duration::ZERO,
         });
-        let mounted = gds_csi::gds_gate::MountedVolume::block("md-t".into(), Some(&vol), 9, 0);
+        let mounted = gds_csi::gds::gate::MountedVolume::block("md-t".into(), Some(&vol), 9, 0);
         let err = gate
-            .check_publish(&mounted, gds_csi::gds_gate::Policy::Required)
+            .check_publish(&mounted, gds_csi::gds::gate::Policy::Required)
             .await
             .expect_err(what);
         let msg = err.to_string();

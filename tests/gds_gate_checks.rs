@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gds_csi::csi::VolumeCondition;
 use gds_csi::error::Error;
-use gds_csi::gds_gate::{
+use gds_csi::gds::gate::{
     gpu_check, volume_condition, GateConfig, GdsGate, MountedVolume, Policy, Verdict, MARKS_FILE,
 };
 
@@ -288,7 +288,7 @@ fn node_topology_adds_readiness_to_the_node_key() {
     t.gpu_node().nvidia_fs("nvme: 1\n");
     let g = gate(&t, "true_gds", Duration::from_secs(60));
     let own = std::collections::HashMap::from([("d.example/node".into(), "node-a".into())]);
-    let seg = gds_csi::gds_gate::node_topology(Some(&g), "d.example", own);
+    let seg = gds_csi::gds::gate::node_topology(Some(&g), "d.example", own);
     // A backend that is not ready has no key (never "false": the kubelet would refuse to
     // change it to "true" later).
     assert_eq!(seg.len(), 2, "{seg:?}");

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use gds_csi::block::stripe::pcie::{drive_place, gpus, nearness, Nearness};
 use gds_csi::pool::inventory::Source;
 use gds_csi::pool::PoolDevice;
+use gds_csi::volume::block::stripe::pcie::{drive_place, gpus, nearness, Nearness};
 
 #[test]
 fn the_gpus_found_in_sysfs_are_the_ones_nvidia_smi_lists() {

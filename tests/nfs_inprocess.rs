@@ -15,10 +15,10 @@ use gds_csi::csi::volume_capability::{
 };
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::nfs::NfsStore;
 use gds_csi::os::MountEntry;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;
+use gds_csi::volume::nfs::NfsStore;
 use tokio::sync::Semaphore;
 use tonic::Code;
 

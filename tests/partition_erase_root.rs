@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gds_csi::csi::*;
-use gds_csi::partition::kernel;
+use gds_csi::gpt::kernel;
 use tonic::Code;
 
 use common::frozen::FrozenDevice;
@@ -146,7 +146,7 @@ async fn a_cancelled_delete_leaves_the_erase_running_and_the_retry_joins_it() {
 fn layout(
     listed: Vec<PathBuf>,
     state: &Path,
-) -> std::sync::Arc<gds_csi::block::partition::Partitioned> {
+) -> std::sync::Arc<gds_csi::volume::block::partition::Partitioned> {
     let pool = gds_csi::pool::Pool::open(gds_csi::pool::PoolConfig {
         node_id: "node-a".into(),
         host_sys: "/sys".into(),
@@ -157,7 +157,7 @@ fn layout(
     })
     .unwrap();
     pool.rescan(&real_host().mount_table().unwrap());
-    std::sync::Arc::new(gds_csi::block::partition::Partitioned::new(
+    std::sync::Arc::new(gds_csi::volume::block::partition::Partitioned::new(
         std::sync::Arc::new(pool),
     ))
 }
@@ -225,7 +225,7 @@ impl Drop for Loops {
 /// ResourceExhausted message names the partition and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_device_that_is_a_partition_is_passed_over() {
-    use gds_csi::block::layout::Layout;
+    use gds_csi::volume::block::layout::Layout;
     let Some(l) = Loops::new(&[64 * MIB, 128 * MIB]) else {
         return;
     };
@@ -289,8 +289,8 @@ async fn a_pool_device_that_is_a_partition_is_passed_over() {
 /// before its label write; the whole-device claim checks that mark under the same lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_two_layouts_never_both_take_one_blank_device() {
-    use gds_csi::block::device::WholeDevice;
-    use gds_csi::block::layout::Layout;
+    use gds_csi::volume::block::device::WholeDevice;
+    use gds_csi::volume::block::layout::Layout;
     const ROUNDS: usize = 8;
     let Some(l) = Loops::new(&[64 * MIB; ROUNDS]) else {
         return;

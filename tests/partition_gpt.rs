@@ -10,9 +10,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use gds_csi::partition::gpt::{self, Label, TYPE_GUID};
-use gds_csi::partition::label::{read_image, write_image, OnDisk};
-use gds_csi::partition::ALIGN;
+use gds_csi::gpt::format::{self as gpt, Label, TYPE_GUID};
+use gds_csi::gpt::label::{read_image, write_image, OnDisk};
+use gds_csi::gpt::ALIGN;
 
 const SIZE: u64 = 64 << 20;
 

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::frozen::FrozenDevice;
-use gds_csi::block::layout::Layout;
-use gds_csi::block::partition::Partitioned;
+use gds_csi::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost};
-use gds_csi::partition::kernel;
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
+use gds_csi::volume::block::layout::Layout;
+use gds_csi::volume::block::partition::Partitioned;
 
 const MIB: u64 = 1 << 20;
 

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use gds_csi::gpt::label::{self, Blank, OnDisk};
+use gds_csi::gpt::{kernel, Error, Held, Label, ALIGN};
 use gds_csi::os::{Host, RealHost};
-use gds_csi::partition::label::{self, Blank, OnDisk};
-use gds_csi::partition::{kernel, Error, Held, Label, ALIGN};
 
 const MIB: u64 = ALIGN;
 const SIZE: u64 = 128 << 20;
@@ -240,7 +240,7 @@ async fn a_foreign_gpt_is_refused_and_left_byte_identical() {
     let forged = Blank::from_signature_probe::<()>(&l.dev, &[]).unwrap();
     let err = label::create(&l.dev, forged).unwrap_err();
     assert!(matches!(err, Error::NotBlank { .. }), "{err}");
-    let mut ours = Label::new(512, SIZE / 512, gds_csi::partition::gpt::new_disk_guid()).unwrap();
+    let mut ours = Label::new(512, SIZE / 512, gds_csi::gpt::format::new_disk_guid()).unwrap();
     ours.allocate("x", MIB).unwrap();
     assert!(matches!(
         label::write(&l.dev, &ours),
@@ -360,7 +360,7 @@ async fn delete_discards_and_zeroes_only_that_partition() {
 async fn resync_leaves_a_partition_it_does_not_know() {
     let Some(l) = Loop::new() else { return };
     carve(&l, &[4]).await;
-    let tail = gds_csi::partition::Extent {
+    let tail = gds_csi::gpt::Extent {
         start: 100 * MIB,
         len: 4 * MIB,
     };
@@ -430,7 +430,7 @@ async fn a_filesystem_made_over_a_carved_device_is_never_repaired_away() {
 
 #[tokio::test]
 async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
-    use gds_csi::partition::volume;
+    use gds_csi::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();
@@ -475,7 +475,7 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
 
 #[tokio::test]
 async fn a_4k_sector_device_is_carved_in_4k_sectors() {
-    use gds_csi::partition::volume;
+    use gds_csi::gpt::volume;
     if !common::is_root() {
         return;
     }
@@ -526,7 +526,7 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
 
 #[tokio::test]
 async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
-    use gds_csi::partition::volume;
+    use gds_csi::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "probe-me", 8 * MIB, &Held::default()).unwrap();
@@ -540,7 +540,7 @@ async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
 
 #[tokio::test]
 async fn a_partition_the_kernel_shows_but_the_label_lacks_is_never_carved_over() {
-    use gds_csi::partition::volume;
+    use gds_csi::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();

@@ -1,5 +1,5 @@
 //! Root-only: the partition layout honours systemd's block device locking convention
-//! (<https://systemd.io/BLOCK_DEVICE_LOCKING/>, `src/partition/wholedisk.rs`) on a real
+//! (<https://systemd.io/BLOCK_DEVICE_LOCKING/>, `src/gpt/wholedisk.rs`) on a real
 //! loop device. A udevd worker probing a partition holds `flock(LOCK_SH)` on the whole
 //! disk and the partition open (systemd 252 src/udev/udevd.c worker_lock_block_device,
 //! then blkid); the kernel refuses BLKPG delete meanwhile (EBUSY). DeleteVolume must wait
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gds_csi::csi::*;
-use gds_csi::partition::kernel;
+use gds_csi::gpt::kernel;
 
 mod common;
 use common::{requests, PartRig};
@@ -94,7 +94,7 @@ async fn delete_waits_for_a_udev_probe_instead_of_failing_ebusy() {
 }
 
 /// What udevd's table re-read does to a disk whose label was just written (after the
-/// writer let go of the lock; `src/partition/wholedisk.rs`): the kernel drops partition
+/// writer let go of the lock; `src/gpt/wholedisk.rs`): the kernel drops partition
 /// `number` and adds it again from the label, at the same place but, as an NVMe's
 /// partitions get, at a new minor. The freed minor is held by a partition of `other`
 /// meanwhile so the new one cannot reuse it. Returns the (old, new) device numbers.
@@ -107,12 +107,12 @@ fn recreate_at_new_minor(disk: &Path, other: &Path, number: u32) -> ((u32, u32),
         .into_iter()
         .find(|p| p.number == number)
         .unwrap();
-    let span = gds_csi::partition::alloc::Extent {
+    let span = gds_csi::gpt::alloc::Extent {
         start: part.start,
         len: part.len,
     };
     kernel::delete(disk, number).unwrap();
-    let holder = gds_csi::partition::alloc::Extent {
+    let holder = gds_csi::gpt::alloc::Extent {
         start: MIB,
         len: MIB,
     };
@@ -142,12 +142,12 @@ fn recreate_at_new_minor(disk: &Path, other: &Path, number: u32) -> ((u32, u32),
 /// another size at that name is still refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
-    use gds_csi::block::layout::Layout;
-    use gds_csi::block::{BlockBackend, NodeIdentity};
     use gds_csi::error::{Error, VolumeError};
     use gds_csi::mounts::Mounter;
     use gds_csi::os::{FsType, Host, RealHost};
     use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
+    use gds_csi::volume::block::layout::Layout;
+    use gds_csi::volume::block::{BlockBackend, NodeIdentity};
     use std::sync::Arc;
 
     let Some(rig) = PartRig::with_size(2, 64 * MIB) else {
@@ -178,7 +178,7 @@ async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
             topology_key: "gds.csi.example/node".into(),
         },
     );
-    let layout = gds_csi::block::partition::Partitioned::new(Arc::clone(&pool));
+    let layout = gds_csi::volume::block::partition::Partitioned::new(Arc::clone(&pool));
     let (id, _) = layout
         .allocate(
             host.as_ref(),
@@ -214,7 +214,7 @@ async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     let part = kernel::list(&disk).unwrap()[0].clone();
     kernel::delete(&disk, number).unwrap();
-    let smaller = gds_csi::partition::alloc::Extent {
+    let smaller = gds_csi::gpt::alloc::Extent {
         start: part.start,
         len: part.len / 2,
     };

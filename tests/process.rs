@@ -659,7 +659,7 @@ async fn thousands_of_idle_connections_never_lock_a_new_client_out() {
             after.1
         );
         assert!(
-            during.1 <= base.1 + gds_csi::server::MAX_CONNECTIONS + 8,
+            during.1 <= base.1 + gds_csi::service::server::MAX_CONNECTIONS + 8,
             "open connections are bounded: {} fds",
             during.1
         );

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::gds_gate::{node_topology, GateConfig, GdsGate};
-use gds_csi::readiness::{spawn, WatchConfig};
+use gds_csi::gds::gate::{node_topology, GateConfig, GdsGate};
+use gds_csi::gds::readiness::{spawn, WatchConfig};
 
 mod common;
 use common::gds_fixture::Tree;

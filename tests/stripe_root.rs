@@ -16,15 +16,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::block::layout::Layout;
-use gds_csi::block::partition::Partitioned;
-use gds_csi::block::stripe::Striped;
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
+use gds_csi::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost, StripeGeometry};
-use gds_csi::partition::kernel;
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
 use gds_csi::request::StripeParams;
+use gds_csi::volume::block::layout::Layout;
+use gds_csi::volume::block::partition::Partitioned;
+use gds_csi::volume::block::stripe::Striped;
 use tonic::Code;
 
 mod common;
@@ -675,7 +675,7 @@ async fn a_stripe_prefers_the_drives_nearest_the_gpus_on_pcie() {
         .unwrap();
     assert_eq!(member_devices(&s, &rig.0, &rec), vec![2, 3]);
     assert_eq!(
-        gds_csi::block::stripe::pcie::context(&rec),
+        gds_csi::volume::block::stripe::pcie::context(&rec),
         Some(("stripeGpuPcie".into(), "PXB,PHB".into()))
     );
     // The next one no longer fits near the GPU: it gets the far socket's drives, and
@@ -686,7 +686,9 @@ async fn a_stripe_prefers_the_drives_nearest_the_gpus_on_pcie() {
         .unwrap();
     assert_eq!(member_devices(&s, &rig.0, &far), vec![0, 1]);
     assert_eq!(
-        gds_csi::block::stripe::pcie::context(&far).unwrap().1,
+        gds_csi::volume::block::stripe::pcie::context(&far)
+            .unwrap()
+            .1,
         "SYS,SYS"
     );
 }

@@ -14,6 +14,7 @@ mod collectors;
 mod http;
 
 pub mod clone;
+pub mod host_timing;
 pub use collectors::{PoolGauges, PoolSnapshot, StateCounts};
 pub use http::{serve, start};
 

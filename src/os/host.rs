@@ -439,7 +439,7 @@ impl Host for RealHost {
                 })
                 .await;
         }
-        // Unpinned: only the shared mount of an NFS export in the state dir (nfs/mod.rs,
+        // Unpinned: only the shared mount of an NFS export in the state dir (volume/nfs/mod.rs,
         // after a mount without RDMA). It stays with umount(8) in its own process group,
         // killable at the deadline like mount(8) for NFS: a dead server can hang it.
         let path = target.path();

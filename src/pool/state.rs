@@ -99,8 +99,8 @@ pub struct PartitionRecord {
 
 impl PartitionRecord {
     /// Where this record says the partition is, as the partition steps take it.
-    pub fn recorded(&self, name: Option<&str>) -> Option<crate::partition::Recorded> {
-        Some(crate::partition::Recorded {
+    pub fn recorded(&self, name: Option<&str>) -> Option<crate::gpt::Recorded> {
+        Some(crate::gpt::Recorded {
             partuuid: uuid::Uuid::parse_str(&self.partuuid).ok()?,
             number: self.number,
             span: self.held_span(),
@@ -109,9 +109,9 @@ impl PartitionRecord {
     }
 
     /// The span held on its device, when recorded.
-    pub fn held_span(&self) -> Option<crate::partition::Extent> {
+    pub fn held_span(&self) -> Option<crate::gpt::Extent> {
         self.span
-            .map(|(start, len)| crate::partition::Extent { start, len })
+            .map(|(start, len)| crate::gpt::Extent { start, len })
     }
 }
 

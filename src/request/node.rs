@@ -10,7 +10,7 @@ use super::{
 };
 use crate::csi;
 use crate::error::{Error, Result};
-use crate::volume_id::BlockVolumeId;
+use crate::volume::id::BlockVolumeId;
 
 /// A node request about a volume of one backend, or about an id this driver never issued.
 #[derive(Debug)]

@@ -3,12 +3,12 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{Call, Driver};
-use crate::backend::VolumeBackend;
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result};
 use crate::request::{self, VolumeRef};
+use crate::volume::VolumeBackend;
 
 pub struct ControllerService {
     pub driver: Arc<Driver>,
@@ -37,7 +37,7 @@ impl ControllerService {
         if request::is_nfs(&req.parameters) {
             if let Some(source) = &create.clone_of {
                 // CSI spec, CreateVolume errors: a source that does not exist is NOT_FOUND,
-                // one the plugin cannot use is INVALID_ARGUMENT. NFS sources: nfs/clone.rs.
+                // one the plugin cannot use is INVALID_ARGUMENT. NFS sources: volume/nfs/clone.rs.
                 match request::volume_ref(source)? {
                     VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw)),
                     VolumeRef::Block(_) => {
@@ -52,7 +52,7 @@ impl ControllerService {
             d.nfs()?.create(&create).await
         } else {
             // A block clone of an NFS directory is measured through the NFS backend.
-            crate::block::controller::create(&d.block, &create, d.nfs.as_ref()).await
+            crate::volume::block::controller::create(&d.block, &create, d.nfs.as_ref()).await
         }
     }
 
@@ -163,9 +163,9 @@ impl ControllerService {
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
         if request::is_nfs(&req.parameters) {
-            return Ok(crate::nfs::controller::capacity());
+            return Ok(crate::volume::nfs::controller::capacity());
         }
-        crate::block::controller::capacity(&self.driver.block, &req)
+        crate::volume::block::controller::capacity(&self.driver.block, &req)
     }
 }
 

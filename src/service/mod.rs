@@ -6,20 +6,21 @@ pub mod controller;
 mod gauges;
 pub mod identity;
 pub mod node;
+pub mod server;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::VolumeBackend;
-use crate::block::{BlockBackend, NodeIdentity};
 use crate::error::{Error, Result, VolumeError};
-use crate::gds_gate::GdsGate;
+use crate::gds::gate::GdsGate;
 use crate::locks::VolumeLocks;
 use crate::mounts::Mounter;
-use crate::nfs::{NfsBackend, NfsStore, NfsVolumeId};
 use crate::os::Host;
 use crate::pool::Pool;
+use crate::volume::block::{BlockBackend, NodeIdentity};
+use crate::volume::nfs::{NfsBackend, NfsStore, NfsVolumeId};
+use crate::volume::VolumeBackend;
 
 /// The calls whose answer for an unknown volume id is not plain `NotFound`.
 pub enum Call<'a> {
@@ -138,10 +139,10 @@ impl Driver {
             (Some(nfs), TakeDownOf::Staging) => nfs.unstage(id, path).await,
             (Some(nfs), TakeDownOf::Target) => nfs.unpublish(id, path).await,
             (None, TakeDownOf::Staging) => {
-                crate::nfs::node::unstage(&self.mounter(), id, path).await
+                crate::volume::nfs::node::unstage(&self.mounter(), id, path).await
             }
             (None, TakeDownOf::Target) => {
-                crate::nfs::node::unpublish(&self.mounter(), id, path).await
+                crate::volume::nfs::node::unpublish(&self.mounter(), id, path).await
             }
         }
     }

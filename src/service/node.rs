@@ -4,13 +4,13 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{Call, Driver, TakeDownOf};
-use crate::backend::VolumeBackend;
 use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::Result;
 use crate::request::node::{ForVolume, NodeExpand, Stats, TakeDown};
 use crate::request::{self, VolumeRef};
+use crate::volume::VolumeBackend;
 
 pub struct NodeService {
     pub driver: Arc<Driver>,
@@ -97,10 +97,10 @@ impl NodeService {
     /// NodeGetInfo's topology: the node key, plus `<driver>/gds-nvme` and
     /// `<driver>/gds-nfs-rdma` = "true" for the backends whose node checks pass at call
     /// time (absent when not). The kubelet reads them at plugin registration; the readiness
-    /// watcher (`crate::readiness`) makes it register again when they change.
+    /// watcher (`crate::gds::readiness`) makes it register again when they change.
     fn topology(&self) -> HashMap<String, String> {
         let d = &self.driver;
-        crate::gds_gate::node_topology(d.gds_gate.as_deref(), &d.name, d.node_segment())
+        crate::gds::gate::node_topology(d.gds_gate.as_deref(), &d.name, d.node_segment())
     }
 }
 

@@ -32,8 +32,8 @@ pub const SIZE: u64 = 64 << 20;
 pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
     driver.initialise().await.unwrap();
     let socket = dir.join("csi.sock");
-    let listener = gds_csi::server::bind(&socket, 0o600).unwrap();
-    tokio::spawn(gds_csi::server::serve(
+    let listener = gds_csi::service::server::bind(&socket, 0o600).unwrap();
+    tokio::spawn(gds_csi::service::server::serve(
         listener,
         driver,
         Mode::All,
@@ -357,7 +357,7 @@ impl PartRig {
 
 impl Drop for PartRig {
     fn drop(&mut self) {
-        use gds_csi::partition::kernel;
+        use gds_csi::gpt::kernel;
         self.0.kill9();
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let mut mounts = mount_points_under(&mountinfo, self.0.dir.path());

@@ -354,7 +354,7 @@ check "the same filesystem, not a new mkfs (superblock UUID and creation time un
   [ "$(superblock)" = "$first_superblock" ]
 
 # --- a clone (issue 15): a claim whose dataSource is `data` holds the writer's file -------
-# A clone is copied only from a source nothing has staged (src/block/clone.rs): the reader
+# A clone is copied only from a source nothing has staged (src/volume/block/clone.rs): the reader
 # is deleted first and its volume unstaged.
 "$KUBECTL" delete pod reader >/dev/null
 check "the reader's volume is unstaged" wait_for 60 unstaged
@@ -509,7 +509,7 @@ check "the grown claim's space returns: the carving class's capacity is ${part_c
 # modes: its node checks read a fixture host tree (this machine has no GPU and no nvidia_fs),
 # where "loading nvidia_fs" is writing the files the checks read. The kubelet must label the
 # node without the driver or the registrar restarting: the driver's readiness watcher relinks
-# the registration socket and the kubelet registers it again (src/readiness).
+# the registration socket and the kubelet registers it again (src/gds/readiness).
 WATCHED_DRIVER=readiness.gds-csi.test
 R_HOST=$WORK/readiness-host
 R_SOCKET=$KUBELET_DIR/plugins/$WATCHED_DRIVER/csi.sock

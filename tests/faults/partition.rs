@@ -18,7 +18,7 @@ use super::common::{killed_by_sigkill, requests, run, PartRig, Rig};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
 use gds_csi::faults::KillPoint;
-use gds_csi::partition::kernel;
+use gds_csi::gpt::kernel;
 
 const MIB: u64 = 1 << 20;
 const DISK: u64 = 96 * MIB;
@@ -125,7 +125,7 @@ fn gpt_partitions(disk: &Path) -> Vec<(String, u64, u64)> {
 }
 
 fn allocation(id: &str) -> String {
-    gds_csi::volume_id::BlockVolumeId::parse(id)
+    gds_csi::volume::id::BlockVolumeId::parse(id)
         .unwrap()
         .allocation
 }

@@ -134,7 +134,7 @@ if [ "${GDS_VM_ONLY:-}" != partition-sanity ]; then
   log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
   printf 'server: %s\nshare: /\ngdsPolicy: disabled\n' "$SERVER" >"$W/nfs-params.yaml"
   # Every spec runs, the clone ones too: NFS -> NFS clones copy the source's directory on
-  # the export at CreateVolume (src/nfs/clone.rs).
+  # the export at CreateVolume (src/volume/nfs/clone.rs).
   sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
   [ "${GDS_VM_ONLY:-}" = nfs-sanity ] && finish
 fi
@@ -173,7 +173,7 @@ partition_sanity() {
   done
 }
 # Every label write and BLKPG call holds the disk's BSD lock (systemd's block device
-# locking convention, src/partition/wholedisk.rs), so udevd neither probes nor re-reads a
+# locking convention, src/gpt/wholedisk.rs), so udevd neither probes nor re-reads a
 # disk while the driver changes it. On 2026-11-30, before that, this run failed 7 of 42
 # specs here (BLKPG EBUSY, partitions missing right after a carve).
 partition_sanity

@@ -69,7 +69,7 @@ start_driver || exit 1
 fail=0
 
 # csi-sanity with `layout: stripe`, 2 members of 8 MiB. Stripes do not grow yet
-# (src/block/expand.rs stripe_fixed): the expansion specs ask for the size they have.
+# (src/volume/block/expand.rs stripe_fixed): the expansion specs ask for the size they have.
 log "csi-sanity: layout: stripe, stripeCount 2"
 printf 'gdsPolicy: disabled\nlayout: stripe\nstripeCount: "2"\n' >"$W/stripe-params.yaml"
 start=$SECONDS

@@ -1,0 +1,327 @@
+//! Where a block clone is filled from: another block volume of this node, an
+//! NFS volume of this driver (`volume_content_source`), or a dataset the class names
+//! (`dataset*` parameters). CreateVolume sizes the clone from it; the copy job mounts it
+//! read-only in the clone's private directory, one of two kinds (`SourceMount`).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{CopyError, Error, Result, VolumeError};
+use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
+use crate::pool::VolumeRecord;
+use crate::request::{self, nfs_options, CreateVolume, NfsVolumeId, VolumeRef};
+use crate::volume::nfs::NfsBackend;
+
+const FIELD: &str = "volume_content_source.volume.volume_id";
+
+/// A clone's source, as CreateVolume and NodeStage find it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A block volume, by its id text.
+    Block(String),
+    /// A directory on an NFS export; `label` names it in messages and the progress
+    /// record (the volume id, or `server:/share/path` for a class's dataset).
+    Nfs { id: NfsVolumeId, label: String },
+}
+
+impl Source {
+    fn nfs_volume(raw: &str, id: NfsVolumeId) -> Source {
+        Source::Nfs {
+            id,
+            label: raw.to_owned(),
+        }
+    }
+
+    fn dataset(id: &NfsVolumeId) -> Source {
+        Source::Nfs {
+            label: id.source(),
+            id: id.clone(),
+        }
+    }
+
+    pub fn label(&self) -> &str {
+        match self {
+            Source::Block(raw) => raw,
+            Source::Nfs { label, .. } => label,
+        }
+    }
+}
+
+/// The source a CreateVolume asks for, if any (`request` refused asking for two).
+pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
+    if let Some(id) = &req.params.dataset {
+        return Ok(Some(Source::dataset(id)));
+    }
+    let Some(raw) = &req.clone_of else {
+        return Ok(None);
+    };
+    Ok(Some(match request::volume_ref(raw)? {
+        VolumeRef::Block(_) => Source::Block(raw.clone()),
+        VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
+        VolumeRef::Unknown(_) => {
+            return Err(Error::NotFound(format!(
+                "{FIELD}: source volume {raw} does not exist"
+            )))
+        }
+    }))
+}
+
+/// The source a clone's record names (`cloneSource`, or the class's dataset).
+pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
+    if let Some(raw) = rec.parameters.get(super::clone::SOURCE_KEY) {
+        return Ok(Some(match request::volume_ref(raw)? {
+            VolumeRef::Block(_) => Source::Block(raw.clone()),
+            VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
+            VolumeRef::Unknown(_) => {
+                return Err(Error::NotFound(format!(
+                    "clone source {raw} is no volume of this driver"
+                )))
+            }
+        }));
+    }
+    let stored = rec.parameters.iter().map(|(k, v)| (k.clone(), v.clone()));
+    Ok(request::dataset::parse(&stored.collect())?
+        .as_ref()
+        .map(Source::dataset))
+}
+
+/// CreateVolume of a clone of an NFS directory: its tree measured through the
+/// controller's export mount as a job (`copy::measure::Measures`: a call that cannot
+/// wait for a large tree answers Unavailable with how far the walk got). Returns
+/// the smallest volume that holds the copy (`copy::measure`); a `limit` (0: none)
+/// below it is OutOfRange naming both sizes, before anything is allocated.
+pub async fn check_nfs(
+    nfs: Option<&NfsBackend>,
+    id: &NfsVolumeId,
+    label: &str,
+    limit: u64,
+) -> Result<u64> {
+    let nfs = nfs.ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "the clone's source {label} is on NFS and {}: run the driver with the NFS backend \
+             (`gds-csi serve` enables it) to clone from NFS",
+            VolumeError::NfsDisabled
+        ))
+    })?;
+    let root = nfs.export_root(id).await?;
+    let shown = root.join(&id.dir);
+    let tree = (root, PathBuf::from(&id.dir));
+    let m = nfs
+        .measures
+        .measure(&id.source(), label, tree, nfs.store.clone_wait)
+        .await
+        .map_err(|e| {
+            let inner = match &e {
+                Error::Shared(inner) => inner.as_ref(),
+                e => e,
+            };
+            match inner {
+                Error::Io { source, path, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    if *path == shown {
+                        Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+                    } else {
+                        // An entry removed while the walk went by: measure again.
+                        Error::Aborted(format!(
+                            "the source {label} changed while it was measured ({inner}); retry"
+                        ))
+                    }
+                }
+                _ => e,
+            }
+        })?;
+    if limit != 0 && limit < m.needed_bytes {
+        return Err(Error::OutOfRange(format!(
+            "capacity_range: the source {label} holds {} bytes in {} entries and needs a volume \
+             of at least {} bytes (its files in 4 KiB blocks plus a sixteenth for the \
+             filesystem), more than the clone's limit of {limit} bytes; ask for at least {} bytes",
+            m.data_bytes, m.entries, m.needed_bytes, m.needed_bytes
+        )));
+    }
+    Ok(m.needed_bytes)
+}
+
+/// The options of the private read-only mount of an NFS source: the transport its id
+/// records (checked as NFS staging checks it, `proto=rdma` verified after the mount),
+/// `ro`, and a soft mount that fails a request the server leaves unanswered.
+///
+/// nfs(5): with `hard` (the default) a request is retried for ever, so a server that
+/// stops would hang the copy's reads, and NodeStage's retries with them, for ever.
+/// `softerr` fails such a request after `retrans` retransmissions with ETIMEDOUT (where
+/// `soft` answers EIO, which a failing disk answers too), so the copy can say what
+/// happened. Over TCP and RDMA each retransmission waits `timeo` deciseconds longer than
+/// the last (linear backoff): timeo=100,retrans=2 gives up after about 10+20+30 = 60 s.
+/// Soft mounts risk silently lost writes; this mount only reads, and a failed read
+/// fails the copy, which the next NodeStage resumes.
+pub const SOFT_OPTIONS: [&str; 4] = ["ro", "softerr", "timeo=100", "retrans=2"];
+/// About how long a read waits for a silent server (above).
+pub const SOFT_SECONDS: u64 = 60;
+
+pub fn private_options(id: &NfsVolumeId) -> Result<nfs_options::MountOptions> {
+    let flags: Vec<String> = SOFT_OPTIONS.iter().map(|s| s.to_string()).collect();
+    nfs_options::merge(&id.transport, &flags)
+}
+
+/// How the copy job mounts its source read-only at `<dir>/source`.
+pub enum SourceMount {
+    /// A block volume's device.
+    Device { dev: PathBuf, fs: FsType },
+    /// `server:/share/dir` over the transport its id records.
+    Nfs { id: NfsVolumeId, label: String },
+}
+
+impl SourceMount {
+    pub async fn mount(&self, host: &dyn Host, at: &Anchored) -> Result<()> {
+        match self {
+            SourceMount::Device { dev, fs } => host.mount(dev, at, *fs, &["ro".to_owned()]).await,
+            SourceMount::Nfs { id, .. } => {
+                let opts = private_options(id)?;
+                let source = id.source();
+                host.mount_nfs(&source, at.path(), &opts.to_vec()).await?;
+                let verified =
+                    crate::volume::nfs::verify_mounted(host, at, &source, &opts.transport).await;
+                if verified.is_err() && mounted_at(host, at.path()).is_some() {
+                    let _ = unmount(host, at).await;
+                }
+                verified
+            }
+        }
+    }
+
+    /// A copy's failure, said clearly when the NFS server stopped answering (the soft
+    /// mount's ETIMEDOUT): Unavailable, so the kubelet's retry resumes the copy.
+    pub fn explain(&self, e: Error, progress: &crate::copy::Progress) -> Error {
+        let SourceMount::Nfs { label, .. } = self else {
+            return e;
+        };
+        if !timed_out(&e) {
+            return e;
+        }
+        let (copied, total) = (progress.copied_bytes(), progress.total_bytes());
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        CopyError::SourceTimeout {
+            label: label.clone(),
+            soft_seconds: SOFT_SECONDS,
+            error: e.to_string(),
+            percent: (copied * 100).checked_div(total).unwrap_or(0),
+            copied_gib: gib(copied),
+            total_gib: gib(total),
+        }
+        .into()
+    }
+}
+
+fn timed_out(e: &Error) -> bool {
+    match e {
+        Error::Io { source, .. } => source.raw_os_error() == Some(libc::ETIMEDOUT),
+        Error::Shared(inner) => timed_out(inner),
+        _ => false,
+    }
+}
+
+fn mounted_at(host: &dyn Host, at: &Path) -> Option<MountEntry> {
+    let mounts = host.mount_table().ok()?;
+    crate::os::mountinfo::at(&mounts, at).cloned()
+}
+
+/// Unmounts the source; an NFS mount whose server is gone is taken off lazily (its
+/// reads have failed already; nothing of it is written).
+pub async fn unmount(host: &dyn Host, at: &Anchored) -> Result<()> {
+    let nfs = mounted_at(host, at.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
+    match host.unmount(at).await {
+        Err(e) if nfs => {
+            tracing::warn!(at = %at.path().display(), error = %e, "NFS source unmount failed; lazily");
+            host.unmount_forced(at.path(), ForceUnmount::Lazy).await
+        }
+        other => other,
+    }
+}
+
+/// A leftover NFS mount at `path` (a driver killed mid-copy): taken off without a stat of
+/// the mount point, which would wait for a dead server.
+pub async fn take_down_nfs(host: &dyn Host, path: &Path) -> Result<bool> {
+    match mounted_at(host, path) {
+        Some(m) if m.fs_type.starts_with("nfs") => {
+            if host
+                .unmount_forced(path, ForceUnmount::Force)
+                .await
+                .is_err()
+            {
+                host.unmount_forced(path, ForceUnmount::Lazy).await?;
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::copy::{Progress, Saved};
+
+    fn nfs() -> SourceMount {
+        let id = NfsVolumeId::parse("nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1").unwrap();
+        SourceMount::Nfs {
+            label: id.source(),
+            id,
+        }
+    }
+
+    #[test]
+    fn a_read_the_server_left_unanswered_is_said_clearly_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Progress::new(dir.path().join("p.json"), "x".into());
+        p.set(Saved {
+            total_bytes: 4 << 30,
+            copied_bytes: 1 << 30,
+            ..Saved::default()
+        })
+        .unwrap();
+        let timed_out = Error::io(
+            "copy",
+            "/state/clone-mnt/x/source/big.bin",
+            std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+        );
+        let e = nfs().explain(Error::Shared(std::sync::Arc::new(timed_out)), &p);
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().starts_with(
+                "reading 192.0.2.1:/export/sets/a failed: the NFS server did not answer (the source is mounted soft"
+            ) && status.message().contains("resumes the copy at 25% (1.00 of 4.00 GiB)"),
+            "{}",
+            status.message()
+        );
+        // Any other failure, and any failure of a block source, is left as it is.
+        let eio = || Error::io("copy", "/x", std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(nfs().explain(eio(), &p), Error::Io { .. }));
+        let dev = SourceMount::Device {
+            dev: "/dev/x".into(),
+            fs: FsType::Ext4,
+        };
+        let t = Error::io(
+            "copy",
+            "/x",
+            std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+        );
+        assert!(matches!(dev.explain(t, &p), Error::Io { .. }));
+    }
+
+    #[test]
+    fn the_private_mount_is_read_only_soft_and_keeps_the_sources_transport() {
+        let SourceMount::Nfs { id, .. } = nfs() else {
+            unreachable!()
+        };
+        assert_eq!(
+            private_options(&id).unwrap().to_vec(),
+            [
+                "rdma",
+                "port=20049",
+                "vers=4.1",
+                "ro",
+                "softerr",
+                "timeo=100",
+                "retrans=2"
+            ]
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The block backend: node-local volumes on the node's devices. Each operation decides
+//! from the mount table and the device's signatures, so every call is safe to repeat and
+//! survives a plugin restart. Where a volume's device comes from is its layout
+//! (`layout.rs`; the whole device, `device.rs`, today).
+
+pub mod clone;
+pub mod clone_source;
+pub mod controller;
+pub mod device;
+pub mod expand;
+pub mod fill;
+pub mod freeze;
+pub mod layout;
+pub mod partition;
+pub mod publish;
+pub mod stage;
+pub mod stats;
+pub mod stripe;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tracing::info;
+
+pub use layout::{Capacity, Layout};
+pub use stage::{decide_format, FormatDecision};
+
+use crate::csi;
+use crate::error::{Error, Result, VolumeError};
+use crate::gds::gate::GdsGate;
+use crate::mounts::Mounter;
+use crate::pool::{Pool, PoolDevice, VolumeRecord};
+use crate::request::Capability;
+use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::volume::{Expand, Expanded, Publish, Stage, VolumeBackend};
+
+/// Which node this is, as the block backend's volumes and topology name it.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub node_id: String,
+    /// The topology key under which volumes and nodes are matched (`<driver>/node`).
+    pub topology_key: String,
+}
+
+impl NodeIdentity {
+    pub fn segment(&self) -> HashMap<String, String> {
+        HashMap::from([(self.topology_key.clone(), self.node_id.clone())])
+    }
+}
+
+pub struct BlockBackend {
+    pub(crate) mounter: Mounter,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) layout: Arc<dyn Layout>,
+    pub(crate) partitioned: Arc<partition::Partitioned>,
+    pub(crate) striped: Arc<stripe::Striped>,
+    pub(crate) gate: Option<Arc<GdsGate>>,
+    pub(crate) node: NodeIdentity,
+    /// Clone copies running or finished.
+    pub(crate) clones: Arc<crate::copy::Cloner>,
+    /// This instance runs the NFS backend too, so a clone may mount an NFS source.
+    pub(crate) nfs_sources: bool,
+    ready: AtomicBool,
+}
+
+/// The volume's record and where its device is now.
+#[derive(Clone)]
+pub struct Located {
+    pub id: BlockVolumeId,
+    pub record: VolumeRecord,
+    pub device: PoolDevice,
+}
+
+impl BlockBackend {
+    pub fn new(mounter: Mounter, pool: Arc<Pool>, node: NodeIdentity) -> Self {
+        let layout = Arc::new(device::WholeDevice {
+            pool: Arc::clone(&pool),
+        });
+        let partitioned = Arc::new(partition::Partitioned::new(Arc::clone(&pool)));
+        let striped = Arc::new(stripe::Striped::new(
+            Arc::clone(&pool),
+            Arc::clone(&partitioned),
+        ));
+        BlockBackend {
+            mounter,
+            pool,
+            layout,
+            partitioned,
+            striped,
+            gate: None,
+            node,
+            clones: Arc::default(),
+            nfs_sources: false,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_gate(&mut self, gate: Option<Arc<GdsGate>>) {
+        self.gate = gate;
+    }
+
+    /// Clones of NFS directories may be filled here (the instance runs the NFS backend).
+    pub fn allow_nfs_sources(&mut self) {
+        self.nfs_sources = true;
+    }
+
+    /// Scans the pool and probes free devices; the backend is ready only after this.
+    pub async fn initialise(&self) -> Result<()> {
+        let mounts = self.mounter.mount_table()?;
+        freeze::thaw_recorded(self.pool.state_dir(), &mounts);
+        self.pool.rescan(&mounts);
+        self.pool.classify_free(self.mounter.host.as_ref()).await;
+        self.partitioned.resync();
+        info!(
+            devices = self.pool.devices().len(),
+            free = self.pool.free_devices().len(),
+            excluded = self.pool.excluded().len(),
+            "pool ready"
+        );
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn check_ready(&self) -> Result<()> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(Error::NotReady(
+                "the device pool is still being scanned; retry shortly".into(),
+            ))
+        }
+    }
+
+    /// The layout that owns volumes of this kind.
+    pub(crate) fn layout_of(&self, kind: IdLayout) -> &dyn Layout {
+        match kind {
+            IdLayout::Device => self.layout.as_ref(),
+            IdLayout::Partition => self.partitioned.as_ref(),
+            IdLayout::Stripe => self.striped.as_ref(),
+        }
+    }
+
+    fn record(&self, raw: &str) -> Result<VolumeRecord> {
+        self.pool
+            .state
+            .snapshot()
+            .volumes
+            .get(raw)
+            .cloned()
+            .ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
+    }
+
+    pub fn locate(&self, id: &BlockVolumeId) -> Result<Located> {
+        let raw = id.to_string();
+        if id.node_id != self.node.node_id {
+            return Err(Error::NotFound(format!(
+                "volume {raw} lives on node {}, not on this node ({})",
+                id.node_id, self.node.node_id
+            )));
+        }
+        let record = self.record(&raw)?;
+        let mounts = self.mounter.mount_table()?;
+        let device = self
+            .layout_of(id.layout)
+            .locate(&record, &mounts)?
+            .ok_or_else(|| VolumeError::DeviceAbsent {
+                volume: raw.clone(),
+                key: record.device_key.clone(),
+            })?;
+        Ok(Located {
+            id: id.clone(),
+            record,
+            device,
+        })
+    }
+
+    /// The volume's device for taking its mounts down: as the kernel shows it, found from
+    /// the record alone where the layout can (another tool's change to a label never
+    /// keeps the kubelet from unstaging), else [`BlockBackend::locate`]'s.
+    pub fn mounted_device(&self, id: &BlockVolumeId) -> Result<PoolDevice> {
+        if id.node_id == self.node.node_id {
+            let record = self.record(&id.to_string())?;
+            let mounts = self.mounter.mount_table()?;
+            if let Some(device) = self.layout_of(id.layout).shown(&record, &mounts) {
+                return Ok(device);
+            }
+        }
+        self.locate(id).map(|l| l.device)
+    }
+
+    /// `vol.device` is still the device allocated to the volume: call right before every
+    /// destructive step and mount. A partition the kernel re-created at another number is
+    /// located again and checked again: udevd re-reads a disk's table once a label writer
+    /// closes it, possibly after our lock is let go (`gpt::wholedisk`,
+    /// `synthesize_change`), and an NVMe's partitions come back with new minors. Locating
+    /// takes the disk's lock, so it waits for a re-read in progress.
+    pub fn verify_located(&self, vol: &mut Located) -> Result<()> {
+        let raw = vol.id.to_string();
+        let moved = match self.pool.verify_identity(&raw, &vol.device, &vol.record) {
+            Err(Error::Volume(VolumeError::DeviceMoved { from, now, .. })) => (from, now),
+            other => return other,
+        };
+        let again = self.locate(&vol.id)?;
+        self.pool
+            .verify_identity(&raw, &again.device, &again.record)?;
+        info!(
+            volume_id = %raw,
+            device = %again.device.path.display(),
+            from = %moved.0,
+            seen = %moved.1,
+            now = %format!("{}:{}", again.device.major, again.device.minor),
+            "partition re-created by the kernel; located again by its PARTUUID"
+        );
+        *vol = again;
+        Ok(())
+    }
+
+    /// NodeUnstageVolume of an id this driver never issued: nothing at the staging path
+    /// is success, anything there is not a volume of ours.
+    pub fn unstage_unknown(&self, raw: &str, staging: &Path) -> Result<()> {
+        let mounts = self.mounter.mount_table()?;
+        if crate::os::mountinfo::at(&mounts, staging).is_none() {
+            return Ok(());
+        }
+        Err(Error::VolumeNotFound(raw.to_owned()))
+    }
+}
+
+#[async_trait]
+impl VolumeBackend for BlockBackend {
+    type Id = BlockVolumeId;
+    type Capability = Capability;
+
+    async fn delete(&self, id: &BlockVolumeId) -> Result<()> {
+        controller::delete(self, id).await
+    }
+
+    async fn expand(&self, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {
+        expand::expand(self, id, req).await
+    }
+
+    async fn node_expand(&self, id: &BlockVolumeId, path: &Path, req: &Expand) -> Result<u64> {
+        expand::node_expand(self, id, path, req).await
+    }
+
+    fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
+        controller::list(self, after, limit)
+    }
+
+    async fn validate(
+        &self,
+        id: &BlockVolumeId,
+        caps: &[csi::VolumeCapability],
+    ) -> Result<Option<String>> {
+        controller::validate(self, id, caps)
+    }
+
+    async fn stage(&self, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<()> {
+        stage::stage(self, id, req).await
+    }
+
+    async fn unstage(&self, id: &BlockVolumeId, staging: &Path) -> Result<()> {
+        stage::unstage(self, id, staging).await
+    }
+
+    async fn publish(&self, id: &BlockVolumeId, req: &Publish<Capability>) -> Result<()> {
+        publish::publish(self, id, req).await
+    }
+
+    async fn unpublish(&self, id: &BlockVolumeId, target: &Path) -> Result<()> {
+        publish::unpublish(self, id, target).await
+    }
+
+    async fn stats(
+        &self,
+        id: &BlockVolumeId,
+        path: &Path,
+        staging: Option<&Path>,
+    ) -> Result<csi::NodeGetVolumeStatsResponse> {
+        stats::stats(self, id, path, staging)
+    }
+}

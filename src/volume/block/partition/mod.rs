@@ -1,0 +1,449 @@
+//! The partition layout: a volume is a GPT partition carved from a pool
+//! device (`crate::gpt`). Only a label this driver wrote is changed, and a new
+//! label goes only on a device the signature probe found blank.
+//!
+//! Concurrency (`guard`): label changes on one device take turns under that device's
+//! lock, held from choosing the extent to recording it (`create`) and from erasing to
+//! dropping the record (`delete`); other devices never wait for it. Every label write
+//! and BLKPG call runs with a deadline, and a device whose call outlived it is refused
+//! until the call returns.
+//!
+//! Crash safety: the volume's record is written (without its partition) before the
+//! partition is carved, and the partition is named with the volume's allocation id, so
+//! a retried CreateVolume finds or carves the same partition; DeleteVolume erases the
+//! partition, then removes it from the kernel and the label, then drops the record.
+//! Kill points (`crate::faults`) sit between each of those steps.
+
+mod create;
+mod delete;
+pub mod guard;
+
+pub(crate) use delete::erase_partition;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
+
+use super::layout::{Capacity, Layout};
+use crate::error::{Error, Result};
+use crate::gpt::{self, label, volume, Carved, Held, OnDisk};
+use crate::os::{blockdev, Host, MountEntry};
+use crate::pool::inventory::Source;
+use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
+use crate::volume::id::{BlockVolumeId, IdLayout};
+
+/// Each 1 GiB chunk of the offloaded zero-out must finish within this.
+const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Clones share everything (the delete job runs on one: `delete`).
+#[derive(Clone)]
+pub struct Partitioned {
+    pub pool: Arc<Pool>,
+    /// The short pool-wide section in which a create picks its device (`create`).
+    placing: Arc<Mutex<()>>,
+    locks: DeviceLocks,
+    /// Each label write or BLKPG call must finish within this.
+    label_deadline: Duration,
+}
+
+/// A partition error as the CSI code its cause calls for.
+pub fn csi_error(e: gpt::Error) -> Error {
+    let m = e.to_string();
+    match e {
+        gpt::Error::OutOfRange(_) => Error::OutOfRange(m),
+        gpt::Error::NoSpace { .. } | gpt::Error::NoEntry { .. } | gpt::Error::Blocked { .. } => {
+            Error::ResourceExhausted(m)
+        }
+        gpt::Error::NotFound(_) => Error::NotFound(m),
+        gpt::Error::NameTaken { .. } => Error::AlreadyExists(m),
+        gpt::Error::Io { device, source, .. } => Error::Io {
+            context: "partition layout",
+            path: device,
+            source,
+        },
+        _ => Error::FailedPrecondition(m),
+    }
+}
+
+/// Whether a state key names a volume carved from labels (partition or stripe layout).
+fn is_partition_id(id: &str) -> bool {
+    BlockVolumeId::parse(id).is_some_and(|i| i.layout != IdLayout::Device)
+}
+
+impl Partitioned {
+    pub fn new(pool: Arc<Pool>) -> Self {
+        Partitioned {
+            pool,
+            placing: Arc::new(Mutex::new(())),
+            locks: DeviceLocks::default(),
+            label_deadline: LABEL_DEADLINE,
+        }
+    }
+
+    /// Another deadline for each label write and BLKPG call (the default is
+    /// [`LABEL_DEADLINE`]).
+    pub fn with_label_deadline(mut self, deadline: Duration) -> Self {
+        self.label_deadline = deadline;
+        self
+    }
+
+    /// How long one label write or BLKPG call may take.
+    pub fn label_deadline(&self) -> Duration {
+        self.label_deadline
+    }
+
+    /// Waits for pool device `device_id`'s turn: hold it while its label (or a partition
+    /// of it) changes. Other devices never wait for it.
+    pub async fn device_lock(&self, device_id: &str) -> DeviceGuard {
+        self.locks.lock(device_id).await
+    }
+
+    /// The short pool-wide section in which a create (partition or stripe) picks its
+    /// devices by try-locking them (`create`).
+    pub(crate) async fn placing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.placing.lock().await
+    }
+
+    /// Pool devices a whole-device volume does not hold.
+    fn carvable(&self) -> Vec<PoolDevice> {
+        let state = self.pool.state.snapshot();
+        let whole = |d: &PoolDevice| {
+            state
+                .volumes
+                .iter()
+                .any(|(id, r)| r.device_id == d.id && !is_partition_id(id))
+        };
+        self.pool
+            .devices()
+            .into_iter()
+            .filter(|d| !whole(d))
+            .collect()
+    }
+
+    /// Carvable pool devices with what they carry (read without their locks: for
+    /// GetCapacity and start-up, never to choose where to carve).
+    pub(crate) fn candidates(&self) -> Vec<(PoolDevice, OnDisk)> {
+        let carvable = self.carvable();
+        carvable.into_iter().filter_map(read_label).collect()
+    }
+
+    /// Start-up: a label a crash left with two different or one damaged copy is written
+    /// whole again, and the kernel shows every partition of our labels again. Runs before
+    /// the backend is ready, so no create or delete holds a device.
+    pub fn resync(&self) {
+        for (dev, on) in self.candidates() {
+            if let OnDisk::Ours { repair, .. } = on {
+                let Some(_device) = self.locks.try_lock(&dev.id) else {
+                    continue;
+                };
+                let path = dev.path.clone();
+                let done = settled_sync(
+                    &dev.path,
+                    "re-syncing partitions",
+                    self.label_deadline,
+                    move || {
+                        volume::repair(&path)?;
+                        gpt::kernel::resync(&path)
+                    },
+                );
+                if let Some(why) = repair.filter(|_| done.is_ok()) {
+                    info!(device = %dev.path.display(), why, "label repaired: both copies rewritten");
+                }
+                match done {
+                    Ok(r) => info!(device = %dev.path.display(), ?r, "partitions re-synced"),
+                    Err(e) => warn!(device = %dev.path.display(), error = %e, "re-sync failed"),
+                }
+            }
+        }
+    }
+
+    /// The volume of this name already recorded, when its parameters agree.
+    fn existing(&self, req: &AllocationRequest) -> Result<Option<(BlockVolumeId, VolumeRecord)>> {
+        let state = self.pool.state.snapshot();
+        let Some((id, rec)) = state.by_name(&req.name) else {
+            return Ok(None);
+        };
+        let parsed = BlockVolumeId::parse(id).filter(|i| i.layout == IdLayout::Partition);
+        let fits = req.fits(rec.capacity_bytes);
+        match parsed {
+            Some(p) if fits && rec.fs_type == req.fs_type && rec.parameters == req.parameters => {
+                Ok(Some((p, rec.clone())))
+            }
+            _ => Err(Error::AlreadyExists(format!(
+                "volume {:?} exists with another layout, capacity, fsType or parameters; \
+                 use another name or the same request",
+                req.name
+            ))),
+        }
+    }
+
+    fn record(&self, raw: &str) -> Result<VolumeRecord> {
+        let state = self.pool.state.snapshot();
+        let rec = state.volumes.get(raw).cloned();
+        rec.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
+    }
+
+    fn parent(&self, rec: &VolumeRecord) -> Result<PoolDevice> {
+        self.pool.device(&rec.device_id).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "pool device {} ({}) holding the volume's partition is not in the pool; \
+                 reattach it and retry",
+                rec.device_id, rec.device_key
+            ))
+        })
+    }
+
+    /// Spans and numbers on pool device `device_id` that the state's records (volumes and
+    /// stripe members) hold, whatever its label says now.
+    pub(crate) fn held(&self, device_id: &str) -> Held {
+        let state = self.pool.state.snapshot();
+        let mut held = Held::default();
+        for r in state.volumes.values() {
+            let own = (r.device_id == device_id).then_some(r.partition.as_ref());
+            let members = r.stripe.iter().flat_map(|s| &s.members);
+            let members = members
+                .filter(|m| m.device_id == device_id)
+                .map(|m| m.partition.as_ref());
+            for p in own.into_iter().chain(members).flatten() {
+                held.numbers.push(p.number);
+                held.spans.extend(p.held_span());
+            }
+        }
+        held
+    }
+
+    /// The volume's partition as the kernel shows it now (re-added if it was dropped);
+    /// None when nothing was ever carved for it, or DeleteVolume already erased it and
+    /// took it out of the label. A label that lacks it otherwise was changed by another
+    /// tool: refused (FailedPrecondition naming the change), the record kept.
+    fn carved(&self, raw: &str, rec: &VolumeRecord, parent: &Path) -> Result<Option<Carved>> {
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.into()))?;
+        let Some(p) = &rec.partition else {
+            // Claimed, maybe carved, crash before the record said so: by name.
+            // No label of ours: nothing was carved for it (nothing to erase).
+            let Ok(label) = volume::ours(parent) else {
+                return Ok(None);
+            };
+            let Some((_, e)) = label.by_name(&id.allocation) else {
+                return Ok(None);
+            };
+            return self.locate_bounded(parent, e.guid).map(Some);
+        };
+        let want = p
+            .recorded(Some(&id.allocation))
+            .ok_or_else(|| Error::State {
+                path: parent.to_owned(),
+                reason: format!("bad PARTUUID {:?}", p.partuuid),
+            })?;
+        if p.erased {
+            return match self.locate_bounded(parent, want.partuuid) {
+                Ok(c) => Ok(Some(c)),
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        self.locate_recorded(parent, want).map(Some)
+    }
+
+    /// [`volume::locate`] (which may tell the kernel of the partition) under the disk's
+    /// lock, udevd's moments waited out, with a deadline.
+    pub(crate) fn locate_bounded(&self, parent: &Path, guid: uuid::Uuid) -> Result<Carved> {
+        let path = parent.to_owned();
+        settled_sync(
+            parent,
+            "locating a partition",
+            self.label_deadline,
+            move || volume::locate(&path, &guid),
+        )
+    }
+
+    /// [`volume::locate_recorded`] like [`Partitioned::locate_bounded`]: a label that no
+    /// longer holds the partition as recorded is FailedPrecondition naming the change.
+    pub(crate) fn locate_recorded(&self, parent: &Path, want: gpt::Recorded) -> Result<Carved> {
+        let path = parent.to_owned();
+        settled_sync(
+            parent,
+            "locating a partition",
+            self.label_deadline,
+            move || volume::locate_recorded(&path, &want),
+        )
+    }
+
+    /// Rewrites a label a crash or another tool left with its two copies different or one
+    /// damaged. The caller holds the device's lock.
+    pub(crate) async fn repair_label(&self, parent: &Path) -> Result<()> {
+        let path = parent.to_owned();
+        let why = settled(
+            parent,
+            "repairing a label",
+            self.label_deadline,
+            move || volume::repair(&path),
+        )
+        .await?;
+        if let Some(why) = why {
+            info!(device = %parent.display(), why, "label repaired: both copies rewritten");
+        }
+        Ok(())
+    }
+}
+
+/// A device with what it carries. One that cannot be carved (a partition, a label that
+/// cannot be read) is `Foreign` with the reason, so picking passes it over and says why.
+fn read_label(d: PoolDevice) -> Option<(PoolDevice, OnDisk)> {
+    // A partition gets no partition table of its own (label::create refuses it too).
+    let sysfs = format!("/sys/dev/block/{}:{}/partition", d.major, d.minor);
+    if Path::new(&sysfs).exists() {
+        let why = "a partition, not a whole device; only a whole device is carved".to_owned();
+        return Some((d, OnDisk::Foreign(why)));
+    }
+    match label::read(&d.path) {
+        Ok(on) => Some((d, on)),
+        Err(e) => {
+            warn!(device = %d.path.display(), error = %e, "label unreadable; not carved");
+            Some((d, OnDisk::Foreign(format!("its label cannot be read: {e}"))))
+        }
+    }
+}
+
+/// What a blank device would offer once labelled: (available, largest).
+pub(crate) fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
+    let geometry = std::fs::File::open(&dev.path)
+        .map_err(|e| gpt::Error::io("opening", &dev.path, e))
+        .and_then(|f| label::geometry(&f, &dev.path));
+    let Ok((sector, size)) = geometry else {
+        return (0, 0);
+    };
+    match gpt::Label::new(sector, size / sector, gpt::format::new_disk_guid()) {
+        Ok(l) => l.capacity(),
+        Err(_) => (0, 0),
+    }
+}
+
+/// The partition node as a pool device, so stage/publish/stats treat it as the volume.
+fn as_device(parent: &PoolDevice, rec: &VolumeRecord, carved: &Carved) -> Option<PoolDevice> {
+    let (major, minor) = blockdev::devnum_of(&carved.node).ok()?;
+    Some(PoolDevice {
+        id: parent.id.clone(),
+        key: rec.device_key.clone(),
+        path: carved.node.clone(),
+        size_bytes: carved.span.len,
+        major,
+        minor,
+        identity: None,
+        source: Source::Listed,
+    })
+}
+
+#[async_trait]
+impl Layout for Partitioned {
+    async fn allocate(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)> {
+        self.allocate_volume(host, req).await
+    }
+
+    async fn release(
+        &self,
+        host: &Arc<dyn Host>,
+        volume_id: &str,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        self.release_volume(host, volume_id, mounts).await
+    }
+
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {
+        let Some(parent) = self.pool.fresh_device(&record.device_id, mounts) else {
+            return Ok(None);
+        };
+        let Some(part) = record.partition.as_ref() else {
+            return Ok(None);
+        };
+        let want = part.recorded(None).ok_or_else(|| Error::State {
+            path: parent.path.clone(),
+            reason: format!("bad PARTUUID {:?}", part.partuuid),
+        })?;
+        let carved = self.locate_recorded(&parent.path, want).inspect_err(|e| {
+            warn!(device = %parent.path.display(), error = %e, "partition not located");
+        })?;
+        Ok(as_device(&parent, record, &carved))
+    }
+
+    /// The kernel's partition of the recorded number (and start) on the volume's pool
+    /// device: no label read, so another tool's change to the label never keeps a mount
+    /// of the volume from being taken down.
+    fn shown(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Option<PoolDevice> {
+        let parent = self.pool.fresh_device(&record.device_id, mounts)?;
+        let part = record.partition.as_ref()?;
+        let k = gpt::kernel::partition(&parent.path, part.number)
+            .ok()
+            .flatten()
+            .filter(|k| part.span.is_none_or(|(s, _)| s == k.start))?;
+        let node = gpt::kernel::node(&parent.path, k.number).ok()?;
+        Some(PoolDevice {
+            id: parent.id.clone(),
+            key: record.device_key.clone(),
+            path: node,
+            size_bytes: k.len,
+            major: k.dev.0,
+            minor: k.dev.1,
+            identity: None,
+            source: Source::Listed,
+        })
+    }
+
+    fn capacity(&self) -> Capacity {
+        let (mut available, mut maximum) = (0u64, 0u64);
+        for (dev, on) in self.candidates() {
+            let (a, m) = match on {
+                OnDisk::Ours { label, .. } => {
+                    let free = label.free_extents_clear_of(&self.held(&dev.id));
+                    let total = free.iter().map(|e| e.len).sum();
+                    (total, free.iter().map(|e| e.len).max().unwrap_or(0))
+                }
+                OnDisk::Blank if self.pool.free_devices().iter().any(|f| f.id == dev.id) => {
+                    blank_capacity(&dev)
+                }
+                _ => (0, 0),
+            };
+            available += a;
+            maximum = maximum.max(m);
+        }
+        Capacity {
+            available,
+            maximum: (maximum > 0).then_some(maximum),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_errors_become_the_csi_codes_their_causes_call_for() {
+        let code = |e: gpt::Error| tonic::Status::from(csi_error(e)).code();
+        use tonic::Code;
+        assert_eq!(code(gpt::Error::OutOfRange("x".into())), Code::OutOfRange);
+        let no_space = gpt::Error::NoSpace {
+            wanted: 2,
+            largest: 1,
+        };
+        assert_eq!(code(no_space), Code::ResourceExhausted);
+        let taken = gpt::Error::NameTaken {
+            name: "a".into(),
+            number: 1,
+            len: 1,
+        };
+        assert_eq!(code(taken), Code::AlreadyExists);
+        let foreign = gpt::Error::foreign(Path::new("/dev/x"), "sfdisk wrote it");
+        assert_eq!(code(foreign), Code::FailedPrecondition);
+    }
+}

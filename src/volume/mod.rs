@@ -1,0 +1,67 @@
+//! The interface every volume kind implements: what a handler calls once the request is
+//! parsed (`request::node` for node calls), the per-volume guard is taken and the volume
+//! id has picked the backend (`service::Driver::route`). CreateVolume and GetCapacity are
+//! not here: their parameters, not an id, pick the backend. Backends own what they need
+//! (the host port, their state, the GDS gate), never the whole driver.
+
+pub mod block;
+pub mod id;
+pub mod nfs;
+
+use std::path::Path;
+
+use async_trait::async_trait;
+
+use crate::csi;
+use crate::error::Result;
+
+pub use crate::request::node::{Publish, Stage};
+pub use crate::request::Expand;
+
+/// ControllerExpandVolume's answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expanded {
+    pub capacity: u64,
+    pub node_expansion_required: bool,
+}
+
+#[async_trait]
+pub trait VolumeBackend: Send + Sync {
+    /// This backend's parsed volume id.
+    type Id: Send + Sync + std::fmt::Display;
+    /// A node call's volume capability, parsed by this backend's rules.
+    type Capability: Send + Sync;
+
+    async fn delete(&self, id: &Self::Id) -> Result<()>;
+    /// ControllerExpandVolume: grows the volume's storage; idempotent.
+    async fn expand(&self, id: &Self::Id, req: &Expand) -> Result<Expanded>;
+    /// NodeExpandVolume at `path` (checked against the allowed roots): grows the mounted
+    /// filesystem to its device; idempotent. The capacity in bytes.
+    async fn node_expand(&self, id: &Self::Id, path: &Path, req: &Expand) -> Result<u64>;
+    /// ListVolumes entries in volume id order: those whose ids sort after `after`, at most
+    /// `limit` of them (0: all). Only those are built, so a page costs the same however
+    /// many volumes there are.
+    fn list(&self, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)>;
+    /// ValidateVolumeCapabilities: `Ok(None)` confirms, `Ok(Some(why))` does not.
+    async fn validate(
+        &self,
+        id: &Self::Id,
+        caps: &[csi::VolumeCapability],
+    ) -> Result<Option<String>>;
+    async fn stage(&self, id: &Self::Id, req: &Stage<Self::Capability>) -> Result<()>;
+    async fn unstage(&self, id: &Self::Id, staging: &Path) -> Result<()>;
+    async fn publish(&self, id: &Self::Id, req: &Publish<Self::Capability>) -> Result<()>;
+    async fn unpublish(&self, id: &Self::Id, target: &Path) -> Result<()>;
+    /// NodeGetVolumeStats at `path`, with the staging path when the caller gave one; both
+    /// already checked against the allowed roots.
+    async fn stats(
+        &self,
+        id: &Self::Id,
+        path: &Path,
+        staging: Option<&Path>,
+    ) -> Result<csi::NodeGetVolumeStatsResponse>;
+}
+
+/// NodeGetVolumeStats: a healthy-looking volume that the GDS gate published in compat
+/// mode is reported abnormal, with the reason (the gate's marks decide).
+pub use crate::gds::gate::volume_condition as compat_condition;
