@@ -48,6 +48,7 @@ suite "end to end: helm install on a real kubelet node (containerd, runc, kube-p
 # each thing the classes promise (the full run: bash tests/e2e/storage-suite.sh).
 suite "Kubernetes' External Storage e2e suite (CI tier) on the kubelet node" bash tests/e2e/storage-suite.sh ci
 suite "helm chart" bash tests/helm.sh
+suite "Grafana dashboard: every query against Prometheus scraping a driver" bash tests/e2e/dashboard.sh
 # A QEMU VM (software emulation) with real NVMe namespaces and NFS v4.1 over soft-RoCE RDMA:
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.
 suite "VM rig: NVMe + NFS over RDMA (csi-sanity x2, scenarios)" bash tests/vm/run.sh

@@ -141,7 +141,7 @@ def human(v, unit):
     if unit in ("bytes", "Bps"):
         suffix = "/s" if unit == "Bps" else ""
         for u in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if abs(v) < 1024 or u == "TiB":
+            if abs(v) < 1000 or u == "TiB":
                 return f"{v:.3g} {u}{suffix}"
             v /= 1024
     if unit == "s":
@@ -164,7 +164,7 @@ def series_of(prom, panel, start, end, step):
 
 
 def svg_lines(series, w, h, unit, start, end, stacked):
-    pad_l, pad_b, pad_t = 70, 18, 6
+    pad_l, pad_b, pad_t = 84, 18, 6
     pw, ph = w - pad_l - 8, h - pad_b - pad_t
     if stacked:  # cumulative sums at each timestamp, in series order
         acc, stacked_series = {}, []
@@ -186,15 +186,18 @@ def svg_lines(series, w, h, unit, start, end, stacked):
         parts.append(f'<line x1="{pad_l}" x2="{pad_l + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>'
                      f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" class="axis" text-anchor="end">'
                      f"{html.escape(human(v, unit))}</text>")
-    for i in range(4):
-        ts = start + (end - start) * i / 3
-        anchor = ("start", "middle", "middle", "end")[i]
+    ticks = max(2, min(4, w // 150))
+    for i in range(ticks):
+        ts = start + (end - start) * i / (ticks - 1)
+        anchor = "start" if i == 0 else "end" if i == ticks - 1 else "middle"
         parts.append(f'<text x="{x(ts):.1f}" y="{h - 4}" class="axis" text-anchor="{anchor}">'
                      f'{time.strftime("%H:%M:%S", time.gmtime(ts))}</text>')
     for i, (name, pts) in enumerate(series):
         c = COLORS[i % len(COLORS)]
         path = " ".join(f"{x(ts):.1f},{y(v):.1f}" for ts, v in pts)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.5"/>')
+        if len(pts) == 1:  # a lone sample draws no line
+            parts.append(f'<circle cx="{x(pts[0][0]):.1f}" cy="{y(pts[0][1]):.1f}" r="2.5" fill="{c}"/>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -72,11 +72,11 @@ write_stats 1
 BUMP_PID=$!
 
 pool=()
-for dev_size in 64M 64M 256M 256M 128M; do
+for dev_size in 64M 64M 128M 256M 256M 512M; do
   pool+=(--pool-device "$(make_loop "$WORK/dev-$((${#pool[@]} / 2))-$dev_size.img" "$dev_size")")
 done
-# (The 128M one stays free: the whole-device volumes fit the 64M ones, the partitions the
-# label already on a 256M one.)
+# (The two rounds fill all but the 512M one, which stays free: both layouts take the
+# smallest device that fits.)
 # A device holding another system's partition table: the pool counts it unavailable and the
 # partition layout passes it over (reason foreign) each time it picks where to carve.
 foreign=$(make_loop "$WORK/dev-foreign.img" 64M)
@@ -133,6 +133,9 @@ prom_started=$(python3 -c 'import sys,os; print(os.stat(sys.argv[1]).st_mtime)' 
 python3 "$REPO_ROOT/tests/e2e/dashboard.py" check --prometheus "http://$PROM" --dashboard "$DASHBOARD" \
   --deadline 30 || fail "dashboard queries"
 if [ -n "${DASHBOARD_PNG:-}" ]; then
+  # The last calls' rates have a sample or two yet: let five more scrapes land.
+  scrapes='count_over_time(up{job="gds-csi"}[10m])'
+  poll 30 "five more scrapes for the rendering" at_least "$scrapes" $(($(value_of "$scrapes") + 5))
   size=$(python3 "$REPO_ROOT/tests/e2e/dashboard.py" render --prometheus "http://$PROM" --dashboard "$DASHBOARD" \
     --since "$prom_started" --html "$WORK/dashboard.html") || fail "dashboard rendering"
   chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --force-device-scale-factor=1 \
