@@ -10,8 +10,10 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY crates ./crates
 COPY src ./src
-RUN cargo build --release --locked \
- && install -D -m 0755 target/release/gds-csi /out/gds-csi
+# The driver and the opt-in node-loss controller (crates/node-loss, chart value nodeLoss).
+RUN cargo build --release --locked -p gds-csi -p gds-csi-node-loss \
+ && install -D -m 0755 target/release/gds-csi /out/gds-csi \
+ && install -D -m 0755 target/release/gds-csi-node-loss /out/gds-csi-node-loss
 
 # Stage 2: NVIDIA's packaged cuFile (the nvidia-cufile wheel from PyPI): libcufile.so.0 and
 # libcufile_rdma.so.1, unmodified, with the wheel's License.txt. The GDS gate's cuFile probe
@@ -43,6 +45,7 @@ RUN apt-get update \
       libibverbs1 librdmacm1 ibverbs-providers \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/gds-csi /usr/local/bin/gds-csi
+COPY --from=build /out/gds-csi-node-loss /usr/local/bin/gds-csi-node-loss
 COPY --from=cufile /out/lib/ /usr/local/lib/gds-csi/
 COPY --from=cufile /out/doc/ /usr/share/doc/gds-csi/
 # libcufile.so.0 on the loader's path for the probe (it dlopens libcuda.so.1, which the
