@@ -830,6 +830,91 @@ else
   fail "the e2e image and the Dockerfile's runtime stage differ" "Dockerfile: $docker_pkgs"$'\n'"e2e:        $e2e_pkgs"
 fi
 
+# --- node-loss controller (opt-in) ------------------------------------------------------------
+# Off: nothing of it renders. On: its Deployment (one replica, Recreate, unprivileged), its
+# ServiceAccount, and a ClusterRole granting exactly what it calls; the rest of the chart is
+# the same as with it off.
+if python3 -c 'import yaml' 2>/dev/null; then
+  if render --set nodeLoss.enabled=true --set nodeLoss.action=recreate --set 'nodeLoss.storageClasses={nvme-gds}' \
+      >"$tmp/nodeloss.yaml" 2>"$tmp/err" &&
+    render --set nodeLoss.enabled=true --set serviceAccount.create=false --set serviceAccount.name.nodeLoss=existing-nl \
+      >"$tmp/nodeloss-sa.yaml" 2>>"$tmp/err"; then
+    if out=$(python3 - "$tmp/default.yaml" "$tmp/nodeloss.yaml" "$tmp/nodeloss-sa.yaml" "$DRIVER" 2>&1 <<'PY'
+import sys, yaml
+default, on, sa = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:4])
+driver = sys.argv[4]
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def ours(d): return d["metadata"]["name"].endswith("node-loss") or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "node-loss"
+check(not [d for d in default if ours(d)], "nodeLoss off by default: nothing of it renders")
+check(sorted((d["kind"], d["metadata"]["name"]) for d in on if ours(d)) ==
+      [("ClusterRole", "gds-csi-node-loss"), ("ClusterRoleBinding", "gds-csi-node-loss"),
+       ("Deployment", "gds-csi-node-loss"), ("ServiceAccount", "gds-csi-node-loss")],
+      f"nodeLoss on: {[(d['kind'], d['metadata']['name']) for d in on if ours(d)]}")
+check([d for d in on if not ours(d)] == default, "nodeLoss on changes nothing else in the chart")
+dep = next((d for d in on if d["kind"] == "Deployment"), {})
+spec = dep.get("spec", {})
+pod = spec.get("template", {}).get("spec", {})
+check(spec.get("replicas") == 1 and spec.get("strategy") == {"type": "Recreate"},
+      "node-loss: one replica, replaced with Recreate (never two at once)")
+check(pod.get("serviceAccountName") == "gds-csi-node-loss", "node-loss: its own ServiceAccount")
+check(pod.get("securityContext", {}).get("runAsNonRoot") is True
+      and pod.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"},
+      "node-loss pod: runAsNonRoot, seccomp RuntimeDefault")
+cs = pod.get("containers", [])
+check(len(cs) == 1, "node-loss: one container")
+c = cs[0] if cs else {}
+driver_image = next(x for d in default if d["kind"] == "DaemonSet" for x in d["spec"]["template"]["spec"]["containers"] if x["name"] == "gds-csi")["image"]
+check(c.get("image") == driver_image and c.get("command") == ["/usr/local/bin/gds-csi-node-loss"],
+      f"node-loss runs the driver's image's gds-csi-node-loss: {c.get('image')} {c.get('command')}")
+for a in (f"--driver-name={driver}", "--action=recreate", "--grace-period=30m", "--interval=30s",
+          "--api-timeout=30s", "--metrics-address=0.0.0.0:9823", "--storage-class=nvme-gds"):
+    check(a in c.get("args", []), f"node-loss arg {a} missing: {c.get('args')}")
+ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+check(ports == {"metrics": 9823}, f"node-loss: /metrics on a port named metrics (the metrics Service takes it in): {ports}")
+probe = c.get("livenessProbe", {}).get("httpGet", {})
+check(probe == {"path": "/healthz", "port": "metrics"}, f"node-loss liveness probe: {probe}")
+sc = c.get("securityContext", {})
+check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False and sc.get("readOnlyRootFilesystem") is True
+      and sc.get("capabilities") == {"drop": ["ALL"]}, f"node-loss container unprivileged: {sc}")
+check("requests" in c.get("resources", {}) and "limits" in c.get("resources", {}), "node-loss: requests and limits")
+cr = next((d for d in on if d["kind"] == "ClusterRole" and ours(d)), {})
+rules = {}
+for r in cr.get("rules", []):
+    for res in r["resources"]:
+        rules.setdefault((tuple(r["apiGroups"]), res), set()).update(r["verbs"])
+want = {((""), "nodes"): {"get", "list", "watch"},
+        ((""), "persistentvolumes"): {"get", "list", "watch", "delete", "patch"},
+        ((""), "persistentvolumeclaims"): {"get", "list", "watch", "create", "delete", "patch"},
+        ((""), "pods"): {"get", "list", "watch"},
+        ((""), "events"): {"create", "patch"}}
+check({(g[0], r): v for (g, r), v in rules.items()} == want, f"node-loss ClusterRole grants exactly what it calls: {rules}")
+crb = next((d for d in on if d["kind"] == "ClusterRoleBinding" and ours(d)), {})
+check(crb.get("subjects") == [{"kind": "ServiceAccount", "name": "gds-csi-node-loss", "namespace": "gds-csi"}]
+      and crb.get("roleRef", {}).get("name") == "gds-csi-node-loss", f"node-loss binding: {crb.get('subjects')}")
+check(not [d for d in sa if d["kind"] == "ServiceAccount"], "serviceAccount.create=false: no node-loss ServiceAccount")
+sdep = next((d for d in sa if d["kind"] == "Deployment"), {})
+check(sdep.get("spec", {}).get("template", {}).get("spec", {}).get("serviceAccountName") == "existing-nl",
+      "serviceAccount.name.nodeLoss is used")
+check(any(s["name"] == "existing-nl" for d in sa if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]),
+      "the node-loss ClusterRole is bound to serviceAccount.name.nodeLoss")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+      pass "nodeLoss: off by default; on, a Deployment (1 replica, Recreate, unprivileged) with exactly its RBAC, nothing else changed"
+    else
+      fail "nodeLoss Deployment and RBAC" "$out"
+    fi
+  else
+    fail "helm template (nodeLoss enabled)" "$(cat "$tmp/err")"
+  fi
+fi
+expect_render_error "schema: nodeLoss.action other than report/recreate is refused" \
+  "'/nodeLoss/action': value must be one of 'report', 'recreate'" --set nodeLoss.action=delete
+expect_render_error "schema: nodeLoss.gracePeriod must be a duration" "'/nodeLoss/gracePeriod'" --set nodeLoss.gracePeriod=30
+
 # --- GDS workload examples are least-privilege --------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then
   if out=$(python3 - deploy/examples/gds-workload-pod.yaml deploy/examples/gds-read-job.yaml 2>&1 <<'PY'
