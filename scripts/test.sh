@@ -43,6 +43,7 @@ suite "mutants in the changed data-safety lines" bash scripts/mutants.sh diff
 suite "hostile input, socket mode, secrets in logs" cargo test --quiet --test security -- --nocapture
 suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
+suite "node-loss controller on a real API server (report, recreate, restart mid-grace, controls)" bash tests/e2e/node-loss.sh
 suite "end to end: helm install on a real kubelet node (containerd, runc, kube-proxy)" bash tests/e2e/kubelet.sh
 # Kubernetes' own External Storage suite against the chart on the kubelet node: one test of
 # each thing the classes promise (the full run: bash tests/e2e/storage-suite.sh).
