@@ -139,7 +139,7 @@ start_controller() { # ACTION GRACE
   CTRL_PID=$!
   wait_for 20 curl -sf "http://$METRICS/healthz"
 }
-stop_controller() { kill "$CTRL_PID"; wait "$CTRL_PID" 2>/dev/null || true; CTRL_PID=; }
+stop_controller() { kill "$CTRL_PID" 2>/dev/null || true; wait "$CTRL_PID" 2>/dev/null || true; CTRL_PID=; }
 metric() { curl -sf "http://$METRICS/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 passes() { metric 'gds_csi_node_loss_passes_total{outcome="ok"}'; }
 recreated_metric() { metric "gds_csi_node_loss_recreated_claims_total{node=\"$1\"}"; }
@@ -162,8 +162,8 @@ controls_unchanged() { unchanged data-a && unchanged nfs-b && unchanged other-b;
 
 # --- report --------------------------------------------------------------------------------
 : >"$LOG"
-start_controller report 6s
-check "controller serves /healthz and /metrics with the chart's RBAC" wait_for 10 at_least 1 passes
+check "controller (action report) serves /healthz" start_controller report 6s
+check "controller lists Nodes and PVs with the chart's RBAC (a pass done, on /metrics)" wait_for 10 at_least 1 passes
 mark=$(log_lines)
 "$KUBECTL" delete node node-b node-d >/dev/null
 t_gone=$SECONDS
@@ -172,7 +172,7 @@ node node-d
 check "report: Event NodeLost on data-b" wait_for 30 at_least 1 events_for data-b NodeLost
 check "report: gds_csi_node_loss_claims{node=node-b,action=report} is 1 on /metrics" \
   test "$(metric 'gds_csi_node_loss_claims{node="node-b",action="report"}')" = 1
-after_pass_past $((t_gone + 6 + 1))
+after_pass_past $((t_gone + 6 + 1)) || echo "no pass after the grace period (see the checks below)"
 check "node-d, back within the grace period: nothing changed past the original grace (no event, claim and PV as they were)" \
   eval 'unchanged data-d && [ "$(events_for data-d NodeLost)" = 0 ]'
 check "node-d's return is logged" since_log "$mark" "back before its grace period ended.* node=node-d "
@@ -194,7 +194,7 @@ spec:
   volumes: [{name: d, persistentVolumeClaim: {claimName: data-b}}]
 YAML
 mark=$(log_lines)
-start_controller recreate 10s
+check "controller (action recreate) serves /healthz" start_controller recreate 10s
 "$KUBECTL" delete node node-c >/dev/null
 check "the deletion of node-c is noticed" wait_for 10 absent_logged "$mark" node-c
 t_c=$SECONDS
@@ -202,8 +202,8 @@ t_c=$SECONDS
 # acts at t_c + 15, not at t_c + 10.
 wait_for 10 elapsed $((t_c + 5))
 stop_controller
-start_controller recreate 10s
-after_pass_past $((t_c + 10 + 1))
+check "controller restarted" start_controller recreate 10s
+after_pass_past $((t_c + 10 + 1)) || echo "no pass after the grace period (see the checks below)"
 check "restarted mid-grace: nothing done when the first process's grace has passed (data-b, data-c unchanged)" \
   eval 'unchanged data-c && unchanged data-b'
 deleting() { [ -n "$("$KUBECTL" get pvc "$1" -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null)" ]; }
