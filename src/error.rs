@@ -29,6 +29,48 @@ pub enum CommandError {
 /// FailedPrecondition: the call can succeed once the named thing is fixed.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
+    /// The device's identity could not be read to compare it with the record.
+    #[error(
+        "the device of volume {volume} ({}) cannot be checked: {why}; recorded at allocation: \
+         {recorded}; reattach it and retry",
+        path.display()
+    )]
+    IdentityUnreadable {
+        volume: String,
+        path: PathBuf,
+        why: String,
+        recorded: String,
+    },
+    /// The device at the volume's path is another one than was allocated.
+    #[error(
+        "{} is not the device allocated to volume {volume}: recorded {recorded}, now {now}; it \
+         will not be formatted, wiped or mounted: point {} back at the allocated device (or \
+         reattach it) and retry",
+        path.display(),
+        path.display()
+    )]
+    NotItsDevice {
+        volume: String,
+        path: PathBuf,
+        recorded: String,
+        now: String,
+    },
+    #[error("volume {volume} is still in use: {uses}; unpublish and unstage it first")]
+    StillInUse { volume: String, uses: String },
+    /// The erase found what someone wrote while the volume was being deleted.
+    #[error(
+        "{} now carries {signatures}, written while volume {name} was being deleted; it is \
+         left as it is",
+        path.display()
+    )]
+    WrittenWhileDeleting {
+        path: PathBuf,
+        signatures: String,
+        name: String,
+    },
+    /// A device a whole-device volume holds cannot be carved into partitions.
+    #[error("whole-device volume {volume} holds it")]
+    HeldWhole { volume: String },
     #[error("volume {volume} {why}; unpublish and unstage it there first")]
     DeviceInUse { volume: String, why: String },
     #[error("volume {volume} holds an {holds} filesystem; fs_type {asked} was requested")]
@@ -99,6 +141,106 @@ pub enum VolumeError {
     TaskFailed { what: String, why: String },
 }
 
+/// A clone that cannot be made or filled as asked, by cause (its source, its state, its
+/// kind). `volume` is the clone, `origin` its source volume; `field` names the request
+/// field where the request is at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum CloneError {
+    #[error("{field}: source volume {origin} does not exist")]
+    SourceMissing { field: &'static str, origin: String },
+    #[error("clone source {origin} is no block volume")]
+    NotABlockSource { origin: String },
+    #[error(
+        "{field}: the source lives on node {node}; its clone can be made only there, not on {this}"
+    )]
+    SourceOnOtherNode {
+        field: &'static str,
+        node: String,
+        this: String,
+    },
+    #[error("{field}: source volume {origin} is being deleted")]
+    SourceDeleting { field: &'static str, origin: String },
+    #[error("{field}: source volume {origin} is a clone not filled yet; stage it once first")]
+    SourceNotFilled { field: &'static str, origin: String },
+    #[error(
+        "capacity_range: the source volume {origin} is {bytes} bytes, more than the clone's \
+         limit of {limit} bytes; ask for at least {bytes} bytes"
+    )]
+    LimitBelowSource {
+        origin: String,
+        bytes: u64,
+        limit: u64,
+    },
+    /// A raw block source in use has no filesystem to freeze for a consistent copy.
+    #[error(
+        "{field}: source volume {origin} is in use ({at}) with raw block access; a clone is \
+         the source as it is at CreateVolume, and a raw block volume in use has no filesystem \
+         to freeze for a consistent copy: stop what uses it (its pods) and retry, or clone \
+         from a filesystem volume"
+    )]
+    RawSourceInUse {
+        field: &'static str,
+        origin: String,
+        at: String,
+    },
+    /// A stripe clone's array runs only while it is staged: it is filled at its first
+    /// NodeStage, from a source nothing uses then.
+    #[error(
+        "volume_content_source.volume.volume_id: source volume {origin} is in use (mounted at \
+         {}); a stripe clone is copied only from a source nothing has staged: stop what uses \
+         it (its pods) and retry",
+        at.display()
+    )]
+    StripeSourceInUse { origin: String, at: PathBuf },
+    #[error(
+        "volume {origin} is the source of clone(s) not filled yet: {clones}; a clone copies \
+         its source at its first NodeStage: stage each once (start its pod), or delete it, \
+         then retry"
+    )]
+    UnfilledClones { origin: String, clones: String },
+    #[error("volume {volume}: its clone copy is still running; retry when it has ended")]
+    CopyRunning { volume: String },
+    #[error(
+        "volume {volume} is a clone of {label}, which is on NFS, and {}: run this node's plugin \
+         with the NFS backend to fill it; nothing was formatted or mounted",
+        VolumeError::NfsDisabled
+    )]
+    NfsSourceDisabled { volume: String, label: String },
+    #[error(
+        "volume {volume} is a raw block clone of {label}, an NFS directory, which has no device \
+         to copy; delete it"
+    )]
+    RawCloneOfNfs { volume: String, label: String },
+    #[error(
+        "the source volume {origin} is {bytes} bytes now, more than its clone {volume} of \
+         {volume_bytes} bytes (was it expanded since the clone was made?); the clone cannot \
+         hold it: delete the clone and clone again"
+    )]
+    SourceGrew {
+        origin: String,
+        bytes: u64,
+        volume: String,
+        volume_bytes: u64,
+    },
+    #[error("{} is no longer the source volume's mount; retry", at.display())]
+    SourceMountGone { at: PathBuf },
+    /// The copy's blocking task ended without an answer (panicked or cancelled).
+    #[error("the copy stopped: {0}; retry")]
+    CopyStopped(String),
+}
+
+impl CloneError {
+    fn code(&self) -> Code {
+        match self {
+            CloneError::SourceMissing { .. } | CloneError::NotABlockSource { .. } => Code::NotFound,
+            CloneError::SourceOnOtherNode { .. } => Code::ResourceExhausted,
+            CloneError::LimitBelowSource { .. } => Code::OutOfRange,
+            CloneError::CopyStopped(_) => Code::Aborted,
+            _ => Code::FailedPrecondition,
+        }
+    }
+}
+
 /// A clone's copy that cannot go on, by cause: the clone metric's `cause` label is chosen
 /// from the variant (`metrics::clone::Cause`), never from the message.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +282,50 @@ impl CopyError {
         match self {
             CopyError::SourceTimeout { .. } => Code::Unavailable,
             CopyError::Differs { .. } | CopyError::InUse { .. } => Code::FailedPrecondition,
+        }
+    }
+}
+
+/// CreateVolume's allocation that cannot be made, by cause.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocationError {
+    #[error(
+        "volume {name:?} exists with capacity {bytes} bytes, outside the requested range; use \
+         another name or the same capacity_range"
+    )]
+    NameTakenOtherSize { name: String, bytes: u64 },
+    #[error("volume {name:?} exists with other parameters or fsType; use another name")]
+    NameTakenOtherParameters { name: String },
+    /// No device of the pool could ever hold the range.
+    #[error(
+        "capacity_range: no device in node {node}'s pool has {range} (volumes are whole \
+         devices; device sizes: [{sizes}])"
+    )]
+    NoDeviceFits {
+        node: String,
+        range: String,
+        sizes: String,
+    },
+    /// Devices fit, but none is free and clean now.
+    #[error(
+        "no free clean device with {range} on node {node}; free one by deleting a volume or \
+         add devices{}",
+        if refused.is_empty() { String::new() } else { format!("; not allocatable: {}", refused.join("; ")) }
+    )]
+    NoneFree {
+        node: String,
+        range: String,
+        refused: Vec<String>,
+    },
+}
+
+impl AllocationError {
+    fn code(&self) -> Code {
+        match self {
+            AllocationError::NameTakenOtherSize { .. }
+            | AllocationError::NameTakenOtherParameters { .. } => Code::AlreadyExists,
+            AllocationError::NoDeviceFits { .. } => Code::OutOfRange,
+            AllocationError::NoneFree { .. } => Code::ResourceExhausted,
         }
     }
 }
@@ -252,6 +438,10 @@ pub enum Error {
     Volume(#[from] VolumeError),
     #[error(transparent)]
     Copy(#[from] CopyError),
+    #[error(transparent)]
+    Clone(#[from] CloneError),
+    #[error(transparent)]
+    Allocation(#[from] AllocationError),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] crate::os::error::HostError),
@@ -293,6 +483,8 @@ fn code(err: &Error) -> Code {
         Error::Mount(e) => e.code(),
         Error::Volume(_) => Code::FailedPrecondition,
         Error::Copy(e) => e.code(),
+        Error::Clone(e) => e.code(),
+        Error::Allocation(e) => e.code(),
         Error::Shared(inner) => code(inner),
     }
 }

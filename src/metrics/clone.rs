@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::error::{CopyError, Error};
+use crate::error::{CloneError, CopyError, Error};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VolumeLabels {
@@ -71,7 +71,9 @@ impl Cause {
         match e {
             Error::Copy(CopyError::SourceTimeout { .. }) => Cause::SourceTimeout,
             Error::Copy(CopyError::Differs { .. }) => Cause::Verify,
-            Error::Copy(CopyError::InUse { .. }) => Cause::InUse,
+            Error::Copy(CopyError::InUse { .. })
+            | Error::Clone(CloneError::RawSourceInUse { .. })
+            | Error::Clone(CloneError::StripeSourceInUse { .. }) => Cause::InUse,
             Error::Mount(_) => Cause::Mount,
             Error::Io { .. } | Error::Volume(_) => Cause::Copy,
             Error::Shared(inner) => Cause::of(inner),

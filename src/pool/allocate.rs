@@ -4,7 +4,7 @@
 use tracing::{info, warn};
 
 use super::{describe_signatures, inventory, AllocationRequest, Pool, PoolDevice, VolumeRecord};
-use crate::error::{Error, Result};
+use crate::error::{AllocationError, Error, Result};
 use crate::faults::{self, KillPoint};
 use crate::os::{Host, MountEntry};
 use crate::volume::id::BlockVolumeId;
@@ -156,17 +156,17 @@ impl Pool {
             return Ok(None);
         };
         if !req.fits(rec.capacity_bytes) {
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} exists with capacity {} bytes, outside the requested range; \
-                 use another name or the same capacity_range",
-                req.name, rec.capacity_bytes
-            )));
+            return Err(AllocationError::NameTakenOtherSize {
+                name: req.name.clone(),
+                bytes: rec.capacity_bytes,
+            }
+            .into());
         }
         if rec.fs_type != req.fs_type || rec.parameters != req.parameters {
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} exists with other parameters or fsType; use another name",
-                req.name
-            )));
+            return Err(AllocationError::NameTakenOtherParameters {
+                name: req.name.clone(),
+            }
+            .into());
         }
         let parsed = BlockVolumeId::parse(id).ok_or_else(|| Error::State {
             path: self.config.state_dir.clone(),
@@ -188,17 +188,13 @@ impl Pool {
                 .iter()
                 .map(|d| d.size_bytes.to_string())
                 .collect();
-            return Error::OutOfRange(format!(
-                "capacity_range: no device in node {}'s pool has {range} (volumes are whole \
-                 devices; device sizes: [{}])",
-                self.config.node_id,
-                sizes.join(", ")
-            ));
+            return AllocationError::NoDeviceFits {
+                node: self.config.node_id.clone(),
+                range,
+                sizes: sizes.join(", "),
+            }
+            .into();
         }
-        let mut msg = format!(
-            "no free clean device with {range} on node {}; free one by deleting a volume or add devices",
-            self.config.node_id
-        );
         let mut refused = refused.to_vec();
         for dev in self.devices() {
             if let Some(why) = self.foreign_reason(&dev.id) {
@@ -208,9 +204,11 @@ impl Pool {
                 }
             }
         }
-        if !refused.is_empty() {
-            msg.push_str(&format!("; not allocatable: {}", refused.join("; ")));
+        AllocationError::NoneFree {
+            node: self.config.node_id.clone(),
+            range,
+            refused,
         }
-        Error::ResourceExhausted(msg)
+        .into()
     }
 }

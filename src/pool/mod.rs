@@ -15,7 +15,7 @@ use tracing::{info, warn};
 pub use inventory::{Excluded, Observed, PoolDevice};
 pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::jobs::Jobs;
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
@@ -168,11 +168,13 @@ impl Pool {
         let now = match inventory::observe(&self.config.host_sys, dev) {
             Ok(now) => now,
             Err(why) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "the device of volume {volume_id} ({}) cannot be checked: {why}; \
-                     recorded at allocation: {recorded}; reattach it and retry",
-                    dev.path.display()
-                )))
+                return Err(VolumeError::IdentityUnreadable {
+                    volume: volume_id.to_owned(),
+                    path: dev.path.clone(),
+                    why: why.to_string(),
+                    recorded,
+                }
+                .into())
             }
         };
         let same_device = now.size_bytes == record.capacity_bytes
@@ -194,13 +196,13 @@ impl Pool {
             .into());
         }
         warn!(volume_id, device = %dev.path.display(), %recorded, now = %now, "device is not the one allocated");
-        Err(Error::FailedPrecondition(format!(
-            "{} is not the device allocated to volume {volume_id}: recorded {recorded}, now {now}; \
-             it will not be formatted, wiped or mounted: point {} back at the allocated device \
-             (or reattach it) and retry",
-            dev.path.display(),
-            dev.path.display()
-        )))
+        Err(VolumeError::NotItsDevice {
+            volume: volume_id.to_owned(),
+            path: dev.path.clone(),
+            recorded,
+            now: now.to_string(),
+        }
+        .into())
     }
 
     pub fn devices(&self) -> Vec<PoolDevice> {
@@ -257,9 +259,7 @@ impl Pool {
                 .iter()
                 .find(|(v, r)| r.device_id == id && whole(v))
             {
-                return Err(Error::FailedPrecondition(format!(
-                    "whole-device volume {v} holds it"
-                )));
+                return Err(VolumeError::HeldWhole { volume: v.clone() }.into());
             }
             let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
             Ok(foreign.insert(id.to_owned(), why))
@@ -313,10 +313,11 @@ impl Pool {
             let uses = self.uses(dev, mounts);
             if !uses.is_empty() {
                 let list: Vec<String> = uses.iter().map(ToString::to_string).collect();
-                return Err(Error::FailedPrecondition(format!(
-                    "volume {volume_id} is still in use: {}; unpublish and unstage it first",
-                    list.join(", ")
-                )));
+                return Err(VolumeError::StillInUse {
+                    volume: volume_id.to_owned(),
+                    uses: list.join(", "),
+                }
+                .into());
             }
             self.verify_identity(volume_id, dev, &record)?;
         }
@@ -382,12 +383,12 @@ async fn erase_job(host: Arc<dyn Host>, device: PathBuf, record: VolumeRecord) -
     let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
     let sigs = host.probe_signatures(&device).await?;
     if !erasable(&record.fs_uuid, &sigs) {
-        return Err(Error::FailedPrecondition(format!(
-            "{} now carries {}, written while volume {} was being deleted; it is left as it is",
-            device.display(),
-            describe_signatures(&sigs),
-            record.name
-        )));
+        return Err(VolumeError::WrittenWhileDeleting {
+            path: device,
+            signatures: describe_signatures(&sigs),
+            name: record.name,
+        }
+        .into());
     }
     if !sigs.is_empty() {
         // Signatures first: an erase cut short leaves no half-zeroed filesystem that

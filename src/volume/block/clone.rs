@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::copy::{copy_tree, CopyRequest, Progress, Saved, Verify};
-use crate::error::{CopyError, Error, Result};
+use crate::error::{CloneError, CopyError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
@@ -82,16 +82,21 @@ pub fn check_source(
     access: Access,
 ) -> Result<u64> {
     let field = "volume_content_source.volume.volume_id";
-    let not_found = || Error::NotFound(format!("{field}: source volume {source} does not exist"));
+    let not_found = || CloneError::SourceMissing {
+        field,
+        origin: source.to_owned(),
+    };
     let id = match request::volume_ref(source) {
         Ok(VolumeRef::Block(id)) => id,
-        _ => return Err(not_found()),
+        _ => return Err(not_found().into()),
     };
     if id.node_id != b.node.node_id {
-        return Err(Error::ResourceExhausted(format!(
-            "{field}: the source lives on node {}; its clone can be made only there, not on {}",
-            id.node_id, b.node.node_id
-        )));
+        return Err(CloneError::SourceOnOtherNode {
+            field,
+            node: id.node_id,
+            this: b.node.node_id.clone(),
+        }
+        .into());
     }
     let rec = b
         .pool
@@ -102,20 +107,26 @@ pub fn check_source(
         .cloned()
         .ok_or_else(not_found)?;
     if rec.deleting {
-        return Err(Error::FailedPrecondition(format!(
-            "{field}: source volume {source} is being deleted"
-        )));
+        return Err(CloneError::SourceDeleting {
+            field,
+            origin: source.to_owned(),
+        }
+        .into());
     }
     if clone_source::of_record(&rec)?.is_some() && !done(b, source)? {
-        return Err(Error::FailedPrecondition(format!(
-            "{field}: source volume {source} is a clone not filled yet; stage it once first"
-        )));
+        return Err(CloneError::SourceNotFilled {
+            field,
+            origin: source.to_owned(),
+        }
+        .into());
     }
     if limit != 0 && limit < rec.capacity_bytes {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: the source volume {source} is {} bytes, more than the clone's limit of {limit} bytes; ask for at least {} bytes",
-            rec.capacity_bytes, rec.capacity_bytes
-        )));
+        return Err(CloneError::LimitBelowSource {
+            origin: source.to_owned(),
+            bytes: rec.capacity_bytes,
+            limit,
+        }
+        .into());
     }
     if new {
         same_access(source, &rec, access)?;
@@ -124,13 +135,14 @@ pub fn check_source(
     // (`fill_from_mounted_source`); a raw one has no filesystem to freeze.
     if let Some(at) = in_use(b, &id).filter(|_| new && (access == Access::Block || !rec.formatted))
     {
-        crate::metrics::clone::failed_because(Cause::InUse);
-        return Err(Error::FailedPrecondition(format!(
-            "{field}: source volume {source} is in use ({at}) with raw block access; a clone \
-             is the source as it is at CreateVolume, and a raw block volume in use has no \
-             filesystem to freeze for a consistent copy: stop what uses it (its pods) and \
-             retry, or clone from a filesystem volume"
-        )));
+        let e = CloneError::RawSourceInUse {
+            field,
+            origin: source.to_owned(),
+            at,
+        }
+        .into();
+        crate::metrics::clone::failed(&e);
+        return Err(e);
     }
     Ok(rec.capacity_bytes)
 }
@@ -196,12 +208,11 @@ pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
     if clones.is_empty() {
         return Ok(());
     }
-    Err(Error::FailedPrecondition(format!(
-        "volume {source} is the source of clone(s) not filled yet: {}; a clone copies its \
-         source at its first NodeStage: stage each once (start its pod), or delete it, then \
-         retry",
-        clones.join(", ")
-    )))
+    Err(CloneError::UnfilledClones {
+        origin: source.to_owned(),
+        clones: clones.join(", "),
+    }
+    .into())
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
@@ -269,9 +280,10 @@ pub async fn unmount_leftovers(b: &BlockBackend, id: &str) -> Result<()> {
         .await
         .is_err()
     {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {id}: its clone copy is still running; retry when it has ended"
-        )));
+        return Err(CloneError::CopyRunning {
+            volume: id.to_owned(),
+        }
+        .into());
     }
     let dir = copy_dir(b, id);
     if !dir.exists() {
@@ -352,12 +364,11 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     if id.layout == crate::volume::id::IdLayout::Stripe {
         // A stripe clone's md array runs only while it is staged: it is filled at its
         // first NodeStage, from a source nothing uses then.
-        return Err(Error::FailedPrecondition(format!(
-            "volume_content_source.volume.volume_id: source volume {src_raw} is in use \
-             (mounted at {}); a stripe clone is copied only from a source nothing has staged: \
-             stop what uses it (its pods) and retry",
-            at.display()
-        )));
+        return Err(CloneError::StripeSourceInUse {
+            origin: src_raw.clone(),
+            at,
+        }
+        .into());
     }
     let mut vol = b.locate(id)?;
     let key = format!("clone:{raw}");
@@ -417,10 +428,7 @@ async fn fill_frozen(
         let (src, dst) = (open(&at)?, open(dst_at.path())?);
         let st = nix::sys::stat::fstat(&src).map_err(|e| Error::io("stat", &at, e.into()))?;
         if (libc::major(st.st_dev), libc::minor(st.st_dev)) != dev {
-            return Err(Error::FailedPrecondition(format!(
-                "{} is no longer the source volume's mount; retry",
-                at.display()
-            )));
+            return Err(CloneError::SourceMountGone { at: at.clone() }.into());
         }
         (req.source, req.target) = (at.clone(), dst_at.path().to_owned());
         let p = Arc::clone(&progress);
@@ -442,7 +450,7 @@ async fn fill_frozen(
             copied
         })
         .await
-        .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+        .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
         .and_then(|r| r)
     }
     .await;
@@ -514,11 +522,11 @@ pub async fn pending(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resul
         return Ok(None);
     }
     if let (Source::Nfs { label, .. }, false) = (&source, b.nfs_sources) {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {raw} is a clone of {label}, which is on NFS, and {}: run this node's \
-             plugin with the NFS backend to fill it; nothing was formatted or mounted",
-            crate::error::VolumeError::NfsDisabled
-        )));
+        return Err(CloneError::NfsSourceDisabled {
+            volume: raw,
+            label: label.clone(),
+        }
+        .into());
     }
     if !raw_clone && cap.access == Access::Block {
         return Err(Error::invalid(
@@ -594,18 +602,19 @@ fn raw_fill(
         Source::Block(raw) => match request::volume_ref(raw)? {
             VolumeRef::Block(id) => id,
             _ => {
-                return Err(Error::NotFound(format!(
-                    "clone source {raw} is no block volume"
-                )))
+                return Err(CloneError::NotABlockSource {
+                    origin: raw.to_string(),
+                }
+                .into())
             }
         },
         // CreateVolume refuses it: a raw copy needs a device.
         Source::Nfs { label, .. } => {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {} is a raw block clone of {label}, an NFS directory, which has no \
-                 device to copy; delete it",
-                vol.id
-            )))
+            return Err(CloneError::RawCloneOfNfs {
+                volume: vol.id.to_string(),
+                label: label.clone(),
+            }
+            .into())
         }
     };
     let mut src = b.locate(&src_id)?;
@@ -614,12 +623,13 @@ fn raw_fill(
         refuse_in_use(b, v, None, &mounts, what).inspect_err(crate::metrics::clone::failed)?;
     }
     if src.record.capacity_bytes > vol.record.capacity_bytes {
-        return Err(Error::FailedPrecondition(format!(
-            "the source volume {} is {} bytes now, more than its clone {} of {} bytes (was \
-             it expanded since the clone was made?); the clone cannot hold it: delete the \
-             clone and clone again",
-            src.id, src.record.capacity_bytes, vol.id, vol.record.capacity_bytes
-        )));
+        return Err(CloneError::SourceGrew {
+            origin: src.id.to_string(),
+            bytes: src.record.capacity_bytes,
+            volume: vol.id.to_string(),
+            volume_bytes: vol.record.capacity_bytes,
+        }
+        .into());
     }
     b.verify_located(&mut src)?;
     b.verify_located(vol)?;
@@ -649,7 +659,7 @@ fn raw_fill(
         let p = Arc::clone(&progress);
         let outcome = tokio::task::spawn_blocking(move || crate::copy::raw::copy_device(&req, &p))
             .await
-            .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+            .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
             .and_then(|r| r);
         match &outcome {
             Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
@@ -691,9 +701,10 @@ fn block_source(
     let src_id = match request::volume_ref(source)? {
         VolumeRef::Block(id) => id,
         _ => {
-            return Err(Error::NotFound(format!(
-                "clone source {source} is no block volume"
-            )))
+            return Err(CloneError::NotABlockSource {
+                origin: source.to_string(),
+            }
+            .into())
         }
     };
     let mut src = b.locate(&src_id)?;
@@ -819,7 +830,7 @@ async fn fill(
         let p = Arc::clone(&progress);
         let copied = tokio::task::spawn_blocking(move || copy_tree(&req, &p))
             .await
-            .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+            .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
             .and_then(|r| r)
             .map_err(|e| from.explain(e, &progress));
         let unmounted = unmount_retrying(host.as_ref(), &dst_at).await;
