@@ -529,6 +529,67 @@ mod tests {
     }
 
     #[test]
+    fn clone_and_allocation_errors_are_mapped_here_by_cause() {
+        let field = "volume_content_source.volume.volume_id";
+        let origin = || "blk:a".to_owned();
+        assert_eq!(
+            code_of(CloneError::SourceMissing {
+                field,
+                origin: origin()
+            }),
+            Code::NotFound
+        );
+        assert_eq!(
+            code_of(CloneError::SourceOnOtherNode {
+                field,
+                node: "n1".into(),
+                this: "n2".into()
+            }),
+            Code::ResourceExhausted
+        );
+        let limit = CloneError::LimitBelowSource {
+            origin: origin(),
+            bytes: 2,
+            limit: 1,
+        };
+        assert!(limit.to_string().starts_with("capacity_range: "), "{limit}");
+        assert_eq!(code_of(limit), Code::OutOfRange);
+        assert_eq!(
+            code_of(CloneError::CopyStopped("panicked".into())),
+            Code::Aborted
+        );
+        assert_eq!(
+            code_of(CloneError::UnfilledClones {
+                origin: origin(),
+                clones: "blk:b".into()
+            }),
+            Code::FailedPrecondition
+        );
+        assert_eq!(
+            code_of(AllocationError::NameTakenOtherParameters { name: "v".into() }),
+            Code::AlreadyExists
+        );
+        let none = AllocationError::NoDeviceFits {
+            node: "n".into(),
+            range: "at least 1 bytes".into(),
+            sizes: "0".into(),
+        };
+        assert!(none.to_string().starts_with("capacity_range: "), "{none}");
+        assert_eq!(code_of(none), Code::OutOfRange);
+        let busy = AllocationError::NoneFree {
+            node: "n".into(),
+            range: "at least 1 bytes".into(),
+            refused: vec!["/dev/x carries dos".into()],
+        };
+        assert!(
+            busy.to_string()
+                .ends_with("; not allocatable: /dev/x carries dos"),
+            "{busy}"
+        );
+        assert_eq!(code_of(busy), Code::ResourceExhausted);
+    }
+
+    #[test]
     fn host_and_mount_errors_are_mapped_here_by_cause() {
         let device = Path::new("/dev/x").to_owned();
         assert_eq!(
