@@ -193,6 +193,17 @@ async fn exposition_is_valid_and_csi_calls_are_counted() {
     assert!(after.contains("# TYPE gds_csi_pool_bytes gauge"), "{after}");
     assert_eq!(sample(&after, "gds_csi_ready"), 1.0);
     assert_eq!(sample(&after, "gds_csi_nvfs_stats_up"), 0.0);
+    // Each layout's capacity (nothing in an empty pool); a driver without a GDS gate has
+    // no readiness or compat-mode series (the real binary always has a gate: the dashboard
+    // test reads both from it).
+    for layout in ["device", "partition", "stripe"] {
+        let available = format!("gds_csi_layout_available_bytes{{layout=\"{layout}\"}}");
+        assert_eq!(sample(&after, &available), 0.0, "{after}");
+        let largest = format!("gds_csi_layout_largest_volume_bytes{{layout=\"{layout}\"}}");
+        assert_eq!(sample(&after, &largest), 0.0, "{after}");
+    }
+    assert!(!after.contains("gds_csi_gds_node_ready"), "{after}");
+    assert!(!after.contains("gds_csi_compat_volumes"), "{after}");
 
     let (head, _) = http_get(addr, "/").await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");

@@ -35,13 +35,38 @@ pub struct PoolSnapshot {
     pub ready: bool,
 }
 
-/// What the scrape-time pool gauges read: implemented by the service over its pool, so
-/// metrics depend on nothing above them.
+/// What one block layout could give new volumes now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LayoutCapacity {
+    /// `device`, `partition` or `stripe`.
+    pub layout: &'static str,
+    /// What all new volumes of the layout together could get.
+    pub available: i64,
+    /// The largest single volume that fits; 0 when nothing does.
+    pub largest: i64,
+}
+
+/// What the scrape-time gauges read: implemented by the service over its pool and its
+/// GDS gate, so metrics depend on nothing above them.
 pub trait PoolGauges: Send + Sync {
     /// The `driver_name` label of `csi_plugin_operations_seconds`.
     fn driver_name(&self) -> String;
     /// The pool now.
     fn pool_snapshot(&self) -> PoolSnapshot;
+    /// Each block layout's capacity now (GetCapacity's answer per layout).
+    fn layout_capacity(&self) -> Vec<LayoutCapacity> {
+        Vec::new()
+    }
+    /// The node's GDS readiness per backend (`nvme`, `nfs-rdma`) by the gate's node checks;
+    /// empty without a gate.
+    fn gds_readiness(&self) -> Vec<(&'static str, bool)> {
+        Vec::new()
+    }
+    /// Volumes the gate published in compat mode (`preferred`, without true GDS); None
+    /// without a gate.
+    fn compat_volumes(&self) -> Option<i64> {
+        None
+    }
 }
 
 fn gauge_family(
@@ -142,7 +167,54 @@ impl Collector for PoolCollector {
             "gds_csi_ready",
             "1 once the pool has been scanned and Probe answers ready",
             i64::from(s.ready),
-        )
+        )?;
+        let layouts = self.source.layout_capacity();
+        for (name, help, value) in [
+            (
+                "gds_csi_layout_available_bytes",
+                "What all new volumes of a block layout together could get now, by layout",
+                (|c: &LayoutCapacity| c.available) as fn(&LayoutCapacity) -> i64,
+            ),
+            (
+                "gds_csi_layout_largest_volume_bytes",
+                "The largest single new volume of a block layout that fits now, by layout",
+                |c: &LayoutCapacity| c.largest,
+            ),
+        ] {
+            if layouts.is_empty() {
+                break;
+            }
+            let mut family =
+                encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
+            for c in &layouts {
+                let labels = [("layout", c.layout)];
+                ConstGauge::new(value(c)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let readiness = self.source.gds_readiness();
+        if !readiness.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "gds_csi_gds_node_ready",
+                "1 when the gate's node checks pass for a backend (nvme, nfs-rdma): the same \
+                 answer as the node's gds-nvme / gds-nfs-rdma topology labels",
+                None,
+                ConstGauge::new(0i64).metric_type(),
+            )?;
+            for (backend, ready) in readiness {
+                let labels = [("backend", backend)];
+                ConstGauge::new(i64::from(ready)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        if let Some(n) = self.source.compat_volumes() {
+            gauge(
+                &mut encoder,
+                "gds_csi_compat_volumes",
+                "Volumes published in compat mode (gdsPolicy preferred without true GDS): \
+                 cuFile reads them through the CPU bounce buffer",
+                n,
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ mod http;
 
 pub mod clone;
 pub mod host_timing;
-pub use collectors::{PoolGauges, PoolSnapshot, StateCounts};
+pub use collectors::{LayoutCapacity, PoolGauges, PoolSnapshot, StateCounts};
 pub use http::{serve, start};
 
 use std::path::PathBuf;

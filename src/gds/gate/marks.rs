@@ -55,6 +55,15 @@ impl CompatMarks {
         self.lock().get(volume_id).cloned()
     }
 
+    /// How many volumes carry a mark now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// Marks `volume_id` as published in compat mode, for `why`.
     pub fn set(&self, volume_id: &str, why: &str) -> Result<()> {
         self.change(|m| {

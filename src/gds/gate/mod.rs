@@ -142,6 +142,11 @@ impl GdsGate {
         self.marks.get(volume_id)
     }
 
+    /// How many volumes are published in compat mode now.
+    pub fn compat_volumes(&self) -> usize {
+        self.marks.len()
+    }
+
     /// Drops what the gate remembers about a volume (its compat mark and cached probe).
     pub fn forget(&self, volume_id: &str) -> Result<()> {
         self.checks.forget(volume_id);
