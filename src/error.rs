@@ -317,11 +317,21 @@ pub enum AllocationError {
         range: String,
         refused: Vec<String>,
     },
+    /// Nothing fits once the request was raised to the smallest filesystem mkfs makes.
+    #[error(
+        "{inner}; the request was raised to {min} bytes, the smallest {fs} the node's mkfs makes"
+    )]
+    RaisedToFsMinimum {
+        inner: Box<Error>,
+        min: u64,
+        fs: &'static str,
+    },
 }
 
 impl AllocationError {
     fn code(&self) -> Code {
         match self {
+            AllocationError::RaisedToFsMinimum { .. } => Code::OutOfRange,
             AllocationError::NameTakenOtherSize { .. }
             | AllocationError::NameTakenOtherParameters { .. } => Code::AlreadyExists,
             AllocationError::NoDeviceFits { .. } => Code::OutOfRange,
@@ -451,6 +461,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// The gRPC code this error is answered with.
+    pub fn code(&self) -> Code {
+        code(self)
+    }
+
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument {
             field,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::BlockBackend;
 use crate::csi;
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{AllocationError, Error, Result, VolumeError};
 use crate::os::FsType;
 use crate::os::StripeGeometry;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
@@ -105,12 +105,13 @@ pub async fn create(
         .allocate(b.mounter.host.as_ref(), &alloc)
         .await
         .map_err(|e| match e {
-            Error::OutOfRange(m) if required_bytes > req.required_bytes => {
-                Error::OutOfRange(format!(
-                    "{m}; the request was raised to {min} bytes, the smallest {} the \
-                     node's mkfs makes",
-                    fs_type.as_str()
-                ))
+            e if e.code() == tonic::Code::OutOfRange && required_bytes > req.required_bytes => {
+                AllocationError::RaisedToFsMinimum {
+                    inner: Box::new(e),
+                    min,
+                    fs: fs_type.as_str(),
+                }
+                .into()
             }
             e => e,
         })?;
