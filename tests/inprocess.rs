@@ -483,3 +483,38 @@ async fn a_live_socket_is_refused_and_keeps_serving() {
     assert!(stale.exists());
     gds_csi::service::server::bind(&stale, 0o600).expect("a stale socket is removed and rebound");
 }
+
+/// A clone's source must hold what it will hold for good: a clone not filled yet (its copy
+/// is made at its own first NodeStage) cannot be cloned, and the refusal allocates nothing.
+#[tokio::test]
+async fn a_clone_not_filled_yet_cannot_be_cloned() {
+    let h = harness(3).await;
+    let clone_of = |name: &str, source: &str| CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![cap()],
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: source.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let a = h.create("a").await.unwrap();
+    let b = h.send_create(clone_of("b", &a.volume_id)).await.unwrap();
+    let before = h.listed().await;
+    let err = h
+        .send_create(clone_of("c", &b.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .starts_with("volume_content_source.volume.volume_id: ")
+            && err.message().contains("is a clone not filled yet"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(h.listed().await, before, "the refusal allocated a volume");
+}

@@ -490,6 +490,63 @@ mod tests {
         }
     }
 
+    fn record(name: &str, device_id: &str) -> VolumeRecord {
+        VolumeRecord {
+            name: name.into(),
+            device_id: device_id.into(),
+            device_key: "path:/dev/x".into(),
+            capacity_bytes: 1 << 20,
+            fs_type: crate::os::FsType::Ext4,
+            parameters: Default::default(),
+            fs_uuid: "uuid".into(),
+            formatted: false,
+            deleting: false,
+            device_identity: None,
+            partition: None,
+            stripe: None,
+        }
+    }
+
+    #[test]
+    fn carving_is_refused_on_a_device_a_whole_device_volume_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::open(PoolConfig {
+            node_id: "n".into(),
+            host_sys: dir.path().join("sys"),
+            host_dev: dir.path().join("dev"),
+            listed: vec![],
+            nvme_discover: false,
+            state_dir: dir.path().join("state"),
+        })
+        .unwrap();
+        pool.state
+            .update(|s| {
+                s.volumes
+                    .insert("blk:dev-w:a1:n".into(), record("whole", "dev-w"));
+                s.volumes
+                    .insert("blk:dev-p:a2:n:part".into(), record("carved", "dev-p"));
+                Ok(())
+            })
+            .unwrap();
+        let held = pool
+            .reserve_for_carving("dev-w", "label".into())
+            .unwrap_err();
+        assert!(
+            matches!(&held, crate::error::Error::Volume(VolumeError::HeldWhole { volume }) if volume == "blk:dev-w:a1:n"),
+            "{held}"
+        );
+        // A device of partition volumes is carved again; the mark it replaced comes back,
+        // for the caller to restore when the label write fails.
+        assert_eq!(
+            pool.reserve_for_carving("dev-p", "first".into()).unwrap(),
+            None
+        );
+        assert_eq!(
+            pool.reserve_for_carving("dev-p", "second".into()).unwrap(),
+            Some("first".to_owned())
+        );
+    }
+
     #[test]
     fn a_device_listed_twice_is_kept_once_under_the_allocated_or_most_stable_key() {
         let listed = dev("path:/dev/loop3", (7, 3), Source::Listed);
