@@ -5,7 +5,7 @@
 //! Every fill path plugs in here: clones of block volumes and of NFS directories
 //! (`block::clone`).
 
-use super::{clone, stage, BlockBackend, Located};
+use super::{clone, format, BlockBackend, Located};
 use crate::error::Result;
 use crate::request::{Access, Capability};
 use crate::volume::id::BlockVolumeId;
@@ -17,7 +17,7 @@ pub async fn fill(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Resu
     };
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     if pending.needs_filesystem() {
-        stage::format_if_blank(b, vol, fs).await?;
+        format::format_if_blank(b, vol, fs).await?;
     }
     clone::run(b, vol, fs, pending).await
 }

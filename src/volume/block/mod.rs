@@ -9,6 +9,7 @@ pub mod controller;
 pub mod device;
 pub mod expand;
 pub mod fill;
+pub mod format;
 pub mod freeze;
 pub mod layout;
 pub mod partition;
@@ -25,8 +26,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tracing::info;
 
+pub use format::{decide_format, FormatDecision};
 pub use layout::{Capacity, Layout};
-pub use stage::{decide_format, FormatDecision};
 
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
