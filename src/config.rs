@@ -183,6 +183,10 @@ pub struct ServeArgs {
     /// Deadline for each mount and umount.
     #[arg(long, env = "GDS_CSI_MOUNT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub mount_timeout: Duration,
+    /// The longest a mounted volume's filesystem stays frozen for a snapshot's last pass
+    /// (what changed while it was copied); past it the snapshot fails, thawed at once.
+    #[arg(long, env = "GDS_CSI_SNAPSHOT_FREEZE_LIMIT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub snapshot_freeze_limit: Duration,
     /// Deadline for every other external command (mkfs, blkid, wipefs).
     #[arg(long, env = "GDS_CSI_COMMAND_TIMEOUT", value_parser = humantime::parse_duration, default_value = "300s")]
     pub command_timeout: Duration,

@@ -11,6 +11,8 @@
 //! - `pool`: the node's devices, their identity and the allocation state.
 //! - `gpt`: the GPT codec and the kernel's partition table; `md`: mdadm's arrays.
 //! - `copy`: the verified, resumable, parallel copy engine that fills clones.
+//! - `snapshot`: CSI snapshots kept on a store any node reaches (NFS or a directory),
+//!   taken as jobs, restored through the clone fill.
 //! - `mounts`: the mount-table logic both backends share.
 //! - `gds`: the GPUDirect Storage gate, readiness labels and `doctor`.
 //! - `metrics`: the Prometheus endpoint; `config`: flags; `error`: errors by cause and
@@ -33,5 +35,6 @@ pub mod os;
 pub mod pool;
 pub mod request;
 pub mod service;
+pub mod snapshot;
 pub mod state_dir;
 pub mod volume;

@@ -78,6 +78,9 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
     .map_err(|e| e.to_string())?;
     let nfs = gds_csi::volume::nfs::NfsStore::open(&args.state_dir, args.mount_timeout)
         .map_err(|e| e.to_string())?;
+    let snapshots = gds_csi::snapshot::Snapshots::open(&args.state_dir)
+        .map_err(|e| e.to_string())?
+        .with_freeze_limit(args.snapshot_freeze_limit);
     Ok(Driver::new(
         args.driver_name.clone(),
         args.node_id.clone(),
@@ -86,7 +89,8 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
         host,
     )
     .with_gds_gate(gds_gate(args)?)
-    .with_nfs(nfs))
+    .with_nfs(nfs)
+    .with_snapshots(snapshots))
 }
 
 /// Resolves at SIGTERM or SIGINT, after setting `asked`: the server then drains and `serve`

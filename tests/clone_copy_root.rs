@@ -278,6 +278,7 @@ fn request(src: &Path, dst: &Path, chunk: u64, streams: usize) -> CopyRequest {
         streams,
         chunk,
         verify: Verify::Checksum,
+        live: false,
     }
 }
 
@@ -397,6 +398,7 @@ fn copy_child_process() {
     copy_tree(
         &CopyRequest {
             verify: Verify::Sizes,
+            live: false,
             ..req
         },
         &progress,
@@ -533,6 +535,7 @@ fn throughput_against_cp_a() {
                 let p = Progress::new(dir.path().join(format!("p{round}.json")), "bench".into());
                 let req = CopyRequest {
                     verify: Verify::Sizes,
+                    live: false,
                     ..request(
                         &src.mnt,
                         &dst.mnt,

@@ -65,6 +65,9 @@ pub struct Roots<'a> {
     pub src: BorrowedFd<'a>,
     pub dst: BorrowedFd<'a>,
     pub shown: &'a Path,
+    /// The source may change meanwhile (`CopyRequest::live`): a file removed or cut
+    /// shorter since the walk is left as far as it got; the frozen pass copies it again.
+    pub live: bool,
 }
 
 /// Copies `units[start..]` on `streams` threads; the progress watermark moves past every
@@ -152,6 +155,7 @@ fn copy_unit(
     match copy_unit_as(roots, entry, unit, buf, progress, true) {
         // A filesystem or device that takes O_DIRECT only at other alignments.
         Err(Errno::EINVAL) => copy_unit_as(roots, entry, unit, buf, progress, false),
+        Err(Errno::ENOENT | Errno::ENODATA | Errno::ELOOP | Errno::ENOTDIR) if roots.live => Ok(()),
         other => other,
     }
     .map_err(|e| Error::io("copy", roots.shown.join(&entry.rel), e.into()))

@@ -12,6 +12,7 @@
 //! copied device to device instead (`raw`), with the same record, jobs and progress.
 
 pub mod data;
+pub mod delta;
 pub mod measure;
 pub mod meta;
 pub mod progress;
@@ -55,6 +56,10 @@ pub struct CopyRequest {
     /// The largest piece of a file one stream copies at a time (`data::piece_len`).
     pub chunk: u64,
     pub verify: Verify,
+    /// The source may change while it is copied (a snapshot's pass over a mounted
+    /// volume): nothing is verified here; the caller copies what changed with the source
+    /// frozen (`delta`) and verifies that.
+    pub live: bool,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -66,18 +71,19 @@ fn open_root(path: &Path) -> Result<OwnedFd> {
 /// record says was done, and verifies the result. Done already: returns at once.
 pub fn copy_tree(req: &CopyRequest, progress: &Progress) -> Result<()> {
     let (src, dst) = (open_root(&req.source)?, open_root(&req.target)?);
-    copy_tree_at(src.as_fd(), dst.as_fd(), req, progress)
+    copy_tree_at(src.as_fd(), dst.as_fd(), req, progress).map(drop)
 }
 
 /// `copy_tree` between directories the caller opened (the NFS backend walks to them from
 /// the export's root with `openat`, never following a symlink); `req.source` and
-/// `req.target` only name them in messages.
+/// `req.target` only name them in messages. Returns the source's entries as the walk
+/// found them (what a later `delta::copy_changes` compares with).
 pub fn copy_tree_at(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     req: &CopyRequest,
     progress: &Progress,
-) -> Result<()> {
+) -> Result<Vec<walk::Entry>> {
     let mut phases = Phases::start();
     let entries = walk::walk(src, &req.source)?;
     let links = meta::links(&entries);
@@ -90,16 +96,21 @@ pub fn copy_tree_at(
         entries: entries.len(),
         total_bytes: total,
         piece,
+        walk: if req.live {
+            walk_digest(&entries)
+        } else {
+            String::new()
+        },
         ..Saved::default()
     };
     let same = |s: &Saved| {
-        (&s.source, s.entries, s.total_bytes, s.piece)
-            == (&fresh.source, fresh.entries, total, piece)
+        (&s.source, s.entries, s.total_bytes, s.piece, &s.walk)
+            == (&fresh.source, fresh.entries, total, piece, &fresh.walk)
     };
     let mut saved = Saved::load(progress.path())?.filter(same).unwrap_or(fresh);
     progress.set(saved.clone())?;
     if saved.done {
-        return Ok(());
+        return Ok(entries);
     }
     if !saved.structure_done {
         meta::create_structure(src, dst, &req.target, &entries, &links, req.streams)?;
@@ -111,6 +122,7 @@ pub fn copy_tree_at(
         src,
         dst,
         shown: &req.source,
+        live: req.live,
     };
     data::copy_units(
         &roots,
@@ -126,7 +138,9 @@ pub fn copy_tree_at(
     progress.set(saved.clone())?;
     meta::link_all(dst, &req.target, &entries, &links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
-    verify::verify(src, dst, &req.target, &entries, req.verify, req.streams)?;
+    if !req.live {
+        verify::verify(src, dst, &req.target, &entries, req.verify, req.streams)?;
+    }
     phases.end("verify");
     meta::finish_metadata(src, dst, &req.target, &entries, req.streams)?;
     if meta::has_xattrs(src) {
@@ -145,7 +159,32 @@ pub fn copy_tree_at(
         phases = %phases,
         "copy finished"
     );
-    Ok(())
+    Ok(entries)
+}
+
+/// SHA-256 over every entry's name, kind, inode, size and times (`Saved::walk`).
+fn walk_digest(entries: &[walk::Entry]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for e in entries {
+        let st = &e.st;
+        h.update(e.rel.as_os_str().as_encoded_bytes());
+        h.update(
+            format!(
+                "\0{:?} {} {} {}.{} {}.{} {:o}\n",
+                e.kind,
+                st.st_ino,
+                st.st_size,
+                st.st_mtime,
+                st.st_mtime_nsec,
+                st.st_ctime,
+                st.st_ctime_nsec,
+                st.st_mode
+            )
+            .as_bytes(),
+        );
+    }
+    format!("{:x}", h.finalize())
 }
 
 /// `f` on every item, on `streams` threads; the first error stops the rest and is the

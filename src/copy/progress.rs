@@ -29,6 +29,11 @@ pub struct Saved {
     /// (a record without it, or with another, starts over).
     #[serde(default)]
     pub piece: u64,
+    /// A live copy's digest of every entry's name, inode, size and times as its walk saw
+    /// them: a source written to since resumes nothing (a unit below the watermark may
+    /// hold what a file was before a write that moved no size).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub walk: String,
     /// Directories, files (at their size), symlinks and nodes exist in the target.
     pub structure_done: bool,
     pub watermark: usize,

@@ -143,6 +143,14 @@ fn is_socket(e: &Entry) -> bool {
 }
 
 /// Read with O_NOATIME: the copy's times are already set and must stay as copied.
+/// SHA-256 of the file `rel` beneath `root`, in hex (a snapshot's manifest).
+pub fn sha256_beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<String> {
+    Ok(digest(root, rel)?
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 fn digest(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<Vec<u8>> {
     let mut f = File::from(open_beneath(
         root,

@@ -15,6 +15,7 @@ mod http;
 
 pub mod clone;
 pub mod host_timing;
+pub mod snapshot;
 pub use collectors::{LayoutCapacity, PoolGauges, PoolSnapshot, StateCounts};
 pub use http::{serve, start};
 
@@ -211,6 +212,7 @@ pub fn registry(pool: Option<Arc<dyn PoolGauges>>, host_proc: PathBuf) -> Regist
         m.carve_refusals.clone(),
     );
     clone::register(&mut r);
+    snapshot::register(&mut r);
     r.register_collector(Box::new(BuildInfo));
     let driver_name = pool.as_ref().map_or_else(String::new, |p| p.driver_name());
     r.sub_registry_with_label((

@@ -30,41 +30,89 @@ pub const PARAMS: &[&str] = &[
     PARAM_VERS,
 ];
 
-fn invalid(key: &str, reason: String) -> Error {
-    let field = match key {
-        PARAM_SERVER => "parameters.datasetServer",
-        PARAM_SHARE => "parameters.datasetShare",
-        PARAM_PATH => "parameters.datasetPath",
-        PARAM_PROTO => "parameters.datasetProto",
-        PARAM_PORT => "parameters.datasetPort",
-        _ => "parameters.datasetVers",
-    };
-    Error::invalid(field, reason)
+/// The parameters that name one NFS directory: a class's dataset, a snapshot class's
+/// store. Each key with the field an error names.
+pub struct DirKeys {
+    pub server: (&'static str, &'static str),
+    pub share: (&'static str, &'static str),
+    pub path: (&'static str, &'static str),
+    pub proto: (&'static str, &'static str),
+    pub port: (&'static str, &'static str),
+    pub vers: (&'static str, &'static str),
+    /// What the directory is, in messages ("a class's dataset").
+    pub what: &'static str,
+    /// Whether `path` may be left out (the share's root itself).
+    pub path_optional: bool,
 }
+
+impl DirKeys {
+    fn all(&self) -> [(&'static str, &'static str); 6] {
+        [
+            self.server,
+            self.share,
+            self.path,
+            self.proto,
+            self.port,
+            self.vers,
+        ]
+    }
+
+    fn invalid(&self, key: &str, reason: String) -> Error {
+        let field = self
+            .all()
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map_or("parameters", |(_, f)| f);
+        Error::invalid(field, reason)
+    }
+}
+
+const DATASET: DirKeys = DirKeys {
+    server: (PARAM_SERVER, "parameters.datasetServer"),
+    share: (PARAM_SHARE, "parameters.datasetShare"),
+    path: (PARAM_PATH, "parameters.datasetPath"),
+    proto: (PARAM_PROTO, "parameters.datasetProto"),
+    port: (PARAM_PORT, "parameters.datasetPort"),
+    vers: (PARAM_VERS, "parameters.datasetVers"),
+    what: "a class's dataset",
+    path_optional: false,
+};
 
 /// The dataset the class names, as the id of an NFS directory (`onDelete` retain: the
 /// driver never removes it), or None when the class names none.
 pub fn parse(stored: &BTreeMap<String, String>) -> Result<Option<NfsVolumeId>> {
-    if !PARAMS.iter().any(|k| stored.contains_key(*k)) {
+    parse_dir(stored, &DATASET)
+}
+
+/// The NFS directory `keys` name in `stored`, or None when no key of them is there.
+pub fn parse_dir(stored: &BTreeMap<String, String>, keys: &DirKeys) -> Result<Option<NfsVolumeId>> {
+    if !keys.all().iter().any(|(k, _)| stored.contains_key(*k)) {
         return Ok(None);
     }
+    let (server_key, share_key, path_key) = (keys.server.0, keys.share.0, keys.path.0);
     let get = |key: &str| {
         stored.get(key).ok_or_else(|| {
-            invalid(
+            keys.invalid(
                 key,
                 format!(
-                    "required with any dataset parameter: a class's dataset is \
-                     {PARAM_SERVER}:{PARAM_SHARE}/{PARAM_PATH}"
+                    "required with any of these parameters: {} is \
+                     {server_key}:{share_key}/{path_key}",
+                    keys.what
                 ),
             )
         })
     };
-    let server = get(PARAM_SERVER)?;
-    check_server(server).map_err(|e| invalid(PARAM_SERVER, e))?;
-    let share = check_share(get(PARAM_SHARE)?).map_err(|e| invalid(PARAM_SHARE, e))?;
-    let path = get(PARAM_PATH)?.trim_matches('/').to_owned();
-    check_dir(&path).map_err(|e| invalid(PARAM_PATH, e))?;
-    let transport = transport(stored)?;
+    let server = get(server_key)?;
+    check_server(server).map_err(|e| keys.invalid(server_key, e))?;
+    let share = check_share(get(share_key)?).map_err(|e| keys.invalid(share_key, e))?;
+    let path = match stored.get(path_key) {
+        None if keys.path_optional => String::new(),
+        _ => get(path_key)?.trim_matches('/').to_owned(),
+    };
+    if !(path.is_empty() && keys.path_optional) {
+        check_dir(&path).map_err(|e| keys.invalid(path_key, e))?;
+    }
+    let transport = transport(stored, keys)?;
     let id = NfsVolumeId {
         server: server.clone(),
         share,
@@ -73,42 +121,48 @@ pub fn parse(stored: &BTreeMap<String, String>) -> Result<Option<NfsVolumeId>> {
         transport,
     };
     // Recorded with the volume and parsed again at NodeStage: it must be a valid id.
-    if NfsVolumeId::parse(&id.to_string()).as_ref() != Some(&id) {
-        return Err(invalid(
-            PARAM_SERVER,
-            format!("the dataset {} cannot be named by this driver", id.source()),
+    if !id.dir.is_empty() && NfsVolumeId::parse(&id.to_string()).as_ref() != Some(&id) {
+        return Err(keys.invalid(
+            server_key,
+            format!(
+                "{} {} cannot be named by this driver",
+                keys.what,
+                id.source()
+            ),
         ));
     }
     Ok(Some(id))
 }
 
-fn transport(stored: &BTreeMap<String, String>) -> Result<Transport> {
+fn transport(stored: &BTreeMap<String, String>, keys: &DirKeys) -> Result<Transport> {
     let proto = stored
-        .get(PARAM_PROTO)
+        .get(keys.proto.0)
         .cloned()
         .unwrap_or_else(|| "rdma".into());
-    let port = match stored.get(PARAM_PORT) {
+    let port = match stored.get(keys.port.0) {
         None if proto.starts_with("rdma") => Some(RDMA_PORT),
         None => None,
         Some(p) => Some(
             p.parse::<u16>()
                 .ok()
                 .filter(|n| *n != 0 && n.to_string() == *p)
-                .ok_or_else(|| invalid(PARAM_PORT, format!("{p:?} must be a port, 1-65535")))?,
+                .ok_or_else(|| {
+                    keys.invalid(keys.port.0, format!("{p:?} must be a port, 1-65535"))
+                })?,
         ),
     };
     let vers = Some(
         stored
-            .get(PARAM_VERS)
+            .get(keys.vers.0)
             .cloned()
             .unwrap_or_else(|| "4.1".into()),
     );
     let t = Transport { proto, port, vers };
     t.check().map_err(|e| match e {
         Error::InvalidArgument { reason, .. } if reason.starts_with("vers") => {
-            invalid(PARAM_VERS, reason)
+            keys.invalid(keys.vers.0, reason)
         }
-        Error::InvalidArgument { reason, .. } => invalid(PARAM_PROTO, reason),
+        Error::InvalidArgument { reason, .. } => keys.invalid(keys.proto.0, reason),
         other => other,
     })?;
     Ok(t)

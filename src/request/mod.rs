@@ -16,6 +16,7 @@ pub mod nfs_id;
 pub mod nfs_options;
 pub mod node;
 pub mod path;
+pub mod snapshot;
 pub mod stripe;
 
 pub use path::host_path;
@@ -360,13 +361,22 @@ pub struct CreateVolume<'a> {
     pub accessibility: Option<&'a csi::TopologyRequirement>,
     /// `volume_content_source.volume`: the volume to fill this one from.
     pub clone_of: Option<String>,
+    /// `volume_content_source.snapshot`: the snapshot to restore into this one (its id
+    /// as given: one this driver cannot parse is NotFound, as CSI asks).
+    pub snapshot_of: Option<String>,
+    /// The snapshot `snapshot_of` names, read from its store by the service.
+    pub restore: Option<snapshot::Restore>,
 }
 
 pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>> {
     let name = name(&req.name)?;
     let params = parameters(&req.parameters)?;
-    let clone_of = content_source(req.volume_content_source.as_ref())?;
-    if clone_of.is_some() && params.dataset.is_some() {
+    let (clone_of, snapshot_of) = match content_source(req.volume_content_source.as_ref())? {
+        None => (None, None),
+        Some(ContentSource::Volume(id)) => (Some(id), None),
+        Some(ContentSource::Snapshot(id)) => (None, Some(id)),
+    };
+    if (clone_of.is_some() || snapshot_of.is_some()) && params.dataset.is_some() {
         return Err(Error::invalid(
             "volume_content_source",
             "the class names a dataset (datasetServer) to fill the volume from: a volume has \
@@ -395,17 +405,24 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
         limit_bytes: range.limit_bytes as u64,
         accessibility: req.accessibility_requirements.as_ref(),
         clone_of,
+        snapshot_of,
+        restore: None,
     })
 }
 
-/// The volume a clone is filled from; snapshots are not supported.
-fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<String>> {
+enum ContentSource {
+    Volume(String),
+    Snapshot(String),
+}
+
+/// The volume a clone is filled from, or the snapshot a volume is restored from.
+fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<ContentSource>> {
     use csi::volume_content_source::Type;
     let Some(src) = src else { return Ok(None) };
     match src.r#type.as_ref() {
         None => Err(Error::invalid(
             "volume_content_source",
-            "names no source: set volume (a volume of this driver to clone)",
+            "names no source: set volume (a volume of this driver to clone) or snapshot",
         )),
         Some(Type::Volume(v)) if v.volume_id.is_empty() => Err(Error::invalid(
             "volume_content_source.volume.volume_id",
@@ -413,12 +430,19 @@ fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<Strin
         )),
         Some(Type::Volume(v)) => {
             volume_id::check_well_formed("volume_content_source.volume.volume_id", &v.volume_id)?;
-            Ok(Some(v.volume_id.clone()))
+            Ok(Some(ContentSource::Volume(v.volume_id.clone())))
         }
-        Some(Type::Snapshot(_)) => Err(Error::invalid(
-            "volume_content_source.snapshot",
-            "snapshots are not supported; clone a volume (volume_content_source.volume)",
+        Some(Type::Snapshot(s)) if s.snapshot_id.is_empty() => Err(Error::invalid(
+            "volume_content_source.snapshot.snapshot_id",
+            "required",
         )),
+        Some(Type::Snapshot(s)) => {
+            volume_id::check_well_formed(
+                "volume_content_source.snapshot.snapshot_id",
+                &s.snapshot_id,
+            )?;
+            Ok(Some(ContentSource::Snapshot(s.snapshot_id.clone())))
+        }
     }
 }
 

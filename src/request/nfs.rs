@@ -104,7 +104,7 @@ pub fn check_server(server: &str) -> std::result::Result<(), String> {
     }
 }
 
-fn path_component_ok(c: &str) -> bool {
+pub(super) fn path_component_ok(c: &str) -> bool {
     !c.is_empty()
         && c.len() <= 255
         && c != "."

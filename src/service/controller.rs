@@ -32,8 +32,12 @@ impl ControllerService {
     async fn create(&self, req: CreateVolumeRequest) -> Result<Volume> {
         let d = &self.driver;
         d.check_ready()?;
-        let create = request::create_volume(&req)?;
+        let mut create = request::create_volume(&req)?;
         let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
+        if let Some(raw) = &create.snapshot_of {
+            let ctx = d.snapshot_context()?;
+            create.restore = Some(crate::snapshot::restore::resolve(&ctx, raw).await?);
+        }
         if request::is_nfs(&req.parameters) {
             if let Some(source) = &create.clone_of {
                 // CSI spec, CreateVolume errors: a source that does not exist is NOT_FOUND,
@@ -160,6 +164,41 @@ impl ControllerService {
         })
     }
 
+    async fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
+        if req.max_entries < 0 {
+            return Err(Error::invalid("max_entries", "must not be negative"));
+        }
+        let after = match req.starting_token.as_str() {
+            "" => None,
+            token => Some(token.strip_prefix(TOKEN_PREFIX).ok_or_else(|| {
+                Error::Aborted(format!(
+                    "starting_token {token:?} was not issued by this driver; list again from the start"
+                ))
+            })?),
+        };
+        let ctx = self.driver.snapshot_context()?;
+        let mut entries: Vec<Snapshot> =
+            crate::snapshot::list(&ctx, &req.snapshot_id, &req.source_volume_id)
+                .await?
+                .into_iter()
+                .filter(|s| after.is_none_or(|a| s.snapshot_id.as_str() > a))
+                .collect();
+        entries.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+        let mut next_token = String::new();
+        if req.max_entries > 0 && entries.len() > req.max_entries as usize {
+            entries.truncate(req.max_entries as usize);
+            let last = entries.last().map(|s| s.snapshot_id.as_str()).unwrap_or("");
+            next_token = format!("{TOKEN_PREFIX}{last}");
+        }
+        Ok(ListSnapshotsResponse {
+            entries: entries
+                .into_iter()
+                .map(|s| list_snapshots_response::Entry { snapshot: Some(s) })
+                .collect(),
+            next_token,
+        })
+    }
+
     fn capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse> {
         request::parameters(&req.parameters)?;
         if request::is_nfs(&req.parameters) {
@@ -243,6 +282,9 @@ impl Controller for ControllerService {
             RpcType::SingleNodeMultiWriter,
             RpcType::ExpandVolume,
             RpcType::CloneVolume,
+            RpcType::CreateDeleteSnapshot,
+            RpcType::ListSnapshots,
+            RpcType::GetSnapshot,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -256,30 +298,43 @@ impl Controller for ControllerService {
 
     async fn create_snapshot(
         &self,
-        _: Request<CreateSnapshotRequest>,
+        request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        unimplemented("CreateSnapshot")
+        let req = request::snapshot::create_snapshot(request.get_ref())?;
+        let ctx = self.driver.snapshot_context()?;
+        let snapshot = crate::snapshot::create(&ctx, &req).await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _: Request<DeleteSnapshotRequest>,
+        request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        unimplemented("DeleteSnapshot")
+        let ctx = self.driver.snapshot_context()?;
+        crate::snapshot::delete(&ctx, &request.get_ref().snapshot_id).await?;
+        Ok(Response::new(DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _: Request<ListSnapshotsRequest>,
+        request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        unimplemented("ListSnapshots")
+        Ok(Response::new(
+            self.list_snapshots(request.into_inner()).await?,
+        ))
     }
 
     async fn get_snapshot(
         &self,
-        _: Request<GetSnapshotRequest>,
+        request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
-        unimplemented("GetSnapshot")
+        let ctx = self.driver.snapshot_context()?;
+        let snapshot = crate::snapshot::get(&ctx, &request.get_ref().snapshot_id).await?;
+        Ok(Response::new(GetSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn controller_expand_volume(

@@ -18,6 +18,7 @@ use crate::locks::VolumeLocks;
 use crate::mounts::Mounter;
 use crate::os::Host;
 use crate::pool::Pool;
+use crate::snapshot::Snapshots;
 use crate::volume::block::{BlockBackend, NodeIdentity};
 use crate::volume::nfs::{NfsBackend, NfsStore, NfsVolumeId};
 use crate::volume::VolumeBackend;
@@ -50,6 +51,8 @@ pub struct Driver {
     pub block: BlockBackend,
     /// The NFS backend; None: NFS volumes are refused with FailedPrecondition.
     pub nfs: Option<NfsBackend>,
+    /// Snapshots taken on this node; None: the snapshot calls answer FailedPrecondition.
+    pub snapshots: Option<Snapshots>,
     pub host: Arc<dyn Host>,
 }
 
@@ -77,6 +80,7 @@ impl Driver {
             locks: VolumeLocks::default(),
             gds_gate: None,
             nfs: None,
+            snapshots: None,
             host,
         }
     }
@@ -104,6 +108,29 @@ impl Driver {
         self.nfs = Some(nfs);
         self.block.allow_nfs_sources();
         self
+    }
+
+    pub fn with_snapshots(mut self, snapshots: Snapshots) -> Self {
+        self.snapshots = Some(snapshots);
+        self
+    }
+
+    /// What the snapshot calls reach, or FailedPrecondition when this instance takes none.
+    pub fn snapshot_context(&self) -> Result<crate::snapshot::Context<'_>> {
+        let snapshots = self.snapshots.as_ref().ok_or_else(|| {
+            Error::FailedPrecondition(
+                "this driver instance keeps no snapshots: run it with a state dir \
+                 (`gds-csi serve` does)"
+                    .into(),
+            )
+        })?;
+        Ok(crate::snapshot::Context {
+            snapshots,
+            block: &self.block,
+            nfs: self.nfs.as_ref(),
+            locks: &self.locks,
+            node_id: &self.node_id,
+        })
     }
 
     /// The NFS backend, or FailedPrecondition when this instance has none.

@@ -65,7 +65,7 @@ fn copy_dir(b: &BlockBackend, id: &str) -> PathBuf {
     b.pool.state_dir().join("clone-mnt").join(short(id))
 }
 
-fn done(b: &BlockBackend, id: &str) -> Result<bool> {
+pub(crate) fn done(b: &BlockBackend, id: &str) -> Result<bool> {
     Ok(Saved::load(&progress_path(b, id))?.is_some_and(|s| s.done))
 }
 
@@ -228,16 +228,36 @@ pub async fn check_clone(
         return Ok(None);
     };
     let access = clone_access(req, &source)?;
-    let size = match &source {
-        Source::Block(raw) => {
+    let mut recorded = BTreeMap::new();
+    let size = match (&source, &req.restore) {
+        // A snapshot's manifest says how large a volume it needs.
+        (_, Some(restore)) => {
+            if req.limit_bytes != 0 && req.limit_bytes < restore.size_bytes {
+                return Err(CloneError::LimitBelowSource {
+                    origin: restore.text.clone(),
+                    bytes: restore.size_bytes,
+                    limit: req.limit_bytes,
+                }
+                .into());
+            }
+            recorded.insert(SOURCE_KEY.to_owned(), restore.text.clone());
+            recorded.insert(
+                clone_source::SNAPSHOT_CONTENT_KEY.to_owned(),
+                restore.content.as_str().to_owned(),
+            );
+            restore.size_bytes
+        }
+        (Source::Block(raw), None) => {
             let new = b.pool.state.snapshot().by_name(&req.name).is_none();
             check_source(b, raw, req.limit_bytes, new, access)?
         }
-        Source::Nfs { id, label } => {
+        (Source::Nfs { id, label }, None) => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
         }
+        (Source::Dir { .. } | Source::Empty { .. }, None) => {
+            unreachable!("only a snapshot restores from a directory or nothing")
+        }
     };
-    let mut recorded = BTreeMap::new();
     if let Some(claim_source) = &req.clone_of {
         recorded.insert(SOURCE_KEY.to_owned(), claim_source.clone());
     }
@@ -256,6 +276,7 @@ fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest
         streams: crate::copy::STREAMS,
         chunk: crate::copy::CHUNK,
         verify: verify_of(rec),
+        live: false,
     }
 }
 
@@ -445,7 +466,7 @@ async fn fill_frozen(
                 dev,
                 &req.source,
             )?;
-            let copied = crate::copy::copy_tree_at(src.as_fd(), dst.as_fd(), &req, &p);
+            let copied = crate::copy::copy_tree_at(src.as_fd(), dst.as_fd(), &req, &p).map(drop);
             drop(frozen);
             copied
         })
@@ -560,6 +581,14 @@ pub async fn run(b: &BlockBackend, vol: &mut Located, fs: FsType, pending: Pendi
         progress,
         raw: raw_clone,
     } = pending;
+    if let Source::Empty { label } = &source {
+        // A snapshot of a volume that held nothing: the volume as allocated.
+        return progress.set(Saved {
+            source: label.clone(),
+            done: true,
+            ..Saved::default()
+        });
+    }
     if raw_clone {
         let job = raw_fill(b, vol, &source, &progress)?;
         return b.clones.run(&key, &progress, STAGE_WAIT, job).await;
@@ -609,7 +638,7 @@ fn raw_fill(
             }
         },
         // CreateVolume refuses it: a raw copy needs a device.
-        Source::Nfs { label, .. } => {
+        Source::Nfs { label, .. } | Source::Dir { label, .. } | Source::Empty { label } => {
             return Err(CloneError::RawCloneOfNfs {
                 volume: vol.id.to_string(),
                 label: label.clone(),
@@ -687,6 +716,8 @@ fn source_mount(
             id: id.clone(),
             label: label.clone(),
         })),
+        Source::Dir { path, .. } => Ok(Some(SourceMount::Bind { path: path.clone() })),
+        Source::Empty { .. } => Ok(None),
     }
 }
 
@@ -750,14 +781,14 @@ fn refuse_in_use(
 
 /// The copy's private directory, made if missing and with nothing mounted in it: a driver
 /// killed mid-copy may have left its mounts there.
-async fn clean_copy_dir(host: &dyn Host, dir: &std::path::Path) -> Result<()> {
+pub(crate) async fn clean_copy_dir(host: &dyn Host, dir: &std::path::Path) -> Result<()> {
     host.create_dir_all(dir)?;
     take_down(host, dir, "source").await?;
     take_down(host, dir, "target").await
 }
 
 /// Unmounts what is mounted at `<dir>/<name>` (left by a driver killed mid-copy).
-async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
+pub(crate) async fn take_down(host: &dyn Host, dir: &std::path::Path, name: &str) -> Result<()> {
     if clone_source::take_down_nfs(host, &dir.join(name)).await? {
         return Ok(());
     }
@@ -779,7 +810,7 @@ const BUSY_RETRY: Duration = Duration::from_secs(5);
 /// moment (a host-exec process that entered the namespace, a tree scanner), or a child
 /// the driver forked meanwhile for another volume that holds the copy's descriptors
 /// until it execs.
-async fn unmount_retrying(host: &dyn Host, at: &Anchored) -> Result<()> {
+pub(crate) async fn unmount_retrying(host: &dyn Host, at: &Anchored) -> Result<()> {
     let started = std::time::Instant::now();
     loop {
         match clone_source::unmount(host, at).await {
@@ -800,7 +831,7 @@ fn is_busy(e: &Error) -> bool {
     }
 }
 
-fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
+pub(crate) fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
     let path = dir.join(name);
     let root = dir.parent().unwrap_or(dir).to_owned();
     safepath::open("clone directory", &[root], &path, Create::Dir, None)?.ok_or_else(|| {
@@ -872,7 +903,7 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
         ));
     }
     match source {
-        Source::Nfs { label, .. } if block => Err(Error::invalid(
+        Source::Nfs { label, .. } | Source::Dir { label, .. } if block => Err(Error::invalid(
             "volume_capabilities",
             format!(
                 "the clone's source {label} is an NFS directory, copied file by file into a \
@@ -885,16 +916,12 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
     }
 }
 
-/// The content source a clone's Volume answers with (CSI: returned when it was asked).
+/// The content source a clone's (or restored volume's) Volume answers with (CSI:
+/// returned when it was asked).
 pub fn content_source(rec: &crate::pool::VolumeRecord) -> Option<crate::csi::VolumeContentSource> {
-    use crate::csi::volume_content_source::{Type, VolumeSource};
     rec.parameters
         .get(SOURCE_KEY)
-        .map(|id| crate::csi::VolumeContentSource {
-            r#type: Some(Type::Volume(VolumeSource {
-                volume_id: id.clone(),
-            })),
-        })
+        .map(|id| request::snapshot::content_source(id))
 }
 
 #[cfg(test)]

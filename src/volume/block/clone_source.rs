@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CopyError, Error, Result, VolumeError};
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
 use crate::pool::VolumeRecord;
+use crate::request::snapshot::{Content, SnapshotId, TREE};
 use crate::request::{self, nfs_options, CreateVolume, NfsVolumeId, VolumeRef};
 use crate::volume::nfs::NfsBackend;
 
@@ -19,8 +20,13 @@ pub enum Source {
     /// A block volume, by its id text.
     Block(String),
     /// A directory on an NFS export; `label` names it in messages and the progress
-    /// record (the volume id, or `server:/share/path` for a class's dataset).
+    /// record (the volume id, `server:/share/path` for a class's dataset, or the
+    /// snapshot id of a snapshot's tree on an NFS store).
     Nfs { id: NfsVolumeId, label: String },
+    /// A snapshot's tree on a directory store (a directory this node sees).
+    Dir { path: PathBuf, label: String },
+    /// A snapshot of a volume that held nothing: the volume starts empty.
+    Empty { label: String },
 }
 
 impl Source {
@@ -41,15 +47,48 @@ impl Source {
     pub fn label(&self) -> &str {
         match self {
             Source::Block(raw) => raw,
-            Source::Nfs { label, .. } => label,
+            Source::Nfs { label, .. } | Source::Dir { label, .. } | Source::Empty { label } => {
+                label
+            }
+        }
+    }
+
+    /// Where a snapshot's content is, as its id and recorded content say. A raw block
+    /// snapshot's bytes are refused: restoring them is not built.
+    fn snapshot(id: &SnapshotId, text: &str, content: Content) -> Result<Source> {
+        let label = text.to_owned();
+        match content {
+            Content::Empty => Ok(Source::Empty { label }),
+            Content::Device => Err(Error::invalid(
+                "volume_content_source.snapshot.snapshot_id",
+                format!(
+                    "snapshot {text} holds a raw block volume's bytes, which this driver \
+                     cannot restore yet; take snapshots of raw block volumes that hold data \
+                     with a tool that copies their device"
+                ),
+            )),
+            Content::Files => Ok(match (id.nfs_dir(TREE), id.local_dir()) {
+                (Some(tree), _) => Source::Nfs { id: tree, label },
+                (None, Some(dir)) => Source::Dir {
+                    path: dir.join(TREE),
+                    label,
+                },
+                (None, None) => unreachable!("a store is NFS or a directory"),
+            }),
         }
     }
 }
+
+/// The record's parameter of a restored volume: what its snapshot holds (`Content`).
+pub const SNAPSHOT_CONTENT_KEY: &str = "snapshotContent";
 
 /// The source a CreateVolume asks for, if any (`request` refused asking for two).
 pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
     if let Some(id) = &req.params.dataset {
         return Ok(Some(Source::dataset(id)));
+    }
+    if let Some(r) = &req.restore {
+        return Source::snapshot(&r.id, &r.text, r.content).map(Some);
     }
     let Some(raw) = &req.clone_of else {
         return Ok(None);
@@ -68,6 +107,14 @@ pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
 /// The source a clone's record names (`cloneSource`, or the class's dataset).
 pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
     if let Some(raw) = rec.parameters.get(super::clone::SOURCE_KEY) {
+        if let Some(id) = SnapshotId::parse(raw) {
+            let content = rec
+                .parameters
+                .get(SNAPSHOT_CONTENT_KEY)
+                .and_then(|c| Content::parse(c))
+                .unwrap_or(Content::Files);
+            return Source::snapshot(&id, raw, content).map(Some);
+        }
         return Ok(Some(match request::volume_ref(raw)? {
             VolumeRef::Block(_) => Source::Block(raw.clone()),
             VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
@@ -164,6 +211,8 @@ pub fn private_options(id: &NfsVolumeId) -> Result<nfs_options::MountOptions> {
 pub enum SourceMount {
     /// A block volume's device.
     Device { dev: PathBuf, fs: FsType },
+    /// A directory of this node (a snapshot's tree on a directory store), bound.
+    Bind { path: PathBuf },
     /// `server:/share/dir` over the transport its id records.
     Nfs { id: NfsVolumeId, label: String },
 }
@@ -172,6 +221,10 @@ impl SourceMount {
     pub async fn mount(&self, host: &dyn Host, at: &Anchored) -> Result<()> {
         match self {
             SourceMount::Device { dev, fs } => host.mount(dev, at, *fs, &["ro".to_owned()]).await,
+            SourceMount::Bind { path } => {
+                let from = Anchored::unpinned(path.clone());
+                host.bind_mount(&from, at, &["ro".to_owned()]).await
+            }
             SourceMount::Nfs { id, .. } => {
                 let opts = private_options(id)?;
                 let source = id.source();

@@ -31,6 +31,7 @@ use super::{fs_error, fsops, NfsBackend, NfsRecord, NfsVolumeId};
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Verify};
 use crate::csi;
 use crate::error::{Error, Result};
+use crate::request::snapshot::{Content, Restore};
 use crate::request::{self, CreateVolume, VolumeRef};
 
 /// How long CreateVolume waits for the copy before answering Unavailable with the
@@ -114,16 +115,72 @@ pub async fn create(
     id: &NfsVolumeId,
     source: &str,
 ) -> Result<NfsRecord> {
-    let id_text = id.to_string();
-    let existing = b.store.registry.get(&id_text);
-    // Copied already (check_existing compared name, parameters and source): the same
-    // answer, even if the source has gone since.
-    if let Some(rec) = existing.as_ref().filter(|r| !r.filling) {
-        return Ok(rec.clone());
+    if let Some(rec) = copied_already(b, id) {
+        return Ok(rec);
     }
     let (src, source_bytes) = check_source(b, source, id).await?;
+    fill(b, req, id, source, Some(src), source_bytes).await
+}
+
+/// Copied already (check_existing compared name, parameters and source): the same
+/// answer, even if the source has gone since.
+fn copied_already(b: &NfsBackend, id: &NfsVolumeId) -> Option<NfsRecord> {
+    b.store.registry.get(&id.to_string()).filter(|r| !r.filling)
+}
+
+/// CreateVolume restoring a snapshot: its file tree on an NFS store copied as a clone's
+/// source is; an empty snapshot gives an empty directory. A snapshot on a directory store
+/// (one node's) and a raw block snapshot restore into block classes only.
+pub async fn restore(
+    b: &NfsBackend,
+    req: &CreateVolume<'_>,
+    id: &NfsVolumeId,
+    restore: &Restore,
+) -> Result<NfsRecord> {
+    if let Some(rec) = copied_already(b, id) {
+        return Ok(rec);
+    }
+    let field = "volume_content_source.snapshot.snapshot_id";
+    let src = match (restore.content, restore.nfs_tree()) {
+        (Content::Device, _) => {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "snapshot {} holds a raw block volume's bytes: restore it into a block                      class with block access (Kubernetes: volumeMode: Block)",
+                    restore.text
+                ),
+            ))
+        }
+        (_, None) => {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "snapshot {} is kept in a directory of a node ({}), which NFS volumes                      cannot read: restore it into a block class, or take snapshots for NFS                      volumes with a class whose store is an NFS export (storeServer)",
+                    restore.text,
+                    restore.id.store_location()
+                ),
+            ))
+        }
+        (Content::Empty, Some(_)) => None,
+        (Content::Files, Some(tree)) => Some(tree),
+    };
+    fill(b, req, id, &restore.text, src, restore.size_bytes).await
+}
+
+/// Records the volume `filling`, copies `src` (None: nothing to copy) into its
+/// directory as a job, and records it complete once the copy is verified.
+async fn fill(
+    b: &NfsBackend,
+    req: &CreateVolume<'_>,
+    id: &NfsVolumeId,
+    source: &str,
+    src: Option<NfsVolumeId>,
+    source_bytes: u64,
+) -> Result<NfsRecord> {
+    let id_text = id.to_string();
+    let existing = b.store.registry.get(&id_text);
     let capacity = capacity(req, source, source_bytes)?;
-    let (target_root, source_root) = (b.export_root(id).await?, b.export_root(&src).await?);
+    let target_root = b.export_root(id).await?;
     if existing.is_none() {
         refuse_foreign_content(b, &target_root, id).await?;
     }
@@ -139,6 +196,15 @@ pub async fn create(
     b.store.registry.update(|m| {
         m.insert(id_text.clone(), rec.clone());
     })?;
+    let Some(src) = src else {
+        let rel = id.dir.clone();
+        b.blocking(format!("creating {}", id.source()), move || {
+            fsops::ensure_dir(&target_root, &rel)
+        })
+        .await?;
+        return record_done(b, &id_text, rec);
+    };
+    let source_root = b.export_root(&src).await?;
     let label = src.source();
     let progress = b
         .clones
@@ -153,6 +219,7 @@ pub async fn create(
             streams: crate::copy::STREAMS,
             chunk: crate::copy::CHUNK,
             verify: verify_of(req),
+            live: false,
         },
     };
     let job = copy.run(Arc::clone(&progress), id_text.clone());
@@ -261,7 +328,7 @@ impl Copy {
                     self.req.label
                 ))
             })?;
-        copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress)
+        copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress).map(drop)
     }
 }
 
@@ -301,16 +368,22 @@ pub async fn delete_filling(b: &NfsBackend, id: &NfsVolumeId) -> Result<bool> {
     Ok(true)
 }
 
-/// The content source a clone's Volume answers with.
+/// The content source a clone's (or restored volume's) Volume answers with.
 pub fn content_source(rec: &NfsRecord) -> Option<csi::VolumeContentSource> {
-    use csi::volume_content_source::{Type, VolumeSource};
     rec.clone_source
-        .as_ref()
-        .map(|id| csi::VolumeContentSource {
-            r#type: Some(Type::Volume(VolumeSource {
-                volume_id: id.clone(),
-            })),
-        })
+        .as_deref()
+        .map(request::snapshot::content_source)
+}
+
+/// NFS volumes of this driver being filled from `source` now.
+pub fn filling_from(b: &NfsBackend, source: &str) -> Vec<String> {
+    b.store
+        .registry
+        .snapshot()
+        .into_iter()
+        .filter(|(_, r)| r.filling && r.clone_source.as_deref() == Some(source))
+        .map(|(id, _)| id)
+        .collect()
 }
 
 #[cfg(test)]

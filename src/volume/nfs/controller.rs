@@ -60,7 +60,7 @@ fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> R
     if let Some((existing, rec)) = b.store.registry.by_name(name) {
         if existing != id_text
             || rec.parameters != req.params.stored
-            || rec.clone_source != req.clone_of
+            || rec.clone_source != req.clone_of.clone().or(req.snapshot_of.clone())
         {
             return Err(Error::AlreadyExists(format!(
                 "volume {name:?} exists with other parameters, mount options or content \
@@ -92,6 +92,10 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
     check_existing(b, req, &id)?;
     if let Some(source) = &req.clone_of {
         let rec = clone::create(b, req, &id, source).await?;
+        return Ok(volume_of(b, &id_text, &rec, Some(&id)));
+    }
+    if let Some(restore) = &req.restore {
+        let rec = clone::restore(b, req, &id, restore).await?;
         return Ok(volume_of(b, &id_text, &rec, Some(&id)));
     }
     let root = b.export_root(&id).await?;

@@ -1,0 +1,503 @@
+//! Snapshot requests and ids. A snapshot is a directory on a store that any node can
+//! reach: an NFS export (production: over RDMA, mounted with the options NFS volumes
+//! get) or a directory every node sees (single-node use and tests). Its id carries the
+//! store and the directory, so a node that never saw the snapshot restores from it, and
+//! a restarted driver finds it, without any other state:
+//! `snap:nfs:r-<proto>-<port>-<vers>:<share>:<storePath>~<dir>:<server>` (an NFS
+//! directory id, see `nfs_id`) or `snap:dir:<storeDir>:<dir>`, each `/` written `~`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::dataset::{parse_dir, DirKeys};
+use super::nfs::path_component_ok;
+use super::nfs_id::NfsVolumeId;
+use crate::csi;
+use crate::error::{Error, Result};
+use crate::volume::id::MAX_VOLUME_ID_LEN;
+
+pub const PARAM_STORE_DIR: &str = "storeDir";
+pub const PARAM_STORE_SERVER: &str = "storeServer";
+pub const PARAM_STORE_SHARE: &str = "storeShare";
+pub const PARAM_STORE_PATH: &str = "storePath";
+pub const PARAM_STORE_PROTO: &str = "storeProto";
+pub const PARAM_STORE_PORT: &str = "storePort";
+pub const PARAM_STORE_VERS: &str = "storeVers";
+/// `"true"`: the manifest holds each file's SHA-256 (read once more from the store).
+pub const PARAM_CHECKSUMS: &str = "checksums";
+
+const PREFIX: &str = "snap";
+/// The longest snapshot directory name kept as the CSI name itself; longer names, and
+/// names with characters a directory name should not have, are cut and given a hash.
+const PLAIN_NAME_MAX: usize = 64;
+
+const STORE: DirKeys = DirKeys {
+    server: (PARAM_STORE_SERVER, "parameters.storeServer"),
+    share: (PARAM_STORE_SHARE, "parameters.storeShare"),
+    path: (PARAM_STORE_PATH, "parameters.storePath"),
+    proto: (PARAM_STORE_PROTO, "parameters.storeProto"),
+    port: (PARAM_STORE_PORT, "parameters.storePort"),
+    vers: (PARAM_STORE_VERS, "parameters.storeVers"),
+    what: "a snapshot class's store",
+    path_optional: true,
+};
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Content {
+    /// A file tree (`tree/`): a filesystem volume's files, or an NFS volume's.
+    Files,
+    /// A raw block volume's bytes (`device.img`).
+    Device,
+    /// A volume that held nothing: no filesystem and only zeros.
+    Empty,
+}
+
+impl Content {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Content::Files => "files",
+            Content::Device => "device",
+            Content::Empty => "empty",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Content> {
+        Some(match text {
+            "files" => Content::Files,
+            "device" => Content::Device,
+            "empty" => Content::Empty,
+            _ => return None,
+        })
+    }
+}
+
+/// A ready snapshot a CreateVolume restores, as its manifest says (the service reads
+/// it from the store before the backend allocates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restore {
+    pub id: SnapshotId,
+    /// The id as given (recorded with the volume, answered as its content source).
+    pub text: String,
+    pub content: Content,
+    /// The source's capacity: the smallest volume that holds the snapshot.
+    pub size_bytes: u64,
+}
+
+impl Restore {
+    /// The snapshot's file tree as an NFS directory (an NFS store).
+    pub fn nfs_tree(&self) -> Option<NfsVolumeId> {
+        self.id.nfs_dir(TREE)
+    }
+
+    /// The snapshot's file tree on a directory store.
+    pub fn local_tree(&self) -> Option<PathBuf> {
+        self.id.local_dir().map(|d| d.join(TREE))
+    }
+}
+
+/// The directory of a file snapshot's tree, beside its manifest.
+pub const TREE: &str = "tree";
+
+/// Where snapshots are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// A directory on the node (absolute); every node that restores must see the same.
+    Dir(PathBuf),
+    /// A directory on an NFS export (`dir` the store path below the share, maybe empty).
+    Nfs(NfsVolumeId),
+}
+
+/// A snapshot: its store and its directory's name there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotId {
+    pub store: Store,
+    pub dir: String,
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.store {
+            Store::Dir(path) => {
+                let path = path.to_string_lossy().replace('/', "~");
+                write!(f, "{PREFIX}:dir:{path}:{}", self.dir)
+            }
+            Store::Nfs(_) => {
+                let id = self.nfs_dir("").expect("an NFS store");
+                write!(f, "{PREFIX}:{id}")
+            }
+        }
+    }
+}
+
+impl SnapshotId {
+    /// None when `text` is no snapshot id of this driver.
+    pub fn parse(text: &str) -> Option<SnapshotId> {
+        let rest = text.strip_prefix(PREFIX)?.strip_prefix(':')?;
+        if let Some(dir_form) = rest.strip_prefix("dir:") {
+            let (path, dir) = dir_form.rsplit_once(':')?;
+            let path = PathBuf::from(path.replace('~', "/"));
+            check_store_dir(&path).ok()?;
+            dir_name_ok(dir).then_some(())?;
+            return Some(SnapshotId {
+                store: Store::Dir(path),
+                dir: dir.to_owned(),
+            });
+        }
+        let id = NfsVolumeId::parse(rest)?;
+        if id.on_delete != super::OnDelete::Retain {
+            return None;
+        }
+        let (base, dir) = match id.dir.rsplit_once('/') {
+            Some((base, dir)) => (base.to_owned(), dir.to_owned()),
+            None => (String::new(), id.dir.clone()),
+        };
+        dir_name_ok(&dir).then_some(())?;
+        Some(SnapshotId {
+            store: Store::Nfs(NfsVolumeId { dir: base, ..id }),
+            dir,
+        })
+    }
+
+    /// `sub` below the snapshot's directory (`""`: the directory itself), as an NFS
+    /// directory id; None for a directory store.
+    pub fn nfs_dir(&self, sub: &str) -> Option<NfsVolumeId> {
+        let Store::Nfs(store) = &self.store else {
+            return None;
+        };
+        let dir = [store.dir.as_str(), self.dir.as_str(), sub]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join("/");
+        Some(NfsVolumeId {
+            dir,
+            ..store.clone()
+        })
+    }
+
+    /// The snapshot's directory on a directory store; None for an NFS store.
+    pub fn local_dir(&self) -> Option<PathBuf> {
+        match &self.store {
+            Store::Dir(path) => Some(path.join(&self.dir)),
+            Store::Nfs(_) => None,
+        }
+    }
+
+    /// Where the snapshot is, for messages: `server:/share/path/dir` or a local path.
+    pub fn location(&self) -> String {
+        match (&self.store, self.nfs_dir("")) {
+            (_, Some(id)) => id.source(),
+            (Store::Dir(path), None) => path.join(&self.dir).display().to_string(),
+            (Store::Nfs(_), None) => unreachable!("an NFS store has an NFS directory"),
+        }
+    }
+
+    /// The store itself, for messages.
+    pub fn store_location(&self) -> String {
+        match &self.store {
+            Store::Dir(path) => path.display().to_string(),
+            Store::Nfs(id) if id.dir.is_empty() => id.export_source(),
+            Store::Nfs(id) => id.source(),
+        }
+    }
+}
+
+/// A volume's content source as CSI answers it: a snapshot's id or a volume's.
+pub fn content_source(source: &str) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let t = if SnapshotId::parse(source).is_some() {
+        Type::Snapshot(SnapshotSource {
+            snapshot_id: source.to_owned(),
+        })
+    } else {
+        Type::Volume(VolumeSource {
+            volume_id: source.to_owned(),
+        })
+    };
+    csi::VolumeContentSource { r#type: Some(t) }
+}
+
+/// CreateSnapshot, checked.
+#[derive(Debug, Clone)]
+pub struct CreateSnapshot {
+    pub name: String,
+    pub source_volume_id: String,
+    pub id: SnapshotId,
+    pub checksums: bool,
+}
+
+pub fn create_snapshot(req: &csi::CreateSnapshotRequest) -> Result<CreateSnapshot> {
+    let name = super::name(&req.name)?;
+    if req.source_volume_id.is_empty() {
+        return Err(Error::invalid(
+            "source_volume_id",
+            "required: the volume to take the snapshot of",
+        ));
+    }
+    let params: BTreeMap<String, String> = req
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let known = [
+        PARAM_STORE_DIR,
+        PARAM_STORE_SERVER,
+        PARAM_STORE_SHARE,
+        PARAM_STORE_PATH,
+        PARAM_STORE_PROTO,
+        PARAM_STORE_PORT,
+        PARAM_STORE_VERS,
+        PARAM_CHECKSUMS,
+    ];
+    for key in params.keys() {
+        // The external-snapshotter's own keys (snapshot name, namespace, content name).
+        if key.starts_with("csi.storage.k8s.io/") {
+            continue;
+        }
+        if !known.contains(&key.as_str()) {
+            return Err(Error::invalid(
+                "parameters",
+                format!(
+                    "unknown VolumeSnapshotClass parameter {key:?}; known: {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+    let checksums = match params.get(PARAM_CHECKSUMS).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(Error::invalid(
+                "parameters.checksums",
+                format!("{other:?} must be \"true\" or \"false\""),
+            ))
+        }
+    };
+    let store = store(&params)?;
+    let id = SnapshotId {
+        store,
+        dir: dir_name(&name),
+    };
+    let text = id.to_string();
+    if text.len() > MAX_VOLUME_ID_LEN {
+        let field = match id.store {
+            Store::Dir(_) => "parameters.storeDir",
+            Store::Nfs(_) => "parameters.storePath",
+        };
+        return Err(Error::invalid(
+            field,
+            format!(
+                "the snapshot id {text} would be {} bytes, over CSI's {MAX_VOLUME_ID_LEN}: \
+                 name a shorter store (server, share, path or directory)",
+                text.len()
+            ),
+        ));
+    }
+    Ok(CreateSnapshot {
+        name,
+        source_volume_id: req.source_volume_id.clone(),
+        id,
+        checksums,
+    })
+}
+
+fn store(params: &BTreeMap<String, String>) -> Result<Store> {
+    let nfs = parse_dir(params, &STORE)?;
+    match (params.get(PARAM_STORE_DIR), nfs) {
+        (Some(_), Some(_)) => Err(Error::invalid(
+            "parameters.storeDir",
+            "a store is either a directory (storeDir) or an NFS export (storeServer, \
+             storeShare, storePath): set one",
+        )),
+        (None, None) => Err(Error::invalid(
+            "parameters",
+            "the snapshot class names no store: set storeServer and storeShare (an NFS \
+             export, storePath optional) or storeDir (a directory every node sees)",
+        )),
+        (None, Some(id)) => Ok(Store::Nfs(id)),
+        (Some(dir), None) => {
+            let path = PathBuf::from(dir);
+            check_store_dir(&path).map_err(|e| Error::invalid("parameters.storeDir", e))?;
+            Ok(Store::Dir(path))
+        }
+    }
+}
+
+fn check_store_dir(path: &Path) -> std::result::Result<(), String> {
+    let text = path.to_string_lossy();
+    let ok = text.starts_with('/')
+        && text.len() > 1
+        && text.len() <= 96
+        && text[1..].split('/').all(path_component_ok);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{text:?} must be an absolute directory of at most 96 bytes, components of \
+             letters, digits, '-', '.', '_', '+' or '@' (no '..', no empty components)"
+        ))
+    }
+}
+
+fn dir_name_ok(dir: &str) -> bool {
+    path_component_ok(dir) && !dir.starts_with('.')
+}
+
+/// The snapshot's directory: its CSI name when that is a plain directory name of at most
+/// `PLAIN_NAME_MAX` bytes, else a cut of it and 16 hex digits of SHA-256 of the name (the
+/// same each time, so a repeated CreateSnapshot finds the same directory).
+pub fn dir_name(name: &str) -> String {
+    if name.len() <= PLAIN_NAME_MAX && dir_name_ok(name) {
+        return name.to_owned();
+    }
+    let cleaned: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    format!("{cleaned}-{}", crate::state_dir::short_hash(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(name: &str, params: &[(&str, &str)]) -> csi::CreateSnapshotRequest {
+        csi::CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: "blk:dev-1:aa:node".into(),
+            parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn field(e: Error) -> String {
+        match e {
+            Error::InvalidArgument { field, reason } => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_round_trip_for_both_stores_and_carry_the_directory() {
+        let dir = create_snapshot(&req("snap-1", &[("storeDir", "/var/lib/snaps")])).unwrap();
+        let text = dir.id.to_string();
+        assert_eq!(text, "snap:dir:~var~lib~snaps:snap-1");
+        assert_eq!(SnapshotId::parse(&text), Some(dir.id.clone()));
+        assert_eq!(
+            dir.id.local_dir().unwrap(),
+            Path::new("/var/lib/snaps/snap-1")
+        );
+
+        let nfs = create_snapshot(&req(
+            "snapshot-0b6f",
+            &[
+                ("storeServer", "192.0.2.1"),
+                ("storeShare", "/export"),
+                ("storePath", "snaps"),
+            ],
+        ))
+        .unwrap();
+        let text = nfs.id.to_string();
+        assert_eq!(
+            text,
+            "snap:nfs:r-rdma-20049-4.1:~export:snaps~snapshot-0b6f:192.0.2.1"
+        );
+        let back = SnapshotId::parse(&text).unwrap();
+        assert_eq!(back, nfs.id);
+        assert_eq!(
+            back.nfs_dir("tree").unwrap().source(),
+            "192.0.2.1:/export/snaps/snapshot-0b6f/tree"
+        );
+        // The share's root as the store.
+        let root = create_snapshot(&req(
+            "s",
+            &[("storeServer", "192.0.2.1"), ("storeShare", "/")],
+        ))
+        .unwrap();
+        assert_eq!(
+            SnapshotId::parse(&root.id.to_string()),
+            Some(root.id.clone())
+        );
+        assert_eq!(root.id.location(), "192.0.2.1:/s");
+    }
+
+    #[test]
+    fn a_long_or_odd_name_gets_a_stable_hashed_directory() {
+        let long = "x".repeat(128);
+        let a = dir_name(&long);
+        assert_eq!(a, dir_name(&long));
+        assert!(a.len() < 64 && dir_name_ok(&a), "{a}");
+        assert_ne!(dir_name("a/b"), dir_name("a:b"));
+        assert!(dir_name_ok(&dir_name("..")));
+        let id = create_snapshot(&req(&long, &[("storeDir", "/var/lib/snaps")])).unwrap();
+        assert!(id.id.to_string().len() <= MAX_VOLUME_ID_LEN);
+    }
+
+    #[test]
+    fn bad_parameters_name_the_parameter() {
+        let e = |p: &[(&str, &str)]| field(create_snapshot(&req("s", p)).unwrap_err());
+        assert!(e(&[]).starts_with("parameters: the snapshot class names no store"));
+        assert!(e(&[("storeDir", "relative")]).starts_with("parameters.storeDir: "));
+        assert!(e(&[("storeDir", "/a/../b")]).starts_with("parameters.storeDir: "));
+        assert!(e(&[
+            ("storeDir", "/a"),
+            ("storeServer", "h"),
+            ("storeShare", "/e")
+        ])
+        .starts_with("parameters.storeDir: a store is either"));
+        assert!(e(&[("storeServer", "h")]).starts_with("parameters.storeShare: required"));
+        assert!(e(&[
+            ("storeServer", "h"),
+            ("storeShare", "/e"),
+            ("storePort", "0")
+        ])
+        .starts_with("parameters.storePort: "));
+        assert!(
+            e(&[("storeDir", "/a"), ("checksums", "yes")]).starts_with("parameters.checksums: ")
+        );
+        assert!(e(&[("storeDir", "/a"), ("bogus", "1")]).contains("\"bogus\""));
+        let long = format!("/{}", "d".repeat(96));
+        assert!(e(&[("storeDir", &long)]).starts_with("parameters.storeDir: "));
+        let no_name = csi::CreateSnapshotRequest {
+            source_volume_id: "x".into(),
+            ..Default::default()
+        };
+        assert!(field(create_snapshot(&no_name).unwrap_err()).starts_with("name: "));
+        let no_source = csi::CreateSnapshotRequest {
+            name: "x".into(),
+            ..Default::default()
+        };
+        assert!(field(create_snapshot(&no_source).unwrap_err()).starts_with("source_volume_id: "));
+    }
+
+    #[test]
+    fn what_is_no_snapshot_id_parses_to_none() {
+        for text in [
+            "",
+            "snap",
+            "snap:",
+            "snap:dir:rel:x",
+            "snap:dir:~a:..",
+            "snap:dir:~a:.hidden",
+            "snap:nfs:d-rdma-20049-4.1:~export:snaps~x:h",
+            "nfs:r-rdma-20049-4.1:~export:x:h",
+            "non-existing-snapshot-id",
+        ] {
+            assert_eq!(SnapshotId::parse(text), None, "{text}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! A snapshot's manifest: what it holds and where it came from, written last into the
+//! snapshot's directory (a temporary name, synced, renamed, the directory synced), so a
+//! snapshot is ready exactly when its manifest exists and a half-written one never is.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::copy::walk::{Entry, Kind};
+use crate::error::{Error, Result};
+pub use crate::request::snapshot::Content;
+
+pub const FILE: &str = "manifest.json";
+pub use crate::request::snapshot::TREE;
+/// A raw block snapshot's bytes (sparse: runs of zeros are holes).
+pub const IMAGE: &str = "device.img";
+const FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    pub path: String,
+    pub kind: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    pub snapshot_id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub source_node: String,
+    pub created_secs: i64,
+    pub created_nanos: i32,
+    pub content: Content,
+    /// The source's filesystem (a block volume's), for the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    /// The source's capacity: the smallest volume the snapshot restores into.
+    pub size_bytes: u64,
+    /// Bytes of file data (files) or of the image (device).
+    pub data_bytes: u64,
+    /// How long the source's filesystem was frozen for the last pass (a mounted volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_seconds: Option<f64>,
+    #[serde(default)]
+    pub entries: Vec<ManifestEntry>,
+}
+
+impl Manifest {
+    pub fn new(head: &super::Record, source_node: &str, content: Content) -> Manifest {
+        Manifest {
+            format: FORMAT,
+            snapshot_id: head.id.clone(),
+            name: head.name.clone(),
+            source_volume_id: head.source_volume_id.clone(),
+            source_node: source_node.to_owned(),
+            created_secs: head.created_secs,
+            created_nanos: head.created_nanos,
+            content,
+            fs_type: None,
+            size_bytes: head.size_bytes,
+            data_bytes: 0,
+            freeze_seconds: None,
+            entries: Vec::new(),
+        }
+    }
+
+    /// The entries of a file tree (below its root), with each file's SHA-256 read from
+    /// the copy in `tree` when `checksums`.
+    pub fn list(&mut self, entries: &[Entry], tree: &Path, checksums: bool) -> Result<()> {
+        let root = nix::fcntl::open(
+            tree,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| Error::io("open", tree, e.into()))?;
+        self.data_bytes = 0;
+        self.entries = Vec::with_capacity(entries.len().saturating_sub(1));
+        for e in entries.iter().skip(1) {
+            let kind = match e.kind {
+                Kind::Dir => "dir",
+                Kind::File => "file",
+                Kind::Symlink => "symlink",
+                Kind::Special => "special",
+            };
+            let sha256 = if checksums && e.kind == Kind::File {
+                Some(
+                    crate::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
+                        .map_err(|x| Error::io("checksum", tree.join(&e.rel), x.into()))?,
+                )
+            } else {
+                None
+            };
+            if e.kind == Kind::File {
+                self.data_bytes += e.size();
+            }
+            self.entries.push(ManifestEntry {
+                path: e.rel.to_string_lossy().into_owned(),
+                kind: kind.into(),
+                size: e.size(),
+                sha256,
+            });
+        }
+        Ok(())
+    }
+
+    /// Written into `dir` atomically; from now on the snapshot is ready.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(FILE);
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        crate::state_dir::write_atomic(&path, &bytes).map_err(|e| Error::io("write", &path, e))
+    }
+
+    /// The manifest in `dir`; None when there is none (not ready, or no snapshot).
+    pub fn read(dir: &Path) -> Result<Option<Manifest>> {
+        let path = dir.join(FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("read", &path, e)),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::State {
+                path,
+                reason: format!("not a snapshot manifest: {e}"),
+            })
+    }
+}

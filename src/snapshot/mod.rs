@@ -1,0 +1,454 @@
+//! CSI snapshots that leave the node: a volume's files (or a raw block volume's bytes)
+//! copied into a directory on a snapshot store, an NFS export or a directory every node
+//! sees, with a manifest written last. The snapshot's id names the store and the
+//! directory (`request::snapshot`), so any node that reaches the store restores from it
+//! (`restore`) and the node that held the volume may be gone.
+//!
+//! Taking one is long work: a job (`take`) a repeated CreateSnapshot joins; the call
+//! answers `ready_to_use: false` while it copies (the external-snapshotter polls), and
+//! a driver killed meanwhile resumes the copy at the next CreateSnapshot, ListSnapshots
+//! or GetSnapshot of it. A snapshot is ready exactly when its manifest exists; this
+//! node's records (`<state-dir>/snapshots/`, one file per snapshot) hold what the
+//! snapshots it took are, for the calls that list them.
+
+pub mod manifest;
+pub mod restore;
+mod take;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::copy::Cloner;
+use crate::csi;
+use crate::error::{Error, Result, VolumeError};
+use crate::locks::VolumeLocks;
+use crate::request::snapshot::{CreateSnapshot, SnapshotId, Store};
+use crate::request::{self, VolumeRef};
+use crate::state_dir::short_hash;
+use crate::volume::block::BlockBackend;
+use crate::volume::nfs::NfsBackend;
+
+pub use manifest::{Content, Manifest};
+
+/// How long a CreateSnapshot waits for the copy before answering `ready_to_use: false`:
+/// under the csi-snapshotter's default `--timeout` of 1 minute.
+pub const CREATE_WAIT: Duration = Duration::from_secs(20);
+/// The longest a mounted volume's filesystem stays frozen for the last pass, unless
+/// `--snapshot-freeze-limit` says otherwise.
+pub const FREEZE_LIMIT: Duration = Duration::from_secs(5);
+/// Seconds without a byte moved after which CreateSnapshot answers Unavailable naming
+/// the store (an NFS store's server that stopped answering).
+const STALLED: u64 = 60;
+
+/// What this node knows of a snapshot it took (or is taking).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub created_secs: i64,
+    pub created_nanos: i32,
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub checksums: bool,
+    /// The manifest is written: the snapshot can be restored.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+impl Record {
+    fn answer(&self) -> csi::Snapshot {
+        csi::Snapshot {
+            size_bytes: self.size_bytes as i64,
+            snapshot_id: self.id.clone(),
+            source_volume_id: self.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: self.created_secs,
+                nanos: self.created_nanos,
+            }),
+            ready_to_use: self.ready,
+            group_snapshot_id: String::new(),
+        }
+    }
+}
+
+fn answer_of(m: &Manifest) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: m.size_bytes as i64,
+        snapshot_id: m.snapshot_id.clone(),
+        source_volume_id: m.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: m.created_secs,
+            nanos: m.created_nanos,
+        }),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// The snapshots of this node: their records, the copies running, the freeze bound.
+pub struct Snapshots {
+    records: PathBuf,
+    /// Private mounts of the volumes being copied.
+    work: PathBuf,
+    state_dir: PathBuf,
+    pub copies: Cloner,
+    pub freeze_limit: Duration,
+    pub create_wait: Duration,
+}
+
+impl Snapshots {
+    pub fn open(state_dir: &Path) -> Result<Snapshots> {
+        let records = state_dir.join("snapshots");
+        std::fs::create_dir_all(&records).map_err(|e| Error::io("create", &records, e))?;
+        Ok(Snapshots {
+            records,
+            work: state_dir.join("snapshot-mnt"),
+            state_dir: state_dir.to_owned(),
+            copies: Cloner::default(),
+            freeze_limit: FREEZE_LIMIT,
+            create_wait: CREATE_WAIT,
+        })
+    }
+
+    pub fn with_freeze_limit(mut self, limit: Duration) -> Snapshots {
+        self.freeze_limit = limit;
+        self
+    }
+
+    pub fn with_create_wait(mut self, wait: Duration) -> Snapshots {
+        self.create_wait = wait;
+        self
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.records.join(format!("{}.json", short_hash(name)))
+    }
+
+    fn progress_path(&self, name: &str) -> PathBuf {
+        self.records.join(format!("{}.progress", short_hash(name)))
+    }
+
+    pub fn record(&self, name: &str) -> Result<Option<Record>> {
+        read_record(&self.record_path(name))
+    }
+
+    fn store(&self, rec: &Record) -> Result<()> {
+        store_record(&self.record_path(&rec.name), rec)
+    }
+
+    fn forget(&self, name: &str) -> Result<()> {
+        for path in [self.record_path(name), self.progress_path(name)] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io("remove", &path, e))
+                }
+                _ => {}
+            }
+        }
+        self.copies.forget(&key(name));
+        Ok(())
+    }
+
+    /// Every record, by id.
+    pub fn records(&self) -> Result<Vec<Record>> {
+        let entries =
+            std::fs::read_dir(&self.records).map_err(|e| Error::io("read", &self.records, e))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|x| x == "json") {
+                if let Some(rec) = read_record(&path)? {
+                    out.push(rec);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+}
+
+fn read_record(path: &Path) -> Result<Option<Record>> {
+    let Some(bytes) = crate::state_dir::read_regular(path)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::State {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+fn store_record(path: &Path, rec: &Record) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::State {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
+}
+
+fn key(name: &str) -> String {
+    format!("snapshot:{name}")
+}
+
+/// What the snapshot calls reach: this node's snapshots, its backends and volume locks.
+pub struct Context<'a> {
+    pub snapshots: &'a Snapshots,
+    pub block: &'a BlockBackend,
+    pub nfs: Option<&'a NfsBackend>,
+    pub locks: &'a VolumeLocks,
+    pub node_id: &'a str,
+}
+
+/// A store that cannot be reached: Unavailable, naming it (the snapshotter retries).
+fn store_unreachable(id: &SnapshotId, e: &Error) -> Error {
+    Error::NotReady(format!(
+        "the snapshot store {} cannot be reached: {e}; nothing was listed or changed: retry \
+         when it answers",
+        id.store_location()
+    ))
+}
+
+impl Context<'_> {
+    fn nfs(&self) -> Result<&NfsBackend> {
+        self.nfs.ok_or_else(|| VolumeError::NfsDisabled.into())
+    }
+
+    /// The snapshot's directory as this node reaches it: an NFS store's export is
+    /// mounted (once) under the controller's working directory.
+    pub async fn snapshot_dir(&self, id: &SnapshotId) -> Result<PathBuf> {
+        match &id.store {
+            Store::Dir(_) => Ok(id.local_dir().expect("a directory store")),
+            Store::Nfs(store) => {
+                let root = self
+                    .nfs()?
+                    .export_root(store)
+                    .await
+                    .map_err(|e| store_unreachable(id, &e))?;
+                Ok(root.join(&store.dir).join(&id.dir))
+            }
+        }
+    }
+
+    /// The manifest of `id` as its store has it (None: no ready snapshot there), read
+    /// under the NFS backend's deadline.
+    pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
+        let dir = self.snapshot_dir(id).await?;
+        match &id.store {
+            Store::Dir(_) => Manifest::read(&dir),
+            Store::Nfs(_) => {
+                let what = format!("reading the manifest of {}", id.location());
+                self.nfs()?
+                    .with_deadline(what, move || Manifest::read(&dir))
+                    .await
+                    .map_err(|e| store_unreachable(id, &e))
+            }
+        }
+    }
+}
+
+fn now() -> (i64, i32) {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs() as i64, t.subsec_nanos() as i32)
+}
+
+/// The capacity of the volume a snapshot is taken of (the smallest volume it restores
+/// into); NotFound when it is no volume here.
+fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
+    let not_found = || {
+        Error::NotFound(format!(
+            "source_volume_id: volume {source} does not exist on this node"
+        ))
+    };
+    match request::volume_ref(source) {
+        Ok(VolumeRef::Block(_)) => ctx
+            .block
+            .pool
+            .state
+            .snapshot()
+            .volumes
+            .get(source)
+            .map(|r| r.capacity_bytes)
+            .ok_or_else(not_found),
+        Ok(VolumeRef::Nfs(_)) => {
+            let nfs = ctx.nfs()?;
+            Ok(nfs
+                .store
+                .registry
+                .get(source)
+                .map_or(0, |r| r.capacity_bytes))
+        }
+        _ => Err(not_found()),
+    }
+}
+
+/// CreateSnapshot: the record made once (same name: same source and store, else
+/// AlreadyExists), then the copy started or joined.
+pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snapshot> {
+    let _name = ctx.locks.try_lock(&key(&req.name))?;
+    let id = req.id.to_string();
+    let rec = match ctx.snapshots.record(&req.name)? {
+        Some(r) if r.source_volume_id != req.source_volume_id => {
+            return Err(Error::AlreadyExists(format!(
+                "name: snapshot {} exists and is of volume {}, not {}; use another name",
+                req.name, r.source_volume_id, req.source_volume_id
+            )))
+        }
+        Some(r) if r.id != id => {
+            return Err(Error::AlreadyExists(format!(
+                "name: snapshot {} exists on another store ({}); use another name or the \
+                 class it was taken with",
+                req.name, r.id
+            )))
+        }
+        Some(r) => r,
+        None => {
+            let size_bytes = source_size(ctx, &req.source_volume_id)?;
+            let (created_secs, created_nanos) = now();
+            let rec = Record {
+                id,
+                name: req.name.clone(),
+                source_volume_id: req.source_volume_id.clone(),
+                created_secs,
+                created_nanos,
+                size_bytes,
+                checksums: req.checksums,
+                ready: false,
+            };
+            ctx.snapshots.store(&rec)?;
+            rec
+        }
+    };
+    progress(ctx, rec).await
+}
+
+/// A record's snapshot as it stands: ready, or its copy started (or joined) and waited
+/// for a while; a copy that moved no byte for a minute is Unavailable naming the store.
+async fn progress(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
+    if rec.ready {
+        return Ok(rec.answer());
+    }
+    match take::run(ctx, &rec).await {
+        Ok(()) => {}
+        Err(Error::NotReady(message)) => {
+            let p = ctx.snapshots.copies.progress(
+                &key(&rec.name),
+                &key(&rec.name),
+                ctx.snapshots.progress_path(&rec.name),
+                &rec.id,
+            );
+            if p.stalled_secs() >= STALLED {
+                let id = SnapshotId::parse(&rec.id);
+                return Err(Error::NotReady(format!(
+                    "snapshot {}: nothing was written to the store {} for {} s ({message}); \
+                     the copy goes on when it answers",
+                    rec.name,
+                    id.map(|i| i.store_location()).unwrap_or_default(),
+                    p.stalled_secs()
+                )));
+            }
+            return Ok(rec.answer());
+        }
+        Err(e) => return Err(e),
+    }
+    let done = ctx.snapshots.record(&rec.name)?.unwrap_or(rec);
+    Ok(done.answer())
+}
+
+/// ListSnapshots: this node's snapshots (a copy a killed driver left is resumed), or
+/// the one `snapshot_id` names, from its store when this node did not take it.
+pub async fn list(
+    ctx: &Context<'_>,
+    snapshot_id: &str,
+    source_volume_id: &str,
+) -> Result<Vec<csi::Snapshot>> {
+    let mut out = Vec::new();
+    let records = ctx.snapshots.records()?;
+    for rec in records {
+        if (!snapshot_id.is_empty() && rec.id != snapshot_id)
+            || (!source_volume_id.is_empty() && rec.source_volume_id != source_volume_id)
+        {
+            continue;
+        }
+        out.push(resumed(ctx, rec).await?);
+    }
+    if out.is_empty() && !snapshot_id.is_empty() && source_volume_id.is_empty() {
+        if let Some(id) = SnapshotId::parse(snapshot_id) {
+            if let Some(m) = ctx.manifest(&id).await? {
+                out.push(answer_of(&m));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A record's answer without waiting: its copy started again if nothing runs it (a
+/// restarted driver), in the background.
+async fn resumed(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
+    if rec.ready {
+        return Ok(rec.answer());
+    }
+    let running = ctx.snapshots.copies.jobs.is_running(&key(&rec.name));
+    if !running {
+        // The volume busy (a stage of it) or the store down: the next call tries again.
+        if let Err(e) = take::start(ctx, &rec).await {
+            tracing::warn!(snapshot = %rec.name, error = %e, "resuming the snapshot's copy failed");
+        }
+    }
+    Ok(ctx.snapshots.record(&rec.name)?.unwrap_or(rec).answer())
+}
+
+/// GetSnapshot: as ListSnapshots of one id; NotFound when there is none.
+pub async fn get(ctx: &Context<'_>, snapshot_id: &str) -> Result<csi::Snapshot> {
+    if snapshot_id.is_empty() {
+        return Err(Error::invalid("snapshot_id", "required"));
+    }
+    list(ctx, snapshot_id, "")
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot_id} does not exist")))
+}
+
+/// DeleteSnapshot: refused while it is being taken or a volume restores from it; its
+/// directory removed from the store, then this node's record. An id this driver never
+/// issued, or a snapshot gone already, is success.
+pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
+    if snapshot_id.is_empty() {
+        return Err(Error::invalid("snapshot_id", "required"));
+    }
+    let Some(id) = SnapshotId::parse(snapshot_id) else {
+        return Ok(());
+    };
+    let rec = ctx
+        .snapshots
+        .records()?
+        .into_iter()
+        .find(|r| r.id == snapshot_id);
+    let _name = match &rec {
+        Some(r) => Some(ctx.locks.try_lock(&key(&r.name))?),
+        None => None,
+    };
+    if let Some(r) = &rec {
+        if ctx.snapshots.copies.jobs.is_running(&key(&r.name)) {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {} is being taken now; retry when CreateSnapshot has answered",
+                r.name
+            )));
+        }
+    }
+    restore::refuse_restoring(ctx, &id).await?;
+    let dir = ctx.snapshot_dir(&id).await?;
+    take::remove_snapshot_dir(ctx, &id, dir).await?;
+    if let Some(r) = rec {
+        take::take_down_leftovers(ctx, &r).await?;
+        ctx.snapshots.forget(&r.name)?;
+    }
+    tracing::info!(snapshot_id, "snapshot deleted");
+    Ok(())
+}

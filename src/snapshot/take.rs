@@ -1,0 +1,577 @@
+//! The job that takes a snapshot: the volume's files copied into `<snapshot>/tree` (or a
+//! raw block volume's bytes into `<snapshot>/device.img`), the manifest written last,
+//! then this node's record marked ready.
+//!
+//! What is copied from, by the volume's state:
+//! - a filesystem volume nothing uses: mounted read-only in a private directory of the
+//!   state dir and copied;
+//! - a filesystem volume staged here (a pod may be writing): copied live from its own
+//!   mount, then its filesystem frozen (FIFREEZE) only for a last pass over what changed
+//!   since (`copy::delta`), bounded by `--snapshot-freeze-limit`: past it the filesystem
+//!   is thawed at once and the snapshot fails, nothing listed as ready;
+//! - a volume without a filesystem nothing uses: its bytes, read `O_EXCL` (a mount or
+//!   another exclusive open fails meanwhile), runs of zeros left as holes; one that only
+//!   ever held zeros is recorded as empty. In use as a raw block device it is refused:
+//!   there is no filesystem to freeze, so no copy of it would be a state that existed;
+//! - an NFS volume: its directory through the controller's export mount.
+//!
+//! The source volume's lock is held for the whole job, so its NodeStage, NodeUnstage and
+//! DeleteVolume answer Aborted (and are retried) until the copy ends.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::manifest::{Content, Manifest, IMAGE, TREE};
+use super::{key, store_record, Context, Record};
+use crate::copy::walk::Entry;
+use crate::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
+use crate::error::{Error, Result};
+use crate::locks::VolumeGuard;
+use crate::os::{FsType, Host};
+use crate::request::snapshot::{SnapshotId, Store};
+use crate::request::{self, VolumeRef};
+use crate::state_dir::short_hash;
+use crate::volume::block::clone;
+use crate::volume::nfs::{fs_error, fsops};
+
+/// Where the copy reads from.
+enum From {
+    /// A filesystem volume's device, nothing using it: mounted read-only privately.
+    Unmounted { dev: PathBuf, fs: FsType },
+    /// A filesystem volume mounted at `at` (staged): copied live, then frozen.
+    Mounted {
+        at: PathBuf,
+        dev: (u32, u32),
+        fs: FsType,
+    },
+    /// A volume without a filesystem: its device's first `bytes`.
+    Device {
+        path: PathBuf,
+        dev: (u32, u32),
+        bytes: u64,
+    },
+    /// An NFS volume's directory `rel` below the export mounted at `root`.
+    Tree { root: PathBuf, rel: String },
+}
+
+/// What the job owns: everything it needs once the call that started it has returned.
+struct Job {
+    host: Arc<dyn Host>,
+    rec: Record,
+    node_id: String,
+    /// The snapshot's directory as this node reaches it.
+    dir: PathBuf,
+    from: From,
+    /// Held for the whole copy (see the module's comment).
+    guard: Option<VolumeGuard>,
+    progress: Arc<Progress>,
+    record_path: PathBuf,
+    work: PathBuf,
+    state_dir: PathBuf,
+    freeze_limit: Duration,
+}
+
+fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
+    ctx.snapshots.copies.progress(
+        &key(&rec.name),
+        &key(&rec.name),
+        ctx.snapshots.progress_path(&rec.name),
+        &rec.id,
+    )
+}
+
+/// Joins the record's copy or starts it, waiting at most the create wait (then
+/// NotReady with the progress).
+pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<()> {
+    let k = key(&rec.name);
+    let progress = progress_of(ctx, rec);
+    let wait = ctx.snapshots.create_wait;
+    match tokio::time::timeout(wait, ctx.snapshots.copies.jobs.join(&k)).await {
+        Ok(Some(outcome)) => return outcome,
+        Ok(None) => {}
+        Err(_) => return Err(Error::NotReady(progress.message())),
+    }
+    let work = job(ctx, rec, Arc::clone(&progress)).await?;
+    ctx.snapshots
+        .copies
+        .run(&k, &progress, wait, work.run())
+        .await
+}
+
+/// Starts the record's copy in the background when nothing runs it.
+pub(super) async fn start(ctx: &Context<'_>, rec: &Record) -> Result<()> {
+    let progress = progress_of(ctx, rec);
+    let work = job(ctx, rec, progress).await?;
+    ctx.snapshots
+        .copies
+        .jobs
+        .start(&key(&rec.name), "snapshot", work.run());
+    Ok(())
+}
+
+async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result<Job> {
+    let id = SnapshotId::parse(&rec.id).ok_or_else(|| Error::State {
+        path: ctx.snapshots.record_path(&rec.name),
+        reason: format!("{} is no snapshot id", rec.id),
+    })?;
+    let (from, guard) = source(ctx, &rec.source_volume_id).await?;
+    let dir = prepare_dir(ctx, &id).await?;
+    Ok(Job {
+        host: Arc::clone(&ctx.block.mounter.host),
+        rec: rec.clone(),
+        node_id: ctx.node_id.to_owned(),
+        dir,
+        from,
+        guard,
+        progress,
+        record_path: ctx.snapshots.record_path(&rec.name),
+        work: ctx.snapshots.work.join(short_hash(&rec.name)),
+        state_dir: ctx.snapshots.state_dir.clone(),
+        freeze_limit: ctx.snapshots.freeze_limit,
+    })
+}
+
+/// The snapshot's directory made on its store (an NFS store's directories walked from
+/// the export's root, never following a symlink).
+async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId) -> Result<PathBuf> {
+    let dir = ctx.snapshot_dir(id).await?;
+    match &id.store {
+        Store::Dir(_) => {
+            std::fs::create_dir_all(dir.join(TREE)).map_err(|e| Error::io("create", &dir, e))?;
+        }
+        Store::Nfs(store) => {
+            let root = ctx.nfs()?.export_root(store).await?;
+            let rel = id.nfs_dir(TREE).expect("an NFS store").dir;
+            let what = format!("making {}", id.location());
+            ctx.nfs()?
+                .with_deadline(what.clone(), move || {
+                    fsops::ensure_dir(&root, &rel).map_err(|e| fs_error(what, e))
+                })
+                .await
+                .map_err(|e| super::store_unreachable(id, &e))?;
+        }
+    }
+    Ok(dir)
+}
+
+/// What to copy from, and the source volume's lock (a block volume's).
+async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option<VolumeGuard>)> {
+    let not_found = || {
+        Error::NotFound(format!(
+            "source_volume_id: volume {raw} does not exist on this node"
+        ))
+    };
+    let vid = match request::volume_ref(raw) {
+        Ok(VolumeRef::Block(vid)) => vid,
+        Ok(VolumeRef::Nfs(nid)) => {
+            let root = ctx.nfs()?.export_root(&nid).await?;
+            return Ok((From::Tree { root, rel: nid.dir }, None));
+        }
+        _ => return Err(not_found()),
+    };
+    let guard = ctx.locks.try_lock(raw)?;
+    let b = ctx.block;
+    let rec = b
+        .pool
+        .state
+        .snapshot()
+        .volumes
+        .get(raw)
+        .cloned()
+        .ok_or_else(not_found)?;
+    if rec.deleting {
+        return Err(Error::FailedPrecondition(format!(
+            "source_volume_id: volume {raw} is being deleted"
+        )));
+    }
+    if crate::volume::block::clone_source::of_record(&rec)?.is_some() && !clone::done(b, raw)? {
+        return Err(Error::FailedPrecondition(format!(
+            "source_volume_id: volume {raw} is a clone or restore not filled yet (its first \
+             NodeStage fills it); take its snapshot after that"
+        )));
+    }
+    let mut vol = b.locate(&vid).map_err(|e| {
+        if vid.layout == crate::volume::id::IdLayout::Stripe {
+            Error::FailedPrecondition(format!(
+                "source_volume_id: stripe volume {raw} has no device while it is not staged \
+                 (its md array runs only then): take its snapshot while a pod uses it ({e})"
+            ))
+        } else {
+            e
+        }
+    })?;
+    b.verify_located(&mut vol)?;
+    let dev = (vol.device.major, vol.device.minor);
+    let mounts = b.mounter.mount_table()?;
+    let staged = mounts
+        .iter()
+        .find(|m| (m.major, m.minor) == dev && m.root == "/")
+        .map(|m| m.mount_point.clone());
+    let from = match (rec.formatted, staged) {
+        (true, Some(at)) => From::Mounted {
+            at,
+            dev,
+            fs: rec.fs_type,
+        },
+        (true, None) => match clone::in_use(b, &vid) {
+            Some(uses) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "source_volume_id: volume {raw} is in use ({uses}) but not mounted where its \
+                     files can be read; retry when it is staged or unused"
+                )))
+            }
+            None => From::Unmounted {
+                dev: vol.device.path.clone(),
+                fs: rec.fs_type,
+            },
+        },
+        (false, _) => {
+            if let Some(uses) = clone::in_use(b, &vid) {
+                return Err(Error::FailedPrecondition(format!(
+                    "source_volume_id: volume {raw} is used as a raw block device ({uses}): it \
+                     has no filesystem to freeze, so a copy of it taken now would be no state \
+                     it ever had; take the snapshot while no pod uses it"
+                )));
+            }
+            From::Device {
+                path: vol.device.path.clone(),
+                dev,
+                bytes: rec.capacity_bytes,
+            }
+        }
+    };
+    Ok((from, Some(guard)))
+}
+
+impl Job {
+    async fn run(self) -> Result<()> {
+        let started = Instant::now();
+        let outcome = self.copy().await;
+        match &outcome {
+            Ok(()) => crate::metrics::snapshot::taken(started.elapsed().as_secs_f64()),
+            Err(_) => crate::metrics::snapshot::failed(),
+        }
+        outcome
+    }
+
+    async fn copy(mut self) -> Result<()> {
+        let guard = self.guard.take();
+        let from = std::mem::replace(
+            &mut self.from,
+            From::Tree {
+                root: PathBuf::new(),
+                rel: String::new(),
+            },
+        );
+        let job = Arc::new(self);
+        let j = Arc::clone(&job);
+        let manifest = match from {
+            From::Unmounted { dev, fs } => {
+                clone::clean_copy_dir(job.host.as_ref(), &job.work).await?;
+                let at = clone::pin(&job.work, "source")?;
+                job.host.mount(&dev, &at, fs, &["ro".to_owned()]).await?;
+                let shown = at.path().to_owned();
+                let copied = blocking(move || {
+                    let root = open_dir(&shown)?;
+                    let entries = j.copy_files(root.as_fd(), &shown, false)?;
+                    j.manifest(Content::Files, Some(fs), &entries, None)
+                })
+                .await;
+                let down = clone::unmount_retrying(job.host.as_ref(), &at.without_final()).await;
+                let m = copied?;
+                down?;
+                m
+            }
+            From::Mounted { at, dev, fs } => blocking(move || j.copy_mounted(&at, dev, fs)).await?,
+            From::Device { path, dev, bytes } => {
+                blocking(move || j.copy_device(&path, dev, bytes)).await?
+            }
+            From::Tree { root, rel } => {
+                blocking(move || {
+                    let shown = root.join(&rel);
+                    let dir = fsops::open_dir(&root, &rel)
+                        .map_err(|e| fs_error(shown.display().to_string(), e))?
+                        .ok_or_else(|| {
+                            Error::NotFound(format!(
+                                "source_volume_id: the directory {} is gone",
+                                shown.display()
+                            ))
+                        })?;
+                    let entries = j.copy_files(dir.as_fd(), &shown, false)?;
+                    j.manifest(Content::Files, None, &entries, None)
+                })
+                .await?
+            }
+        };
+        // Ready from here on: the manifest first, then this node's record.
+        let m = Arc::clone(&job);
+        blocking(move || m.publish(&manifest)).await?;
+        drop(guard);
+        Ok(())
+    }
+
+    /// The file tree below `src` copied into the snapshot's `tree/`; `live`: the source
+    /// may change meanwhile (nothing verified; see `copy::delta`).
+    fn copy_files(
+        &self,
+        src: std::os::fd::BorrowedFd<'_>,
+        shown: &Path,
+        live: bool,
+    ) -> Result<Vec<Entry>> {
+        let tree = self.dir.join(TREE);
+        let dst = open_dir(&tree)?;
+        let req = CopyRequest {
+            source: shown.to_owned(),
+            target: tree,
+            label: self.rec.id.clone(),
+            streams: crate::copy::STREAMS,
+            chunk: crate::copy::CHUNK,
+            verify: self.verify(),
+            live,
+        };
+        copy_tree_at(src, dst.as_fd(), &req, &self.progress)
+    }
+
+    fn verify(&self) -> Verify {
+        if self.rec.checksums {
+            Verify::Checksum
+        } else {
+            Verify::Sizes
+        }
+    }
+
+    /// A mounted filesystem: copied live, then frozen for the pass over what changed,
+    /// thawed at the limit whatever that pass has done.
+    fn copy_mounted(&self, at: &Path, (major, minor): (u32, u32), fs: FsType) -> Result<Manifest> {
+        let root = open_dir(at)?;
+        let st =
+            nix::sys::stat::fstat(root.as_fd()).map_err(|e| Error::io("stat", at, e.into()))?;
+        if st.st_dev != nix::sys::stat::makedev(major.into(), minor.into()) {
+            return Err(Error::Aborted(format!(
+                "{} is no longer the source volume's mount; retry",
+                at.display()
+            )));
+        }
+        let before = self.copy_files(root.as_fd(), at, true)?;
+        let tree = self.dir.join(TREE);
+        let dst = open_dir(&tree)?;
+        let freeze_root = root.try_clone().map_err(|e| Error::io("open", at, e))?;
+        let name = format!("snapshot-{}", short_hash(&self.rec.name));
+        let delta_progress = Progress::new(
+            self.record_path.with_extension("delta"),
+            self.rec.id.clone(),
+        );
+        let limit = self.freeze_limit;
+        let frozen_at = Instant::now();
+        let frozen = crate::volume::block::freeze::Frozen::freeze(
+            &self.state_dir,
+            &name,
+            freeze_root,
+            (major, minor),
+            at,
+        )?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let outcome = std::thread::scope(|s| {
+            let (src, dst, before, progress) =
+                (root.as_fd(), dst.as_fd(), &before, &delta_progress);
+            let how = self.verify();
+            s.spawn(move || {
+                let _ = tx.send(crate::copy::delta::copy_changes(
+                    src,
+                    dst,
+                    at,
+                    before,
+                    how,
+                    crate::copy::STREAMS,
+                    progress,
+                ));
+            });
+            let got = rx.recv_timeout(limit);
+            // Thawed now, before waiting for a pass that overran to stop.
+            drop(frozen);
+            let seconds = frozen_at.elapsed().as_secs_f64();
+            match got {
+                Ok(done) => done.map(|(entries, changes)| (entries, changes, seconds)),
+                Err(_) => Err(Error::Aborted(format!(
+                    "snapshot {}: what changed in {} during the copy could not be copied                      within the freeze limit of {:.1} s, so the filesystem was thawed and                      nothing was kept as a snapshot; retry when its writers are quieter, or                      raise --snapshot-freeze-limit",
+                    self.rec.name,
+                    at.display(),
+                    limit.as_secs_f64()
+                ))),
+            }
+        });
+        let _ = std::fs::remove_file(delta_progress.path());
+        let (entries, changes, seconds) = outcome?;
+        tracing::info!(snapshot = %self.rec.name, at = %at.display(), freeze_seconds = seconds,
+            changed = changes.copied, removed = changes.removed, changed_bytes = changes.bytes,
+            "snapshot of a mounted volume: froze it for the last pass");
+        crate::metrics::snapshot::frozen(seconds);
+        self.manifest(Content::Files, Some(fs), &entries, Some(seconds))
+    }
+
+    /// A volume without a filesystem: its bytes into `device.img`, zeros left as holes.
+    /// Empty when it held only zeros (the image is then removed: nothing to restore).
+    fn copy_device(&self, path: &Path, (major, minor): (u32, u32), bytes: u64) -> Result<Manifest> {
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let st =
+            nix::sys::stat::fstat(dev.as_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
+        if st.st_rdev != nix::sys::stat::makedev(major.into(), minor.into()) {
+            return Err(Error::Aborted(format!(
+                "{} is no longer the source volume's device; retry",
+                path.display()
+            )));
+        }
+        let image_path = self.dir.join(IMAGE);
+        // Made anew each run: the device may have been written between two runs.
+        let image = File::create(&image_path).map_err(|e| Error::io("create", &image_path, e))?;
+        image
+            .set_len(bytes)
+            .map_err(|e| Error::io("size", &image_path, e))?;
+        self.progress.set(Saved {
+            source: self.rec.id.clone(),
+            total_bytes: bytes,
+            ..Saved::default()
+        })?;
+        let mut buf = vec![0u8; crate::copy::BUFFER];
+        let (mut at, mut written) = (0u64, 0u64);
+        while at < bytes {
+            let want = ((bytes - at) as usize).min(buf.len());
+            let b = &mut buf[..want];
+            dev.read_exact_at(b, at)
+                .map_err(|e| Error::io("read", path, e))?;
+            if b.iter().any(|&x| x != 0) {
+                image
+                    .write_all_at(b, at)
+                    .map_err(|e| Error::io("write", &image_path, e))?;
+                written += want as u64;
+            }
+            at += want as u64;
+            self.progress.moved(want as u64);
+            self.progress.advance(0, at)?;
+        }
+        image
+            .sync_all()
+            .map_err(|e| Error::io("sync", &image_path, e))?;
+        let content = if written == 0 {
+            drop(image);
+            let _ = std::fs::remove_file(&image_path);
+            Content::Empty
+        } else {
+            Content::Device
+        };
+        let mut m = Manifest::new(&self.rec, &self.node_id, content);
+        m.data_bytes = written;
+        Ok(m)
+    }
+
+    fn manifest(
+        &self,
+        content: Content,
+        fs: Option<FsType>,
+        entries: &[Entry],
+        freeze_seconds: Option<f64>,
+    ) -> Result<Manifest> {
+        let mut m = Manifest::new(&self.rec, &self.node_id, content);
+        m.fs_type = fs.map(|f| f.as_str().to_owned());
+        m.freeze_seconds = freeze_seconds;
+        m.list(entries, &self.dir.join(TREE), self.rec.checksums)?;
+        Ok(m)
+    }
+
+    /// The manifest written (the snapshot is ready on its store), then this node's record.
+    fn publish(&self, m: &Manifest) -> Result<()> {
+        m.write(&self.dir)?;
+        let ready = Record {
+            ready: true,
+            ..self.rec.clone()
+        };
+        store_record(&self.record_path, &ready)?;
+        let _ = std::fs::remove_file(self.progress.path());
+        tracing::info!(snapshot = %self.rec.name, snapshot_id = %self.rec.id,
+            content = m.content.as_str(), entries = m.entries.len(), data_bytes = m.data_bytes,
+            "snapshot ready");
+        Ok(())
+    }
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io("open", path, e.into()))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Aborted(format!("the snapshot's copy stopped: {e}; retry")))?
+}
+
+/// The snapshot's directory removed from its store, the manifest first (a snapshot half
+/// removed is never listed as ready).
+pub(super) async fn remove_snapshot_dir(
+    ctx: &Context<'_>,
+    id: &SnapshotId,
+    dir: PathBuf,
+) -> Result<()> {
+    match &id.store {
+        Store::Dir(_) => {
+            for r in [
+                std::fs::remove_file(dir.join(super::manifest::FILE)),
+                std::fs::remove_dir_all(&dir),
+            ] {
+                match r {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io("remove", &dir, e))
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        Store::Nfs(store) => {
+            let nfs = ctx.nfs()?;
+            let root = nfs.export_root(store).await?;
+            let rel = id.nfs_dir("").expect("an NFS store").dir;
+            let what = format!("removing {}", id.location());
+            let manifest = dir.join(super::manifest::FILE);
+            nfs.with_deadline(what.clone(), move || {
+                match std::fs::remove_file(&manifest) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io("remove", &manifest, e))
+                    }
+                    _ => {}
+                }
+                fsops::remove_tree(&root, &rel).map_err(|e| fs_error(what, e))
+            })
+            .await
+            .map_err(|e| super::store_unreachable(id, &e))
+        }
+    }
+}
+
+/// Mounts a killed driver left in the snapshot's private directory, taken down.
+pub(super) async fn take_down_leftovers(ctx: &Context<'_>, rec: &Record) -> Result<()> {
+    let work = ctx.snapshots.work.join(short_hash(&rec.name));
+    if !work.exists() {
+        return Ok(());
+    }
+    let host = ctx.block.mounter.host.as_ref();
+    clone::take_down(host, &work, "source").await?;
+    let _ = std::fs::remove_dir(work.join("source"));
+    let _ = std::fs::remove_dir(&work);
+    Ok(())
+}
