@@ -53,12 +53,16 @@ RSS_IDLE=$(rss_kib "$DRIVER_PID")
 # is not found") run because the driver advertises CLONE_VOLUME: csi-sanity has no flag for them.
 # No GPU here: the GDS gate is on unless the class says otherwise, so the class says so.
 printf 'gdsPolicy: disabled\nfsType: %s\n' "$FS_TYPE" >"$WORK/params.yaml"
+# Snapshots go to a directory store (this kernel has no NFS client); every snapshot spec
+# runs because the driver advertises CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS and GET_SNAPSHOT.
+printf 'storeDir: %s\n' "$WORK/snapshots" >"$WORK/snapshot-params.yaml"
 [ "$LAYOUT" = device ] || printf 'layout: %s\n' "$LAYOUT" >>"$WORK/params.yaml"
 start=$(date +%s.%N)
 set +e
 csi-sanity --csi.endpoint "$WORK/csi.sock" \
   --csi.mountdir "$WORK/target" --csi.stagingdir "$WORK/staging" \
   --csi.testvolumeparameters "$WORK/params.yaml" \
+  --csi.testsnapshotparameters "$WORK/snapshot-params.yaml" \
   --csi.testvolumesize "$VOLUME_SIZE" --csi.testvolumeexpandsize "$EXPAND_SIZE" -ginkgo.no-color -ginkgo.v "$@" >"$WORK/sanity.out" 2>&1
 status=$?
 set -e
