@@ -61,22 +61,6 @@ impl Jobs {
         self.slots().get(key).is_some_and(|s| s.borrow().is_none())
     }
 
-    /// Starts `work` as the job `key` unless one is there already, without waiting for
-    /// it (its outcome is kept for the next `run` or `join`). Whether it started.
-    pub fn start<F>(&self, key: &str, what: &'static str, work: F) -> bool
-    where
-        F: Future<Output = Result<()>> + Send + 'static,
-    {
-        let mut slots = self.slots();
-        if slots.contains_key(key) {
-            return false;
-        }
-        let (tx, rx) = watch::channel(None);
-        slots.insert(key.to_owned(), rx);
-        tokio::spawn(run_job(key.to_owned(), what, work, tx));
-        true
-    }
-
     async fn collect(&self, key: &str, mut slot: Slot) -> Result<()> {
         let outcome = match slot.wait_for(Option::is_some).await {
             Ok(done) => done.clone().unwrap_or(Ok(())),

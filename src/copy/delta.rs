@@ -91,7 +91,7 @@ pub fn copy_changes(
     }
     let links = meta::links(&subset);
     changes.bytes = links.primaries.iter().map(|&i| subset[i].size()).sum();
-    meta::create_structure(src, dst, shown, &subset, &links, streams)?;
+    meta::create_structure(src, dst, shown, &subset, &links, streams, false)?;
     let piece = data::piece_len(changes.bytes, streams, super::CHUNK);
     let units = data::units(&subset, &links.primaries, piece);
     let roots = data::Roots {
@@ -103,7 +103,10 @@ pub fn copy_changes(
     data::copy_units(&roots, &subset, &units, 0, streams, progress)?;
     meta::link_all(dst, shown, &subset, &links)?;
     verify::verify(src, dst, shown, &subset, verify_how, streams)?;
-    meta::finish_metadata(src, dst, shown, &subset, streams)?;
+    meta::finish_metadata(src, dst, shown, &subset, streams, false)?;
+    if meta::has_xattrs(src) {
+        verify::xattrs(src, dst, shown, &subset, streams)?;
+    }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", shown, e.into()))?;
     Ok((now, changes))
 }

@@ -74,7 +74,8 @@ fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Err
 /// Creates what `entries[1..]` name in the target (the root exists), files at their
 /// size without data; `secondaries` are left for `link_all`. One depth at a time, each on
 /// `streams` threads: a directory exists before anything is made in it, and on an NFS
-/// target every creation is a round trip.
+/// target every creation is a round trip. `live`: the source may change meanwhile
+/// (`CopyRequest::live`), so an entry gone from it since the walk is skipped.
 pub fn create_structure(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
@@ -82,6 +83,7 @@ pub fn create_structure(
     entries: &[Entry],
     links: &Links,
     streams: usize,
+    live: bool,
 ) -> Result<()> {
     let secondary: std::collections::HashSet<usize> =
         links.secondaries.iter().map(|(i, _)| *i).collect();
@@ -96,7 +98,7 @@ pub fn create_structure(
     }
     for level in by_depth.values() {
         super::each_in_parallel(level, streams, |e| {
-            create_one(src, dst, e).map_err(io("create", shown, &e.rel))
+            gone_is_fine(create_one(src, dst, e), live).map_err(io("create", shown, &e.rel))
         })?;
     }
     Ok(())
@@ -191,11 +193,25 @@ pub fn finish_metadata(
     shown: &Path,
     entries: &[Entry],
     streams: usize,
+    live: bool,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
     super::each_in_parallel(entries, streams, |e| {
-        set_one(src, dst, e, xattrs).map_err(io("set owner, mode and times of", shown, &e.rel))
+        gone_is_fine(set_one(src, dst, e, xattrs), live).map_err(io(
+            "set owner, mode and times of",
+            shown,
+            &e.rel,
+        ))
     })
+}
+
+/// In a live copy, an entry the source lost (or whose parent it replaced) since the
+/// walk is left as it is: the frozen pass (`delta`) removes or copies it again.
+fn gone_is_fine(r: nix::Result<()>, live: bool) -> nix::Result<()> {
+    match r {
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) if live => Ok(()),
+        other => other,
+    }
 }
 
 /// Extended attributes a copy keeps: the users' own (`user.*`), POSIX ACLs and file

@@ -113,7 +113,15 @@ pub fn copy_tree_at(
         return Ok(entries);
     }
     if !saved.structure_done {
-        meta::create_structure(src, dst, &req.target, &entries, &links, req.streams)?;
+        meta::create_structure(
+            src,
+            dst,
+            &req.target,
+            &entries,
+            &links,
+            req.streams,
+            req.live,
+        )?;
         saved.structure_done = true;
         progress.set(saved.clone())?;
     }
@@ -142,8 +150,8 @@ pub fn copy_tree_at(
         verify::verify(src, dst, &req.target, &entries, req.verify, req.streams)?;
     }
     phases.end("verify");
-    meta::finish_metadata(src, dst, &req.target, &entries, req.streams)?;
-    if meta::has_xattrs(src) {
+    meta::finish_metadata(src, dst, &req.target, &entries, req.streams, req.live)?;
+    if !req.live && meta::has_xattrs(src) {
         verify::xattrs(src, dst, &req.target, &entries, req.streams)?;
     }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;

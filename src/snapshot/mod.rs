@@ -6,8 +6,7 @@
 //!
 //! Taking one is long work: a job (`take`) a repeated CreateSnapshot joins; the call
 //! answers `ready_to_use: false` while it copies (the external-snapshotter polls), and
-//! a driver killed meanwhile resumes the copy at the next CreateSnapshot, ListSnapshots
-//! or GetSnapshot of it. A snapshot is ready exactly when its manifest exists; this
+//! a driver killed meanwhile resumes the copy at the next CreateSnapshot of it. A snapshot is ready exactly when its manifest exists; this
 //! node's records (`<state-dir>/snapshots/`, one file per snapshot) hold what the
 //! snapshots it took are, for the calls that list them.
 
@@ -360,8 +359,12 @@ async fn progress(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
     Ok(done.answer())
 }
 
-/// ListSnapshots: this node's snapshots (a copy a killed driver left is resumed), or
-/// the one `snapshot_id` names, from its store when this node did not take it.
+/// ListSnapshots: this node's snapshots (ready or still copying), or the one
+/// `snapshot_id` names, from its store when this node did not take it. A copy a killed
+/// driver left resumes at the snapshot's next CreateSnapshot, which the
+/// external-snapshotter repeats until the snapshot is ready (v8.7.0
+/// pkg/sidecar-controller/snapshot_controller.go `checkandUpdateContentStatusOperation`:
+/// a dynamically created content is created again; only a pre-provisioned one is listed).
 pub async fn list(
     ctx: &Context<'_>,
     snapshot_id: &str,
@@ -375,7 +378,7 @@ pub async fn list(
         {
             continue;
         }
-        out.push(resumed(ctx, rec).await?);
+        out.push(rec.answer());
     }
     if out.is_empty() && !snapshot_id.is_empty() && source_volume_id.is_empty() {
         if let Some(id) = SnapshotId::parse(snapshot_id) {
@@ -385,22 +388,6 @@ pub async fn list(
         }
     }
     Ok(out)
-}
-
-/// A record's answer without waiting: its copy started again if nothing runs it (a
-/// restarted driver), in the background.
-async fn resumed(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
-    if rec.ready {
-        return Ok(rec.answer());
-    }
-    let running = ctx.snapshots.copies.jobs.is_running(&key(&rec.name));
-    if !running {
-        // The volume busy (a stage of it) or the store down: the next call tries again.
-        if let Err(e) = take::start(ctx, &rec).await {
-            tracing::warn!(snapshot = %rec.name, error = %e, "resuming the snapshot's copy failed");
-        }
-    }
-    Ok(ctx.snapshots.record(&rec.name)?.unwrap_or(rec).answer())
 }
 
 /// GetSnapshot: as ListSnapshots of one id; NotFound when there is none.

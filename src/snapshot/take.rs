@@ -105,17 +105,6 @@ pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<()> {
         .await
 }
 
-/// Starts the record's copy in the background when nothing runs it.
-pub(super) async fn start(ctx: &Context<'_>, rec: &Record) -> Result<()> {
-    let progress = progress_of(ctx, rec);
-    let work = job(ctx, rec, progress).await?;
-    ctx.snapshots
-        .copies
-        .jobs
-        .start(&key(&rec.name), "snapshot", work.run());
-    Ok(())
-}
-
 async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result<Job> {
     let id = SnapshotId::parse(&rec.id).ok_or_else(|| Error::State {
         path: ctx.snapshots.record_path(&rec.name),

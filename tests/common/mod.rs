@@ -49,7 +49,12 @@ pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
 /// Adds `serve --mode all` for node-a with its socket (`csi.sock`), state and allowed
 /// path root in `dir`, without any fault injection from this test's environment.
 pub fn serve_in<'a>(cmd: &'a mut Command, dir: &Path) -> &'a mut Command {
-    cmd.args(["serve", "--mode", "all", "--node-id", "node-a"])
+    serve_as(cmd, dir, "node-a")
+}
+
+/// As [`serve_in`], for node `node_id`.
+pub fn serve_as<'a>(cmd: &'a mut Command, dir: &Path, node_id: &str) -> &'a mut Command {
+    cmd.args(["serve", "--mode", "all", "--node-id", node_id])
         .arg("--endpoint")
         .arg(format!("unix://{}", dir.join("csi.sock").display()))
         .arg("--state-dir")
@@ -161,10 +166,20 @@ impl Rig {
 
     /// Starts the driver with extra environment and arguments; waits until Probe is ready.
     pub async fn start_with(&mut self, env: &[(&str, &str)], args: &[&str]) -> Clients {
+        self.start_as("node-a", env, args).await
+    }
+
+    /// As [`Rig::start_with`], the driver of node `node_id`.
+    pub async fn start_as(
+        &mut self,
+        node_id: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Clients {
         self.starts += 1;
         let log = fs::File::create(self.log_path(self.starts)).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gds-csi"));
-        serve_in(&mut cmd, self.dir.path())
+        serve_as(&mut cmd, self.dir.path(), node_id)
             .args(args)
             .env("PATH", self.tools.path_env())
             .envs(env.iter().copied());

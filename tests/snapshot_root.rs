@@ -1,0 +1,497 @@
+//! Snapshots through the real binary on loop devices, kept on a directory store that a
+//! second driver (another node id, its own state dir and pool) also reaches:
+//! - a volume nobody uses: its files (owners, modes, links, holes) in `tree/` with a
+//!   manifest; the source volume deleted; restored on the other node byte for byte;
+//!   DeleteSnapshot refused while a restore of it is not filled yet, then allowed;
+//! - a mounted volume under a steady writer: the snapshot is a state that existed (every
+//!   file the writer's counter names complete, nothing past the next), the filesystem
+//!   frozen only for the last pass and thawed (the writer goes on); with a freeze limit
+//!   too short for that pass it fails Aborted, thawed, nothing listed ready;
+//! - volumes without a filesystem: one nobody wrote is an empty snapshot that restores
+//!   to a usable volume; one in use as a raw block device is refused FailedPrecondition.
+
+use std::fs;
+use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gds_csi::csi::volume_content_source::{SnapshotSource, Type};
+use gds_csi::csi::Clients;
+use gds_csi::csi::*;
+use tonic::Code;
+
+mod common;
+use common::{digest_file, requests, Rig};
+
+fn snapshot_req(name: &str, source: &str, store: &Path) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: source.into(),
+        parameters: [
+            ("storeDir".to_string(), store.display().to_string()),
+            ("checksums".to_string(), "true".to_string()),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// CreateSnapshot repeated (as the snapshotter does) until the snapshot is ready.
+async fn take(c: &mut Clients, req: CreateSnapshotRequest) -> Snapshot {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = c
+            .controller
+            .create_snapshot(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if s.ready_to_use {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshot {} never ready",
+            req.name
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn restore_req(name: &str, snapshot_id: &str, cap: VolumeCapability) -> CreateVolumeRequest {
+    let mut req = requests::create_without_gds(name, cap);
+    req.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(Type::Snapshot(SnapshotSource {
+            snapshot_id: snapshot_id.into(),
+        })),
+    });
+    req
+}
+
+fn fill(root: &Path) {
+    fs::create_dir_all(root.join("ckpt/deep")).unwrap();
+    let payload: Vec<u8> = (0..(3 << 20) + 7)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    fs::write(root.join("ckpt/weights.bin"), &payload).unwrap();
+    fs::write(root.join("ckpt/deep/meta"), b"step 1200").unwrap();
+    nix::unistd::chown(
+        &root.join("ckpt/deep/meta"),
+        Some(1000.into()),
+        Some(1001.into()),
+    )
+    .unwrap();
+    fs::set_permissions(
+        root.join("ckpt/deep/meta"),
+        fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    symlink("weights.bin", root.join("ckpt/latest")).unwrap();
+    fs::hard_link(
+        root.join("ckpt/weights.bin"),
+        root.join("ckpt/weights.link"),
+    )
+    .unwrap();
+    // A sparse file: 1 MiB of data after an 8 MiB hole.
+    let f = fs::File::create(root.join("ckpt/sparse")).unwrap();
+    f.write_all_at(&[7u8; 1 << 20], 8 << 20).unwrap();
+}
+
+fn check_filled(root: &Path, original: &Path) {
+    for rel in ["ckpt/weights.bin", "ckpt/deep/meta", "ckpt/sparse"] {
+        assert_eq!(
+            digest_file(&root.join(rel)),
+            digest_file(&original.join(rel)),
+            "{rel}"
+        );
+    }
+    let meta = fs::metadata(root.join("ckpt/deep/meta")).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (1000, 1001, 0o640)
+    );
+    assert_eq!(
+        fs::read_link(root.join("ckpt/latest")).unwrap(),
+        Path::new("weights.bin")
+    );
+    let ino = |p: &str| fs::metadata(root.join(p)).unwrap().ino();
+    assert_eq!(ino("ckpt/weights.bin"), ino("ckpt/weights.link"));
+    let sparse = fs::metadata(root.join("ckpt/sparse")).unwrap();
+    assert!(
+        sparse.blocks() * 512 < 4 << 20,
+        "holes kept: {} blocks",
+        sparse.blocks()
+    );
+}
+
+fn manifest(store: &Path, name: &str) -> serde_json::Value {
+    let text = fs::read_to_string(store.join(name).join("manifest.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn stage_publish(c: &mut Clients, rig: &Rig, id: &str, tag: &str) -> (PathBuf, PathBuf) {
+    let (staging, target) = (
+        rig.path(&format!("staging/{tag}")),
+        rig.path(&format!("pods/{tag}/v")),
+    );
+    fs::create_dir_all(&staging).unwrap();
+    let cap = requests::single_writer_mount();
+    requests::stage(c, id, &staging, cap.clone()).await.unwrap();
+    requests::publish(c, id, &staging, &target, cap)
+        .await
+        .unwrap();
+    (staging, target)
+}
+
+async fn take_down(c: &mut Clients, id: &str, staging: &Path, target: &Path) {
+    requests::unpublish(c, id, target).await.unwrap();
+    requests::unstage(c, id, staging).await.unwrap();
+}
+
+fn store_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gds-snapstore-")
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
+    let Some(mut a) = Rig::new(2) else { return };
+    let Some(mut b) = Rig::new(1) else { return };
+    let store = store_dir();
+    let mut ca = a.start().await;
+    let source = requests::create_volume_id(&mut ca, "ckpt", requests::single_writer_mount()).await;
+    let (staging, target) = stage_publish(&mut ca, &a, &source, "src").await;
+    fill(&target);
+    let original = a.path("original");
+    fs::create_dir_all(&original).unwrap();
+    assert!(std::process::Command::new("cp")
+        .args(["-a", "--sparse=always"])
+        .arg(target.join("ckpt"))
+        .arg(&original)
+        .status()
+        .unwrap()
+        .success());
+    take_down(&mut ca, &source, &staging, &target).await;
+
+    let snap = take(&mut ca, snapshot_req("snap-1", &source, store.path())).await;
+    assert_eq!(snap.source_volume_id, source);
+    assert!(
+        snap.size_bytes >= 64 << 20,
+        "restore size is the source's capacity"
+    );
+    assert!(
+        snap.snapshot_id.starts_with("snap:dir:"),
+        "{}",
+        snap.snapshot_id
+    );
+    let m = manifest(store.path(), "snap-1");
+    assert_eq!(m["content"], "files");
+    assert_eq!(m["fs_type"], "ext4");
+    let weights = m["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"] == "ckpt/weights.bin")
+        .unwrap()
+        .clone();
+    let want: String = digest_file(&original.join("ckpt/weights.bin"))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(weights["sha256"], want.as_str());
+    // Idempotent: the same name and source answer the same snapshot.
+    let again = take(&mut ca, snapshot_req("snap-1", &source, store.path())).await;
+    assert_eq!(again.snapshot_id, snap.snapshot_id);
+    assert_eq!(again.creation_time, snap.creation_time);
+    // The same name of another volume is AlreadyExists.
+    let other = requests::create_volume_id(&mut ca, "other", requests::single_writer_mount()).await;
+    let e = ca
+        .controller
+        .create_snapshot(snapshot_req("snap-1", &other, store.path()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    // The source volume and its node's copy go; the snapshot stays.
+    ca.controller
+        .delete_volume(requests::delete_request(&source))
+        .await
+        .unwrap();
+    a.kill9();
+
+    // Another node, its own pool and state, the same store.
+    let mut cb = b.start_as("node-b", &[], &[]).await;
+    let listed = cb
+        .controller
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1, "found on the store by its id");
+    assert!(listed.entries[0].snapshot.as_ref().unwrap().ready_to_use);
+    let restored = requests::create_volume(
+        &mut cb,
+        restore_req(
+            "restored",
+            &snap.snapshot_id,
+            requests::single_writer_mount(),
+        ),
+    )
+    .await;
+    assert!(
+        restored.volume_id.ends_with(":node-b"),
+        "{}",
+        restored.volume_id
+    );
+    match restored.content_source.and_then(|s| s.r#type) {
+        Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snap.snapshot_id),
+        other => panic!("content source {other:?}"),
+    }
+    // Not filled yet: the snapshot cannot go.
+    let e = cb
+        .controller
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains(&restored.volume_id), "{}", e.message());
+    let (rs, rt) = stage_publish(&mut cb, &b, &restored.volume_id, "restored").await;
+    check_filled(&rt, &original);
+    take_down(&mut cb, &restored.volume_id, &rs, &rt).await;
+    cb.controller
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        !store.path().join("snap-1").exists(),
+        "removed from the store"
+    );
+    let e = cb
+        .controller
+        .create_volume(restore_req(
+            "late",
+            &snap.snapshot_id,
+            requests::single_writer_mount(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
+
+/// Writes `f<n>` (64 KiB of byte n) one after another, then `counter` = n through a
+/// rename: in any state the filesystem ever had, every file up to the counter is whole.
+fn writer(dir: PathBuf, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        fs::write(dir.join(format!("f{n}")), vec![(n % 251) as u8; 64 << 10]).unwrap();
+        fs::write(dir.join("counter.tmp"), n.to_string()).unwrap();
+        fs::rename(dir.join("counter.tmp"), dir.join("counter")).unwrap();
+        written.store(n + 1, Ordering::Relaxed);
+        n += 1;
+        if n.is_multiple_of(200) {
+            // Room on a 64 MiB volume: the oldest files go, as checkpoints rotate.
+            for old in n.saturating_sub(400)..n.saturating_sub(200) {
+                let _ = fs::remove_file(dir.join(format!("f{old}")));
+            }
+        }
+    }
+}
+
+fn check_consistent(tree: &Path) -> u64 {
+    let n: u64 = fs::read_to_string(tree.join("counter"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in n.saturating_sub(150)..=n {
+        let data = fs::read(tree.join(format!("f{i}"))).unwrap();
+        assert_eq!(
+            data,
+            vec![(i % 251) as u8; 64 << 10],
+            "f{i} whole at counter {n}"
+        );
+    }
+    assert!(
+        !tree.join(format!("f{}", n + 2)).exists(),
+        "nothing past the next file"
+    );
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounted_volume_under_a_writer_is_frozen_only_for_the_last_pass() {
+    let Some(mut rig) = Rig::new(2) else { return };
+    let store = store_dir();
+    let mut c = rig.start().await;
+    let id = requests::create_volume_id(&mut c, "busy", requests::single_writer_mount()).await;
+    let (staging, target) = stage_publish(&mut c, &rig, &id, "busy").await;
+    let (stop, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let w = {
+        let (dir, stop, written) = (target.clone(), Arc::clone(&stop), Arc::clone(&written));
+        std::thread::spawn(move || writer(dir, stop, written))
+    };
+    while written.load(Ordering::Relaxed) < 300 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let snap = take(&mut c, snapshot_req("busy-1", &id, store.path())).await;
+    let at_snapshot = check_consistent(&store.path().join("busy-1/tree"));
+    let m = manifest(store.path(), "busy-1");
+    let frozen = m["freeze_seconds"].as_f64().unwrap();
+    assert!(frozen < 5.0, "frozen {frozen} s");
+    // Thawed: the writer goes on past what the snapshot holds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while written.load(Ordering::Relaxed) <= at_snapshot + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the writer is stuck: left frozen?"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    w.join().unwrap();
+    eprintln!(
+        "snapshot under a steady writer: frozen {frozen:.3} s, counter {at_snapshot} of {}",
+        written.load(Ordering::Relaxed)
+    );
+    assert!(rig.logs().contains("froze it for the last pass"));
+    // Restored on this node: the state the snapshot holds.
+    let restored = requests::create_volume(
+        &mut c,
+        restore_req(
+            "busy-restored",
+            &snap.snapshot_id,
+            requests::single_writer_mount(),
+        ),
+    );
+    let e = restored.await;
+    let (rs, rt) = stage_publish(&mut c, &rig, &e.volume_id, "busy-restored").await;
+    assert_eq!(check_consistent(&rt), at_snapshot);
+    take_down(&mut c, &e.volume_id, &rs, &rt).await;
+    take_down(&mut c, &id, &staging, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_longer_than_the_limit_fails_the_snapshot_thawed_and_unlisted() {
+    let Some(mut rig) = Rig::new(1) else { return };
+    let store = store_dir();
+    let mut c = rig
+        .start_with(&[], &["--snapshot-freeze-limit", "1us"])
+        .await;
+    let id = requests::create_volume_id(&mut c, "busy", requests::single_writer_mount()).await;
+    let (staging, target) = stage_publish(&mut c, &rig, &id, "busy").await;
+    let (stop, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let w = {
+        let (dir, stop, written) = (target.clone(), Arc::clone(&stop), Arc::clone(&written));
+        std::thread::spawn(move || writer(dir, stop, written))
+    };
+    while written.load(Ordering::Relaxed) < 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e = c
+        .controller
+        .create_snapshot(snapshot_req("too-slow", &id, store.path()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
+    assert!(
+        e.message().contains("--snapshot-freeze-limit"),
+        "{}",
+        e.message()
+    );
+    let before = written.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while written.load(Ordering::Relaxed) <= before + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the writer is stuck: left frozen?"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    w.join().unwrap();
+    assert!(!store.path().join("too-slow/manifest.json").exists());
+    let listed = c
+        .controller
+        .list_snapshots(ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed
+            .entries
+            .iter()
+            .all(|e| !e.snapshot.as_ref().unwrap().ready_to_use),
+        "{listed:?}"
+    );
+    take_down(&mut c, &id, &staging, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_without_a_filesystem_snapshot_empty_or_are_refused_in_use() {
+    let Some(mut rig) = Rig::new(2) else { return };
+    let store = store_dir();
+    let mut c = rig.start().await;
+    let block = requests::capability(
+        gds_csi::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+        true,
+    );
+    let blank = requests::create_volume_id(&mut c, "blank", block.clone()).await;
+    let snap = take(&mut c, snapshot_req("blank-1", &blank, store.path())).await;
+    assert_eq!(manifest(store.path(), "blank-1")["content"], "empty");
+    assert!(!store.path().join("blank-1/device.img").exists());
+    // An empty snapshot restores into a usable filesystem volume.
+    let restored = requests::create_volume(
+        &mut c,
+        restore_req(
+            "from-blank",
+            &snap.snapshot_id,
+            requests::single_writer_mount(),
+        ),
+    )
+    .await;
+    let (rs, rt) = stage_publish(&mut c, &rig, &restored.volume_id, "from-blank").await;
+    fs::write(rt.join("ok"), b"ok").unwrap();
+    take_down(&mut c, &restored.volume_id, &rs, &rt).await;
+    // A raw block volume in use: refused, nothing kept.
+    let staging = rig.path("staging/raw");
+    let target = rig.path("pods/raw/dev");
+    fs::create_dir_all(&staging).unwrap();
+    requests::stage(&mut c, &blank, &staging, block.clone())
+        .await
+        .unwrap();
+    requests::publish(&mut c, &blank, &staging, &target, block)
+        .await
+        .unwrap();
+    let e = c
+        .controller
+        .create_snapshot(snapshot_req("raw-busy", &blank, store.path()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("no filesystem to freeze"),
+        "{}",
+        e.message()
+    );
+    requests::unpublish(&mut c, &blank, &target).await.unwrap();
+    requests::unstage(&mut c, &blank, &staging).await.unwrap();
+}
