@@ -212,6 +212,11 @@ pub enum CloneError {
     )]
     RawCloneOfNfs { volume: String, label: String },
     #[error(
+        "snapshot {label} holds a raw block volume's bytes: a volume restored from it is used \
+         with block access (Kubernetes: volumeMode: Block)"
+    )]
+    ImageNeedsBlock { label: String },
+    #[error(
         "the source volume {origin} is {bytes} bytes now, more than its clone {volume} of \
          {volume_bytes} bytes (was it expanded since the clone was made?); the clone cannot \
          hold it: delete the clone and clone again"

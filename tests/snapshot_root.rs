@@ -446,7 +446,7 @@ async fn a_freeze_longer_than_the_limit_fails_the_snapshot_thawed_and_unlisted()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn volumes_without_a_filesystem_snapshot_empty_or_are_refused_in_use() {
+async fn raw_volumes_snapshot_their_bytes_empty_or_whole_and_are_refused_in_use() {
     let Some(mut rig) = Rig::new(2) else { return };
     let store = store_dir();
     let mut c = rig.start().await;
@@ -454,8 +454,8 @@ async fn volumes_without_a_filesystem_snapshot_empty_or_are_refused_in_use() {
         gds_csi::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
         true,
     );
-    let blank = requests::create_volume_id(&mut c, "blank", block.clone()).await;
-    let snap = take(&mut c, snapshot_req("blank-1", &blank, store.path())).await;
+    let raw = requests::create_volume_id(&mut c, "raw", block.clone()).await;
+    let snap = take(&mut c, snapshot_req("blank-1", &raw, store.path())).await;
     assert_eq!(manifest(store.path(), "blank-1")["content"], "empty");
     assert!(!store.path().join("blank-1/device.img").exists());
     // An empty snapshot restores into a usable filesystem volume.
@@ -471,19 +471,31 @@ async fn volumes_without_a_filesystem_snapshot_empty_or_are_refused_in_use() {
     let (rs, rt) = stage_publish(&mut c, &rig, &restored.volume_id, "from-blank").await;
     fs::write(rt.join("ok"), b"ok").unwrap();
     take_down(&mut c, &restored.volume_id, &rs, &rt).await;
-    // A raw block volume in use: refused, nothing kept.
+    c.controller
+        .delete_volume(requests::delete_request(&restored.volume_id))
+        .await
+        .unwrap();
+
+    // Bytes written through the raw device: a device snapshot, holes where zeros are.
     let staging = rig.path("staging/raw");
     let target = rig.path("pods/raw/dev");
     fs::create_dir_all(&staging).unwrap();
-    requests::stage(&mut c, &blank, &staging, block.clone())
+    requests::stage(&mut c, &raw, &staging, block.clone())
         .await
         .unwrap();
-    requests::publish(&mut c, &blank, &staging, &target, block)
+    requests::publish(&mut c, &raw, &staging, &target, block.clone())
         .await
         .unwrap();
+    let payload: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8 + 1).collect();
+    {
+        let dev = fs::OpenOptions::new().write(true).open(&target).unwrap();
+        dev.write_all_at(&payload, 16 << 20).unwrap();
+        dev.sync_all().unwrap();
+    }
+    // In use as a raw block device: refused, nothing kept.
     let e = c
         .controller
-        .create_snapshot(snapshot_req("raw-busy", &blank, store.path()))
+        .create_snapshot(snapshot_req("raw-busy", &raw, store.path()))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
@@ -492,6 +504,61 @@ async fn volumes_without_a_filesystem_snapshot_empty_or_are_refused_in_use() {
         "{}",
         e.message()
     );
-    requests::unpublish(&mut c, &blank, &target).await.unwrap();
-    requests::unstage(&mut c, &blank, &staging).await.unwrap();
+    requests::unpublish(&mut c, &raw, &target).await.unwrap();
+    requests::unstage(&mut c, &raw, &staging).await.unwrap();
+    let data = take(&mut c, snapshot_req("raw-1", &raw, store.path())).await;
+    let m = manifest(store.path(), "raw-1");
+    assert_eq!(m["content"], "device");
+    let image = fs::metadata(store.path().join("raw-1/device.img")).unwrap();
+    assert_eq!(image.len(), 64 << 20);
+    assert!(
+        image.blocks() * 512 <= 4 << 20,
+        "zeros are holes: {} blocks",
+        image.blocks()
+    );
+    // Its bytes restore only raw.
+    let e = c
+        .controller
+        .create_volume(restore_req(
+            "as-files",
+            &data.snapshot_id,
+            requests::single_writer_mount(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let copy = requests::create_volume(
+        &mut c,
+        restore_req("raw-copy", &data.snapshot_id, block.clone()),
+    )
+    .await;
+    let (cs, ct) = (rig.path("staging/copy"), rig.path("pods/copy/dev"));
+    fs::create_dir_all(&cs).unwrap();
+    requests::stage(&mut c, &copy.volume_id, &cs, block.clone())
+        .await
+        .unwrap();
+    requests::publish(&mut c, &copy.volume_id, &cs, &ct, block)
+        .await
+        .unwrap();
+    let mut got = vec![0u8; payload.len()];
+    fs::File::open(&ct)
+        .unwrap()
+        .read_exact_at(&mut got, 16 << 20)
+        .unwrap();
+    assert!(
+        got == payload,
+        "the restored device holds the snapshot's bytes"
+    );
+    let mut zeros = vec![1u8; 1 << 20];
+    fs::File::open(&ct)
+        .unwrap()
+        .read_exact_at(&mut zeros, 40 << 20)
+        .unwrap();
+    assert!(zeros.iter().all(|&b| b == 0));
+    requests::unpublish(&mut c, &copy.volume_id, &ct)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &copy.volume_id, &cs)
+        .await
+        .unwrap();
 }

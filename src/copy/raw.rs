@@ -36,6 +36,21 @@ pub struct DeviceAt {
     pub path: PathBuf,
     pub major: u32,
     pub minor: u32,
+    /// A snapshot's image of a device: a regular file stands for the source device
+    /// (no device number to check, no exclusive open).
+    pub image: bool,
+}
+
+impl DeviceAt {
+    /// A snapshot's image file as a copy's source.
+    pub fn image(path: PathBuf) -> DeviceAt {
+        DeviceAt {
+            path,
+            major: 0,
+            minor: 0,
+            image: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -71,17 +86,24 @@ impl Opened {
             .read(true)
             .write(write)
             .custom_flags(libc::O_DIRECT | libc::O_EXCL)
-            .open(&dev.path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => CopyError::InUse {
-                    what: format!("the {what} device {}", dev.path.display()),
-                    uses: "mounted, or opened exclusively by mkfs or another copy".into(),
-                    fix: "a raw clone is copied only between devices nothing uses: stop what \
+            .open(&dev.path);
+        // A filesystem that takes no O_DIRECT (tmpfs before 6.6) serves an image buffered.
+        let direct = match direct {
+            Err(e) if dev.image && e.raw_os_error() == Some(libc::EINVAL) => {
+                OpenOptions::new().read(true).write(write).open(&dev.path)
+            }
+            other => other,
+        }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => CopyError::InUse {
+                what: format!("the {what} device {}", dev.path.display()),
+                uses: "mounted, or opened exclusively by mkfs or another copy".into(),
+                fix: "a raw clone is copied only between devices nothing uses: stop what \
                           uses it; the kubelet's retry then copies",
-                }
-                .into(),
-                _ => Error::io("opening", &dev.path, e),
-            })?;
+            }
+            .into(),
+            _ => Error::io("opening", &dev.path, e),
+        })?;
         let buffered = OpenOptions::new()
             .read(true)
             .write(write)
@@ -120,7 +142,11 @@ impl Opened {
 /// names after a rename.
 fn is_the_device(file: &File, dev: &DeviceAt, what: &str) -> Result<()> {
     let st = fstat(file).map_err(|e| Error::io("stat", &dev.path, e.into()))?;
-    let block = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFBLK;
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if dev.image && kind == SFlag::S_IFREG {
+        return Ok(());
+    }
+    let block = kind == SFlag::S_IFBLK;
     if block && st.st_rdev == makedev(dev.major.into(), dev.minor.into()) {
         return Ok(());
     }
@@ -350,7 +376,12 @@ mod tests {
             (file.clone(), std::fs::File::open(&file).unwrap()),
             ("/dev/null".into(), null),
         ] {
-            let dev = DeviceAt { path, major, minor };
+            let dev = DeviceAt {
+                path,
+                major,
+                minor,
+                image: false,
+            };
             let err = is_the_device(&opened, &dev, "source").unwrap_err();
             assert!(
                 err.to_string().contains(&format!(

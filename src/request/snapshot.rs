@@ -100,6 +100,8 @@ impl Restore {
 
 /// The directory of a file snapshot's tree, beside its manifest.
 pub const TREE: &str = "tree";
+/// A raw block snapshot's bytes (sparse: runs of zeros are holes), beside its manifest.
+pub const IMAGE: &str = "device.img";
 
 /// Where snapshots are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]

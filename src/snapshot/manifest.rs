@@ -12,9 +12,7 @@ use crate::error::{Error, Result};
 pub use crate::request::snapshot::Content;
 
 pub const FILE: &str = "manifest.json";
-pub use crate::request::snapshot::TREE;
-/// A raw block snapshot's bytes (sparse: runs of zeros are holes).
-pub const IMAGE: &str = "device.img";
+pub use crate::request::snapshot::{IMAGE, TREE};
 const FORMAT: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

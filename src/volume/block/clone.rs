@@ -254,8 +254,8 @@ pub async fn check_clone(
         (Source::Nfs { id, label }, None) => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
         }
-        (Source::Dir { .. } | Source::Empty { .. }, None) => {
-            unreachable!("only a snapshot restores from a directory or nothing")
+        (Source::Dir { .. } | Source::Empty { .. } | Source::Image { .. }, None) => {
+            unreachable!("only a snapshot restores from a directory, an image or nothing")
         }
     };
     if let Some(claim_source) = &req.clone_of {
@@ -626,7 +626,10 @@ fn raw_fill(
     vol: &mut Located,
     source: &Source,
     progress: &Arc<Progress>,
-) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'static>>> {
+    if let Source::Image { at, label } = source {
+        return image_fill(b, vol, at, label, progress).map(|f| Box::pin(f) as _);
+    }
     let src_id = match source {
         Source::Block(raw) => match request::volume_ref(raw)? {
             VolumeRef::Block(id) => id,
@@ -638,7 +641,10 @@ fn raw_fill(
             }
         },
         // CreateVolume refuses it: a raw copy needs a device.
-        Source::Nfs { label, .. } | Source::Dir { label, .. } | Source::Empty { label } => {
+        Source::Nfs { label, .. }
+        | Source::Dir { label, .. }
+        | Source::Empty { label }
+        | Source::Image { label, .. } => {
             return Err(CloneError::RawCloneOfNfs {
                 volume: vol.id.to_string(),
                 label: label.clone(),
@@ -666,6 +672,7 @@ fn raw_fill(
         path: v.device.path.clone(),
         major: v.device.major,
         minor: v.device.minor,
+        image: false,
     };
     let req = RawCopyRequest {
         source: at(&src),
@@ -681,7 +688,7 @@ fn raw_fill(
         verify: verify_of(&vol.record),
     };
     let (progress, volume) = (Arc::clone(progress), vol.id.to_string());
-    Ok(async move {
+    Ok(Box::pin(async move {
         tracing::info!(volume_id = %volume, source = %req.label, bytes = req.bytes,
             from = %req.source.path.display(), to = %req.target.path.display(),
             "copying the source device onto the raw block clone");
@@ -695,6 +702,86 @@ fn raw_fill(
             Err(e) => crate::metrics::clone::failed(e),
         }
         outcome
+    }))
+}
+
+/// The job that fills raw block volume `vol` from a raw block snapshot's image: the
+/// volume in use nowhere and verified as its own device, the image (on an NFS store, in
+/// the snapshot's directory mounted read-only in the volume's private directory) copied
+/// onto it as a raw clone's source device is, then the mount taken down.
+fn image_fill(
+    b: &BlockBackend,
+    vol: &mut Located,
+    at: &clone_source::ImageAt,
+    label: &str,
+    progress: &Arc<Progress>,
+) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+    let mounts = b.mounter.mount_table()?;
+    refuse_in_use(b, vol, None, &mounts, "restored")?;
+    b.verify_located(vol)?;
+    let target = DeviceAt {
+        path: vol.device.path.clone(),
+        major: vol.device.major,
+        minor: vol.device.minor,
+        image: false,
+    };
+    let zero_tail = vol.id.layout == IdLayout::Device;
+    let verify = verify_of(&vol.record);
+    let (host, dir) = (
+        Arc::clone(&b.mounter.host),
+        copy_dir(b, &vol.id.to_string()),
+    );
+    let (at, label, progress) = (at.clone(), label.to_owned(), Arc::clone(progress));
+    let volume = vol.id.to_string();
+    Ok(async move {
+        let (image, mounted) = match &at {
+            clone_source::ImageAt::Local(path) => (path.clone(), None),
+            clone_source::ImageAt::Nfs(id) => {
+                clean_copy_dir(host.as_ref(), &dir).await?;
+                let m = pin(&dir, "source")?;
+                let from = SourceMount::Nfs {
+                    id: id.clone(),
+                    label: label.clone(),
+                };
+                from.mount(host.as_ref(), &m).await?;
+                (
+                    m.path().join(crate::request::snapshot::IMAGE),
+                    Some((m, from)),
+                )
+            }
+        };
+        let bytes = std::fs::metadata(&image)
+            .map_err(|e| Error::io("stat", &image, e))?
+            .len();
+        let req = RawCopyRequest {
+            source: DeviceAt::image(image),
+            target,
+            bytes,
+            zero_tail,
+            label,
+            streams: crate::copy::STREAMS,
+            chunk: crate::copy::CHUNK,
+            verify,
+        };
+        tracing::info!(volume_id = %volume, source = %req.label, bytes,
+            "copying a raw block snapshot's image onto the volume");
+        let p = Arc::clone(&progress);
+        let copied = tokio::task::spawn_blocking(move || crate::copy::raw::copy_device(&req, &p))
+            .await
+            .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
+            .and_then(|r| r);
+        let copied = match &mounted {
+            Some((_, from)) => copied.map_err(|e| from.explain(e, &progress)),
+            None => copied,
+        };
+        if let Some((m, _)) = mounted {
+            unmount_retrying(host.as_ref(), &m.without_final()).await?;
+        }
+        match &copied {
+            Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
+            Err(e) => crate::metrics::clone::failed(e),
+        }
+        copied
     })
 }
 
@@ -718,6 +805,11 @@ fn source_mount(
         })),
         Source::Dir { path, .. } => Ok(Some(SourceMount::Bind { path: path.clone() })),
         Source::Empty { .. } => Ok(None),
+        // CreateVolume and NodeStage refuse it: a raw block snapshot restores only raw.
+        Source::Image { label, .. } => Err(CloneError::ImageNeedsBlock {
+            label: label.clone(),
+        }
+        .into()),
     }
 }
 
@@ -903,6 +995,13 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
         ));
     }
     match source {
+        Source::Image { label, .. } if !block => Err(Error::invalid(
+            "volume_capabilities",
+            format!(
+                "snapshot {label} holds a raw block volume's bytes: restore it with block \
+                 access (Kubernetes: volumeMode: Block)"
+            ),
+        )),
         Source::Nfs { label, .. } | Source::Dir { label, .. } if block => Err(Error::invalid(
             "volume_capabilities",
             format!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CopyError, Error, Result, VolumeError};
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
 use crate::pool::VolumeRecord;
-use crate::request::snapshot::{Content, SnapshotId, TREE};
+use crate::request::snapshot::{Content, SnapshotId, IMAGE, TREE};
 use crate::request::{self, nfs_options, CreateVolume, NfsVolumeId, VolumeRef};
 use crate::volume::nfs::NfsBackend;
 
@@ -27,6 +27,17 @@ pub enum Source {
     Dir { path: PathBuf, label: String },
     /// A snapshot of a volume that held nothing: the volume starts empty.
     Empty { label: String },
+    /// A raw block snapshot's image (`device.img`), copied onto a raw block volume.
+    Image { at: ImageAt, label: String },
+}
+
+/// Where a raw block snapshot's image is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageAt {
+    /// On a directory store: the image file itself.
+    Local(PathBuf),
+    /// On an NFS store: the snapshot's directory, mounted read-only by the copy.
+    Nfs(NfsVolumeId),
 }
 
 impl Source {
@@ -47,26 +58,26 @@ impl Source {
     pub fn label(&self) -> &str {
         match self {
             Source::Block(raw) => raw,
-            Source::Nfs { label, .. } | Source::Dir { label, .. } | Source::Empty { label } => {
-                label
-            }
+            Source::Nfs { label, .. }
+            | Source::Dir { label, .. }
+            | Source::Empty { label }
+            | Source::Image { label, .. } => label,
         }
     }
 
-    /// Where a snapshot's content is, as its id and recorded content say. A raw block
-    /// snapshot's bytes are refused: restoring them is not built.
+    /// Where a snapshot's content is, as its id and recorded content say.
     fn snapshot(id: &SnapshotId, text: &str, content: Content) -> Result<Source> {
         let label = text.to_owned();
         match content {
             Content::Empty => Ok(Source::Empty { label }),
-            Content::Device => Err(Error::invalid(
-                "volume_content_source.snapshot.snapshot_id",
-                format!(
-                    "snapshot {text} holds a raw block volume's bytes, which this driver \
-                     cannot restore yet; take snapshots of raw block volumes that hold data \
-                     with a tool that copies their device"
-                ),
-            )),
+            Content::Device => {
+                let at = match (id.nfs_dir(""), id.local_dir()) {
+                    (Some(dir), _) => ImageAt::Nfs(dir),
+                    (None, Some(dir)) => ImageAt::Local(dir.join(IMAGE)),
+                    (None, None) => unreachable!("a store is NFS or a directory"),
+                };
+                Ok(Source::Image { at, label })
+            }
             Content::Files => Ok(match (id.nfs_dir(TREE), id.local_dir()) {
                 (Some(tree), _) => Source::Nfs { id: tree, label },
                 (None, Some(dir)) => Source::Dir {
