@@ -255,21 +255,25 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
         Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snap.snapshot_id),
         other => panic!("content source {other:?}"),
     }
-    // Not filled yet: the snapshot cannot go.
-    let e = cb
-        .controller
-        .delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: snap.snapshot_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains(&restored.volume_id), "{}", e.message());
+    // Not filled yet: the snapshot cannot go, asked on either node (the mark on the store).
+    let mut ca = a.start().await;
+    for c in [&mut cb, &mut ca] {
+        let e = c
+            .controller
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: snap.snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains(&restored.volume_id), "{}", e.message());
+    }
     let (rs, rt) = stage_publish(&mut cb, &b, &restored.volume_id, "restored").await;
     check_filled(&rt, &original);
     take_down(&mut cb, &restored.volume_id, &rs, &rt).await;
-    cb.controller
+    // Filled: the node that took it deletes it.
+    ca.controller
         .delete_snapshot(DeleteSnapshotRequest {
             snapshot_id: snap.snapshot_id.clone(),
             ..Default::default()

@@ -56,7 +56,15 @@ impl ControllerService {
             d.nfs()?.create(&create).await
         } else {
             // A block clone of an NFS directory is measured through the NFS backend.
-            crate::volume::block::controller::create(&d.block, &create, d.nfs.as_ref()).await
+            let volume =
+                crate::volume::block::controller::create(&d.block, &create, d.nfs.as_ref()).await?;
+            if let Some(restore) = &create.restore {
+                if !crate::volume::block::clone::done(&d.block, &volume.volume_id)? {
+                    let ctx = d.snapshot_context()?;
+                    crate::snapshot::restore::mark(&ctx, restore, &volume.volume_id).await?;
+                }
+            }
+            Ok(volume)
         }
     }
 
@@ -65,7 +73,13 @@ impl ControllerService {
         let volume = request::volume_ref(&req.volume_id)?;
         let _guard = d.locks.try_lock(&req.volume_id)?;
         match &volume {
-            VolumeRef::Block(id) => d.block.delete(id).await,
+            VolumeRef::Block(id) => {
+                d.block.delete(id).await?;
+                if let Ok(ctx) = d.snapshot_context() {
+                    crate::snapshot::restore::unmark(&ctx, &req.volume_id).await;
+                }
+                Ok(())
+            }
             VolumeRef::Nfs(id) => d.nfs()?.delete(id).await,
             VolumeRef::Unknown(raw) => d.unknown_volume(Call::Delete, raw),
         }

@@ -176,7 +176,12 @@ impl Driver {
 
     /// Scans the pool and probes free devices; Probe answers ready only after this.
     pub async fn initialise(&self) -> Result<()> {
-        self.block.initialise().await
+        self.block.initialise().await?;
+        if let Some(s) = &self.snapshots {
+            // A killed driver's private mounts would hold their volumes in use for ever.
+            s.take_down_leftovers(self.host.as_ref()).await?;
+        }
+        Ok(())
     }
 
     pub fn is_ready(&self) -> bool {

@@ -22,7 +22,14 @@ impl NodeService {
         let stage = request::node::node_stage(&req, &d.allowed_roots)?;
         let _guard = d.locks.try_lock(&stage.raw())?;
         match &stage {
-            ForVolume::Block(id, req) => d.block.stage(id, req).await,
+            ForVolume::Block(id, req) => {
+                d.block.stage(id, req).await?;
+                // Filled now: a snapshot it was restored from may be deleted.
+                if let Ok(ctx) = d.snapshot_context() {
+                    crate::snapshot::restore::unmark(&ctx, &stage.raw()).await;
+                }
+                Ok(())
+            }
             ForVolume::Nfs(id, req) => d.nfs()?.stage(id, req).await,
             ForVolume::Unknown(raw) => d.unknown_volume(Call::Stage, raw),
         }

@@ -89,7 +89,7 @@ fn answer_of(m: &Manifest) -> csi::Snapshot {
 
 /// The snapshots of this node: their records, the copies running, the freeze bound.
 pub struct Snapshots {
-    records: PathBuf,
+    pub(crate) records: PathBuf,
     /// Private mounts of the volumes being copied.
     work: PathBuf,
     state_dir: PathBuf,
@@ -148,6 +148,21 @@ impl Snapshots {
             }
         }
         self.copies.forget(&key(name));
+        Ok(())
+    }
+
+    /// Start-up: the private mounts of copies a killed driver left, taken down (the next
+    /// CreateSnapshot of each copies again).
+    pub async fn take_down_leftovers(&self, host: &dyn crate::os::Host) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(&self.work) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            crate::volume::block::clone::take_down(host, &dir, "source").await?;
+            let _ = std::fs::remove_dir(dir.join("source"));
+            let _ = std::fs::remove_dir(&dir);
+        }
         Ok(())
     }
 

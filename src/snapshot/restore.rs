@@ -5,9 +5,16 @@
 //! directory is (`block::clone`, from the snapshot's `tree/`), an NFS volume at its
 //! CreateVolume (`nfs::clone`).
 
+use std::path::{Path, PathBuf};
+
 use super::Context;
 use crate::error::{Error, Result};
-use crate::request::snapshot::{Content, Restore, SnapshotId};
+use crate::request::snapshot::{Content, Restore, SnapshotId, Store};
+use crate::state_dir::short_hash;
+
+/// The directory of a snapshot's restore marks: one file per block volume that is being
+/// restored from it and not filled yet, whichever node that volume is on.
+const MARKS: &str = "restores";
 
 /// The snapshot `raw` names, as its manifest says: NotFound when there is none, NotReady
 /// while this node is still taking it.
@@ -41,20 +48,141 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
     })
 }
 
-/// DeleteSnapshot of a snapshot a volume of this node is being restored from (its
-/// copy reads the snapshot's files): FailedPrecondition naming the volumes.
+/// DeleteSnapshot of a snapshot a volume is being restored from, on this node or on
+/// any other (its mark on the store): FailedPrecondition naming the volumes.
 pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> {
     let text = id.to_string();
     let mut restoring = crate::volume::block::clone::unfilled_clones_of(ctx.block, &text)?;
     if let Some(nfs) = ctx.nfs {
         restoring.extend(crate::volume::nfs::clone::filling_from(nfs, &text));
     }
+    let marks = ctx.snapshot_dir(id).await?.join(MARKS);
+    let read = move || -> Result<Vec<String>> {
+        let Ok(entries) = std::fs::read_dir(&marks) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
+            out.push(format!("{} ({})", text.trim(), path.display()));
+        }
+        Ok(out)
+    };
+    let marked = match &id.store {
+        Store::Dir(_) => read()?,
+        Store::Nfs(_) => {
+            let what = format!("reading the restore marks of {}", id.location());
+            ctx.nfs()?
+                .with_deadline(what, read)
+                .await
+                .map_err(|e| super::store_unreachable(id, &e))?
+        }
+    };
+    for m in marked {
+        if !restoring.iter().any(|v| m.starts_with(&format!("{v} "))) {
+            restoring.push(m);
+        }
+    }
     if restoring.is_empty() {
         return Ok(());
     }
     Err(Error::FailedPrecondition(format!(
         "snapshot {text} is being restored into {}: delete it after those volumes are filled \
-         (their first NodeStage), or delete them first",
+         (their first NodeStage) or deleted; a mark whose volume went with its node can be \
+         removed by hand",
         restoring.join(", ")
     )))
+}
+
+fn local_mark(ctx: &Context<'_>, volume_id: &str) -> PathBuf {
+    ctx.snapshots
+        .records
+        .join(MARKS)
+        .join(short_hash(volume_id))
+}
+
+/// Writes `text` to `path` (a new file replacing any) on the snapshot's store, under the
+/// NFS backend's deadline for an NFS store.
+async fn on_store(
+    ctx: &Context<'_>,
+    id: &SnapshotId,
+    what: String,
+    f: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+) -> Result<()> {
+    let run = move || f().map_err(|e| Error::io("writing a restore mark", Path::new(""), e));
+    match &id.store {
+        Store::Dir(_) => run(),
+        Store::Nfs(_) => ctx
+            .nfs()?
+            .with_deadline(what, run)
+            .await
+            .map_err(|e| super::store_unreachable(id, &e)),
+    }
+}
+
+/// A block volume created from `restore` and not filled yet: marked on the store, so
+/// DeleteSnapshot on any node refuses until its first NodeStage has filled it (or it is
+/// deleted), and here, so that stage takes the mark off.
+pub async fn mark(ctx: &Context<'_>, restore: &Restore, volume_id: &str) -> Result<()> {
+    let dir = ctx.snapshot_dir(&restore.id).await?.join(MARKS);
+    let (text, name) = (
+        format!("{volume_id} on node {}\n", ctx.node_id),
+        short_hash(volume_id),
+    );
+    on_store(
+        ctx,
+        &restore.id,
+        format!("marking {}", restore.id.location()),
+        move || {
+            std::fs::create_dir_all(&dir)?;
+            crate::state_dir::write_atomic(&dir.join(name), text.as_bytes())
+        },
+    )
+    .await?;
+    let local = local_mark(ctx, volume_id);
+    if let Some(parent) = local.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
+    }
+    crate::state_dir::write_atomic(&local, restore.text.as_bytes())
+        .map_err(|e| Error::io("write", &local, e))
+}
+
+/// A volume staged (so filled) or deleted: its restore mark, if any, taken off the
+/// store. A store that cannot be reached now keeps the mark for the next stage.
+pub async fn unmark(ctx: &Context<'_>, volume_id: &str) {
+    let local = local_mark(ctx, volume_id);
+    let Ok(text) = std::fs::read_to_string(&local) else {
+        return;
+    };
+    let Some(id) = SnapshotId::parse(text.trim()) else {
+        let _ = std::fs::remove_file(&local);
+        return;
+    };
+    let removed = async {
+        let mark = ctx
+            .snapshot_dir(&id)
+            .await?
+            .join(MARKS)
+            .join(short_hash(volume_id));
+        on_store(
+            ctx,
+            &id,
+            format!("unmarking {}", id.location()),
+            move || match std::fs::remove_file(&mark) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        )
+        .await
+    }
+    .await;
+    match removed {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&local);
+        }
+        Err(e) => {
+            tracing::warn!(volume_id, snapshot_id = %text.trim(), error = %e, "taking the restore mark off the snapshot store failed; the next stage tries again")
+        }
+    }
 }

@@ -558,8 +558,7 @@ pub(super) async fn take_down_leftovers(ctx: &Context<'_>, rec: &Record) -> Resu
     if !work.exists() {
         return Ok(());
     }
-    let host = ctx.block.mounter.host.as_ref();
-    clone::take_down(host, &work, "source").await?;
+    clone::take_down(ctx.block.mounter.host.as_ref(), &work, "source").await?;
     let _ = std::fs::remove_dir(work.join("source"));
     let _ = std::fs::remove_dir(&work);
     Ok(())
