@@ -1,6 +1,7 @@
-//! A mounted filesystem frozen (FIFREEZE) for as long as a clone copies it, so the copy
-//! is one point in time while a pod keeps it mounted: its writers wait, its readers and
-//! the copy read on. A freeze is always paired with a thaw: the guard thaws when dropped
+//! A mounted filesystem frozen (FIFREEZE) for as long as a clone copies it, or for a
+//! snapshot's last pass over what changed while it was copied live, so the copy is one
+//! point in time while a pod keeps it mounted: its writers wait, its readers and the copy
+//! read on. A freeze is always paired with a thaw: the guard thaws when dropped
 //! (the copy's end, its error, a panic, a dropped job), and the freeze is recorded in the
 //! state dir before it is made, so a driver killed meanwhile thaws it at start-up rather
 //! than leaving the pod's writers hung.
