@@ -72,7 +72,8 @@ async fn harness_in(
         }
         driver = driver.with_nfs(store);
     }
-    let driver = Arc::new(driver);
+    let driver =
+        Arc::new(driver.with_snapshots(gds_csi::snapshot::Snapshots::open(&state).unwrap()));
     // A restarted driver serves on a socket of its own (the first one's server task
     // lives on, unused, as the in-process server cannot be stopped).
     let mut run = dir.path().to_owned();
@@ -1365,4 +1366,128 @@ async fn list_volumes_pages_through_every_volume_once_in_order() {
         .into_inner();
     assert_eq!(all.entries.len(), 7);
     assert!(all.next_token.is_empty());
+}
+
+/// An NFS volume's snapshot on an NFS store (another export path of the same server): its
+/// directory copied into `<storePath>/<name>/tree` through the export mounts with a
+/// manifest; restored into a new NFS volume (content source answered) holding the same
+/// tree; a directory-store snapshot cannot restore into NFS (InvalidArgument naming the
+/// field); DeleteSnapshot removes it from the store and a restore of it is NotFound.
+#[tokio::test]
+async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nfs_volume() {
+    let h = harness().await;
+    let outside = tempfile::tempdir().unwrap();
+    let (src, src_dir) = filled_source(&h, outside.path(), 1 << 30).await;
+    let mut c = h.c.controller.clone();
+    let req = CreateSnapshotRequest {
+        name: "nightly".into(),
+        source_volume_id: src.volume_id.clone(),
+        parameters: [
+            ("storeServer", "192.0.2.1"),
+            ("storeShare", "/export"),
+            ("storePath", "snapshots"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let snap = loop {
+        let s = c
+            .create_snapshot(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if s.ready_to_use {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        snap.snapshot_id
+            .starts_with("snap:nfs:r-rdma-20049-4.1:~export:snapshots~nightly:"),
+        "{}",
+        snap.snapshot_id
+    );
+    let stored = h.export().join("snapshots/nightly");
+    assert_same_tree(&src_dir, &stored.join("tree"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(stored.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["content"], "files");
+    assert_eq!(manifest["source_volume_id"], src.volume_id.as_str());
+    let restore = |name: &str, id: &str| CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 1 << 30,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap(AccessModeKind::MultiNodeMultiWriter, &[])],
+        parameters: params(&[("verify", "checksum")]),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: id.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let v = c
+        .create_volume(restore("restored", &snap.snapshot_id))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    match v.content_source.and_then(|s| s.r#type) {
+        Some(volume_content_source::Type::Snapshot(s)) => {
+            assert_eq!(s.snapshot_id, snap.snapshot_id)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_same_tree(&src_dir, &h.export().join("restored"));
+    let e = c
+        .create_volume(restore("from-dir", "snap:dir:~var~lib~snaps:nightly"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    std::fs::create_dir_all(outside.path().join("snaps/x/tree")).unwrap();
+    let manifest_text = std::fs::read(stored.join("manifest.json")).unwrap();
+    std::fs::write(outside.path().join("snaps/x/manifest.json"), manifest_text).unwrap();
+    let dir_id = format!(
+        "snap:dir:{}:x",
+        outside
+            .path()
+            .join("snaps")
+            .display()
+            .to_string()
+            .replace('/', "~")
+    );
+    let e = c
+        .create_volume(restore("from-dir", &dir_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .starts_with("volume_content_source.snapshot.snapshot_id: "),
+        "{}",
+        e.message()
+    );
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(!stored.exists());
+    let e = c
+        .create_volume(restore("late", &snap.snapshot_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
 }
