@@ -279,6 +279,7 @@ fn request(src: &Path, dst: &Path, chunk: u64, streams: usize) -> CopyRequest {
         chunk,
         verify: Verify::Checksum,
         live: false,
+        target_reused: false,
     }
 }
 
@@ -399,6 +400,7 @@ fn copy_child_process() {
         &CopyRequest {
             verify: Verify::Sizes,
             live: false,
+            target_reused: false,
             ..req
         },
         &progress,
@@ -536,6 +538,7 @@ fn throughput_against_cp_a() {
                 let req = CopyRequest {
                     verify: Verify::Sizes,
                     live: false,
+                    target_reused: false,
                     ..request(
                         &src.mnt,
                         &dst.mnt,

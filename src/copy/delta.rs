@@ -111,6 +111,20 @@ pub fn copy_changes(
     Ok((now, changes))
 }
 
+/// Removes everything in the directory `root` (never following a symlink).
+pub fn empty(root: BorrowedFd<'_>, shown: &Path) -> Result<()> {
+    let top = walk::walk(root, shown)?;
+    for e in top
+        .iter()
+        .skip(1)
+        .filter(|e| e.rel.components().count() == 1)
+    {
+        remove_beneath(root, &e.rel)
+            .map_err(|x| Error::io("remove", shown.join(&e.rel), x.into()))?;
+    }
+    Ok(())
+}
+
 /// Removes `rel` beneath `root`: a file, link or node, or a directory with everything in
 /// it; never following a symlink. Gone already is success.
 fn remove_beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<()> {
@@ -198,6 +212,7 @@ mod tests {
             chunk: crate::copy::CHUNK,
             verify: Verify::Sizes,
             live: true,
+            target_reused: true,
         };
         let progress = Progress::new(p.path().join("p.json"), "t".into());
         let before =
@@ -245,6 +260,52 @@ mod tests {
         assert_eq!(
             again.len(),
             walk::walk(open(src).as_fd(), src).unwrap().len()
+        );
+    }
+
+    #[test]
+    fn a_reused_target_that_starts_over_keeps_nothing_the_source_lacks() {
+        let (s, d, p) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        std::fs::write(s.path().join("kept"), b"k").unwrap();
+        // An earlier attempt's files: one the source lost since, one now a directory.
+        std::fs::write(d.path().join("stale"), b"old").unwrap();
+        std::fs::create_dir_all(d.path().join("dir/deep")).unwrap();
+        std::fs::write(d.path().join("dir/deep/x"), b"old").unwrap();
+        let req = |reused| CopyRequest {
+            source: s.path().to_owned(),
+            target: d.path().to_owned(),
+            label: "t".into(),
+            streams: 2,
+            chunk: crate::copy::CHUNK,
+            verify: Verify::Sizes,
+            live: false,
+            target_reused: reused,
+        };
+        let progress = Progress::new(p.path().join("p.json"), "t".into());
+        copy_tree_at(
+            open(s.path()).as_fd(),
+            open(d.path()).as_fd(),
+            &req(true),
+            &progress,
+        )
+        .unwrap();
+        assert_eq!(tree(s.path()), tree(d.path()));
+        // A resume over the same walk keeps the target (nothing copied again is lost).
+        std::fs::write(d.path().join("marker"), b"m").unwrap();
+        copy_tree_at(
+            open(s.path()).as_fd(),
+            open(d.path()).as_fd(),
+            &req(true),
+            &progress,
+        )
+        .unwrap();
+        assert!(
+            d.path().join("marker").exists(),
+            "a finished copy over the same walk is left"
         );
     }
 }

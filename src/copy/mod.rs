@@ -60,6 +60,10 @@ pub struct CopyRequest {
     /// volume): nothing is verified here; the caller copies what changed with the source
     /// frozen (`delta`) and verifies that.
     pub live: bool,
+    /// The target may hold an earlier attempt's files (a snapshot's tree): a copy resumes
+    /// only over the same walk (a digest of every entry), and one that starts over
+    /// empties the target first, so nothing the source no longer has is kept.
+    pub target_reused: bool,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -96,7 +100,7 @@ pub fn copy_tree_at(
         entries: entries.len(),
         total_bytes: total,
         piece,
-        walk: if req.live {
+        walk: if req.live || req.target_reused {
             walk_digest(&entries)
         } else {
             String::new()
@@ -107,7 +111,11 @@ pub fn copy_tree_at(
         (&s.source, s.entries, s.total_bytes, s.piece, &s.walk)
             == (&fresh.source, fresh.entries, total, piece, &fresh.walk)
     };
-    let mut saved = Saved::load(progress.path())?.filter(same).unwrap_or(fresh);
+    let resumed = Saved::load(progress.path())?.filter(same);
+    if resumed.is_none() && req.target_reused {
+        delta::empty(dst, &req.target)?;
+    }
+    let mut saved = resumed.unwrap_or(fresh);
     progress.set(saved.clone())?;
     if saved.done {
         return Ok(entries);

@@ -28,6 +28,7 @@ use crate::request::{self, VolumeRef};
 use crate::state_dir::short_hash;
 use crate::volume::block::BlockBackend;
 use crate::volume::nfs::NfsBackend;
+use take::progress_of;
 
 pub use manifest::{Content, Manifest};
 
@@ -347,28 +348,20 @@ async fn progress(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
     if rec.ready {
         return Ok(rec.answer());
     }
-    match take::run(ctx, &rec).await {
-        Ok(()) => {}
-        Err(Error::NotReady(message)) => {
-            let p = ctx.snapshots.copies.progress(
-                &key(&rec.name),
-                &key(&rec.name),
-                ctx.snapshots.progress_path(&rec.name),
-                &rec.id,
-            );
-            if p.stalled_secs() >= STALLED {
-                let id = SnapshotId::parse(&rec.id);
-                return Err(Error::NotReady(format!(
-                    "snapshot {}: nothing was written to the store {} for {} s ({message}); \
-                     the copy goes on when it answers",
-                    rec.name,
-                    id.map(|i| i.store_location()).unwrap_or_default(),
-                    p.stalled_secs()
-                )));
-            }
-            return Ok(rec.answer());
+    if !take::run(ctx, &rec).await? {
+        let p = progress_of(ctx, &rec);
+        if p.stalled_secs() >= STALLED {
+            let id = SnapshotId::parse(&rec.id);
+            return Err(Error::NotReady(format!(
+                "snapshot {}: nothing was written to the store {} for {} s ({}); the copy \
+                 goes on when it answers",
+                rec.name,
+                id.map(|i| i.store_location()).unwrap_or_default(),
+                p.stalled_secs(),
+                p.message()
+            )));
         }
-        Err(e) => return Err(e),
+        return Ok(rec.answer());
     }
     let done = ctx.snapshots.record(&rec.name)?.unwrap_or(rec);
     Ok(done.answer())

@@ -78,7 +78,7 @@ struct Job {
     freeze_limit: Duration,
 }
 
-fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
+pub(super) fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
     ctx.snapshots.copies.progress(
         &key(&rec.name),
         &key(&rec.name),
@@ -87,22 +87,23 @@ fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
     )
 }
 
-/// Joins the record's copy or starts it, waiting at most the create wait (then
-/// NotReady with the progress).
-pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<()> {
+/// Joins the record's copy or starts it, waiting at most the create wait: true when it
+/// ended well, false while it still runs (the job goes on).
+pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<bool> {
     let k = key(&rec.name);
     let progress = progress_of(ctx, rec);
     let wait = ctx.snapshots.create_wait;
-    match tokio::time::timeout(wait, ctx.snapshots.copies.jobs.join(&k)).await {
-        Ok(Some(outcome)) => return outcome,
+    let jobs = &ctx.snapshots.copies.jobs;
+    match tokio::time::timeout(wait, jobs.join(&k)).await {
+        Ok(Some(outcome)) => return outcome.map(|()| true),
         Ok(None) => {}
-        Err(_) => return Err(Error::NotReady(progress.message())),
+        Err(_) => return Ok(false),
     }
-    let work = job(ctx, rec, Arc::clone(&progress)).await?;
-    ctx.snapshots
-        .copies
-        .run(&k, &progress, wait, work.run())
-        .await
+    let work = job(ctx, rec, progress).await?;
+    match tokio::time::timeout(wait, jobs.run(&k, "snapshot", work.run())).await {
+        Ok(outcome) => outcome.map(|()| true),
+        Err(_) => Ok(false),
+    }
 }
 
 async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result<Job> {
@@ -324,6 +325,7 @@ impl Job {
             chunk: crate::copy::CHUNK,
             verify: self.verify(),
             live,
+            target_reused: true,
         };
         copy_tree_at(src, dst.as_fd(), &req, &self.progress)
     }

@@ -277,6 +277,7 @@ fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest
         chunk: crate::copy::CHUNK,
         verify: verify_of(rec),
         live: false,
+        target_reused: false,
     }
 }
 

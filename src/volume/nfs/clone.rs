@@ -220,6 +220,7 @@ async fn fill(
             chunk: crate::copy::CHUNK,
             verify: verify_of(req),
             live: false,
+            target_reused: false,
         },
     };
     let job = copy.run(Arc::clone(&progress), id_text.clone());
