@@ -693,13 +693,18 @@ e2e_set=(--set image.repository=localhost/gds-csi-e2e/gds-csi --set image.tag=e2
   --set gds.runtimeClassName= --set 'node.poolDevices={/dev/loop1,/dev/loop2}'
   --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s
   --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds --set mountTimeout=20s
-  --set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred)
-for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe resizer:resizer; do
-  e2e_set+=(--set "sidecars.${sidecar%%:*}.image.repository=localhost/gds-csi-e2e/${sidecar##*:}"
-    --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
+  --set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred
+  --set snapshots.enabled=true --set snapshots.class.storeDir=/tmp/gds-kubelet.x/snapshot-store)
+for sidecar in sidecars.provisioner:provisioner sidecars.nodeDriverRegistrar:registrar \
+  sidecars.livenessProbe:livenessprobe sidecars.resizer:resizer snapshots.sidecar:snapshotter \
+  snapshots.controller:snapshot-controller; do
+  e2e_set+=(--set "${sidecar%%:*}.image.repository=localhost/gds-csi-e2e/${sidecar##*:}"
+    --set "${sidecar%%:*}.image.tag=e2e" --set "${sidecar%%:*}.image.pullPolicy=Never")
 done
 if out=$(render "${e2e_set[@]}" 2>&1); then
   if grep -qF -- '--pool-device=/dev/loop2' <<<"$out" && grep -qF 'image: localhost/gds-csi-e2e/resizer:e2e' <<<"$out" \
+    && grep -qF 'image: localhost/gds-csi-e2e/snapshotter:e2e' <<<"$out" \
+    && grep -qF 'image: localhost/gds-csi-e2e/snapshot-controller:e2e' <<<"$out" \
     && ! grep -q 'runtimeClassName' <<<"$out"; then
     pass "the e2e rigs' values pass the schema and render"
   else
@@ -914,6 +919,187 @@ fi
 expect_render_error "schema: nodeLoss.action other than report/recreate is refused" \
   "'/nodeLoss/action': value must be one of 'report', 'recreate'" --set nodeLoss.action=delete
 expect_render_error "schema: nodeLoss.gracePeriod must be a duration" "'/nodeLoss/gracePeriod'" --set nodeLoss.gracePeriod=30
+
+# --- snapshots (opt-in) --------------------------------------------------------------------
+# Off: nothing of it renders, CRDs included. On: the csi-snapshotter sidecar in the node
+# DaemonSet in its per-node mode, the snapshot-controller with distributed snapshotting, the
+# RBAC of each, the provisioner's rules for restores, the CRDs (--include-crds: Helm installs
+# a chart's crds/ at install), the class, and the store directories mounted into the driver.
+SNAP_SET=(--set snapshots.enabled=true --set snapshots.class.storeDir=/var/lib/gds-snapshots/
+  --set 'snapshots.hostStoreDirs={/mnt/snap-a,/var/lib/gds-snapshots}')
+if python3 -c 'import yaml' 2>/dev/null; then
+  if render --include-crds >"$tmp/snap-off.yaml" 2>"$tmp/err" &&
+    render --include-crds "${SNAP_SET[@]}" >"$tmp/snap-on.yaml" 2>>"$tmp/err" &&
+    render --include-crds "${SNAP_SET[@]}" --set snapshots.installCRDs=false --set snapshots.controller.enabled=false \
+      >"$tmp/snap-bare.yaml" 2>>"$tmp/err" &&
+    render --include-crds --set snapshots.installCRDs=true >"$tmp/snap-crds-only.yaml" 2>>"$tmp/err" &&
+    render "${SNAP_SET[@]}" --set snapshots.controller.replicas=2 >"$tmp/snap-ha.yaml" 2>>"$tmp/err" &&
+    render --set snapshots.enabled=true --set snapshots.class.storeServer=nfs.example.internal \
+      --set snapshots.class.storeShare=/export/snaps --set snapshots.class.storePath=team-a \
+      --set snapshots.class.storeVers=4.2 --set snapshots.class.storePort=2049 --set snapshots.class.storeProto=tcp \
+      --set snapshots.class.checksums=true --set snapshots.class.deletionPolicy=Retain \
+      --set snapshots.class.isDefaultClass=true >"$tmp/snap-nfs.yaml" 2>>"$tmp/err"; then
+    chart_snap_tag=$(awk '$1 == "sidecar:" {f = 1} f && $1 == "tag:" {print $2; exit}' "$CHART/values.yaml")
+    if out=$(python3 - "$tmp/default.yaml" "$tmp/snap-off.yaml" "$tmp/snap-on.yaml" "$tmp/snap-bare.yaml" \
+      "$tmp/snap-crds-only.yaml" "$tmp/snap-ha.yaml" "$tmp/snap-nfs.yaml" "$DRIVER" "$chart_snap_tag" 2>&1 <<'PY'
+import sys, yaml
+default, off, on, bare, crds_only, ha, nfs = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:8])
+driver, tag = sys.argv[8:10]
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def kinds(docs): return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+def pod(docs, kind, name):
+    return next((d["spec"]["template"]["spec"] for d in docs if d["kind"] == kind and d["metadata"]["name"] == name), {})
+def container(spec, name): return next((c for c in spec.get("containers", []) if c["name"] == name), None)
+def rules(docs, name):
+    out = {}
+    for d in docs:
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name:
+            for r in d["rules"]:
+                for res in r["resources"]:
+                    out.setdefault((r["apiGroups"][0], res), set()).update(r["verbs"])
+    return out
+SNAP = "snapshot.storage.k8s.io"
+check(off == default, "snapshots off (the default): --include-crds renders the same as without (no CRDs), nothing of snapshots")
+check(not [d for d in default if SNAP in d.get("apiVersion", "") or "snapshot" in d["metadata"]["name"]],
+      "snapshots off: no snapshot object")
+check(container(pod(default, "DaemonSet", "gds-csi-node"), "csi-snapshotter") is None, "snapshots off: no csi-snapshotter container")
+check(not [k for k in rules(default, "gds-csi-external-provisioner") if k[0] == SNAP], "snapshots off: the provisioner gets no snapshot rules")
+new = [x for x in kinds(on) if x not in kinds(default)]
+check(new == sorted([("ClusterRole", "gds-csi-external-snapshotter"), ("ClusterRole", "gds-csi-snapshot-controller"),
+                     ("ClusterRoleBinding", "gds-csi-external-snapshotter"), ("ClusterRoleBinding", "gds-csi-snapshot-controller"),
+                     ("CustomResourceDefinition", f"volumesnapshotclasses.{SNAP}"),
+                     ("CustomResourceDefinition", f"volumesnapshotcontents.{SNAP}"),
+                     ("CustomResourceDefinition", f"volumesnapshots.{SNAP}"),
+                     ("Deployment", "gds-csi-snapshot-controller"), ("ServiceAccount", "gds-csi-snapshot-controller"),
+                     ("VolumeSnapshotClass", "gds-csi-snapshots")]), f"snapshots on adds: {new}")
+for d in on:
+    if d["kind"] == "CustomResourceDefinition":
+        served = [v["name"] for v in d["spec"]["versions"] if v["served"] and v.get("storage")]
+        check(d["spec"]["group"] == SNAP and served == ["v1"], f"CRD {d['metadata']['name']}: v1 served and stored: {served}")
+node = pod(on, "DaemonSet", "gds-csi-node")
+snap = container(node, "csi-snapshotter") or {}
+check(snap.get("image") == f"registry.k8s.io/sig-storage/csi-snapshotter:{tag}", f"csi-snapshotter image: {snap.get('image')}")
+for a in ("--csi-address=/csi/csi.sock", "--node-deployment=true", "--leader-election=false",
+          "--feature-gates=CSIVolumeGroupSnapshot=false", "--timeout=60s"):
+    check(a in snap.get("args", []), f"csi-snapshotter arg {a} missing: {snap.get('args')}")
+env = {e["name"]: e for e in snap.get("env", [])}
+check(env.get("NODE_NAME", {}).get("valueFrom") == {"fieldRef": {"fieldPath": "spec.nodeName"}},
+      "csi-snapshotter: NODE_NAME from spec.nodeName (what --node-deployment selects contents by)")
+check({"name": "socket-dir", "mountPath": "/csi"} in snap.get("volumeMounts", []), "csi-snapshotter: the CSI socket")
+sc = snap.get("securityContext", {})
+check(not sc.get("privileged") and sc.get("capabilities") == {"drop": ["ALL"]}, f"csi-snapshotter unprivileged: {sc}")
+drv = container(node, "gds-csi") or {}
+vols = {v["name"]: v for v in node.get("volumes", [])}
+stores = sorted((m["mountPath"], vols[m["name"]].get("hostPath", {}).get("path"), vols[m["name"]].get("hostPath", {}).get("type"))
+                for m in drv.get("volumeMounts", []) if m["name"].startswith("snapshot-store"))
+check(stores == [("/mnt/snap-a", "/mnt/snap-a", "DirectoryOrCreate"), ("/var/lib/gds-snapshots", "/var/lib/gds-snapshots", "DirectoryOrCreate")],
+      f"the class's storeDir and hostStoreDirs, each once, mounted at the host's path into the driver: {stores}")
+check(not [m for c in node["containers"] if c["name"] != "gds-csi" for m in c.get("volumeMounts", []) if m["name"].startswith("snapshot-store")],
+      "only the driver container mounts the store")
+ctl = pod(on, "Deployment", "gds-csi-snapshot-controller")
+cc = container(ctl, "snapshot-controller") or {}
+check(cc.get("image") == f"registry.k8s.io/sig-storage/snapshot-controller:{tag}", f"snapshot-controller image: {cc.get('image')}")
+for a in ("--enable-distributed-snapshotting=true", "--feature-gates=CSIVolumeGroupSnapshot=false", "--leader-election=false"):
+    check(a in cc.get("args", []), f"snapshot-controller arg {a} missing: {cc.get('args')}")
+check(ctl.get("serviceAccountName") == "gds-csi-snapshot-controller" and ctl.get("securityContext", {}).get("runAsNonRoot") is True,
+      "snapshot-controller: its own ServiceAccount, non-root")
+cr = rules(on, "gds-csi-snapshot-controller")
+check(cr.get(("", "nodes")) == {"get", "list", "watch"}, f"snapshot-controller reads nodes (distributed snapshotting): {cr.get(('', 'nodes'))}")
+check({"create", "delete", "patch"} <= cr.get((SNAP, "volumesnapshotcontents"), set())
+      and {"update", "patch"} <= cr.get((SNAP, "volumesnapshots/status"), set()), f"snapshot-controller manages contents: {cr}")
+sr = rules(on, "gds-csi-external-snapshotter")
+check(sr == {("", "events"): {"list", "watch", "create", "update", "patch"},
+             (SNAP, "volumesnapshotclasses"): {"get", "list", "watch"},
+             (SNAP, "volumesnapshotcontents"): {"get", "list", "watch", "update", "patch"},
+             (SNAP, "volumesnapshotcontents/status"): {"update", "patch"}}, f"csi-snapshotter ClusterRole: {sr}")
+crb = next((d for d in on if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "gds-csi-external-snapshotter"), {})
+check(crb.get("subjects") == [{"kind": "ServiceAccount", "name": "gds-csi-node", "namespace": "gds-csi"}],
+      f"the csi-snapshotter's role is bound to the node pods' ServiceAccount: {crb.get('subjects')}")
+pr = rules(on, "gds-csi-external-provisioner")
+check(pr.get((SNAP, "volumesnapshots")) == {"get", "list", "watch", "update"} and pr.get((SNAP, "volumesnapshotcontents")) == {"get", "list"},
+      f"the provisioner reads snapshots to restore them: {pr}")
+cls = next((d for d in on if d["kind"] == "VolumeSnapshotClass"), {})
+check(cls.get("apiVersion") == f"{SNAP}/v1" and cls.get("driver") == driver and cls.get("deletionPolicy") == "Delete"
+      and cls.get("parameters") == {"storeDir": "/var/lib/gds-snapshots/"} and not cls["metadata"].get("annotations"),
+      f"VolumeSnapshotClass (storeDir): {cls}")
+# The cluster has its own controller and CRDs: only the sidecar side.
+check(not [d for d in bare if d["kind"] in ("CustomResourceDefinition",) or d["metadata"]["name"] == "gds-csi-snapshot-controller"],
+      "installCRDs=false, controller.enabled=false: no CRDs, no snapshot-controller or its RBAC")
+check(container(pod(bare, "DaemonSet", "gds-csi-node"), "csi-snapshotter") is not None
+      and any(d["kind"] == "VolumeSnapshotClass" for d in bare), "and still the sidecar and the class")
+check([d["kind"] for d in crds_only if d not in default] == ["CustomResourceDefinition"] * 3,
+      "installCRDs=true alone: the three CRDs and nothing else")
+hc = container(pod(ha, "Deployment", "gds-csi-snapshot-controller"), "snapshot-controller") or {}
+check("--leader-election=true" in hc.get("args", []) and
+      any(d["kind"] == "Role" and d["metadata"]["name"] == "gds-csi-snapshot-controller-leaderelection" for d in ha),
+      "controller.replicas=2: leader election, with its leases Role")
+ncls = next((d for d in nfs if d["kind"] == "VolumeSnapshotClass"), {})
+check(ncls.get("parameters") == {"storeServer": "nfs.example.internal", "storeShare": "/export/snaps", "storePath": "team-a",
+                                 "storeProto": "tcp", "storePort": "2049", "storeVers": "4.2", "checksums": "true"}
+      and ncls.get("deletionPolicy") == "Retain"
+      and ncls["metadata"].get("annotations") == {"snapshot.storage.kubernetes.io/is-default-class": "true"},
+      f"VolumeSnapshotClass (NFS store, checksums, Retain, default): {ncls}")
+check(not [m for m in container(pod(nfs, "DaemonSet", "gds-csi-node"), "gds-csi")["volumeMounts"] if m["name"].startswith("snapshot-store")],
+      "an NFS store mounts no host directory")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+      pass "snapshots: off by default (no CRDs); on, the per-node csi-snapshotter, the distributed snapshot-controller, RBAC, CRDs, class, store mounts"
+    else
+      fail "snapshots chart parts" "$out"
+    fi
+  else
+    fail "helm template (snapshots)" "$(cat "$tmp/err")"
+  fi
+fi
+if out=$("$HELM" lint --strict "$CHART" --kube-version "$KUBE_VERSION" "${SNAP_SET[@]}" 2>&1); then
+  pass "helm lint --strict (snapshots enabled)"
+else
+  fail "helm lint --strict (snapshots enabled)" "$out"
+fi
+expect_render_error "snapshots enabled without a store is rejected" "snapshots.class needs a store" --set snapshots.enabled=true
+expect_render_error "snapshots: storeDir and an NFS store at once are rejected" "not both" \
+  --set snapshots.enabled=true --set snapshots.class.storeDir=/s --set snapshots.class.storeServer=n --set snapshots.class.storeShare=/e
+expect_render_error "snapshots: storeServer without storeShare is rejected" "storeShare is required with storeServer" \
+  --set snapshots.enabled=true --set snapshots.class.storeServer=n
+expect_render_error "schema: a relative storeDir is refused" "'/snapshots/class/storeDir'" \
+  --set snapshots.enabled=true --set snapshots.class.storeDir=snaps
+expect_render_error "schema: deletionPolicy other than Delete/Retain is refused" "'/snapshots/class/deletionPolicy'" \
+  --set snapshots.class.deletionPolicy=Keep
+# The example: a class of this driver with store parameters only, a snapshot of it, and a
+# claim restored from that snapshot.
+if python3 -c 'import yaml' 2>/dev/null; then
+  if out=$(python3 - deploy/examples/snapshot-restore.yaml "$DRIVER" 2>&1 <<'PY'
+import sys, yaml
+docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+cls, snap, pvc = docs["VolumeSnapshotClass"], docs["VolumeSnapshot"], docs["PersistentVolumeClaim"]
+known = {"storeDir", "storeServer", "storeShare", "storePath", "storeProto", "storePort", "storeVers", "checksums"}
+assert cls["driver"] == sys.argv[2] and set(cls["parameters"]) <= known, cls
+assert ("storeDir" in cls["parameters"]) != ("storeServer" in cls["parameters"]), cls["parameters"]
+assert snap["spec"]["volumeSnapshotClassName"] == cls["metadata"]["name"], snap
+assert pvc["spec"]["dataSource"] == {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                                     "name": snap["metadata"]["name"]}, pvc
+PY
+  ); then
+    pass "deploy/examples/snapshot-restore.yaml: a class of this driver with a store, its snapshot, a claim restored from it"
+  else
+    fail "deploy/examples/snapshot-restore.yaml" "$out"
+  fi
+fi
+# The e2e builds the release the chart deploys (tests/e2e/build-tools.sh, tools/snapshotter).
+snap_tags="$(awk '$1 == "sidecar:" {f = 1} f && $1 == "tag:" {print $2; exit}' "$CHART/values.yaml")"
+snap_tags+="/$(awk '$1 == "controller:" {f = 1} f && $1 == "tag:" {print $2; exit}' "$CHART/values.yaml")"
+snap_tags+="/$(sed -n 's/^SNAPSHOTTER_VERSION=\(v[0-9.]*\).*/\1/p' tests/e2e/build-tools.sh)"
+snap_tags+="/$(sed -n 's|^[[:space:]]*github.com/kubernetes-csi/external-snapshotter/v8 \(v[0-9.]*\)$|\1|p' tests/e2e/tools/snapshotter/go.mod)"
+snap_tag=${snap_tags%%/*}
+if [[ "$snap_tag" =~ ^v8\.[0-9]+\.[0-9]+$ && "$snap_tags" == "$snap_tag/$snap_tag/$snap_tag/$snap_tag" ]]; then
+  pass "the chart's csi-snapshotter and snapshot-controller and the e2e's build are one 8.x release ($snap_tags)"
+else
+  fail "csi-snapshotter / snapshot-controller / build-tools / go.mod versions differ: $snap_tags"
+fi
 
 # --- GDS workload examples are least-privilege --------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then

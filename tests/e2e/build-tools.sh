@@ -9,6 +9,7 @@ mkdir -p "$BIN"
 K8S_VERSION=v1.34.3        # tools/k8s/go.mod pins the same release
 ETCD_VERSION=v3.6.8        # tools/etcd/go.mod
 PROVISIONER_VERSION=v6.4.0 # tools/provisioner/go.mod; the chart's sidecars.provisioner tag
+SNAPSHOTTER_VERSION=v8.7.0 # tools/snapshotter/go.mod; the chart's snapshots.sidecar and .controller tags
 
 # What Kubernetes' own build stamps in: without it the binaries say v0.0.0, and helm
 # refuses a chart's kubeVersion range against such an API server.
@@ -82,4 +83,23 @@ if ! stamp_ok csi-provisioner "$PROVISIONER_VERSION"; then
   build() { (cd "$HERE/tools/provisioner" && go build -o "$BIN/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner); }
   timed build
   stamp csi-provisioner "$PROVISIONER_VERSION"
+fi
+# external-snapshotter's csi-snapshotter and snapshot-controller, and the small CSI client
+# the e2e restores a snapshot on another node id with (tools/snapshotter/csiclient), in one
+# module: the client's gRPC and CSI spec are the snapshotter's. Static, as upstream builds
+# them for its distroless/static images, so their images need no base.
+SNAPSHOTTER_STAMP="$SNAPSHOTTER_VERSION-static-$(sha256sum <"$HERE/tools/snapshotter/csiclient/main.go" | cut -c1-12)"
+if ! stamp_ok csi-snapshotter "$SNAPSHOTTER_STAMP" || ! stamp_ok snapshot-controller "$SNAPSHOTTER_STAMP" ||
+  ! stamp_ok gds-csi-csiclient "$SNAPSHOTTER_STAMP"; then
+  echo "building csi-snapshotter and snapshot-controller $SNAPSHOTTER_VERSION, and the CSI client"
+  build() {
+    # The version their release builds stamp in (what each logs at start).
+    (cd "$HERE/tools/snapshotter" && export CGO_ENABLED=0 &&
+      go build -ldflags "-X main.version=$SNAPSHOTTER_VERSION" -o "$BIN/" \
+        github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter \
+        github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller &&
+      go build -o "$BIN/gds-csi-csiclient" ./csiclient)
+  }
+  timed build
+  for b in csi-snapshotter snapshot-controller gds-csi-csiclient; do stamp "$b" "$SNAPSHOTTER_STAMP"; done
 fi

@@ -17,7 +17,8 @@ need_root
 install_host_tools
 install_container_runtime
 e2e_tools etcd kube-apiserver kube-controller-manager kube-scheduler kubectl csi-provisioner \
-  kubelet kube-proxy gds-csi-registrar gds-csi-livenessprobe gds-csi-resizer
+  kubelet kube-proxy gds-csi-registrar gds-csi-livenessprobe gds-csi-resizer csi-snapshotter snapshot-controller \
+  gds-csi-csiclient
 if [ "$DEPLOY" = chart ]; then
   install_helm
   RUNTIME_BASE=$(bash "$E2E_DIR/images/runtime-base.sh")
@@ -109,7 +110,7 @@ dump_logs() {
   "$KUBECTL" get events -A 2>/dev/null | tail -20
   local f
   for f in kubelet.log containerd.log kube-proxy.log driver.log registrar.log provisioner.log resizer.log \
-    other-driver.log other-resizer.log; do
+    other-driver.log other-resizer.log snapshot-restore.log; do
     [ -e "$WORK/$f" ] && { echo "--- $f"; tail -25 "$WORK/$f"; }
   done
   for f in "$WORK"/pod-logs/"${NS}"_*/*/*.log; do
@@ -134,20 +135,29 @@ if [ "$DEPLOY" = chart ]; then
   # The driver as the Dockerfile's runtime stage holds it, and each sidecar binary at the
   # path its upstream image uses (the chart's registrar probe runs /csi-node-driver-registrar).
   mkdir -p "$WORK/images/driver/usr/local/bin" "$WORK/images/provisioner" "$WORK/images/registrar" \
-    "$WORK/images/livenessprobe" "$WORK/images/resizer"
+    "$WORK/images/livenessprobe" "$WORK/images/resizer" "$WORK/images/snapshotter" "$WORK/images/snapshot-controller"
   cp "$GDS_CSI" "$WORK/images/driver/usr/local/bin/gds-csi"
   cp "$CACHE_BIN/csi-provisioner" "$WORK/images/provisioner/csi-provisioner"
   cp "$CACHE_BIN/gds-csi-registrar" "$WORK/images/registrar/csi-node-driver-registrar"
   cp "$CACHE_BIN/gds-csi-livenessprobe" "$WORK/images/livenessprobe/livenessprobe"
   cp "$CACHE_BIN/gds-csi-resizer" "$WORK/images/resizer/csi-resizer"
+  # external-snapshotter's images hold each binary at /<name>, their entrypoint
+  # (v8.7.0 cmd/csi-snapshotter/Dockerfile:6-7, cmd/snapshot-controller/Dockerfile:6-7).
+  cp "$CACHE_BIN/csi-snapshotter" "$WORK/images/snapshotter/csi-snapshotter"
+  cp "$CACHE_BIN/snapshot-controller" "$WORK/images/snapshot-controller/snapshot-controller"
   build_image "$IMAGES/gds-csi:e2e" "$WORK/images/gds-csi.tar" --layer "$RUNTIME_BASE" \
     --layer "$WORK/images/driver" --entrypoint /usr/local/bin/gds-csi serve
   for part in provisioner:csi-provisioner registrar:csi-node-driver-registrar livenessprobe:livenessprobe; do
     build_image "$IMAGES/${part%%:*}:e2e" "$WORK/images/${part%%:*}.tar" --layer "$RUNTIME_BASE" \
       --layer "$WORK/images/${part%%:*}" --entrypoint "/${part##*:}"
   done
-  # The resizer stand-in is a static binary (build-tools.sh): its image needs no base.
+  # The resizer stand-in and external-snapshotter's two are static binaries (build-tools.sh):
+  # their images need no base.
   build_image "$IMAGES/resizer:e2e" "$WORK/images/resizer.tar" --layer "$WORK/images/resizer" --entrypoint /csi-resizer
+  for part in snapshotter:csi-snapshotter snapshot-controller:snapshot-controller; do
+    build_image "$IMAGES/${part%%:*}:e2e" "$WORK/images/${part%%:*}.tar" --layer "$WORK/images/${part%%:*}" \
+      --entrypoint "/${part##*:}"
+  done
 fi
 
 # --- containerd with its own root, state, socket and CNI config -------------------------
@@ -260,8 +270,10 @@ rig_chart_values() {
   # The resizer's image holds the stand-in (tests/e2e/tools/k8s/resizer): the module proxy
   # refuses github.com/kubernetes-csi/external-resizer at every version (403).
   local sidecar
-  for sidecar in provisioner:provisioner nodeDriverRegistrar:registrar livenessProbe:livenessprobe resizer:resizer; do
-    helm_set+=(--set "sidecars.${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"
-      --set "sidecars.${sidecar%%:*}.image.tag=e2e" --set "sidecars.${sidecar%%:*}.image.pullPolicy=Never")
+  for sidecar in sidecars.provisioner:provisioner sidecars.nodeDriverRegistrar:registrar \
+    sidecars.livenessProbe:livenessprobe sidecars.resizer:resizer snapshots.sidecar:snapshotter \
+    snapshots.controller:snapshot-controller; do
+    helm_set+=(--set "${sidecar%%:*}.image.repository=$IMAGES/${sidecar##*:}"
+      --set "${sidecar%%:*}.image.tag=e2e" --set "${sidecar%%:*}.image.pullPolicy=Never")
   done
 }

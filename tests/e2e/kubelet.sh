@@ -6,8 +6,9 @@
 #
 # usage: kubelet.sh [chart|processes]
 #   chart (default)  `helm install` of deploy/helm/gds-csi: the node DaemonSet runs the
-#                    driver, the external-provisioner, the resizer, the registrar and the
-#                    liveness probe as pods, with the chart's privileges, mounts and probes.
+#                    driver, the external-provisioner, the resizer, the csi-snapshotter, the
+#                    registrar and the liveness probe as pods (and the snapshot-controller),
+#                    with the chart's privileges, mounts and probes.
 #   processes        the same parts as host processes, for debugging the driver alone.
 #
 # Scenario: a class with gdsPolicy=required is refused on this GPU-less node with an
@@ -18,6 +19,10 @@
 # Expansion: a carved claim grows while a pod uses it (the resizer's ControllerExpandVolume
 # grows the partition, the kubelet's NodeExpandVolume the mounted ext4), with a second
 # driver and resizer on another node id beside it, as every other node of a cluster runs.
+# Snapshots (chart): a VolumeSnapshot of a written claim (the chart's snapshot-controller and
+# this node's csi-snapshotter), the claim and its volume deleted, the snapshot restored by the
+# driver of that other node id, which shares only the store directory, and compared byte for
+# byte (SHA-256); then restored again as a claim on this node.
 set -euo pipefail
 DEPLOY=${1:-chart}
 case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2; exit 2 ;; esac
@@ -29,6 +34,7 @@ MiB=$((1024 * 1024))
 # Sparse; 512 MiB each leaves room for the xfs claim of the expansion check (mkfs.xfs wants 300 MiB).
 DEVICES=("$(make_loop "$WORK/dev1.img" $((512 * MiB)))" "$(make_loop "$WORK/dev2.img" $((512 * MiB)))")
 SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
+SNAPSHOT_STORE=$WORK/snapshot-store
 if [ "$DEPLOY" = chart ]; then
   rig_chart_values "${DEVICES[@]}"
   helm_set+=(--set sidecars.provisioner.capacityPollInterval=5s
@@ -37,11 +43,23 @@ if [ "$DEPLOY" = chart ]; then
     # TEST-NET address: this kernel has no NFS client, so an NFS CreateVolume can only
     # get as far as the mount, which is what shows where the claim went.
     --set nfs.enabled=true --set nfs.server=192.0.2.1 --set nfs.share=/export/gds
-    --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s)
+    --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s
+    # Snapshots on, with a store directory on this host: the chart mounts it into the
+    # driver container at the same path, and the other node id's driver below sees it too.
+    --set snapshots.enabled=true --set snapshots.class.storeDir="$SNAPSHOT_STORE")
   check "helm install of the chart" "$HELM" install gds-csi "$E2E_DIR/../../deploy/helm/gds-csi" \
     --namespace "$NS" --create-namespace "${helm_set[@]}"
   check "the node DaemonSet rolls out (every container ready, probes passing)" \
     "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
+  check "the snapshot-controller Deployment rolls out" \
+    "$KUBECTL" -n "$NS" rollout status deploy/gds-csi-snapshot-controller --timeout 120s
+  # The csi-snapshotter exits unless the driver offers CREATE_DELETE_SNAPSHOT (external-snapshotter
+  # v8.7.0 cmd/csi-snapshotter/main.go:234-242) and then logs this as it starts its controller
+  # (pkg/sidecar-controller/snapshot_controller_base.go:175); a rollout does not wait for that.
+  snapshotter_started() {
+    "$KUBECTL" -n "$NS" logs ds/gds-csi-node -c csi-snapshotter 2>/dev/null | grep -q 'Starting CSI snapshotter'
+  }
+  check "the csi-snapshotter sidecar found the driver's snapshot capability and started" wait_for 60 snapshotter_started
   [ "$failed" -eq 0 ] || exit 1
   plugin_pod() { "$KUBECTL" -n "$NS" get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}'; }
   # What Prometheus (the chart's scrape annotations) and the kubelet's liveness probe reach.
@@ -224,8 +242,13 @@ if [ "$DEPLOY" = chart ]; then
   # --- NFS enabled: each backend's claims reach only the provisioner meant for them ---
   # (issue 16 item 4). The chart runs no central provisioner, which would act on every
   # claim of the driver, NVMe ones included.
-  no_central() { [ -z "$("$KUBECTL" -n "$NS" get deployments,statefulsets -o name)" ]; }
-  check "nfs.enabled: no central provisioner workload, only the node DaemonSet" no_central
+  # The one Deployment is the snapshot-controller (snapshots.enabled), which provisions nothing.
+  no_central() {
+    [ "$("$KUBECTL" -n "$NS" get deployments,statefulsets \
+      -o jsonpath='{range .items[*]}{.metadata.name}={.spec.template.spec.containers[*].name};{end}')" = \
+      "gds-csi-snapshot-controller=snapshot-controller;" ]
+  }
+  check "nfs.enabled: no central provisioner workload, only the node DaemonSet (and the snapshot-controller)" no_central
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -383,16 +406,123 @@ check "PV deleted after the claim" wait_for 60 pv_gone
 check "no mounts left under the kubelet directory" wait_for 30 unstaged
 check "the carving class's capacity is back to ${part_capacity} MiB" wait_for 60 has_capacity "$NODE" "$part_capacity" nvme-gds
 
+# --- snapshots: taken on the claim's node, restored on another node id --------------------
+# (chart mode; called below while the other node id's driver runs.) A pod writes 4 MiB of
+# random bytes and their SHA-256; a VolumeSnapshot of the claim must reach readyToUse
+# through the snapshot-controller (distributed: it labels the content with the volume's
+# node) and this node's csi-snapshotter sidecar (--node-deployment); the claim and its
+# volume are deleted, and the driver of another node id, which shares only the store
+# directory, restores the snapshot (CreateVolume from it, NodeStage fills it, NodePublish)
+# through the CSI client (tests/e2e/tools/snapshotter/csiclient): the bytes must match.
+# Then a claim with the snapshot as its dataSource is restored on this node through the
+# provisioner, and deleting the VolumeSnapshot (deletionPolicy Delete) empties the store.
+snapshot_and_restore() {
+  local snap_start=$SECONDS
+  pvc snap-src nvme-gds-preferred 64Mi
+  pod snap-writer snap-src 'head -c 4194304 /dev/urandom > /data/blob && sha256sum /data/blob | cut -d" " -f1 | tee /data/blob.sha256 && sync'
+  check "a pod writes 4 MiB of random bytes into a claim (snap-src) and their SHA-256" wait_for 120 pod_succeeded snap-writer
+  local sum
+  sum=$("$KUBECTL" logs snap-writer 2>/dev/null)
+  check "the writer printed a SHA-256 ($sum)" [ "${#sum}" -eq 64 ]
+  local src_pv
+  src_pv=$("$KUBECTL" get pvc snap-src -o jsonpath='{.spec.volumeName}')
+  "$KUBECTL" delete pod snap-writer >/dev/null
+  check "the writer's volume is unstaged" wait_for 60 unstaged
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap, namespace: default}
+spec:
+  volumeSnapshotClassName: gds-csi-snapshots
+  source: {persistentVolumeClaimName: snap-src}
+YAML
+  snap_ready() { [ "$("$KUBECTL" get volumesnapshot snap -o jsonpath='{.status.readyToUse}')" = true ]; }
+  check "the VolumeSnapshot is readyToUse" wait_for 120 snap_ready
+  "$KUBECTL" get volumesnapshot snap -o jsonpath='{.status}' | cut -c1-300 | sed 's/^/     /'; echo
+  local content snap_id
+  content=$("$KUBECTL" get volumesnapshot snap -o jsonpath='{.status.boundVolumeSnapshotContentName}')
+  snap_id=$("$KUBECTL" get volumesnapshotcontent "$content" -o jsonpath='{.status.snapshotHandle}')
+  # The label the node's sidecar selects by (external-snapshotter v8.7.0
+  # pkg/common-controller/snapshot_controller.go:762-772, cmd/csi-snapshotter/main.go:156-163).
+  check "the snapshot-controller labelled its content managed-by=$NODE (the volume's node)" \
+    [ "$("$KUBECTL" get volumesnapshotcontent "$content" -o jsonpath='{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}')" = "$NODE" ]
+  check "this node's driver took it (CreateSnapshot), into the store directory ($snap_id)" \
+    eval 'called CreateSnapshot && [[ "$snap_id" == snap:dir:* ]] && [ -n "$(find "$SNAPSHOT_STORE" -type f)" ]'
+  check "its restore size is the claim's 64Mi" \
+    [ "$("$KUBECTL" get volumesnapshot snap -o jsonpath='{.status.restoreSize}')" = 64Mi ]
+  echo "     snapshot ready $((SECONDS - snap_start)) s after the claim was made"
+
+  # The claim and its volume go: the partition returns to the pool.
+  "$KUBECTL" delete pvc snap-src --wait=false >/dev/null
+  src_pv_gone() { ! "$KUBECTL" get pv "$src_pv" >/dev/null 2>&1; }
+  check "the source claim's PV is deleted (DeleteVolume)" wait_for 60 src_pv_gone
+  check "its space is free again: the carving class's capacity is ${part_capacity} MiB" \
+    wait_for 60 has_capacity "$NODE" "$part_capacity" nvme-gds
+  check "the snapshot outlives its source: still readyToUse" snap_ready
+
+  # Another node: the driver of node id other-node (its own pool device, its own state),
+  # asked as that node's provisioner and kubelet would ask it.
+  local listed
+  listed=$("$CACHE_BIN/gds-csi-csiclient" "$OTHER/csi.sock" list-snapshot "$snap_id" 2>&1) || true
+  check "the other node's driver finds the snapshot by its id (ListSnapshots: $listed)" \
+    eval '[[ "$listed" == "$snap_id "*" true" ]]'
+  mkdir -p "$OTHER/staging/restored" "$OTHER/pods/restored"
+  local restored_id restore_start=$SECONDS
+  restored_id=$("$CACHE_BIN/gds-csi-csiclient" "$OTHER/csi.sock" restore snap-restored $((64 * MiB)) other-node \
+    "$snap_id" "$OTHER/staging/restored" "$OTHER/pods/restored/mount" layout=partition gdsPolicy=preferred \
+    2>"$WORK/snapshot-restore.log") || true
+  check "the other node's driver restores it: CreateVolume from the snapshot, NodeStage, NodePublish ($restored_id)" \
+    [ -n "$restored_id" ]
+  echo "     restored on other-node in $((SECONDS - restore_start)) s"
+  local back
+  back=$(sha256sum "$OTHER/pods/restored/mount/blob" 2>/dev/null | cut -d" " -f1)
+  check "on other-node the restored file has the writer's bytes (SHA-256 $back)" [ "$back" = "$sum" ]
+  check "and the writer's own SHA-256 file" [ "$(cat "$OTHER/pods/restored/mount/blob.sha256" 2>/dev/null)" = "$sum" ]
+  on_other_device() { awk -v d="$OTHER/staging/restored" '$5 == d {print $(NF - 1)}' /proc/self/mountinfo | grep -q "^${OTHER_DEVICE}p"; }
+  check "on a partition of the other node's own device ($OTHER_DEVICE)" on_other_device
+  check "released there: NodeUnpublish, NodeUnstage, DeleteVolume" \
+    "$CACHE_BIN/gds-csi-csiclient" "$OTHER/csi.sock" release "$restored_id" "$OTHER/staging/restored" "$OTHER/pods/restored/mount"
+
+  # The same snapshot as a claim's dataSource on this node, through the provisioner.
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: snap-restored, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: nvme-gds-preferred
+  resources: {requests: {storage: 64Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
+YAML
+  pod snap-reader snap-restored "sha256sum /data/blob | cut -d\" \" -f1"
+  check "a claim restored from the VolumeSnapshot on $NODE holds the writer's bytes" wait_for 120 logs_are snap-reader "$sum"
+  if ! logs_are snap-reader "$sum"; then events_of snap-restored | tail -3; events_of snap-reader | tail -3; fi
+  "$KUBECTL" delete pod snap-reader --wait=false >/dev/null
+  "$KUBECTL" delete pvc snap-restored --wait=false >/dev/null
+
+  "$KUBECTL" delete volumesnapshot snap --wait=false >/dev/null
+  content_gone() { ! "$KUBECTL" get volumesnapshotcontent "$content" >/dev/null 2>&1; }
+  check "deleting the VolumeSnapshot deletes its content (DeleteSnapshot)" wait_for 60 content_gone
+  store_empty() { [ -z "$(find "$SNAPSHOT_STORE" -type f)" ]; }
+  check "and the snapshot's files in the store" wait_for 30 store_empty
+  check "the restored claim's space returns: the carving class's capacity is ${part_capacity} MiB again" \
+    wait_for 90 has_capacity "$NODE" "$part_capacity" nvme-gds
+  echo "     snapshots: $((SECONDS - snap_start)) s"
+}
+
 # --- expansion (issue 13): a carved claim grows while a pod uses it -----------------------
 # The resizer is the stand-in for external-resizer (tests/e2e/tools/k8s/resizer): the chart's
 # csi-resizer sidecar, or a process beside the driver. Beside them, what every other node of
 # a cluster runs: a driver of the same name on another node id (no devices) with its own
 # resizer, which sees the same claim; asked about this node's volume, that driver must
 # answer Aborted (the one code that leaves the claim's status alone: deploy/README.md).
+# Its one pool device takes the snapshot restored on that node below.
 OTHER=$WORK/other-node
 mkdir -p "$OTHER"
+OTHER_DEVICE=$(make_loop "$WORK/other-dev.img" $((256 * MiB)))
 "$GDS_CSI" serve --mode all --node-id other-node --driver-name "$DRIVER" --endpoint "unix://$OTHER/csi.sock" \
-  --state-dir "$OTHER/state" --allowed-path-root "$OTHER" --log-format json 2>"$WORK/other-driver.log" &
+  --state-dir "$OTHER/state" --allowed-path-root "$OTHER" --log-format json --pool-device "$OTHER_DEVICE" \
+  2>"$WORK/other-driver.log" &
 OTHER_DRIVER_PID=$!
 PIDS+=("$OTHER_DRIVER_PID")
 wait_for_socket "$OTHER/csi.sock"
@@ -497,12 +627,14 @@ PY
 other_refused=$(other_answers) || other_refused=0
 check "the other node's driver expanded nothing and answered only Aborted naming $NODE (asked ${other_refused} times)" \
   [ "$other_refused" -ge 1 ]
-kill "$OTHER_RESIZER_PID" "$OTHER_DRIVER_PID"
+kill "$OTHER_RESIZER_PID"
 "$KUBECTL" delete pod grower --wait=false >/dev/null
 check "the grower pod is deleted" wait_for 90 pod_gone grower
 "$KUBECTL" delete pvc grow --wait=false >/dev/null
 check "the grown claim's space returns: the carving class's capacity is ${part_capacity} MiB again" \
   wait_for 90 has_capacity "$NODE" "$part_capacity" nvme-gds
+[ "$DEPLOY" != chart ] || snapshot_and_restore
+kill "$OTHER_DRIVER_PID"
 
 # --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
 # A second instance of the driver, with the stand-in registrar, as host processes in both

@@ -90,6 +90,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and .Values.seLinuxMount (semverCompare "<1.28.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "seLinuxMount=true needs Kubernetes >= 1.28 (SELinuxMountReadWriteOncePod on by default); the target is %s (without a cluster, pass helm template --kube-version)" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
+{{- with .Values.snapshots.class -}}
+{{- if and $.Values.snapshots.enabled .create -}}
+{{- $nfs := or .storeServer .storeShare .storePath .storeProto .storePort .storeVers -}}
+{{- if and .storeDir $nfs -}}
+{{- fail "snapshots.class: storeDir or the NFS store (storeServer, storeShare, ...), not both" -}}
+{{- end -}}
+{{- if not (or .storeDir .storeServer) -}}
+{{- fail "snapshots.class needs a store: storeDir, or storeServer and storeShare (or snapshots.class.create=false)" -}}
+{{- end -}}
+{{- if and .storeServer (not .storeShare) -}}
+{{- fail "snapshots.class.storeShare is required with storeServer" -}}
+{{- end -}}
+{{- if and (not .storeServer) $nfs (not .storeDir) -}}
+{{- fail "snapshots.class: storeShare, storePath, storeProto, storePort and storeVers need storeServer" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* "true" unless the target's API list says it does not serve a kind. Call
@@ -131,4 +148,20 @@ true
 {{- if eq $i 0 -}}{{- $dirs = append $dirs "/run/udev/rules.d" -}}{{- end -}}
 {{- end -}}
 {{- join "," $dirs -}}
+{{- end -}}
+
+{{/* The host directories mounted into the driver container for snapshot
+     stores, as a JSON list: the chart class's storeDir, then
+     snapshots.hostStoreDirs, each once; empty unless snapshots.enabled. */}}
+{{- define "gds-csi.snapshotStoreDirs" -}}
+{{- $dirs := list -}}
+{{- if .Values.snapshots.enabled -}}
+{{- if and .Values.snapshots.class.create .Values.snapshots.class.storeDir -}}
+{{- $dirs = append $dirs (trimSuffix "/" .Values.snapshots.class.storeDir) -}}
+{{- end -}}
+{{- range .Values.snapshots.hostStoreDirs -}}
+{{- $dirs = append $dirs (trimSuffix "/" .) -}}
+{{- end -}}
+{{- end -}}
+{{- $dirs | uniq | toJson -}}
 {{- end -}}
