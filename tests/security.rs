@@ -85,6 +85,10 @@ enum Call {
     Publish(NodePublishVolumeRequest),
     Unpublish(NodeUnpublishVolumeRequest),
     Stats(NodeGetVolumeStatsRequest),
+    Snapshot(CreateSnapshotRequest),
+    DeleteSnapshot(DeleteSnapshotRequest),
+    GetSnapshot(GetSnapshotRequest),
+    ListSnapshots(ListSnapshotsRequest),
 }
 
 async fn send(c: &Clients, call: Call) -> std::result::Result<(), tonic::Status> {
@@ -99,6 +103,10 @@ async fn send(c: &Clients, call: Call) -> std::result::Result<(), tonic::Status>
         Call::Publish(r) => node.node_publish_volume(r).await.map(drop),
         Call::Unpublish(r) => node.node_unpublish_volume(r).await.map(drop),
         Call::Stats(r) => node.node_get_volume_stats(r).await.map(drop),
+        Call::Snapshot(r) => ctl.create_snapshot(r).await.map(drop),
+        Call::DeleteSnapshot(r) => ctl.delete_snapshot(r).await.map(drop),
+        Call::GetSnapshot(r) => ctl.get_snapshot(r).await.map(drop),
+        Call::ListSnapshots(r) => ctl.list_snapshots(r).await.map(drop),
     }
 }
 
@@ -113,7 +121,7 @@ struct Case {
 }
 
 /// The number of distinct hostile requests (docs/testing.md and docs/operations.md quote it).
-const HOSTILE_REQUESTS: usize = 215;
+const HOSTILE_REQUESTS: usize = 237;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_are_rejected_before_the_host_is_touched() {
@@ -149,13 +157,17 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
         state_dir: dir.path().join("state"),
     })
     .unwrap();
-    let driver = Arc::new(Driver::new(
-        "gds.csi.test".into(),
-        "node-a".into(),
-        vec![kubelet.clone()],
-        pool,
-        host.clone(),
-    ));
+    let snapshots = gds_csi::snapshot::Snapshots::open(&dir.path().join("state")).unwrap();
+    let driver = Arc::new(
+        Driver::new(
+            "gds.csi.test".into(),
+            "node-a".into(),
+            vec![kubelet.clone()],
+            pool,
+            host.clone(),
+        )
+        .with_snapshots(snapshots),
+    );
     let c = common::serve_in_process(driver, dir.path()).await;
     // One real volume, so path and capability cases are refused for the field under test.
     let vol = c
@@ -704,6 +716,179 @@ async fn bad_inputs_are_rejected_before_the_host_is_touched() {
             IA,
             names,
         ));
+    }
+
+    // Snapshots: every class parameter, the ids, the listing's paging.
+    let store = dir.path().join("store").display().to_string();
+    let snap = |name: &str, source: &str, kv: &[(&str, &str)]| {
+        Call::Snapshot(CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: source.into(),
+            parameters: params(kv),
+            ..Default::default()
+        })
+    };
+    let dir_store = [("storeDir", store.as_str())];
+    let nfs_store = |extra: (&'static str, &'static str)| {
+        vec![
+            ("storeServer", "192.0.2.1"),
+            ("storeShare", "/export"),
+            extra,
+        ]
+    };
+    for (what, call, code, names) in [
+        ("no name", snap("", &id, &dir_store), IA, "name"),
+        (
+            "a control character in the name",
+            snap("a\nb", &id, &dir_store),
+            IA,
+            "name",
+        ),
+        (
+            "no source",
+            snap("s", "", &dir_store),
+            IA,
+            "source_volume_id",
+        ),
+        ("no store", snap("s", &id, &[]), IA, "storeServer"),
+        (
+            "a relative storeDir",
+            snap("s", &id, &[("storeDir", "snaps")]),
+            IA,
+            "parameters.storeDir",
+        ),
+        (
+            "storeDir with ..",
+            snap("s", &id, &[("storeDir", "/var/../etc")]),
+            IA,
+            "parameters.storeDir",
+        ),
+        (
+            "two stores",
+            snap(
+                "s",
+                &id,
+                &[
+                    ("storeDir", "/snaps"),
+                    ("storeServer", "192.0.2.1"),
+                    ("storeShare", "/e"),
+                ],
+            ),
+            IA,
+            "parameters.storeDir",
+        ),
+        (
+            "storeServer without storeShare",
+            snap("s", &id, &[("storeServer", "192.0.2.1")]),
+            IA,
+            "parameters.storeShare",
+        ),
+        (
+            "storePort 0",
+            snap("s", &id, &nfs_store(("storePort", "0"))),
+            IA,
+            "parameters.storePort",
+        ),
+        (
+            "storeProto bogus",
+            snap("s", &id, &nfs_store(("storeProto", "carrier-pigeon"))),
+            IA,
+            "parameters.storeProto",
+        ),
+        (
+            "storeVers 9",
+            snap("s", &id, &nfs_store(("storeVers", "9"))),
+            IA,
+            "parameters.storeVers",
+        ),
+        (
+            "storePath with ..",
+            snap("s", &id, &nfs_store(("storePath", "a/../b"))),
+            IA,
+            "parameters.storePath",
+        ),
+        (
+            "a server with a slash",
+            snap("s", &id, &[("storeServer", "a/b"), ("storeShare", "/e")]),
+            IA,
+            "parameters.storeServer",
+        ),
+        (
+            "checksums yes",
+            snap("s", &id, &[("storeDir", "/snaps"), ("checksums", "yes")]),
+            IA,
+            "parameters.checksums",
+        ),
+        (
+            "an unknown parameter",
+            snap("s", &id, &[("storeDir", "/snaps"), ("bogus", "1")]),
+            IA,
+            "bogus",
+        ),
+        (
+            "an unknown source volume",
+            snap("s", "blk:dev-0:aa:node-a", &dir_store),
+            NF,
+            "source_volume_id",
+        ),
+        (
+            "DeleteSnapshot without an id",
+            Call::DeleteSnapshot(DeleteSnapshotRequest::default()),
+            IA,
+            "snapshot_id",
+        ),
+        (
+            "GetSnapshot without an id",
+            Call::GetSnapshot(GetSnapshotRequest::default()),
+            IA,
+            "snapshot_id",
+        ),
+        (
+            "GetSnapshot of an unknown id",
+            Call::GetSnapshot(GetSnapshotRequest {
+                snapshot_id: "snap:dir:~nowhere:x".into(),
+                ..Default::default()
+            }),
+            NF,
+            "snap:dir:~nowhere:x",
+        ),
+        (
+            "ListSnapshots with negative max_entries",
+            Call::ListSnapshots(ListSnapshotsRequest {
+                max_entries: -1,
+                ..Default::default()
+            }),
+            IA,
+            "max_entries",
+        ),
+        (
+            "ListSnapshots with a foreign token",
+            Call::ListSnapshots(ListSnapshotsRequest {
+                starting_token: "page-2".into(),
+                ..Default::default()
+            }),
+            Code::Aborted,
+            "starting_token",
+        ),
+        (
+            "CreateVolume from an empty snapshot id",
+            Call::Create(CreateVolumeRequest {
+                name: "from-snap".into(),
+                volume_capabilities: vec![rw()],
+                volume_content_source: Some(VolumeContentSource {
+                    r#type: Some(volume_content_source::Type::Snapshot(
+                        volume_content_source::SnapshotSource {
+                            snapshot_id: String::new(),
+                        },
+                    )),
+                }),
+                ..Default::default()
+            }),
+            IA,
+            "volume_content_source.snapshot.snapshot_id",
+        ),
+    ] {
+        cases.push(case(&format!("CreateSnapshot {what}"), call, code, names));
     }
 
     // Run them all. The host and the filesystem must not move.
