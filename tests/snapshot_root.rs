@@ -566,3 +566,56 @@ async fn raw_volumes_snapshot_their_bytes_empty_or_whole_and_are_refused_in_use(
         .await
         .unwrap();
 }
+
+/// Only a directory the driver made for a snapshot is written to or removed: a name whose
+/// directory on the store holds someone else's files is AlreadyExists with nothing
+/// written, and a forged id naming such a directory (or any other) is refused by
+/// DeleteSnapshot with the directory untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_the_driver_did_not_make_is_never_written_or_removed() {
+    let Some(mut rig) = Rig::new(1) else { return };
+    let store = store_dir();
+    let mut c = rig.start().await;
+    let id = requests::create_volume_id(&mut c, "v", requests::single_writer_mount()).await;
+    fs::create_dir_all(store.path().join("precious")).unwrap();
+    fs::write(store.path().join("precious/data"), b"keep me").unwrap();
+    let e = c
+        .controller
+        .create_snapshot(snapshot_req("precious", &id, store.path()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    assert!(
+        e.message().contains("no snapshot of this driver"),
+        "{}",
+        e.message()
+    );
+    let names: Vec<_> = fs::read_dir(store.path().join("precious"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["data"], "nothing written beside it");
+    let forged = format!(
+        "snap:dir:{}:precious",
+        store.path().display().to_string().replace('/', "~")
+    );
+    for id in [forged.as_str(), "snap:dir:~tmp:precious-nowhere"] {
+        let r = c
+            .controller
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await;
+        if id == forged {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        } else {
+            r.unwrap();
+        }
+    }
+    assert_eq!(
+        fs::read(store.path().join("precious/data")).unwrap(),
+        b"keep me"
+    );
+}

@@ -132,23 +132,83 @@ async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result
 /// the export's root, never following a symlink).
 async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId) -> Result<PathBuf> {
     let dir = ctx.snapshot_dir(id).await?;
+    let text = id.to_string();
     match &id.store {
         Store::Dir(_) => {
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+            claim(&dir, &text)?;
             std::fs::create_dir_all(dir.join(TREE)).map_err(|e| Error::io("create", &dir, e))?;
         }
         Store::Nfs(store) => {
             let root = ctx.nfs()?.export_root(store).await?;
-            let rel = id.nfs_dir(TREE).expect("an NFS store").dir;
+            let rel = id.nfs_dir("").expect("an NFS store").dir;
             let what = format!("making {}", id.location());
+            let at = dir.clone();
             ctx.nfs()?
                 .with_deadline(what.clone(), move || {
-                    fsops::ensure_dir(&root, &rel).map_err(|e| fs_error(what, e))
+                    fsops::ensure_dir(&root, &rel).map_err(|e| fs_error(what.clone(), e))?;
+                    claim(&at, &text)?;
+                    fsops::ensure_dir(&root, &format!("{rel}/{TREE}"))
+                        .map_err(|e| fs_error(what, e))
                 })
                 .await
-                .map_err(|e| super::store_unreachable(id, &e))?;
+                .map_err(|e| match e {
+                    e @ Error::AlreadyExists(_) => e,
+                    e => super::store_unreachable(id, &e),
+                })?;
         }
     }
     Ok(dir)
+}
+
+/// The file in a snapshot's directory naming the snapshot it belongs to: written before
+/// anything else goes in, so only a directory this driver made for this very snapshot is
+/// ever written to or removed.
+pub(super) const ID_FILE: &str = "snapshot-id";
+
+/// Takes `dir` for snapshot `id`: its own already, or empty (then marked). A directory
+/// with anything else in it is someone else's: AlreadyExists, nothing written.
+fn claim(dir: &Path, id: &str) -> Result<()> {
+    let marker = dir.join(ID_FILE);
+    match std::fs::read_to_string(&marker) {
+        Ok(text) if text.trim() == id => return Ok(()),
+        Ok(text) => {
+            return Err(Error::AlreadyExists(format!(
+                "name: {} belongs to snapshot {}, not {id}; use another name",
+                dir.display(),
+                text.trim()
+            )))
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::io("read", &marker, e))
+        }
+        Err(_) => {}
+    }
+    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))?;
+    if entries.next().is_some() {
+        return Err(Error::AlreadyExists(format!(
+            "name: {} already exists on the store and is no snapshot of this driver; nothing \
+             was written: use another name, or move that directory away",
+            dir.display()
+        )));
+    }
+    crate::state_dir::write_atomic(&marker, format!("{id}\n").as_bytes())
+        .map_err(|e| Error::io("write", &marker, e))
+}
+
+/// Whether `dir` is snapshot `id`'s (its id file or its manifest says so); None when
+/// there is no such directory.
+pub(super) fn owned_by(dir: &Path, id: &str) -> Result<Option<bool>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let marker = dir.join(ID_FILE);
+    if let Ok(text) = std::fs::read_to_string(&marker) {
+        return Ok(Some(text.trim() == id));
+    }
+    Ok(Some(
+        Manifest::read(dir)?.is_some_and(|m| m.snapshot_id == id),
+    ))
 }
 
 /// What to copy from, and the source volume's lock (a block volume's).
@@ -518,6 +578,28 @@ pub(super) async fn remove_snapshot_dir(
     id: &SnapshotId,
     dir: PathBuf,
 ) -> Result<()> {
+    let (text, at) = (id.to_string(), dir.clone());
+    let owned = match &id.store {
+        Store::Dir(_) => owned_by(&at, &text)?,
+        Store::Nfs(_) => ctx
+            .nfs()?
+            .with_deadline(format!("looking into {}", id.location()), move || {
+                owned_by(&at, &text)
+            })
+            .await
+            .map_err(|e| super::store_unreachable(id, &e))?,
+    };
+    match owned {
+        None => return Ok(()),
+        Some(true) => {}
+        Some(false) => {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot_id: {} is no directory of snapshot {id} (no {ID_FILE} or manifest of \
+                 it there); nothing was removed",
+                dir.display()
+            )))
+        }
+    }
     match &id.store {
         Store::Dir(_) => {
             for r in [
