@@ -55,6 +55,7 @@ suite "Grafana dashboard: every query against Prometheus scraping a driver" bash
 suite "VM rig: NVMe + NFS over RDMA (csi-sanity x2, scenarios)" bash tests/vm/run.sh
 suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenarios, fio)" bash tests/vm/stripe.sh
 suite "VM rig: NFS -> NVMe clones (file by file, SIGKILL and server stop mid-copy, figures)" bash tests/vm/clone.sh
+suite "VM rig: snapshots to an NFS-over-RDMA store (restore compared, live freeze, SIGKILL, server stop, figures)" bash tests/vm/snapshot.sh
 suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh
 suite "fuzzing every parser (10 s each)" env FUZZ_SECONDS=10 bash scripts/fuzz.sh
 

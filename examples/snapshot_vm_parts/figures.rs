@@ -1,0 +1,260 @@
+//! The snapshot figures, printed as `FIGURES ...` lines: the snapshot's throughput (a
+//! written, unstaged NVMe volume to the NFS-over-RDMA store, CreateSnapshot's first call
+//! to its ready answer, three runs) against fio's O_DIRECT read of the same tree on the
+//! volume and fio's O_DIRECT write to the store (three runs each, medians); the restore's
+//! throughput (its first NodeStage: mkfs, the store's mount, the copy; three runs) beside
+//! fio's read of the snapshot's tree on the store; the freeze time under a steady writer
+//! (the driver's log) and the writer's longest stall; the bytes moved after a SIGKILL
+//! mid-snapshot and mid-restore over the snapshot's size.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{drop_caches, ensure, sh, vm_common, Result, Rig, MIB, SERVER, STORE};
+
+#[derive(Default)]
+struct Recorded {
+    /// (bytes, seconds) of each snapshot of the unstaged source.
+    snapshots: Vec<(u64, f64)>,
+    /// (bytes, seconds) of each restore's first NodeStage.
+    restores: Vec<(u64, f64)>,
+    /// The driver's freeze and the writer's longest stall, seconds.
+    freeze: Option<(f64, f64)>,
+    /// The store written and the source read after a SIGKILL mid-snapshot, x the snapshot.
+    kill: Option<(f64, f64)>,
+    /// The store read after a SIGKILL mid-restore, and in all, x the snapshot.
+    restore_kill: Option<(f64, f64)>,
+}
+
+static RECORDED: Mutex<Option<Recorded>> = Mutex::new(None);
+
+fn with<T>(f: impl FnOnce(&mut Recorded) -> T) -> T {
+    f(RECORDED
+        .lock()
+        .unwrap()
+        .get_or_insert_with(Recorded::default))
+}
+
+pub fn record_snapshot(bytes: u64, secs: f64) {
+    with(|r| r.snapshots.push((bytes, secs)));
+}
+
+pub fn record_restore(bytes: u64, secs: f64) {
+    with(|r| r.restores.push((bytes, secs)));
+}
+
+pub fn record_freeze(freeze: f64, stall: f64) {
+    with(|r| r.freeze = Some((freeze, stall)));
+}
+
+pub fn record_kill(written: f64, read: f64) {
+    with(|r| r.kill = Some((written, read)));
+}
+
+pub fn record_restore_kill(after: f64, all: f64) {
+    with(|r| r.restore_kill = Some((after, all)));
+}
+
+/// The driver log's length now (DRIVER_LOG names it), to read what comes after.
+pub fn log_len() -> Result<u64> {
+    Ok(std::fs::metadata(std::env::var("DRIVER_LOG")?)?.len())
+}
+
+/// The freeze time the driver logged after byte `from` of its log: the first number (in
+/// seconds, or with a `ms` unit) on the first line that mentions a freeze.
+pub fn freeze_seconds(from: u64) -> Result<f64> {
+    let log = std::fs::read(std::env::var("DRIVER_LOG")?)?;
+    let text = String::from_utf8_lossy(&log[from as usize..]).into_owned();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            let l = l.to_lowercase();
+            l.contains("froze") || l.contains("freeze")
+        })
+        .collect();
+    for line in &lines {
+        if let Some(secs) = seconds_in(line) {
+            return Ok(secs);
+        }
+    }
+    Err(format!("no freeze time in the driver's log; lines about a freeze: {lines:?}").into())
+}
+
+/// The first `freeze...=N`/`froze...=N` field of a log line (N in seconds, `Ns` or `Nms`),
+/// else the first number followed by ` s`.
+fn seconds_in(line: &str) -> Option<f64> {
+    let parse = |v: &str| -> Option<f64> {
+        let v = v.trim_matches(|c| c == '"' || c == ',');
+        if let Some(ms) = v.strip_suffix("ms") {
+            return ms.parse::<f64>().ok().map(|m| m / 1000.0);
+        }
+        v.trim_end_matches('s').parse().ok()
+    };
+    for word in line.split_whitespace() {
+        if let Some((k, v)) = word.split_once('=') {
+            let k = k.to_lowercase();
+            if (k.contains("froze") || k.contains("freeze")) && !k.contains("limit") {
+                if let Some(s) = parse(v) {
+                    return Some(s);
+                }
+            }
+        }
+    }
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words.windows(2).find_map(|w| match w[1] {
+        "s" | "s," | "s)" | "seconds" => parse(w[0]),
+        _ => None,
+    })
+}
+
+/// The longest gap between two of the writer's completed writes (one timestamp a line).
+pub fn longest_gap(times: &str, _window: f64) -> Result<f64> {
+    let text = std::fs::read_to_string(times)?;
+    let t: Vec<f64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    ensure(t.len() > 2, "the writer wrote nothing")?;
+    Ok(t.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / MIB as f64 / secs
+}
+
+/// fio's bandwidth in MiB/s of one job (`json` output).
+fn fio(args: &str) -> Result<f64> {
+    let out = sh(&format!("fio --output-format=json --name=fig {args}"))?;
+    // `--opendir` prints how many files it added before the JSON.
+    let json = out.find('{').map_or(out.as_str(), |at| &out[at..]);
+    let v: serde_json::Value = serde_json::from_str(json)?;
+    let job = &v["jobs"][0];
+    let bw = job["read"]["bw_bytes"].as_f64().unwrap_or(0.0)
+        + job["write"]["bw_bytes"].as_f64().unwrap_or(0.0);
+    Ok(bw / MIB as f64)
+}
+
+/// `runs` runs of a fio job, the page cache dropped before each: the median MiB/s.
+fn fio_median(runs: usize, args: &str) -> Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..runs {
+        drop_caches()?;
+        v.push(fio(args)?);
+    }
+    Ok(median(v))
+}
+
+const RUNS: usize = 3;
+/// Every regular file of a tree read raw by fio: O_DIRECT, 4 in flight, requests of 512 B
+/// to 8 MiB (fio passes over a file smaller than its smallest request).
+const TREE_READ: &str =
+    "--rw=read --bsrange=512-8m --direct=1 --ioengine=libaio --iodepth=4 --readonly";
+
+pub async fn run(rig: &mut Rig) -> Result<String> {
+    let a = rig.source.clone().ok_or("run the restore scenario first")?;
+    let snap = rig
+        .snaps
+        .get("snap-a")
+        .ok_or("run the restore scenario first")?
+        .clone();
+    // fio's read of the source's tree on its NVMe volume, staged for it alone.
+    vm_common::stage(&mut rig.c, &a).await?;
+    vm_common::publish(&mut rig.c, &a).await?;
+    let tree_read = fio_median(
+        RUNS,
+        &format!("--opendir={} {TREE_READ}", a.target.display()),
+    );
+    vm_common::unpublish(&mut rig.c, &a).await?;
+    vm_common::unstage(&mut rig.c, &a).await?;
+    let tree_read = tree_read?;
+    // fio's write to the store and read of the snapshot's tree there, through a mount
+    // with the store's options.
+    let mnt = "/run/fig-store";
+    sh(&format!(
+        "mkdir -p {mnt} && mount -t nfs -o rdma,port=20049,vers=4.1 {SERVER}:/{STORE} {mnt}"
+    ))?;
+    let size = (rig.data_bytes / MIB as u64).max(8);
+    let store_write = fio_median(
+        RUNS,
+        &format!(
+            "--filename={mnt}/fio.bin --rw=write --bs=8m --direct=1 --ioengine=libaio \
+             --iodepth=4 --size={size}m"
+        ),
+    );
+    let store_read = fio_median(RUNS, &format!("--opendir={mnt}/snap-a/tree {TREE_READ}"));
+    sh(&format!("rm -f {mnt}/fio.bin; umount {mnt}"))?;
+    let (store_write, store_read) = (store_write?, store_read?);
+    // Two more snapshots of the same unstaged source, and two more restores.
+    for i in 2..=RUNS {
+        let name = format!("snap-fig-{i}");
+        drop_caches()?;
+        let t = rig
+            .snapshot_until_ready(&name, &a.id, Duration::from_secs(300))
+            .await?;
+        record_snapshot(rig.data_bytes, t.secs);
+        rig.c
+            .controller
+            .delete_snapshot(gds_csi::csi::DeleteSnapshotRequest {
+                snapshot_id: t.snap.snapshot_id,
+                ..Default::default()
+            })
+            .await?;
+    }
+    for i in 2..=RUNS {
+        let r = rig.restore(&format!("restore-fig-{i}"), &snap, 0).await?;
+        drop_caches()?;
+        let t0 = Instant::now();
+        rig.stage_until_done(&r, Duration::from_secs(300)).await?;
+        record_restore(rig.data_bytes, t0.elapsed().as_secs_f64());
+        vm_common::teardown(&mut rig.c, &r).await?;
+    }
+    let rec = RECORDED.lock().unwrap();
+    let rec = rec.as_ref().ok_or("nothing recorded")?;
+    let snaps: Vec<f64> = rec.snapshots.iter().map(|&(b, s)| mib_s(b, s)).collect();
+    let restores: Vec<f64> = rec.restores.iter().map(|&(b, s)| mib_s(b, s)).collect();
+    let (snap_bw, restore_bw) = (median(snaps.clone()), median(restores.clone()));
+    let slower = tree_read.min(store_write);
+    let ratio = snap_bw / slower;
+    let mut lines = vec![format!(
+        "FIGURES snapshot: {:.1} MiB dataset (unstaged ext4 NVMe volume -> NFS v4.1 over soft-RoCE), median {snap_bw:.1} MiB/s \
+         of {snaps:.1?}; fio tree read on the volume {tree_read:.1} MiB/s, fio write to the store {store_write:.1} MiB/s \
+         (medians of {RUNS}); snapshot / slower = {ratio:.2} (goal >= 0.9: {})",
+        rig.data_bytes as f64 / MIB as f64,
+        if ratio >= 0.9 { "met" } else { "MISSED" }
+    )];
+    lines.push(format!(
+        "FIGURES restore: median {restore_bw:.1} MiB/s of {restores:.1?} (first NodeStage: mkfs, store mount, copy); \
+         fio tree read on the store {store_read:.1} MiB/s; restore / store read = {:.2}",
+        restore_bw / store_read
+    ));
+    if let Some((freeze, stall)) = rec.freeze {
+        lines.push(format!(
+            "FIGURES freeze under a steady writer (64 KiB O_DSYNC rewrites of a 16 MiB file; a {:.0} MiB dataset \
+             volume, 256 MiB namespace): driver froze {freeze:.3} s (goal <= 1 s: {}); writer's longest stall {stall:.3} s",
+            rig.data_bytes as f64 / MIB as f64,
+            if freeze <= 1.0 { "met" } else { "MISSED" }
+        ));
+    }
+    if let Some((written, read)) = rec.kill {
+        lines.push(format!(
+            "FIGURES SIGKILL mid-snapshot: after the restart the store was written {written:.2} x and the source read \
+             {read:.2} x the snapshot (nfsd io; /sys/block stat)"
+        ));
+    }
+    if let Some((after, all)) = rec.restore_kill {
+        lines.push(format!(
+            "FIGURES SIGKILL mid-restore: read from the store after the kill {after:.2} x the snapshot (goal <= 1.5: {}), \
+             in all {all:.2} x (nfsd io counter, server side)",
+            if after <= 1.5 { "met" } else { "MISSED" }
+        ));
+    }
+    for l in &lines {
+        println!("{l}");
+    }
+    Ok(format!("{} figure lines", lines.len()))
+}
