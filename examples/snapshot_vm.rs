@@ -151,6 +151,30 @@ impl Rig {
             .ok_or_else(|| tonic::Status::internal("no snapshot in the answer"))
     }
 
+    /// CreateSnapshot in the background: the driver waits up to 20 s for the copy before
+    /// it answers, and the scenarios interrupt it meanwhile.
+    pub fn spawn_snapshot(
+        &self,
+        name: &str,
+        source: &str,
+    ) -> tokio::task::JoinHandle<CsiResult<Snapshot>> {
+        let mut c = self.c.clone();
+        let req = CreateSnapshotRequest {
+            source_volume_id: source.into(),
+            name: name.into(),
+            parameters: Self::class(),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            c.controller
+                .create_snapshot(req)
+                .await?
+                .into_inner()
+                .snapshot
+                .ok_or_else(|| tonic::Status::internal("no snapshot in the answer"))
+        })
+    }
+
     /// CreateSnapshot until it answers ready_to_use (false is the copy still running; a
     /// retry joins it), at most `within`.
     pub async fn snapshot_until_ready(
@@ -439,7 +463,17 @@ async fn live(rig: &mut Rig) -> Result<String> {
     let taken = taken?;
     ensure(status.success(), "the writer failed")?;
     let stall = figures::longest_gap(times, taken.secs)?;
-    let freeze = figures::freeze_seconds(log_from)?;
+    let logged = figures::freeze_seconds(log_from)?;
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        rig.store_dir("snap-live").join("manifest.json"),
+    )?)?;
+    let freeze = manifest["freeze_seconds"]
+        .as_f64()
+        .ok_or("no freeze_seconds in the manifest")?;
+    ensure(
+        (freeze - logged).abs() < 0.01,
+        format!("the manifest says {freeze} s frozen, the log {logged} s"),
+    )?;
     figures::record_freeze(freeze, stall);
     ensure(
         freeze <= 5.0,
@@ -455,7 +489,7 @@ async fn live(rig: &mut Rig) -> Result<String> {
     vm_common::teardown(&mut rig.c, &w).await?;
     Ok(format!(
         "snapshot of a staged volume under a steady writer ({writes} writes of 64 KiB, O_DSYNC) ready in {:.1} s; \
-         the driver froze it {freeze:.3} s; the writer's longest stall {stall:.3} s; {n} dataset entries equal in the store",
+         the driver froze it {freeze:.3} s (manifest's freeze_seconds = the log's); the writer's longest stall {stall:.3} s; {n} dataset entries equal in the store",
         taken.secs
     ))
 }
@@ -469,11 +503,7 @@ async fn kill(rig: &mut Rig) -> Result<String> {
     rig.slow = Some(b.clone());
     drop_caches()?;
     let (read0, (_, wrote0)) = (device_read_bytes(&dev)?, nfsd_io()?);
-    let first = rig.create_snapshot("snap-kill", &b.id).await?;
-    ensure(
-        !first.ready_to_use,
-        "a snapshot of a read-throttled source was ready at once",
-    )?;
+    let first = rig.spawn_snapshot("snap-kill", &b.id);
     let dir = rig.store_dir("snap-kill");
     let total = rig.data_bytes;
     wait_for("30 % on the store", total * 3 / 10, || Ok(du(&dir))).await?;
@@ -488,17 +518,18 @@ async fn kill(rig: &mut Rig) -> Result<String> {
     let (read_k, (_, wrote_k), stored_k) = (device_read_bytes(&dev)?, nfsd_io()?, du(&dir));
     ensure(
         !dir.join("manifest.json").exists(),
-        "a manifest before the copy finished",
+        "the copy finished before the kill",
+    )?;
+    let first = first.await?;
+    ensure(
+        first.is_err(),
+        format!("the first CreateSnapshot answered although the driver was killed: {first:?}"),
     )?;
     rig.helper("start-driver")?;
     rig.reconnect().await?;
     let t = rig
         .snapshot_until_ready("snap-kill", &b.id, Duration::from_secs(300))
         .await?;
-    ensure(
-        t.snap.snapshot_id == first.snapshot_id,
-        "another snapshot id after the restart",
-    )?;
     let (read1, (_, wrote1)) = (device_read_bytes(&dev)?, nfsd_io()?);
     let n = check_store(rig, "snap-kill", &[])?;
     let (read_after, wrote_after) = (read1 - read_k, wrote1 - wrote_k);
@@ -667,8 +698,7 @@ async fn stop(rig: &mut Rig) -> Result<String> {
         }
     };
     drop_caches()?;
-    let first = rig.create_snapshot("snap-stop", &b.id).await?;
-    ensure(!first.ready_to_use, "ready at once")?;
+    let first = rig.spawn_snapshot("snap-stop", &b.id);
     let dir = rig.store_dir("snap-stop");
     wait_for("30 % on the store", rig.data_bytes * 3 / 10, || {
         Ok(du(&dir))
@@ -676,6 +706,15 @@ async fn stop(rig: &mut Rig) -> Result<String> {
     .await?;
     rig.helper("nfs-stop")?;
     let t0 = Instant::now();
+    let first = first.await?;
+    let id = match &first {
+        Ok(s) if s.ready_to_use => return Err("the snapshot was ready before the stop".into()),
+        Ok(s) => s.snapshot_id.clone(),
+        Err(e) => {
+            println!("  first CreateSnapshot: {:?} {}", e.code(), e.message());
+            String::new()
+        }
+    };
     let e = loop {
         let call = tokio::time::timeout(
             Duration::from_secs(120),
@@ -705,13 +744,23 @@ async fn stop(rig: &mut Rig) -> Result<String> {
         e.code() == tonic::Code::Unavailable && names_store(e.message()),
         format!("server stopped: {:?} {}", e.code(), e.message()),
     )?;
+    // Listed by this node's records: the interrupted one, not ready; snap-kill (same
+    // source) ready.
     let listed = rig.list().await?;
+    let kill_id = rig.snaps.get("snap-kill").cloned().unwrap_or_default();
+    let ready: Vec<&str> = listed
+        .iter()
+        .filter(|s| s.source_volume_id == b.id && s.ready_to_use && s.snapshot_id != kill_id)
+        .map(|s| s.snapshot_id.as_str())
+        .collect();
     ensure(
-        !listed
-            .iter()
-            .any(|s| s.snapshot_id == first.snapshot_id && s.ready_to_use),
-        "ListSnapshots lists the interrupted snapshot as ready",
+        ready.is_empty(),
+        format!("ListSnapshots lists the interrupted snapshot ({id}) as ready: {ready:?}"),
     )?;
+    let pending = listed
+        .iter()
+        .filter(|s| s.source_volume_id == b.id && !s.ready_to_use)
+        .count();
     ensure(
         !dir.join("manifest.json").exists(),
         "a manifest on the store",
@@ -722,7 +771,7 @@ async fn stop(rig: &mut Rig) -> Result<String> {
         .await?;
     let n = check_store(rig, "snap-stop", &[])?;
     Ok(format!(
-        "'{:?} {}' {failed_after:.0} s after the stop, not listed as ready; after nfsd restarted ready in {:.1} s ({} calls), {n} entries equal",
+        "'{:?} {}' {failed_after:.0} s after the stop; ListSnapshots: {pending} of it not ready, none ready; after nfsd restarted ready in {:.1} s ({} calls), {n} entries equal",
         e.code(),
         e.message(),
         t.secs,
