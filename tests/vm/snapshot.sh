@@ -5,9 +5,9 @@
 # that smallest-fit allocation puts each volume where its scenario needs it:
 #   4 x 160 MiB   the written source and the restores the figures time;
 #   1 x 256 MiB   the volume a steady writer writes while it is snapshotted;
-#   1 x 224 MiB   a source whose reads QEMU throttles (8 MiB/s), so a snapshot of it lasts
+#   1 x 224 MiB   a source whose reads QEMU throttles (4 MiB/s), so a snapshot of it lasts
 #                 long enough to be interrupted (SIGKILL, NFS server stopped);
-#   2 x 192 MiB   restore targets whose writes QEMU throttles (16 MiB/s), so a restore
+#   2 x 192 MiB   restore targets whose writes QEMU throttles (8 MiB/s), so a restore
 #                 lasts long enough to be interrupted (SIGKILL, DeleteSnapshot).
 # Inside (tests/vm/snapshot_guest.sh, examples/snapshot_vm.rs): snapshot, restore and
 # compare; a snapshot under a steady writer (the freeze time); SIGKILL mid-snapshot and
@@ -32,8 +32,8 @@ BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
 KERNEL=$(ls /boot/vmlinuz-*-amd64 | sort -V | tail -1)
 WORK=$(mktemp -d /tmp/gds-snapshot-vm.XXXXXX)
 OUT="$WORK/out"; mkdir -p "$OUT"
-SLOW_READ=$((8 * 1024 * 1024))
-SLOW_WRITE=$((16 * 1024 * 1024))
+SLOW_READ=$((4 * 1024 * 1024))
+SLOW_WRITE=$((8 * 1024 * 1024))
 q=" -device nvme-subsys,id=subsys0,nqn=gds.snap0 -device nvme,serial=snap0,id=nvme0,subsys=subsys0"
 ns=0
 add_ns() { # size [slow-read|slow-write]
@@ -56,7 +56,7 @@ PATH="$VENV/bin:$PATH" timeout 1800 vng --run "$KERNEL" --disable-kvm --memory 2
   >"$WORK/console.log" 2>&1
 rc=$?
 set -e
-grep -hE "^(PASS|FAIL|FIGURES|snapshot scenarios:)" "$OUT/scenarios.log" 2>/dev/null || tail -40 "$WORK/console.log"
+grep -hE "^(PASS|FAIL|FIGURES|snapshot scenarios:)" "$OUT/scenarios.log" 2>/dev/null || tail -40 "$OUT/setup.log" "$WORK/console.log"
 echo "snapshot VM suite: rc=$rc, $((SECONDS - T0)) s wall (boot included); logs in $WORK"
 rm -f "$WORK"/*.img
 exit $rc

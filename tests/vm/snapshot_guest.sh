@@ -53,6 +53,8 @@ case "${1:-}" in
   *) echo "usage: $0 run OUT BIN [SCENARIOS] | kill-driver | start-driver | nfs-stop | nfs-start" >&2; exit 2 ;;
 esac
 
+exec > >(tee "$OUT/setup.log") 2>&1
+log "booted"
 mkdir -p "$W" "$STATE" "$EXP" "$DATA"
 mount -t tmpfs tmpfs "$W" && mount -t tmpfs tmpfs "$STATE" && mount -t tmpfs tmpfs "$DATA" && mkdir -p "$W/state"
 echo "$BIN" >"$STATE/bin"
@@ -91,8 +93,8 @@ for a in 0 1; do
     done
   done
 done
-head -c $((20 << 20)) /dev/urandom >"$D/big0.bin"
-head -c $(((20 << 20) + 4097)) /dev/urandom >"$D/big1.bin"
+head -c $((8 << 20)) /dev/urandom >"$D/big0.bin"
+head -c $(((8 << 20) + 4097)) /dev/urandom >"$D/big1.bin"
 truncate -s 16M "$D/sparse.img" && printf 'middle' | dd of="$D/sparse.img" bs=1 seek=$((8 << 20)) conv=notrunc status=none
 : >"$D/empty"
 echo odd >"$D/sp ace & \$dollar"; echo odd >"$D/ünïcødé"; echo odd >"$D/quote'single"; echo odd >"$D/-leading-dash"
