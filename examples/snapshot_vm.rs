@@ -43,6 +43,9 @@ pub struct Rig {
     helper: String,
     /// Bytes of the dataset as stored (`du -s -B1`: the sparse file's data, the hard link once).
     pub data_bytes: u64,
+    /// Bytes one full read of the dataset's files moves over NFS v4.1, which has no
+    /// SEEK_DATA, so a hole travels as zeros: every file's size, the hard link once.
+    pub read_bytes: u64,
     /// Snapshot ids by name, for the later scenarios.
     pub snaps: HashMap<String, String>,
     /// The source volume `src-a` once written.
@@ -313,12 +316,34 @@ pub fn nfsd_io() -> Result<(u64, u64)> {
     Ok((f[0], f[1]))
 }
 
-/// Bytes read from a block device so far (`/sys/block/DEV/stat`, sectors read x 512).
+/// Bytes read from a block device so far (sectors read x 512 of `/sys/block/*/stat`).
+/// With NVMe multipath (Debian's kernel) the namespace's head `nvme0nN` keeps no I/O
+/// statistics: its paths `nvme0cCnN` do, and are summed.
 pub fn device_read_bytes(dev: &str) -> Result<u64> {
     let name = dev.trim_start_matches("/dev/");
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat"))?;
-    let sectors: u64 = stat.split_whitespace().nth(2).ok_or("stat")?.parse()?;
-    Ok(sectors * 512)
+    let mut paths: Vec<String> = Vec::new();
+    if let Some((ctrl, ns)) = name.strip_prefix("nvme").and_then(|r| r.split_once('n')) {
+        for entry in std::fs::read_dir("/sys/block")?.flatten() {
+            let e = entry.file_name().to_string_lossy().into_owned();
+            let path_of = e
+                .strip_prefix(&format!("nvme{ctrl}c"))
+                .and_then(|r| r.split_once('n'))
+                .is_some_and(|(c, n)| c.parse::<u32>().is_ok() && n == ns);
+            if path_of {
+                paths.push(e);
+            }
+        }
+    }
+    if paths.is_empty() {
+        paths.push(name.to_owned());
+    }
+    let mut bytes = 0;
+    for p in &paths {
+        let stat = std::fs::read_to_string(format!("/sys/block/{p}/stat"))?;
+        let sectors: u64 = stat.split_whitespace().nth(2).ok_or("stat")?.parse()?;
+        bytes += sectors * 512;
+    }
+    Ok(bytes)
 }
 
 /// Bytes allocated below `dir` (`du -s -B1`), 0 when it does not exist.
@@ -494,8 +519,8 @@ async fn live(rig: &mut Rig) -> Result<String> {
     let status = writer.wait()?;
     let taken = taken?;
     ensure(status.success(), "the writer failed")?;
-    let stall = figures::longest_gap(times, taken.secs)?;
     let logged = figures::freeze_seconds(log_from)?;
+    let (stall, before, across) = figures::writer_gaps(times, log_from)?;
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
         rig.store_dir("snap-live").join("manifest.json"),
     )?)?;
@@ -506,7 +531,7 @@ async fn live(rig: &mut Rig) -> Result<String> {
         (freeze - logged).abs() < 0.01,
         format!("the manifest says {freeze} s frozen, the log {logged} s"),
     )?;
-    figures::record_freeze(freeze, stall);
+    figures::record_freeze(freeze, across);
     ensure(
         freeze <= 5.0,
         format!("froze {freeze:.2} s, over the 5 s limit"),
@@ -521,7 +546,8 @@ async fn live(rig: &mut Rig) -> Result<String> {
     vm_common::teardown(&mut rig.c, &w).await?;
     Ok(format!(
         "snapshot of a staged volume under a steady writer ({writes} writes of 64 KiB, O_DSYNC) ready in {:.1} s; \
-         the driver froze it {freeze:.3} s (manifest's freeze_seconds = the log's); the writer's longest stall {stall:.3} s; {n} dataset entries equal in the store",
+         the driver froze it {freeze:.3} s (manifest's freeze_seconds = the log's); the writer's gap across the freeze {across:.3} s, \
+         its longest gap during the snapshot {stall:.3} s (before it: {before:.3} s); {n} dataset entries equal in the store",
         taken.secs
     ))
 }
@@ -608,12 +634,13 @@ async fn restore_kill(rig: &mut Rig) -> Result<String> {
         .ok_or("run the restore scenario first")?
         .clone();
     let r = rig.restore("restore-kill", &snap, SLOW_TARGET).await?;
-    let total = rig.data_bytes;
+    // A full read of the snapshot's tree from the store.
+    let total = rig.read_bytes;
     drop_caches()?;
     let (read0, _) = nfsd_io()?;
     let (mut c, r2) = (rig.c.clone(), r.clone());
     let first = tokio::spawn(async move { vm_common::stage(&mut c, &r2).await });
-    let (copied, _) = wait_filled(&rig.work, &r, 0.3).await?;
+    let (copied, filled) = wait_filled(&rig.work, &r, 0.3).await?;
     rig.helper("kill-driver")?;
     let _ = first.await;
     let (read_k, _) = nfsd_io()?;
@@ -636,9 +663,11 @@ async fn restore_kill(rig: &mut Rig) -> Result<String> {
     vm_common::unpublish(&mut rig.c, &r).await?;
     vm_common::unstage(&mut rig.c, &r).await?;
     Ok(format!(
-        "killed with {:.1} MiB copied ({:.1} MiB read from the store); resumed in {calls} NodeStage call(s); \
-         after the kill the store served {after:.2} x the snapshot of {:.1} MiB, in all {all:.2} x (nfsd io, server side); {n} entries equal",
+        "killed with {:.1} of {:.1} MiB copied ({:.1} MiB read from the store); resumed in {calls} NodeStage call(s); \
+         after the kill the store served {after:.2} x a full read of the snapshot ({:.1} MiB: files' sizes, holes travel as zeros over v4.1), \
+         in all {all:.2} x (nfsd io, server side); {n} entries equal",
         copied as f64 / MIB as f64,
+        filled as f64 / MIB as f64,
         (read_k - read0) as f64 / MIB as f64,
         total as f64 / MIB as f64
     ))
@@ -659,7 +688,7 @@ async fn delete(rig: &mut Rig) -> Result<String> {
     let first = tokio::spawn(async move { vm_common::stage(&mut c, &r2).await });
     wait_for(
         "20 % read from the store",
-        read0 + rig.data_bytes / 5,
+        read0 + rig.read_bytes / 5,
         || Ok(nfsd_io()?.0),
     )
     .await?;
@@ -833,14 +862,21 @@ async fn main() -> Result<()> {
         data: path(4),
         helper: std::env::var("GUEST_HELPER")?,
         data_bytes: 0,
+        read_bytes: 0,
         snaps: HashMap::new(),
         source: None,
         slow: None,
     };
     rig.data_bytes = du(&rig.data);
+    rig.read_bytes = sh(&format!(
+        "find '{}' -type f -printf '%i %s\\n' | sort -u | awk '{{s += $2}} END {{print s}}'",
+        rig.data.display()
+    ))?
+    .parse()?;
     println!(
-        "dataset {:.1} MiB allocated",
-        rig.data_bytes as f64 / MIB as f64
+        "dataset {:.1} MiB allocated, {:.1} MiB in its files' sizes",
+        rig.data_bytes as f64 / MIB as f64,
+        rig.read_bytes as f64 / MIB as f64
     );
     let mut failed = 0;
     let scenarios: [(&str, &str); 7] = [
