@@ -33,6 +33,8 @@ const STORE: &str = "snaps";
 const LIVE: i64 = 240 * MIB;
 const SLOW_SOURCE: i64 = 200 * MIB;
 const SLOW_TARGET: i64 = 170 * MIB;
+/// The snapshot taken with `checksums: "true"`.
+const CHECKSUMMED: &str = "snap-stop";
 
 pub struct Rig {
     pub c: Clients,
@@ -127,16 +129,21 @@ impl Rig {
         })
     }
 
-    /// The snapshot class: the NFS-over-RDMA store on the export.
-    pub fn class() -> HashMap<String, String> {
-        [
+    /// The snapshot class: the NFS-over-RDMA store on the export; the snapshot named
+    /// CHECKSUMMED with `checksums: "true"` (every file's SHA-256 in its manifest).
+    pub fn class(name: &str) -> HashMap<String, String> {
+        let mut class: HashMap<String, String> = [
             ("storeServer", SERVER),
             ("storeShare", "/"),
             ("storePath", STORE),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        .collect();
+        if name == CHECKSUMMED {
+            class.insert("checksums".into(), "true".into());
+        }
+        class
     }
 
     pub async fn create_snapshot(&mut self, name: &str, source: &str) -> CsiResult<Snapshot> {
@@ -145,7 +152,7 @@ impl Rig {
             .create_snapshot(CreateSnapshotRequest {
                 source_volume_id: source.into(),
                 name: name.into(),
-                parameters: Self::class(),
+                parameters: Self::class(name),
                 ..Default::default()
             })
             .await?
@@ -165,7 +172,7 @@ impl Rig {
         let req = CreateSnapshotRequest {
             source_volume_id: source.into(),
             name: name.into(),
-            parameters: Self::class(),
+            parameters: Self::class(name),
             ..Default::default()
         };
         tokio::spawn(async move {
@@ -424,6 +431,35 @@ fn check_store(rig: &Rig, name: &str, skip: &[&str]) -> Result<usize> {
     let _: serde_json::Value = serde_json::from_slice(&manifest)
         .map_err(|e| format!("{}/manifest.json: {e}", dir.display()))?;
     compare_trees(&rig.data, &dir.join("tree"), skip)
+}
+
+/// Every file's SHA-256 in the manifest of snapshot `name` equals sha256sum of the
+/// dataset's file; the number of files.
+fn check_manifest_sums(rig: &Rig, name: &str) -> Result<usize> {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(rig.store_dir(name).join("manifest.json"))?)?;
+    let entries = m["entries"]
+        .as_array()
+        .ok_or("no entries in the manifest")?;
+    let mut files = 0;
+    for e in entries.iter().filter(|e| e["kind"] == "file") {
+        let path = e["path"].as_str().ok_or("an entry without a path")?;
+        let want = e["sha256"]
+            .as_str()
+            .ok_or(format!("{path}: no sha256 in the manifest"))?;
+        let file = rig.data.join(path);
+        let got = sh(&format!(
+            "sha256sum < '{}' | cut -d' ' -f1",
+            file.display().to_string().replace('\'', "'\\''")
+        ))?;
+        ensure(
+            got == want,
+            format!("{path}: manifest {want}, dataset {got}"),
+        )?;
+        files += 1;
+    }
+    ensure(files > 200, format!("only {files} files in the manifest"))?;
+    Ok(files)
 }
 
 /// Where the private mount of the store is, with its options, while the driver holds one.
@@ -830,8 +866,10 @@ async fn stop(rig: &mut Rig) -> Result<String> {
         .snapshot_until_ready("snap-stop", &b.id, Duration::from_secs(300))
         .await?;
     let n = check_store(rig, "snap-stop", &[])?;
+    let sums = check_manifest_sums(rig, "snap-stop")?;
     Ok(format!(
-        "'{:?} {}' {failed_after:.0} s after the stop; ListSnapshots: {pending} of it not ready, none ready; after nfsd restarted ready in {:.1} s ({} calls), {n} entries equal",
+        "'{:?} {}' {failed_after:.0} s after the stop; ListSnapshots: {pending} of it not ready, none ready; after nfsd restarted ready in {:.1} s ({} calls), {n} entries equal; \
+         the manifest's SHA-256 (checksums: true) of all {sums} files equal to the dataset's",
         e.code(),
         e.message(),
         t.secs,
