@@ -187,6 +187,10 @@ pub struct ServeArgs {
     /// (what changed while it was copied); past it the snapshot fails, thawed at once.
     #[arg(long, env = "GDS_CSI_SNAPSHOT_FREEZE_LIMIT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub snapshot_freeze_limit: Duration,
+    /// How long a snapshot's copy may go without a byte moved before CreateSnapshot answers
+    /// Unavailable naming its store (the copy goes on when the store answers).
+    #[arg(long, env = "GDS_CSI_SNAPSHOT_STALL_LIMIT", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub snapshot_stall_limit: Duration,
     /// Deadline for every other external command (mkfs, blkid, wipefs).
     #[arg(long, env = "GDS_CSI_COMMAND_TIMEOUT", value_parser = humantime::parse_duration, default_value = "300s")]
     pub command_timeout: Duration,

@@ -80,7 +80,8 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
         .map_err(|e| e.to_string())?;
     let snapshots = gds_csi::snapshot::Snapshots::open(&args.state_dir)
         .map_err(|e| e.to_string())?
-        .with_freeze_limit(args.snapshot_freeze_limit);
+        .with_freeze_limit(args.snapshot_freeze_limit)
+        .with_stall_limit(args.snapshot_stall_limit);
     Ok(Driver::new(
         args.driver_name.clone(),
         args.node_id.clone(),

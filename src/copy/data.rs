@@ -70,19 +70,21 @@ pub struct Roots<'a> {
     pub live: bool,
 }
 
-/// Copies `units[start..]` on `streams` threads; the progress watermark moves past every
-/// unit finished with all units before it. The first error stops every stream.
+/// Copies `units[start..]` but those in `done` (finished by an earlier run) on `streams`
+/// threads; the progress watermark moves past every unit finished with all units before
+/// it, and the record keeps those finished above it. The first error stops every stream.
 pub fn copy_units(
     roots: &Roots<'_>,
     entries: &[Entry],
     units: &[Unit],
-    start: usize,
+    (start, done): (usize, &[usize]),
     streams: usize,
     progress: &Progress,
 ) -> Result<()> {
     let next = AtomicUsize::new(start);
     let stop = AtomicBool::new(false);
-    let finished = Mutex::new((start, progress.saved().copied_bytes, BTreeSet::new()));
+    let skip: BTreeSet<usize> = done.iter().copied().filter(|&i| i >= start).collect();
+    let finished = Mutex::new((start, progress.saved().copied_bytes, skip.clone()));
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
     std::thread::scope(|s| {
         for _ in 0..streams.max(1) {
@@ -91,6 +93,9 @@ pub fn copy_units(
                 while !stop.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(unit) = units.get(i) else { break };
+                    if skip.contains(&i) {
+                        continue;
+                    }
                     let done = copy_unit(roots, &entries[unit.entry], unit, &mut buf, progress)
                         .and_then(|()| finish(&finished, units, i, progress));
                     if let Err(e) = done {
@@ -120,7 +125,7 @@ fn finish(finished: &Finished, units: &[Unit], i: usize, progress: &Progress) ->
         *copied += units[*watermark].len;
         *watermark += 1;
     }
-    progress.advance(*watermark, *copied)
+    progress.advance_past(*watermark, *copied, done.iter().copied().collect())
 }
 
 /// A heap buffer whose usable part starts on an `ALIGN` boundary (found with

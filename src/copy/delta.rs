@@ -100,7 +100,7 @@ pub fn copy_changes(
         shown,
         live: false,
     };
-    data::copy_units(&roots, &subset, &units, 0, streams, progress)?;
+    data::copy_units(&roots, &subset, &units, (0, &[]), streams, progress)?;
     meta::link_all(dst, shown, &subset, &links)?;
     verify::verify(src, dst, shown, &subset, verify_how, streams)?;
     meta::finish_metadata(src, dst, shown, &subset, streams, false)?;
@@ -161,7 +161,7 @@ fn remove_beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{copy_tree_at, CopyRequest};
+    use crate::copy::{copy_tree_at, CopyRequest, Saved};
     use std::os::fd::OwnedFd;
 
     fn open(p: &Path) -> OwnedFd {
@@ -307,5 +307,56 @@ mod tests {
             d.path().join("marker").exists(),
             "a finished copy over the same walk is left"
         );
+    }
+
+    #[test]
+    fn a_resumed_copy_skips_the_units_an_earlier_run_finished_above_its_watermark() {
+        let (s, d, p) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        for name in ["a", "b", "c"] {
+            std::fs::write(s.path().join(name), name.repeat(4096)).unwrap();
+        }
+        let req = CopyRequest {
+            source: s.path().to_owned(),
+            target: d.path().to_owned(),
+            label: "t".into(),
+            streams: 1,
+            chunk: crate::copy::CHUNK,
+            verify: Verify::Sizes,
+            live: false,
+            target_reused: false,
+        };
+        // A first run's record: the structure made, unit 2 (file c) done, unit 0 not.
+        let path = p.path().join("p.json");
+        let first = Progress::new(path.clone(), "t".into());
+        let entries =
+            copy_tree_at(open(s.path()).as_fd(), open(d.path()).as_fd(), &req, &first).unwrap();
+        assert_eq!(entries.len(), 4);
+        let mut saved = Saved::load(&path).unwrap().unwrap();
+        (
+            saved.done,
+            saved.watermark,
+            saved.copied_bytes,
+            saved.done_above,
+        ) = (false, 0, 0, vec![2]);
+        saved.store(&path).unwrap();
+        std::fs::write(d.path().join("c"), "x".repeat(4096)).unwrap();
+        std::fs::write(d.path().join("a"), "y".repeat(4096)).unwrap();
+        let again = Progress::new(path.clone(), "t".into());
+        copy_tree_at(open(s.path()).as_fd(), open(d.path()).as_fd(), &req, &again).unwrap();
+        assert_eq!(
+            std::fs::read(d.path().join("a")).unwrap(),
+            "a".repeat(4096).into_bytes(),
+            "copied again"
+        );
+        assert_eq!(
+            std::fs::read(d.path().join("c")).unwrap(),
+            "x".repeat(4096).into_bytes(),
+            "skipped: done before"
+        );
+        assert!(Saved::load(&path).unwrap().unwrap().done);
     }
 }

@@ -144,13 +144,14 @@ pub fn copy_tree_at(
         &roots,
         &entries,
         &units,
-        saved.watermark,
+        (saved.watermark, &saved.done_above),
         req.streams,
         progress,
     )?;
     phases.end("data");
     saved = progress.saved();
     (saved.watermark, saved.copied_bytes) = (units.len(), total);
+    saved.done_above.clear();
     progress.set(saved.clone())?;
     meta::link_all(dst, &req.target, &entries, &links)?;
     // Verified before times are set: reading a symlink or file moves its atime.

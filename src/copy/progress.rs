@@ -37,6 +37,10 @@ pub struct Saved {
     /// Directories, files (at their size), symlinks and nodes exist in the target.
     pub structure_done: bool,
     pub watermark: usize,
+    /// Units above the watermark done already: with several streams one slow unit holds
+    /// the watermark while the others finish later ones, which a restart then skips.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub done_above: Vec<usize>,
     /// Bytes of the units below the watermark.
     pub copied_bytes: u64,
     /// Copied, linked, owners/modes/times set and verified.
@@ -148,10 +152,21 @@ impl Progress {
     /// since the last store, so a restart redoes at most that much (plus the units in
     /// flight) without a store per small file.
     pub fn advance(&self, watermark: usize, copied_bytes: u64) -> Result<()> {
+        self.advance_past(watermark, copied_bytes, Vec::new())
+    }
+
+    /// [`Progress::advance`], with the units above the watermark done already.
+    pub fn advance_past(
+        &self,
+        watermark: usize,
+        copied_bytes: u64,
+        done_above: Vec<usize>,
+    ) -> Result<()> {
         let saved = {
             let mut s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
             s.watermark = watermark;
             s.copied_bytes = copied_bytes;
+            s.done_above = done_above;
             s.clone()
         };
         self.copied.store(copied_bytes, Ordering::Relaxed);

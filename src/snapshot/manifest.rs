@@ -39,7 +39,8 @@ pub struct Manifest {
     pub fs_type: Option<String>,
     /// The source's capacity: the smallest volume the snapshot restores into.
     pub size_bytes: u64,
-    /// Bytes of file data (files) or of the image (device).
+    /// Bytes the data takes (files: each inode once, at most its allocated blocks, so a
+    /// hard link or a hole adds nothing; device: the image's non-zero bytes).
     pub data_bytes: u64,
     /// How long the source's filesystem was frozen for the last pass (a mounted volume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +80,7 @@ impl Manifest {
         )
         .map_err(|e| Error::io("open", tree, e.into()))?;
         self.data_bytes = 0;
+        let mut counted = std::collections::HashSet::new();
         self.entries = Vec::with_capacity(entries.len().saturating_sub(1));
         for e in entries.iter().skip(1) {
             let kind = match e.kind {
@@ -95,8 +97,9 @@ impl Manifest {
             } else {
                 None
             };
-            if e.kind == Kind::File {
-                self.data_bytes += e.size();
+            if e.kind == Kind::File && counted.insert((e.st.st_dev, e.st.st_ino)) {
+                let allocated = (e.st.st_blocks.max(0) as u64).saturating_mul(512);
+                self.data_bytes += e.size().min(allocated);
             }
             self.entries.push(ManifestEntry {
                 path: e.rel.to_string_lossy().into_owned(),

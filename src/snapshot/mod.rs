@@ -38,9 +38,10 @@ pub const CREATE_WAIT: Duration = Duration::from_secs(20);
 /// The longest a mounted volume's filesystem stays frozen for the last pass, unless
 /// `--snapshot-freeze-limit` says otherwise.
 pub const FREEZE_LIMIT: Duration = Duration::from_secs(5);
-/// Seconds without a byte moved after which CreateSnapshot answers Unavailable naming
-/// the store (an NFS store's server that stopped answering).
-const STALLED: u64 = 60;
+/// How long a copy may go without a byte moved before CreateSnapshot answers Unavailable
+/// naming the store (an NFS store's server that stopped answering), unless
+/// `--snapshot-stall-limit` says otherwise.
+pub const STALL_LIMIT: Duration = Duration::from_secs(60);
 
 /// What this node knows of a snapshot it took (or is taking).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +97,7 @@ pub struct Snapshots {
     state_dir: PathBuf,
     pub copies: Cloner,
     pub freeze_limit: Duration,
+    pub stall_limit: Duration,
     pub create_wait: Duration,
 }
 
@@ -109,12 +111,18 @@ impl Snapshots {
             state_dir: state_dir.to_owned(),
             copies: Cloner::default(),
             freeze_limit: FREEZE_LIMIT,
+            stall_limit: STALL_LIMIT,
             create_wait: CREATE_WAIT,
         })
     }
 
     pub fn with_freeze_limit(mut self, limit: Duration) -> Snapshots {
         self.freeze_limit = limit;
+        self
+    }
+
+    pub fn with_stall_limit(mut self, limit: Duration) -> Snapshots {
+        self.stall_limit = limit;
         self
     }
 
@@ -350,15 +358,17 @@ async fn progress(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
     }
     if !take::run(ctx, &rec).await? {
         let p = progress_of(ctx, &rec);
-        if p.stalled_secs() >= STALLED {
+        let stalled = p.stalled_secs();
+        if stalled >= ctx.snapshots.stall_limit.as_secs() {
             let id = SnapshotId::parse(&rec.id);
+            let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
             return Err(Error::NotReady(format!(
-                "snapshot {}: nothing was written to the store {} for {} s ({}); the copy \
-                 goes on when it answers",
+                "snapshot {}: nothing was copied for {stalled} s (is the store {} answering?), \
+                 {:.1} of {:.1} MiB copied; the copy goes on when it answers",
                 rec.name,
                 id.map(|i| i.store_location()).unwrap_or_default(),
-                p.stalled_secs(),
-                p.message()
+                mib(p.copied_bytes()),
+                mib(p.total_bytes()),
             )));
         }
         return Ok(rec.answer());

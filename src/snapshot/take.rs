@@ -451,7 +451,7 @@ impl Job {
             match got {
                 Ok(done) => done.map(|(entries, changes)| (entries, changes, seconds)),
                 Err(_) => Err(Error::Aborted(format!(
-                    "snapshot {}: what changed in {} during the copy could not be copied                      within the freeze limit of {:.1} s, so the filesystem was thawed and                      nothing was kept as a snapshot; retry when its writers are quieter, or                      raise --snapshot-freeze-limit",
+                    "snapshot {}: what changed in {} during the copy could not be copied within the freeze limit of {:.1} s, so the filesystem was thawed and nothing was kept as a snapshot; retry when its writers are quieter, or raise --snapshot-freeze-limit",
                     self.rec.name,
                     at.display(),
                     limit.as_secs_f64()

@@ -20,7 +20,8 @@ start_driver() {
   before=$(grep -c "pool ready" "$W/driver.log" 2>/dev/null)
   "$bin/gds-csi" serve --endpoint "unix://$W/csi.sock" --mode all --node-id vm-node \
     --state-dir "$W/state" --allowed-path-root "$W" --nvme-discover \
-    --mount-timeout 20s --command-timeout 60s --log-format text >>"$W/driver.log" 2>&1 &
+    --mount-timeout 20s --command-timeout 60s --snapshot-stall-limit 15s \
+    --log-format text >>"$W/driver.log" 2>&1 &
   echo $! >"$STATE/driver.pid"
   for _ in $(seq 1 300); do
     [ "$(grep -c "pool ready" "$W/driver.log")" -gt "${before:-0}" ] && [ -S "$W/csi.sock" ] && return 0
