@@ -45,7 +45,7 @@ impl Frozen {
             let _ = std::fs::remove_file(&record);
             return Err(Error::io("freezing", shown, e));
         }
-        tracing::info!(at = %shown.display(), "froze the source filesystem for its clone's copy");
+        tracing::info!(at = %shown.display(), "froze the source filesystem for a copy (a clone's, or a snapshot's last pass)");
         Ok(Frozen {
             root,
             record,
