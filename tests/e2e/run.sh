@@ -30,7 +30,12 @@ check "rendered CSIDriver, RBAC and StorageClass applied" "$KUBECTL" get "csidri
 # RuntimeClass they name is what the GPU Operator installs).
 printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: nvidia\nhandler: nvidia\n' |
   "$KUBECTL" apply -f - >/dev/null
-check "GDS workload pod template and read job pass a server-side dry run" \
+# The snapshot example's kinds: the CRDs the chart's snapshot-crds subchart installs.
+check "the snapshot CRDs the chart ships are accepted and established" bash -c '
+  "$0" apply -f "$1" >/dev/null &&
+  "$0" wait --for=condition=Established --timeout=60s -f "$1" >/dev/null' \
+  "$KUBECTL" "$E2E_DIR/../../deploy/helm/gds-csi/charts/snapshot-crds/crds/"
+check "GDS workload pod template, read job and snapshot example pass a server-side dry run" \
   "$KUBECTL" apply --dry-run=server -f "$E2E_DIR/../../deploy/examples/"
 
 # --- two nodes, each with a plugin, a pool and a provisioner ---------------------------
