@@ -127,15 +127,20 @@ if [ -z "${GDS_VM_ONLY:-}" ]; then
   printf 'gdsPolicy: disabled\n' >"$W/nvme-params.yaml"
   # Expansion specs expect exactly --csi.testvolumeexpandsize back: a whole namespace grows
   # only up to itself (the 64 MiB one best fit hands out).
+  # Snapshots to a directory store (every snapshot spec runs: the driver advertises them).
+  printf 'storeDir: %s\n' "$W/snapshots" >"$W/dir-store.yaml"
   sanity nvme --csi.testvolumesize $((64 << 20)) --csi.testvolumeexpandsize $((64 << 20)) \
-    --csi.testvolumeparameters "$W/nvme-params.yaml"
+    --csi.testvolumeparameters "$W/nvme-params.yaml" --csi.testsnapshotparameters "$W/dir-store.yaml"
 fi
 if [ "${GDS_VM_ONLY:-}" != partition-sanity ]; then
   log "csi-sanity: NFS backend (server $SERVER, NFS v4.1 over RDMA)"
   printf 'server: %s\nshare: /\ngdsPolicy: disabled\n' "$SERVER" >"$W/nfs-params.yaml"
   # Every spec runs, the clone ones too: NFS -> NFS clones copy the source's directory on
   # the export at CreateVolume (src/volume/nfs/clone.rs).
-  sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml"
+  # Snapshots to the same server over RDMA, a directory of the export as the store.
+  printf 'storeServer: %s\nstoreShare: /\nstorePath: snapshots\n' "$SERVER" >"$W/nfs-store.yaml"
+  sanity nfs --csi.testvolumesize $((64 << 20)) --csi.testvolumeparameters "$W/nfs-params.yaml" \
+    --csi.testsnapshotparameters "$W/nfs-store.yaml"
   [ "${GDS_VM_ONLY:-}" = nfs-sanity ] && finish
 fi
 
@@ -157,8 +162,9 @@ fi
 partition_sanity() {
   log "csi-sanity: NVMe backend, layout: partition (16 MiB partitions)"
   printf 'gdsPolicy: disabled\nlayout: partition\n' >"$W/part-params.yaml"
+  printf 'storeDir: %s\n' "$W/snapshots" >"$W/dir-store.yaml"
   sanity nvme-partition --csi.testvolumesize $((16 << 20)) --csi.testvolumeexpandsize $((32 << 20)) \
-    --csi.testvolumeparameters "$W/part-params.yaml"
+    --csi.testvolumeparameters "$W/part-params.yaml" --csi.testsnapshotparameters "$W/dir-store.yaml"
   local d verify
   for d in /dev/nvme*n*; do
     [[ "$d" =~ n[0-9]+$ ]] || continue

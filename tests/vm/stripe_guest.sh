@@ -73,9 +73,13 @@ fail=0
 log "csi-sanity: layout: stripe, stripeCount 2"
 printf 'gdsPolicy: disabled\nlayout: stripe\nstripeCount: "2"\n' >"$W/stripe-params.yaml"
 start=$SECONDS
+# The snapshot specs snapshot volumes never staged: a stripe has no device then (its md
+# array runs only while staged), so its snapshot is refused (docs/snapshots.md) and they
+# are skipped here.
 csi-sanity --csi.endpoint "$W/csi.sock" --csi.mountdir "$W/target" --csi.stagingdir "$W/staging" \
   --csi.testvolumesize $((16 << 20)) --csi.testvolumeexpandsize $((16 << 20)) \
-  --csi.testvolumeparameters "$W/stripe-params.yaml" -ginkgo.no-color -ginkgo.v >"$OUT/sanity-stripe.out" 2>&1
+  --csi.testvolumeparameters "$W/stripe-params.yaml" -ginkgo.skip '[Ss]napshot' \
+  -ginkgo.no-color -ginkgo.v >"$OUT/sanity-stripe.out" 2>&1
 rc=$?
 echo "csi-sanity stripe: $(grep -E 'Ran [0-9]+ of [0-9]+ Specs' "$OUT/sanity-stripe.out" | tail -1) $(grep -E '^(SUCCESS|FAIL)!' "$OUT/sanity-stripe.out" | tail -1) ($((SECONDS - start)) s)" | tee "$OUT/sanity.summary"
 if [ $rc -ne 0 ]; then grep -E "^\s*\[FAIL\]" "$OUT/sanity-stripe.out" | sort -u | head -20; fail=1; fi
