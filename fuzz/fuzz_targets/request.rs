@@ -103,6 +103,12 @@ fuzz_target!(|input: Input| {
         assert!(!n.is_empty() && n.len() <= 128 && !n.chars().any(char::is_control));
     }
     let _ = request::volume_ref(input.id);
+    // A snapshot id that parses names a directory without `/` or a leading `.` and
+    // prints back to itself, so DeleteSnapshot never reaches outside its store.
+    if let Some(id) = request::snapshot::SnapshotId::parse(input.id) {
+        assert!(!id.dir.contains('/') && !id.dir.starts_with('.'), "{id:?}");
+        assert_eq!(id.to_string(), input.id, "{id:?}");
+    }
 
     let roots: Vec<PathBuf> = input.roots.iter().map(PathBuf::from).collect();
     if let Ok(p) = request::host_path("target_path", input.path, &roots) {

@@ -135,8 +135,13 @@ impl fmt::Display for SnapshotId {
 }
 
 impl SnapshotId {
-    /// None when `text` is no snapshot id of this driver.
+    /// None when `text` is no snapshot id of this driver, as it writes them (one spelling
+    /// per snapshot: `a/b` for `a~b` is none).
     pub fn parse(text: &str) -> Option<SnapshotId> {
+        Self::parse_any(text).filter(|id| id.to_string() == text)
+    }
+
+    fn parse_any(text: &str) -> Option<SnapshotId> {
         let rest = text.strip_prefix(PREFIX)?.strip_prefix(':')?;
         if let Some(dir_form) = rest.strip_prefix("dir:") {
             let (path, dir) = dir_form.rsplit_once(':')?;
@@ -498,6 +503,8 @@ mod tests {
             "snap:nfs:d-rdma-20049-4.1:~export:snaps~x:h",
             "nfs:r-rdma-20049-4.1:~export:x:h",
             "non-existing-snapshot-id",
+            "snap:dir:~a/b:x",
+            "snap:nfs:r-rdma-20049-4.1:~export:a/b~x:h",
         ] {
             assert_eq!(SnapshotId::parse(text), None, "{text}");
         }
