@@ -315,6 +315,45 @@ fn writer(dir: PathBuf, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) {
     }
 }
 
+/// [`writer`] on its own thread.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    written: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(dir: &Path) -> Writer {
+        let (stop, written) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (d, s, w) = (dir.to_owned(), Arc::clone(&stop), Arc::clone(&written));
+        let thread = std::thread::spawn(move || writer(d, s, w));
+        Writer {
+            stop,
+            written,
+            thread,
+        }
+    }
+
+    /// Waits (30 s at most) until the writer has written more than `n` files.
+    async fn wait_past(&self, n: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.written.load(Ordering::Relaxed) <= n {
+            assert!(Instant::now() < deadline, "the writer wrote no {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops it; how many files it wrote.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        self.written.load(Ordering::Relaxed)
+    }
+}
+
 fn check_consistent(tree: &Path) -> u64 {
     let n: u64 = fs::read_to_string(tree.join("counter"))
         .unwrap()
@@ -342,36 +381,19 @@ async fn a_mounted_volume_under_a_writer_is_frozen_only_for_the_last_pass() {
     let mut c = rig.start().await;
     let id = requests::create_volume_id(&mut c, "busy", requests::single_writer_mount()).await;
     let (staging, target) = stage_publish(&mut c, &rig, &id, "busy").await;
-    let (stop, written) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let w = {
-        let (dir, stop, written) = (target.clone(), Arc::clone(&stop), Arc::clone(&written));
-        std::thread::spawn(move || writer(dir, stop, written))
-    };
-    while written.load(Ordering::Relaxed) < 300 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let w = Writer::start(&target);
+    w.wait_past(300, "its first files").await;
     let snap = take(&mut c, snapshot_req("busy-1", &id, store.path())).await;
     let at_snapshot = check_consistent(&store.path().join("busy-1/tree"));
     let m = manifest(store.path(), "busy-1");
     let frozen = m["freeze_seconds"].as_f64().unwrap();
     assert!(frozen < 5.0, "frozen {frozen} s");
     // Thawed: the writer goes on past what the snapshot holds.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while written.load(Ordering::Relaxed) <= at_snapshot + 50 {
-        assert!(
-            Instant::now() < deadline,
-            "the writer is stuck: left frozen?"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    w.join().unwrap();
+    w.wait_past(at_snapshot + 50, "more files: left frozen?")
+        .await;
+    let total = w.stop();
     eprintln!(
-        "snapshot under a steady writer: frozen {frozen:.3} s, counter {at_snapshot} of {}",
-        written.load(Ordering::Relaxed)
+        "snapshot under a steady writer: frozen {frozen:.3} s, counter {at_snapshot} of {total}"
     );
     assert!(rig.logs().contains("froze it for the last pass"));
     // Restored on this node: the state the snapshot holds.
@@ -399,17 +421,8 @@ async fn a_freeze_longer_than_the_limit_fails_the_snapshot_thawed_and_unlisted()
         .await;
     let id = requests::create_volume_id(&mut c, "busy", requests::single_writer_mount()).await;
     let (staging, target) = stage_publish(&mut c, &rig, &id, "busy").await;
-    let (stop, written) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let w = {
-        let (dir, stop, written) = (target.clone(), Arc::clone(&stop), Arc::clone(&written));
-        std::thread::spawn(move || writer(dir, stop, written))
-    };
-    while written.load(Ordering::Relaxed) < 100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let w = Writer::start(&target);
+    w.wait_past(100, "its first files").await;
     let e = c
         .controller
         .create_snapshot(snapshot_req("too-slow", &id, store.path()))
@@ -421,17 +434,9 @@ async fn a_freeze_longer_than_the_limit_fails_the_snapshot_thawed_and_unlisted()
         "{}",
         e.message()
     );
-    let before = written.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while written.load(Ordering::Relaxed) <= before + 50 {
-        assert!(
-            Instant::now() < deadline,
-            "the writer is stuck: left frozen?"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    w.join().unwrap();
+    let before = w.written.load(Ordering::Relaxed);
+    w.wait_past(before + 50, "more files: left frozen?").await;
+    w.stop();
     assert!(!store.path().join("too-slow/manifest.json").exists());
     let listed = c
         .controller
