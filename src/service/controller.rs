@@ -133,17 +133,7 @@ impl ControllerService {
     }
 
     fn list(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse> {
-        if req.max_entries < 0 {
-            return Err(Error::invalid("max_entries", "must not be negative"));
-        }
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            token => Some(token.strip_prefix(TOKEN_PREFIX).ok_or_else(|| {
-                Error::Aborted(format!(
-                    "starting_token {token:?} was not issued by this driver; list again from the start"
-                ))
-            })?),
-        };
+        let after = page_start(req.max_entries, &req.starting_token)?;
         let d = &self.driver;
         // One more than a page from each backend tells whether another page follows.
         let want = match req.max_entries {
@@ -179,17 +169,7 @@ impl ControllerService {
     }
 
     async fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
-        if req.max_entries < 0 {
-            return Err(Error::invalid("max_entries", "must not be negative"));
-        }
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            token => Some(token.strip_prefix(TOKEN_PREFIX).ok_or_else(|| {
-                Error::Aborted(format!(
-                    "starting_token {token:?} was not issued by this driver; list again from the start"
-                ))
-            })?),
-        };
+        let after = page_start(req.max_entries, &req.starting_token)?;
         let ctx = self.driver.snapshot_context()?;
         let mut entries: Vec<Snapshot> =
             crate::snapshot::list(&ctx, &req.snapshot_id, &req.source_volume_id)
@@ -219,6 +199,22 @@ impl ControllerService {
             return Ok(crate::volume::nfs::controller::capacity());
         }
         crate::volume::block::controller::capacity(&self.driver.block, &req)
+    }
+}
+
+/// A list call's paging: `max_entries` not negative, and where the page starts (after the
+/// id a `starting_token` this driver issued names; none from the start).
+fn page_start(max_entries: i32, starting_token: &str) -> Result<Option<&str>> {
+    if max_entries < 0 {
+        return Err(Error::invalid("max_entries", "must not be negative"));
+    }
+    match starting_token {
+        "" => Ok(None),
+        token => token.strip_prefix(TOKEN_PREFIX).map(Some).ok_or_else(|| {
+            Error::Aborted(format!(
+                "starting_token {token:?} was not issued by this driver; list again from the start"
+            ))
+        }),
     }
 }
 

@@ -61,30 +61,36 @@ pub struct Record {
 
 impl Record {
     fn answer(&self) -> csi::Snapshot {
-        csi::Snapshot {
-            size_bytes: self.size_bytes as i64,
-            snapshot_id: self.id.clone(),
-            source_volume_id: self.source_volume_id.clone(),
-            creation_time: Some(prost_types::Timestamp {
-                seconds: self.created_secs,
-                nanos: self.created_nanos,
-            }),
-            ready_to_use: self.ready,
-            group_snapshot_id: String::new(),
-        }
+        let r = self;
+        let created = (r.created_secs, r.created_nanos);
+        answer(&r.id, &r.source_volume_id, created, r.size_bytes, r.ready)
     }
 }
 
 fn answer_of(m: &Manifest) -> csi::Snapshot {
+    let created = (m.created_secs, m.created_nanos);
+    answer(
+        &m.snapshot_id,
+        &m.source_volume_id,
+        created,
+        m.size_bytes,
+        true,
+    )
+}
+
+fn answer(
+    id: &str,
+    source: &str,
+    (seconds, nanos): (i64, i32),
+    size_bytes: u64,
+    ready_to_use: bool,
+) -> csi::Snapshot {
     csi::Snapshot {
-        size_bytes: m.size_bytes as i64,
-        snapshot_id: m.snapshot_id.clone(),
-        source_volume_id: m.source_volume_id.clone(),
-        creation_time: Some(prost_types::Timestamp {
-            seconds: m.created_secs,
-            nanos: m.created_nanos,
-        }),
-        ready_to_use: true,
+        size_bytes: size_bytes as i64,
+        snapshot_id: id.to_owned(),
+        source_volume_id: source.to_owned(),
+        creation_time: Some(prost_types::Timestamp { seconds, nanos }),
+        ready_to_use,
         group_snapshot_id: String::new(),
     }
 }
