@@ -10,6 +10,9 @@ install_host_tools
 # A test that cannot run here (no root, no block device, no C compiler) fails instead of
 # reporting ok (tests/common/mod.rs `skip`).
 export GDS_CSI_NO_SKIP=1
+# One build of each target: incremental state only costs disk (several GiB) here.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+echo "disk free for the build: $(df -h --output=avail "$REPO_ROOT" | tail -1 | tr -d ' ')"
 
 suites_passed=0
 suites_failed=0
@@ -22,7 +25,7 @@ suite() {
   if "$@"; then
     suites_passed=$((suites_passed + 1)); echo "=== $name: ok ($((SECONDS - start)) s)"
   else
-    suites_failed=$((suites_failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)"
+    suites_failed=$((suites_failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s; disk free $(df -h --output=avail "$REPO_ROOT" | tail -1 | tr -d ' '))"
   fi
 }
 
