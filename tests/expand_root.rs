@@ -380,7 +380,7 @@ async fn a_whole_device_volume_grows_only_up_to_its_device() {
 }
 
 /// A crash after the label grew and before the record did (the partition longer than
-/// `volumes.json` says): NodeStage refuses the volume, the retried ControllerExpandVolume
+/// its record says): NodeStage refuses the volume, the retried ControllerExpandVolume
 /// adopts the label's size, and the volume stages with its data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_label_and_record_converges_on_retry() {

@@ -1161,8 +1161,19 @@ async fn an_nfs_clone_is_a_verified_copy_of_the_source_directory() {
     );
 }
 
-fn registry_path(dir: &Path) -> PathBuf {
-    dir.join("state/nfs-volumes.json")
+/// Sets `filling` in `id`'s record file, as a driver killed mid-copy leaves it.
+fn mark_filling(dir: &Path, id: &str) {
+    for entry in std::fs::read_dir(dir.join("state/nfs-volumes")).unwrap() {
+        let path = entry.unwrap().path();
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        if json["id"] == id {
+            json["record"]["filling"] = true.into();
+            std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+            return;
+        }
+    }
+    panic!("no record of {id}");
 }
 
 /// A driver killed mid-copy: its record still says `filling` and the clone's directory
@@ -1184,11 +1195,7 @@ async fn a_clone_left_filling_by_a_killed_driver_is_finished_or_removed_after_re
         .unwrap();
     let dst = h.export().join("clone");
     // What a kill mid-copy leaves: the record filling, files missing or cut short.
-    let reg = registry_path(h.dir.path());
-    let text = std::fs::read_to_string(&reg).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    json["volumes"][&v.volume_id]["filling"] = true.into();
-    std::fs::write(&reg, serde_json::to_vec(&json).unwrap()).unwrap();
+    mark_filling(h.dir.path(), &v.volume_id);
     std::fs::write(dst.join("big.bin"), b"cut").unwrap();
     std::fs::remove_dir_all(dst.join("a/b/c")).unwrap();
     let Harness { dir, c: old, .. } = h;
@@ -1228,14 +1235,7 @@ async fn a_clone_left_filling_by_a_killed_driver_is_finished_or_removed_after_re
         .into_inner()
         .volume
         .unwrap();
-    let text = std::fs::read_to_string(registry_path(h.dir.path())).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    json["volumes"][&r.volume_id]["filling"] = true.into();
-    std::fs::write(
-        registry_path(h.dir.path()),
-        serde_json::to_vec(&json).unwrap(),
-    )
-    .unwrap();
+    mark_filling(h.dir.path(), &r.volume_id);
     let Harness { dir, c: old, .. } = h;
     drop(old);
     let h = harness_in(dir, true, Some(SLOW_CI)).await;

@@ -177,8 +177,12 @@ async fn a_second_driver_on_one_state_dir_refuses_to_start() {
         .volume
         .unwrap()
         .volume_id;
-    let state_file = rig.path("state/volumes.json");
-    let before = fs::read(&state_file).unwrap();
+    let state_of_a = || {
+        let records = common::state_records(&rig.path("state"));
+        (fs::read(rig.path("state/volumes.json")).unwrap(), records)
+    };
+    let before = state_of_a();
+    assert_eq!(before.1["volumes"].as_object().unwrap().len(), 1);
     let a_pid = rig.child.as_ref().unwrap().id();
 
     // B: the same state dir and pool, its own socket (a second release, an operator).
@@ -219,11 +223,7 @@ async fn a_second_driver_on_one_state_dir_refuses_to_start() {
         text.contains(&format!("pid {a_pid}")),
         "the error names the holder's pid {a_pid}:\n{text}"
     );
-    assert_eq!(
-        fs::read(&state_file).unwrap(),
-        before,
-        "A's state untouched"
-    );
+    assert_eq!(state_of_a(), before, "A's state untouched");
     let listed = a
         .controller
         .list_volumes(ListVolumesRequest::default())

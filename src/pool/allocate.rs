@@ -145,7 +145,7 @@ impl Pool {
                 partition: None,
                 stripe: None,
             };
-            state.volumes.insert(id.to_string(), record);
+            state.insert(id.to_string(), record);
             Ok(Some(id.to_string()))
         })
     }

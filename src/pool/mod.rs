@@ -102,7 +102,6 @@ impl Pool {
         // devices holding only later members (partitioned, held by md) are left out.
         let state = self.state.snapshot();
         let allocated: HashSet<String> = state
-            .volumes
             .values()
             .flat_map(|v| {
                 let members = v.stripe.iter().flat_map(|s| &s.members);
@@ -254,11 +253,7 @@ impl Pool {
         let whole =
             |v: &str| BlockVolumeId::parse(v).is_none_or(|i| i.layout != IdLayout::Partition);
         self.state.update(|s| {
-            if let Some((v, _)) = s
-                .volumes
-                .iter()
-                .find(|(v, r)| r.device_id == id && whole(v))
-            {
+            if let Some((v, _)) = s.iter().find(|(v, r)| r.device_id == id && whole(v)) {
                 return Err(VolumeError::HeldWhole { volume: v.clone() }.into());
             }
             let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
@@ -304,7 +299,7 @@ impl Pool {
         volume_id: &str,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        let Some(record) = self.state.snapshot().volumes.get(volume_id).cloned() else {
+        let Some(record) = self.state.snapshot().get(volume_id).cloned() else {
             return Ok(());
         };
         // A device that is gone (detached, removed) holds nothing to wipe: the record goes.
@@ -322,7 +317,7 @@ impl Pool {
             self.verify_identity(volume_id, dev, &record)?;
         }
         self.state.update(|s| {
-            if let Some(r) = s.volumes.get_mut(volume_id) {
+            if let Some(r) = s.get_mut(volume_id) {
                 r.deleting = true;
             }
             Ok(())
@@ -332,7 +327,7 @@ impl Pool {
             self.erase(host, volume_id, &record, dev).await?;
         }
         self.state.update(|s| {
-            s.volumes.remove(volume_id);
+            s.remove(volume_id);
             Ok(())
         })?;
         info!(volume_id, "released");
@@ -521,10 +516,8 @@ mod tests {
         .unwrap();
         pool.state
             .update(|s| {
-                s.volumes
-                    .insert("blk:dev-w:a1:n".into(), record("whole", "dev-w"));
-                s.volumes
-                    .insert("blk:dev-p:a2:n:part".into(), record("carved", "dev-p"));
+                s.insert("blk:dev-w:a1:n".into(), record("whole", "dev-w"));
+                s.insert("blk:dev-p:a2:n:part".into(), record("carved", "dev-p"));
                 Ok(())
             })
             .unwrap();

@@ -1,19 +1,24 @@
-//! Allocation state: a small JSON file under `--state-dir`, replaced atomically
-//! (write, fsync, rename, fsync the directory) so a crash leaves the old or the new
-//! version, never a torn one.
+//! Allocation state: one small JSON file per volume under `<state-dir>/volumes/`, each
+//! replaced atomically (`state_dir::records`), so a change costs the same at 10 volumes
+//! as at 1,000 and a crash leaves the old or the new version, never a torn one.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::os::FsType;
+use crate::state_dir::records::RecordFiles;
 
-const FILE_NAME: &str = "volumes.json";
-const VERSION: u32 = 1;
+/// The marker of the format (once the file of every record).
+const MARKER_FILE: &str = "volumes.json";
+/// One file per volume record.
+const RECORDS_DIR: &str = "volumes";
+const LEGACY_VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -115,25 +120,116 @@ impl PartitionRecord {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// The volumes of this node, keyed by volume id. Records are shared between versions
+/// of the state, so an update copies references, not records.
+#[derive(Debug, Clone, Default)]
 pub struct State {
-    pub version: u32,
-    /// Keyed by volume id.
-    pub volumes: BTreeMap<String, VolumeRecord>,
+    volumes: BTreeMap<String, Arc<VolumeRecord>>,
 }
 
 impl State {
+    pub fn get(&self, id: &str) -> Option<&VolumeRecord> {
+        self.volumes.get(id).map(|r| &**r)
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut VolumeRecord> {
+        self.volumes.get_mut(id).map(Arc::make_mut)
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.volumes.contains_key(id)
+    }
+
+    pub fn insert(&mut self, id: String, record: VolumeRecord) {
+        self.volumes.insert(id, Arc::new(record));
+    }
+
+    pub fn remove(&mut self, id: &str) {
+        self.volumes.remove(id);
+    }
+
+    /// Every record in volume id order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &VolumeRecord)> {
+        self.volumes.iter().map(|(id, r)| (id, &**r))
+    }
+
+    /// The records whose ids sort after `after` (all of them without it), in id order.
+    pub fn after(&self, after: Option<&str>) -> impl Iterator<Item = (&String, &VolumeRecord)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
+        self.volumes
+            .range((from, Unbounded))
+            .map(|(id, r)| (id, &**r))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &VolumeRecord> {
+        self.volumes.values().map(|r| &**r)
+    }
+
+    pub fn len(&self) -> usize {
+        self.volumes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.volumes.is_empty()
+    }
+
     pub fn by_name(&self, name: &str) -> Option<(&String, &VolumeRecord)> {
-        self.volumes.iter().find(|(_, v)| v.name == name)
+        self.iter().find(|(_, v)| v.name == name)
     }
 
     pub fn by_device(&self, device_id: &str) -> Option<(&String, &VolumeRecord)> {
-        self.volumes.iter().find(|(_, v)| v.device_id == device_id)
+        self.iter().find(|(_, v)| v.device_id == device_id)
+    }
+
+    /// What `next` changed of `self` (`None`: removed), in one pass over both: a record
+    /// `next` did not touch is the same allocation in both.
+    fn changes<'a>(&self, next: &'a State) -> Vec<(String, Option<&'a VolumeRecord>)> {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        let mut out = Vec::new();
+        let mut old = self.volumes.iter().peekable();
+        let mut new = next.volumes.iter().peekable();
+        loop {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => return out,
+                (Some(_), None) => Less,
+                (None, Some(_)) => Greater,
+                (Some((o, _)), Some((n, _))) => o.cmp(n),
+            };
+            match order {
+                Equal => {
+                    let ((_, before), (id, after)) = (old.next().unwrap(), new.next().unwrap());
+                    if !Arc::ptr_eq(before, after) && before != after {
+                        out.push((id.clone(), Some(&**after)));
+                    }
+                }
+                Greater => {
+                    let (id, after) = new.next().unwrap();
+                    out.push((id.clone(), Some(&**after)));
+                }
+                Less => {
+                    let (id, _) = old.next().unwrap();
+                    out.push((id.clone(), None));
+                }
+            }
+        }
     }
 }
 
+/// Where the records live and what becomes of the single file they were once kept in:
+/// `volumes.json` stays as a marker an older driver refuses (its version is not 1), so
+/// it never starts over an empty pool.
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    version: u32,
+    #[serde(default)]
+    volumes: BTreeMap<String, VolumeRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    records: Option<String>,
+}
+
 pub struct StateStore {
-    path: PathBuf,
+    files: RecordFiles,
     /// Shared with the readers of a snapshot: a read costs a reference, not a copy of
     /// every record.
     state: Mutex<Arc<State>>,
@@ -142,30 +238,61 @@ pub struct StateStore {
 impl StateStore {
     pub fn open(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
-        let path = dir.join(FILE_NAME);
-        let state = match crate::state_dir::read_regular(&path)? {
+        let marker_path = dir.join(MARKER_FILE);
+        let marker = match crate::state_dir::read_regular(&marker_path)? {
             Some(bytes) => {
-                let state: State = serde_json::from_slice(&bytes).map_err(|e| Error::State {
-                    path: path.clone(),
-                    reason: format!("unreadable ({e}); restore it from a backup, never delete it"),
-                })?;
-                if state.version != VERSION {
-                    return Err(Error::State {
-                        path,
-                        reason: format!("version {} is not {VERSION}", state.version),
-                    });
-                }
-                state
+                Some(
+                    serde_json::from_slice::<Marker>(&bytes).map_err(|e| Error::State {
+                        path: marker_path.clone(),
+                        reason: format!(
+                            "unreadable ({e}); restore it from a backup, never delete it"
+                        ),
+                    })?,
+                )
             }
-            None => State {
-                version: VERSION,
-                volumes: BTreeMap::new(),
-            },
+            None => None,
+        };
+        let (files, mut volumes) = RecordFiles::open::<VolumeRecord>(&dir.join(RECORDS_DIR))?;
+        match marker {
+            // The whole-file format: its records move to their own files, then the file
+            // becomes the marker (a crash between the two repeats the move).
+            Some(m) if m.version == LEGACY_VERSION => {
+                let moved: Vec<(&str, Option<&VolumeRecord>)> = m
+                    .volumes
+                    .iter()
+                    .map(|(id, r)| (id.as_str(), Some(r)))
+                    .collect();
+                files.write(&moved)?;
+                volumes.extend(m.volumes.clone());
+                write_marker(&marker_path)?;
+            }
+            Some(m) if m.version == VERSION => {}
+            Some(m) => {
+                return Err(Error::State {
+                    path: marker_path,
+                    reason: format!(
+                        "version {} is not {VERSION}: written by a newer gds-csi",
+                        m.version
+                    ),
+                })
+            }
+            None => write_marker(&marker_path)?,
+        }
+        let state = State {
+            volumes: volumes
+                .into_iter()
+                .map(|(id, r)| (id, Arc::new(r)))
+                .collect(),
         };
         Ok(StateStore {
-            path,
+            files,
             state: Mutex::new(Arc::new(state)),
         })
+    }
+
+    /// The directory of the records (one file each).
+    pub fn records_dir(&self) -> &Path {
+        self.files.dir()
     }
 
     /// The state now; later updates do not change it.
@@ -173,25 +300,32 @@ impl StateStore {
         Arc::clone(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Applies `change` to a copy, persists it, and only then makes it current:
-    /// memory never runs ahead of the disk.
+    /// Applies `change` to a copy, persists the records it changed, and only then makes
+    /// it current: memory never runs ahead of the disk.
     pub fn update<R>(&self, change: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
         let mut current = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = State::clone(&current);
         let out = change(&mut next)?;
-        self.persist(&next)?;
+        let changes = current.changes(&next);
+        let changes: Vec<(&str, Option<&VolumeRecord>)> =
+            changes.iter().map(|(id, r)| (id.as_str(), *r)).collect();
+        self.files.write(&changes)?;
         *current = Arc::new(next);
         Ok(out)
     }
+}
 
-    fn persist(&self, state: &State) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| Error::State {
-            path: self.path.clone(),
-            reason: format!("cannot be serialised: {e}"),
-        })?;
-        crate::state_dir::write_atomic(&self.path, &bytes)
-            .map_err(|e| Error::io("writing", &self.path, e))
-    }
+fn write_marker(path: &Path) -> Result<()> {
+    let marker = Marker {
+        version: VERSION,
+        volumes: BTreeMap::new(),
+        records: Some(format!("{RECORDS_DIR}/")),
+    };
+    let bytes = serde_json::to_vec_pretty(&marker).map_err(|e| Error::State {
+        path: path.to_owned(),
+        reason: format!("cannot be serialised: {e}"),
+    })?;
+    crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("writing", path, e))
 }
 
 #[cfg(test)]
@@ -221,41 +355,74 @@ mod tests {
         let store = StateStore::open(dir.path()).unwrap();
         store
             .update(|s| {
-                s.volumes.insert("v1".into(), record("a"));
+                s.insert("v1".into(), record("a"));
                 Ok(())
             })
             .unwrap();
         let failed: Result<()> = store.update(|s| {
-            s.volumes.clear();
+            s.remove("v1");
             Err(Error::NotFound("x".into()))
         });
         assert!(failed.is_err());
-        assert_eq!(store.snapshot().volumes.len(), 1);
+        assert_eq!(store.snapshot().len(), 1);
         let reopened = StateStore::open(dir.path()).unwrap();
-        assert_eq!(reopened.snapshot().volumes["v1"], record("a"));
+        assert_eq!(reopened.snapshot().get("v1"), Some(&record("a")));
     }
 
     #[test]
-    fn records_written_before_device_identity_still_load() {
+    fn an_update_writes_only_the_records_it_changed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut old = serde_json::to_value(State {
-            version: VERSION,
-            volumes: BTreeMap::from([("v1".to_owned(), record("a"))]),
-        })
-        .unwrap();
-        old["volumes"]["v1"]
-            .as_object_mut()
-            .unwrap()
-            .remove("device_identity");
-        fs::write(dir.path().join(FILE_NAME), old.to_string()).unwrap();
         let store = StateStore::open(dir.path()).unwrap();
-        assert_eq!(store.snapshot().volumes["v1"].device_identity, None);
+        store
+            .update(|s| {
+                for i in 0..300 {
+                    s.insert(format!("v{i}"), record(&format!("n{i}")));
+                }
+                Ok(())
+            })
+            .unwrap();
+        let snap = store.snapshot();
+        let untouched = store.snapshot();
+        let mut next = State::clone(&snap);
+        next.get_mut("v7").unwrap().formatted = true;
+        next.get_mut("v8").unwrap().formatted = false; // no change
+        next.remove("v9");
+        next.insert("v300".into(), record("n300"));
+        let changes = untouched.changes(&next);
+        let ids: Vec<_> = changes
+            .iter()
+            .map(|(id, r)| (id.as_str(), r.is_some()))
+            .collect();
+        assert_eq!(ids, [("v300", true), ("v7", true), ("v9", false)]);
     }
 
     #[test]
-    fn a_corrupt_state_file_is_an_error_not_an_empty_pool() {
+    fn a_whole_file_state_moves_to_record_files_and_stays_refused_by_older_drivers() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join(FILE_NAME), b"{not json").unwrap();
+        let mut rec = serde_json::to_value(record("a")).unwrap();
+        rec.as_object_mut().unwrap().remove("device_identity");
+        let old = serde_json::json!({"version": 1, "volumes": {"v1": rec, "v2": record("b")}});
+        fs::write(dir.path().join(MARKER_FILE), old.to_string()).unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        assert_eq!(store.snapshot().get("v1").unwrap().device_identity, None);
+        assert_eq!(store.snapshot().len(), 2);
+        assert_eq!(fs::read_dir(store.records_dir()).unwrap().count(), 2);
+        // An older driver reads `volumes.json` and refuses any version but 1.
+        let marker: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join(MARKER_FILE)).unwrap()).unwrap();
+        assert_eq!(marker["version"], 2);
+        assert_eq!(marker["volumes"], serde_json::json!({}));
+        let again = StateStore::open(dir.path()).unwrap();
+        assert_eq!(again.snapshot().get("v2"), Some(&record("b")));
+    }
+
+    #[test]
+    fn a_corrupt_or_newer_state_is_an_error_not_an_empty_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(MARKER_FILE), b"{not json").unwrap();
         assert!(StateStore::open(dir.path()).is_err());
+        fs::write(dir.path().join(MARKER_FILE), br#"{"version": 3}"#).unwrap();
+        let err = StateStore::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("newer"), "{err}");
     }
 }

@@ -300,7 +300,6 @@ fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
             .pool
             .state
             .snapshot()
-            .volumes
             .get(source)
             .map(|r| r.capacity_bytes)
             .ok_or_else(not_found),

@@ -232,7 +232,6 @@ async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option<VolumeGuar
         .pool
         .state
         .snapshot()
-        .volumes
         .get(raw)
         .cloned()
         .ok_or_else(not_found)?;

@@ -232,13 +232,9 @@ impl Rig {
         self.tools.mkfs_runs()
     }
 
-    /// The state file as JSON (`{"version":..,"volumes":{id: record}}`).
+    /// The volume records as JSON (`{"volumes":{id: record}}`), from their files.
     pub fn state(&self) -> serde_json::Value {
-        let text = fs::read_to_string(self.path("state/volumes.json")).unwrap_or_default();
-        if text.is_empty() {
-            return serde_json::json!({"volumes": {}});
-        }
-        serde_json::from_str(&text).unwrap()
+        state_records(&self.path("state"))
     }
 }
 
@@ -407,4 +403,23 @@ impl std::ops::DerefMut for PartRig {
     fn deref_mut(&mut self) -> &mut Rig {
         &mut self.0
     }
+}
+
+/// A state dir's volume records (`<state>/volumes/*.json`, each `{"id", "record"}`) as
+/// `{"volumes": {id: record}}`.
+pub fn state_records(state_dir: &Path) -> serde_json::Value {
+    let mut volumes = serde_json::Map::new();
+    for entry in fs::read_dir(state_dir.join("volumes"))
+        .into_iter()
+        .flatten()
+    {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let stored: serde_json::Value =
+                serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+            let id = stored["id"].as_str().unwrap().to_owned();
+            volumes.insert(id, stored["record"].clone());
+        }
+    }
+    serde_json::json!({ "volumes": volumes })
 }

@@ -171,9 +171,10 @@ distinct_clone() { [ -n "$clone_handle" ] && [ "$clone_handle" != "$src_handle" 
 check "the clone is another volume than its source" distinct_clone
 # What CreateVolume got as volume_content_source: the clone's record names its source.
 clone_source() {
-  python3 -c 'import json, sys
-print(json.load(open(sys.argv[1]))["volumes"][sys.argv[2]]["parameters"].get("cloneSource", ""))' \
-    "$WORK/node-a/state/volumes.json" "$clone_handle"
+  python3 -c 'import glob, json, sys
+records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/*.json")]
+print(next(r["record"] for r in records if r["id"] == sys.argv[2])["parameters"].get("cloneSource", ""))' \
+    "$WORK/node-a/state/volumes" "$clone_handle"
 }
 check "node-a's driver recorded the clone's source as the source claim's volume" [ "$(clone_source)" = "$src_handle" ]
 "$KUBECTL" delete pod src clone --grace-period=0 --force >/dev/null 2>&1 || true

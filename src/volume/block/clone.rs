@@ -102,7 +102,6 @@ pub fn check_source(
         .pool
         .state
         .snapshot()
-        .volumes
         .get(source)
         .cloned()
         .ok_or_else(not_found)?;
@@ -192,7 +191,7 @@ pub(crate) fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
 pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<String>> {
     let state = b.pool.state.snapshot();
     let mut out = Vec::new();
-    for (id, rec) in &state.volumes {
+    for (id, rec) in state.iter() {
         let names = rec.parameters.get(SOURCE_KEY).map(String::as_str) == Some(source);
         if names && !rec.deleting && !done(b, id)? {
             out.push(id.clone());
@@ -355,7 +354,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     let raw = id.to_string();
     // From the record first: most volumes are no clone, and a stripe's device exists only
     // while it is staged, so locating it here would fail its CreateVolume.
-    let Some(record) = b.pool.state.snapshot().volumes.get(&raw).cloned() else {
+    let Some(record) = b.pool.state.snapshot().get(&raw).cloned() else {
         return Ok(());
     };
     let Some(source) = clone_source::of_record(&record)? else {

@@ -171,13 +171,10 @@ pub fn validate(
 }
 
 pub fn list(b: &BlockBackend, after: Option<&str>, limit: usize) -> Vec<(String, csi::Volume)> {
-    use std::ops::Bound::{Excluded, Unbounded};
     let state = b.pool.state.snapshot();
-    let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
     let limit = if limit == 0 { usize::MAX } else { limit };
     state
-        .volumes
-        .range((from, Unbounded))
+        .after(after)
         .take(limit)
         .map(|(id, rec)| (id.clone(), b.volume(id, rec)))
         .collect()

@@ -152,7 +152,7 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
         "partition grown"
     );
     b.pool.state.update(|s| {
-        let part = s.volumes.get_mut(&raw).and_then(|r| r.partition.as_mut());
+        let part = s.get_mut(&raw).and_then(|r| r.partition.as_mut());
         if let Some(p) = part {
             p.span = Some((carved.span.start, carved.span.len));
         }
@@ -177,7 +177,7 @@ fn partuuid(vol: &Located) -> Result<uuid::Uuid> {
 fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error {
     let msg = e.to_string();
     let state = b.pool.state.snapshot();
-    let neighbour = state.volumes.iter().find_map(|(id, r)| {
+    let neighbour = state.iter().find_map(|(id, r)| {
         let parsed = BlockVolumeId::parse(id)?;
         let named = msg.contains(&format!("{:?}", parsed.allocation));
         (r.device_id == device_id && id != raw && named).then(|| id.clone())
@@ -193,7 +193,6 @@ fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error
 fn record_size(b: &BlockBackend, raw: &str, size: u64) -> Result<u64> {
     b.pool.state.update(|s| {
         let r = s
-            .volumes
             .get_mut(raw)
             .ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
         if r.capacity_bytes < size {

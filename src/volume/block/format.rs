@@ -123,7 +123,6 @@ fn mark_formatted(b: &BlockBackend, vol: &mut Located, fs: FsType) -> Result<()>
     let raw = vol.id.to_string();
     b.pool.state.update(|s| {
         let rec = s
-            .volumes
             .get_mut(&raw)
             .ok_or_else(|| Error::VolumeNotFound(raw.clone()))?;
         rec.formatted = true;

@@ -152,7 +152,6 @@ impl BlockBackend {
         self.pool
             .state
             .snapshot()
-            .volumes
             .get(raw)
             .cloned()
             .ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))

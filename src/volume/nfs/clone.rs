@@ -193,9 +193,7 @@ async fn fill(
     };
     // Recorded before the directory exists: a crash from here on leaves a record that a
     // retry resumes and DeleteVolume cleans up.
-    b.store.registry.update(|m| {
-        m.insert(id_text.clone(), rec.clone());
-    })?;
+    b.store.registry.put(&id_text, &rec)?;
     let Some(src) = src else {
         let rel = id.dir.clone();
         b.blocking(format!("creating {}", id.source()), move || {
@@ -236,12 +234,7 @@ fn record_done(b: &NfsBackend, id_text: &str, rec: NfsRecord) -> Result<NfsRecor
         filling: false,
         ..rec
     };
-    let mut recorded = false;
-    b.store.registry.update(|m| {
-        if let Some(r) = m.get_mut(id_text) {
-            (*r, recorded) = (done.clone(), true);
-        }
-    })?;
+    let recorded = b.store.registry.modify(id_text, |r| *r = done.clone())?;
     forget_progress(b, id_text);
     if !recorded {
         return Err(Error::Aborted(format!(
@@ -380,11 +373,7 @@ pub fn content_source(rec: &NfsRecord) -> Option<csi::VolumeContentSource> {
 pub fn filling_from(b: &NfsBackend, source: &str) -> Vec<String> {
     b.store
         .registry
-        .snapshot()
-        .into_iter()
-        .filter(|(_, r)| r.filling && r.clone_source.as_deref() == Some(source))
-        .map(|(id, _)| id)
-        .collect()
+        .ids_where(|r| r.filling && r.clone_source.as_deref() == Some(source))
 }
 
 #[cfg(test)]

@@ -116,9 +116,7 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
         parameters: req.params.stored.clone(),
         ..NfsRecord::default()
     };
-    b.store.registry.update(|m| {
-        m.insert(id_text.clone(), rec.clone());
-    })?;
+    b.store.registry.put(&id_text, &rec)?;
     info!(volume_id = %id_text, source = %id.source(), "NFS volume ready");
     Ok(volume_of(b, &id_text, &rec, Some(&id)))
 }
@@ -154,9 +152,7 @@ pub async fn delete(b: &NfsBackend, id: &NfsVolumeId) -> Result<()> {
         }
     }
     crate::metrics::clone::forget(&id_text);
-    b.store.registry.update(|m| {
-        m.remove(&id_text);
-    })
+    b.store.registry.remove(&id_text)
 }
 
 /// ControllerExpandVolume as csi-driver-nfs answers it (pkg/nfs/controllerserver.go,
@@ -169,10 +165,8 @@ pub async fn expand(b: &NfsBackend, id: &NfsVolumeId, req: &Expand) -> Result<Ex
     if !known && !b.dir_exists(id).await? {
         return Err(Error::VolumeNotFound(id_text));
     }
-    b.store.registry.update(|m| {
-        if let Some(r) = m.get_mut(&id_text) {
-            r.capacity_bytes = r.capacity_bytes.max(req.required);
-        }
+    b.store.registry.modify(&id_text, |r| {
+        r.capacity_bytes = r.capacity_bytes.max(req.required);
     })?;
     Ok(Expanded {
         capacity: req.required,

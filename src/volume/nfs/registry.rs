@@ -1,19 +1,22 @@
-//! The NFS volumes this controller created: `<state-dir>/nfs-volumes.json`, replaced
-//! atomically like the block state file. It serves ListVolumes and the "same name,
-//! different request" check of CreateVolume only: the volume id alone is enough to
-//! mount, find and delete a volume, so losing this file (a scratch state dir) loses
-//! no volume.
+//! The NFS volumes this controller created: one file each under
+//! `<state-dir>/nfs-volumes/` (`state_dir::records`), so a change costs the same at 10
+//! volumes as at 10,000. It serves ListVolumes and the "same name, different request"
+//! check of CreateVolume only: the volume id alone is enough to mount, find and delete
+//! a volume, so losing it (a scratch state dir) loses no volume.
 
-use std::collections::BTreeMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::state_dir::records::RecordFiles;
 
-const FILE_NAME: &str = "nfs-volumes.json";
+/// Where the records were kept in one file; moved to their own files at start-up and
+/// then removed (what it held can always be found again from the ids).
+const WHOLE_FILE: &str = "nfs-volumes.json";
+const RECORDS_DIR: &str = "nfs-volumes";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NfsRecord {
@@ -31,35 +34,54 @@ pub struct NfsRecord {
     pub filling: bool,
 }
 
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-struct File {
+/// The single-file format the records are moved out of.
+#[derive(Debug, Default, Deserialize)]
+struct WholeFile {
     volumes: BTreeMap<String, NfsRecord>,
 }
 
+#[derive(Default)]
+struct Volumes {
+    by_id: BTreeMap<String, NfsRecord>,
+    /// Volume name to id: CreateVolume's lookup by name without a scan.
+    by_name: HashMap<String, String>,
+}
+
 pub struct Registry {
-    path: PathBuf,
-    volumes: Mutex<BTreeMap<String, NfsRecord>>,
+    files: RecordFiles,
+    volumes: Mutex<Volumes>,
 }
 
 impl Registry {
     pub fn open(dir: &Path) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
-        let path = dir.join(FILE_NAME);
-        let volumes = match crate::state_dir::read_regular(&path)? {
-            Some(bytes) => {
-                serde_json::from_slice::<File>(&bytes)
-                    .map_err(|e| Error::State {
-                        path: path.clone(),
-                        reason: format!("unreadable ({e})"),
-                    })?
-                    .volumes
-            }
-            None => BTreeMap::new(),
-        };
+        let (files, mut by_id) = RecordFiles::open::<NfsRecord>(&dir.join(RECORDS_DIR))?;
+        let whole = dir.join(WHOLE_FILE);
+        if let Some(bytes) = crate::state_dir::read_regular(&whole)? {
+            let old: WholeFile = serde_json::from_slice(&bytes).map_err(|e| Error::State {
+                path: whole.clone(),
+                reason: format!("unreadable ({e})"),
+            })?;
+            let moved: Vec<(&str, Option<&NfsRecord>)> = old
+                .volumes
+                .iter()
+                .map(|(id, r)| (id.as_str(), Some(r)))
+                .collect();
+            files.write(&moved)?;
+            std::fs::remove_file(&whole).map_err(|e| Error::io("removing", &whole, e))?;
+            by_id.extend(old.volumes);
+        }
+        let by_name = by_id
+            .iter()
+            .map(|(id, r)| (r.name.clone(), id.clone()))
+            .collect();
         Ok(Registry {
-            path,
-            volumes: Mutex::new(volumes),
+            files,
+            volumes: Mutex::new(Volumes { by_id, by_name }),
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Volumes> {
+        self.volumes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Up to `limit` records whose ids sort after `after`, in id order, among those
@@ -72,8 +94,8 @@ impl Registry {
     ) -> Vec<(String, NfsRecord)> {
         use std::ops::Bound::{Excluded, Unbounded};
         let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
-        let volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
-        volumes
+        self.lock()
+            .by_id
             .range::<String, _>((from, Unbounded))
             .filter(|(_, rec)| keep(rec))
             .take(limit)
@@ -81,48 +103,68 @@ impl Registry {
             .collect()
     }
 
-    pub fn snapshot(&self) -> BTreeMap<String, NfsRecord> {
-        self.volumes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// The ids of the records `keep` keeps.
+    pub fn ids_where(&self, keep: impl Fn(&NfsRecord) -> bool) -> Vec<String> {
+        self.lock()
+            .by_id
+            .iter()
+            .filter(|(_, r)| keep(r))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     pub fn get(&self, id: &str) -> Option<NfsRecord> {
-        self.volumes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()
+        self.lock().by_id.get(id).cloned()
     }
 
     pub fn by_name(&self, name: &str) -> Option<(String, NfsRecord)> {
-        self.volumes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|(_, r)| r.name == name)
-            .map(|(id, r)| (id.clone(), r.clone()))
+        let volumes = self.lock();
+        let id = volumes.by_name.get(name)?;
+        Some((id.clone(), volumes.by_id.get(id)?.clone()))
     }
 
-    /// Applies `change` to a copy, persists it, then makes it current.
-    pub fn update(&self, change: impl FnOnce(&mut BTreeMap<String, NfsRecord>)) -> Result<()> {
-        let mut current = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = current.clone();
-        change(&mut next);
-        if next == *current {
+    /// Records `rec` as `id`'s, on disk first.
+    pub fn put(&self, id: &str, rec: &NfsRecord) -> Result<()> {
+        self.put_locked(&mut self.lock(), id, rec)
+    }
+
+    /// Changes `id`'s record, if there is one (`false` if not), on disk first; under
+    /// one lock, so a record removed meanwhile is not brought back.
+    pub fn modify(&self, id: &str, change: impl FnOnce(&mut NfsRecord)) -> Result<bool> {
+        let mut volumes = self.lock();
+        let Some(mut rec) = volumes.by_id.get(id).cloned() else {
+            return Ok(false);
+        };
+        change(&mut rec);
+        self.put_locked(&mut volumes, id, &rec)?;
+        Ok(true)
+    }
+
+    fn put_locked(&self, volumes: &mut Volumes, id: &str, rec: &NfsRecord) -> Result<()> {
+        if volumes.by_id.get(id) == Some(rec) {
             return Ok(());
         }
-        let bytes = serde_json::to_vec_pretty(&File {
-            volumes: next.clone(),
-        })
-        .map_err(|e| Error::State {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        crate::state_dir::write_atomic(&self.path, &bytes)
-            .map_err(|e| Error::io("writing", &self.path, e))?;
-        *current = next;
+        self.files.write(&[(id, Some(rec))])?;
+        if let Some(old) = volumes.by_id.insert(id.to_owned(), rec.clone()) {
+            if old.name != rec.name {
+                volumes.by_name.remove(&old.name);
+            }
+        }
+        volumes.by_name.insert(rec.name.clone(), id.to_owned());
+        Ok(())
+    }
+
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let mut volumes = self.lock();
+        let Some(old) = volumes.by_id.get(id) else {
+            return Ok(());
+        };
+        let name = old.name.clone();
+        self.files.write::<NfsRecord>(&[(id, None)])?;
+        volumes.by_id.remove(id);
+        if volumes.by_name.get(&name).is_some_and(|n| n == id) {
+            volumes.by_name.remove(&name);
+        }
         Ok(())
     }
 }
@@ -142,11 +184,22 @@ mod tests {
             clone_source: None,
             filling: false,
         };
-        r.update(|m| {
-            m.insert("nfs:x".into(), rec.clone());
-        })
-        .unwrap();
+        r.put("nfs:x", &rec).unwrap();
         let again = Registry::open(dir.path()).unwrap();
         assert_eq!(again.by_name("v"), Some(("nfs:x".into(), rec)));
+    }
+
+    #[test]
+    fn a_whole_file_registry_moves_to_record_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = serde_json::json!({"volumes": {"nfs:a": {"name": "a", "capacity_bytes": 1,
+            "parameters": {}}}});
+        std::fs::write(dir.path().join(WHOLE_FILE), old.to_string()).unwrap();
+        let r = Registry::open(dir.path()).unwrap();
+        assert_eq!(r.by_name("a").unwrap().0, "nfs:a");
+        assert!(!dir.path().join(WHOLE_FILE).exists());
+        r.remove("nfs:a").unwrap();
+        assert_eq!(r.by_name("a"), None);
+        assert!(Registry::open(dir.path()).unwrap().get("nfs:a").is_none());
     }
 }

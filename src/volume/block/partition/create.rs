@@ -212,7 +212,7 @@ impl Partitioned {
                 partition: None,
                 stripe: None,
             };
-            state.volumes.insert(id.to_string(), record);
+            state.insert(id.to_string(), record);
             Ok(id.to_string())
         })
     }
@@ -245,7 +245,6 @@ impl Partitioned {
         };
         let rec = self.pool.state.update(|s| {
             let r = s
-                .volumes
                 .get_mut(raw)
                 .ok_or_else(|| Error::NotFound(raw.to_owned()))?;
             r.partition = Some(part);

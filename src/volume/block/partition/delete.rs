@@ -69,7 +69,7 @@ impl Partitioned {
             }
         }
         self.pool.state.update(|s| {
-            s.volumes.remove(volume_id);
+            s.remove(volume_id);
             Ok(())
         })?;
         info!(volume_id, "partition released");
@@ -80,11 +80,7 @@ impl Partitioned {
     /// from now on is this delete's own step, not another tool's change.
     fn mark_erased(&self, volume_id: &str) -> Result<()> {
         self.pool.state.update(|s| {
-            if let Some(p) = s
-                .volumes
-                .get_mut(volume_id)
-                .and_then(|r| r.partition.as_mut())
-            {
+            if let Some(p) = s.get_mut(volume_id).and_then(|r| r.partition.as_mut()) {
                 p.erased = true;
             }
             Ok(())
@@ -136,7 +132,7 @@ impl Partitioned {
             )));
         }
         self.pool.state.update(|s| {
-            if let Some(r) = s.volumes.get_mut(volume_id) {
+            if let Some(r) = s.get_mut(volume_id) {
                 r.deleting = true;
             }
             Ok(())

@@ -115,7 +115,6 @@ impl Partitioned {
         let state = self.pool.state.snapshot();
         let whole = |d: &PoolDevice| {
             state
-                .volumes
                 .iter()
                 .any(|(id, r)| r.device_id == d.id && !is_partition_id(id))
         };
@@ -185,7 +184,7 @@ impl Partitioned {
 
     fn record(&self, raw: &str) -> Result<VolumeRecord> {
         let state = self.pool.state.snapshot();
-        let rec = state.volumes.get(raw).cloned();
+        let rec = state.get(raw).cloned();
         rec.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
     }
 
@@ -204,7 +203,7 @@ impl Partitioned {
     pub(crate) fn held(&self, device_id: &str) -> Held {
         let state = self.pool.state.snapshot();
         let mut held = Held::default();
-        for r in state.volumes.values() {
+        for r in state.values() {
             let own = (r.device_id == device_id).then_some(r.partition.as_ref());
             let members = r.stripe.iter().flat_map(|s| &s.members);
             let members = members

@@ -166,7 +166,7 @@ impl Striped {
 
     fn record_uuid(&self, raw: &str, uuid: &str) -> Result<String> {
         self.pool.state.update(|s| {
-            let r = s.volumes.get_mut(raw).and_then(|r| r.stripe.as_mut());
+            let r = s.get_mut(raw).and_then(|r| r.stripe.as_mut());
             let r = r.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
             r.array_uuid = Some(uuid.to_owned());
             Ok(uuid.to_owned())

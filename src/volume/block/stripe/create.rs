@@ -307,7 +307,7 @@ impl Striped {
                     array_uuid: None,
                 }),
             };
-            state.volumes.insert(id.to_string(), record);
+            state.insert(id.to_string(), record);
             Ok(id.to_string())
         })
     }
@@ -340,7 +340,7 @@ impl Striped {
                 erased: false,
             };
             self.pool.state.update(|s| {
-                let r = s.volumes.get_mut(raw).and_then(|r| r.stripe.as_mut());
+                let r = s.get_mut(raw).and_then(|r| r.stripe.as_mut());
                 let r = r.ok_or_else(|| Error::NotFound(raw.to_owned()))?;
                 r.members[i].partition = Some(part);
                 Ok(())

@@ -57,7 +57,7 @@ impl Striped {
         self.check_members(host.as_ref(), volume_id, stripe, &members, mounts)
             .await?;
         self.pool.state.update(|s| {
-            if let Some(r) = s.volumes.get_mut(volume_id) {
+            if let Some(r) = s.get_mut(volume_id) {
                 r.deleting = true;
             }
             Ok(())
@@ -77,7 +77,7 @@ impl Striped {
             self.parts.keep_from_whole_device_use(parent);
         }
         self.pool.state.update(|s| {
-            s.volumes.remove(volume_id);
+            s.remove(volume_id);
             Ok(())
         })?;
         info!(volume_id, "stripe released");
@@ -90,7 +90,6 @@ impl Striped {
         let partuuid = partuuid.to_string();
         self.pool.state.update(|s| {
             let members = s
-                .volumes
                 .get_mut(volume_id)
                 .and_then(|r| r.stripe.as_mut())
                 .map(|st| st.members.iter_mut());

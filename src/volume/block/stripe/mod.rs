@@ -67,7 +67,7 @@ impl Striped {
 
     pub(crate) fn record(&self, raw: &str) -> Result<VolumeRecord> {
         let state = self.pool.state.snapshot();
-        let rec = state.volumes.get(raw).cloned();
+        let rec = state.get(raw).cloned();
         rec.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))
     }
 

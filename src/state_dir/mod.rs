@@ -14,6 +14,8 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 
+pub mod records;
+
 /// `<state-dir>/gds-csi.lock`: locked by the serving process, holding its pid as text.
 pub const LOCK_FILE: &str = "gds-csi.lock";
 
@@ -159,6 +161,13 @@ pub fn read_regular(path: &Path) -> Result<Option<Vec<u8>>> {
 /// The temporary file is created anew (`O_EXCL`): a FIFO or symlink left at its name
 /// is removed rather than opened.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_file_synced(path, bytes)?;
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
+/// [`write_atomic`] less the directory's fsync, for a caller that syncs the directory
+/// once after several files.
+pub fn write_file_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
     let tmp = PathBuf::from(name);
@@ -174,8 +183,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .open(&tmp)?;
     file.write_all(bytes)?;
     file.sync_all()?;
-    fs::rename(&tmp, path)?;
-    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    fs::rename(&tmp, path)
 }
 
 /// A short stable name for `text` (the first 8 bytes of its SHA-256, in hex): names of
