@@ -89,7 +89,11 @@ pub fn copy_tree_at(
     progress: &Progress,
 ) -> Result<Vec<walk::Entry>> {
     let mut phases = Phases::start();
-    let entries = walk::walk(src, &req.source)?;
+    let entries = if req.live {
+        walk::walk_live(src, &req.source)?
+    } else {
+        walk::walk(src, &req.source)?
+    };
     let links = meta::links(&entries);
     let total: u64 = links.primaries.iter().map(|&i| entries[i].size()).sum();
     let piece = data::piece_len(total, req.streams, req.chunk);

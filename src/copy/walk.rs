@@ -11,6 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use nix::errno::Errno;
 use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
 
@@ -99,15 +100,35 @@ pub fn walk(root: BorrowedFd<'_>, shown: &Path) -> Result<Vec<Entry>> {
     walk_counting(root, shown, &AtomicUsize::new(0))
 }
 
+/// [`walk`] of a tree in use: an entry removed between its directory's listing and its
+/// stat is left out (the frozen pass that follows a live copy sees the tree at rest).
+pub fn walk_live(root: BorrowedFd<'_>, shown: &Path) -> Result<Vec<Entry>> {
+    walk_with(root, shown, &AtomicUsize::new(0), true)
+}
+
 /// [`walk`], counting the entries seen in `seen` as it goes (for a progress message).
 pub fn walk_counting(root: BorrowedFd<'_>, shown: &Path, seen: &AtomicUsize) -> Result<Vec<Entry>> {
+    walk_with(root, shown, seen, false)
+}
+
+fn walk_with(
+    root: BorrowedFd<'_>,
+    shown: &Path,
+    seen: &AtomicUsize,
+    live: bool,
+) -> Result<Vec<Entry>> {
     let st = nix::sys::stat::fstat(root).map_err(|e| Error::io("stat", shown, e.into()))?;
     let mut out = vec![Entry {
         rel: PathBuf::new(),
         kind: Kind::Dir,
         st,
     }];
-    let walker = Walker { root, shown, seen };
+    let walker = Walker {
+        root,
+        shown,
+        seen,
+        live,
+    };
     walker.dir(PathBuf::new(), &mut out)?;
     Ok(out)
 }
@@ -116,19 +137,30 @@ struct Walker<'a> {
     root: BorrowedFd<'a>,
     shown: &'a Path,
     seen: &'a AtomicUsize,
+    /// Entries that vanish while walked are skipped, not errors.
+    live: bool,
 }
 
 impl Walker<'_> {
     fn dir(&self, rel: PathBuf, out: &mut Vec<Entry>) -> Result<()> {
         let (root, shown) = (self.root, self.shown);
         let at = shown.join(&rel);
-        let dir = open_dir(root, &rel).map_err(|e| Error::io("open directory", &at, e.into()))?;
+        let dir = match open_dir(root, &rel) {
+            Ok(dir) => dir,
+            Err(Errno::ENOENT | Errno::ENOTDIR) if self.live && !rel.as_os_str().is_empty() => {
+                return Ok(())
+            }
+            Err(e) => return Err(Error::io("open directory", &at, e.into())),
+        };
         let dup = dir
             .try_clone()
             .map_err(|e| Error::io("open directory", &at, e))?;
         for name in names(dup, &at)? {
-            let st = fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                .map_err(|e| Error::io("stat", at.join(&name), e.into()))?;
+            let st = match fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::ENOENT) if self.live => continue,
+                Err(e) => return Err(Error::io("stat", at.join(&name), e.into())),
+            };
             let kind = kind_of(&st);
             let child = rel.join(&name);
             out.push(Entry {
