@@ -113,6 +113,62 @@ fn sgdisk_verifies_our_label_and_sfdisk_reads_it_back() {
     assert_eq!(ours(&f), label, "reads back as written");
 }
 
+/// A new label holds 255 partitions (the kernel's limit a disk), which sgdisk verifies;
+/// a label of the earlier 128-entry format still reads as ours with its 128 entries.
+#[test]
+fn a_label_of_255_partitions_verifies_and_a_128_entry_label_still_reads() {
+    if !have("sgdisk") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (f, path) = image(dir.path());
+    f.set_len(320 << 20).unwrap();
+    let size = 320 << 20;
+    let mut label = Label::new(512, size / 512, gpt::new_disk_guid()).unwrap();
+    assert_eq!(label.slots.len(), gpt::ENTRIES);
+    for i in 0..gpt::MAX_PARTITION_NUMBER {
+        label.allocate(&format!("v{i}"), ALIGN).unwrap();
+    }
+    assert!(
+        label.allocate("v255", ALIGN).is_err(),
+        "no entry the kernel shows"
+    );
+    write_image(&f, &label).unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, text) = out("sgdisk", &["-v", p]);
+    assert!(
+        ok && text.contains("No problems found"),
+        "sgdisk -v: {text}"
+    );
+    let (_, printed) = out("sgdisk", &["-p", p]);
+    assert!(printed.contains("holds up to 256 entries"), "{printed}");
+    assert_eq!(printed.matches(" 1024.0 KiB ").count(), 255, "{printed}");
+    match read_image(&f, 512, size).unwrap() {
+        OnDisk::Ours {
+            label: back,
+            repair: None,
+        } => assert_eq!(back, label),
+        other => panic!("{other:?}"),
+    }
+
+    let mut before =
+        Label::with_entries(512, size / 512, gpt::new_disk_guid(), gpt::ENTRIES_BEFORE).unwrap();
+    before.allocate("old", ALIGN).unwrap();
+    write_image(&f, &before).unwrap();
+    let (_, printed) = out("sgdisk", &["-p", p]);
+    assert!(printed.contains("holds up to 128 entries"), "{printed}");
+    match read_image(&f, 512, size).unwrap() {
+        OnDisk::Ours {
+            label: back,
+            repair: None,
+        } => {
+            assert_eq!(back.slots.len(), 128);
+            assert_eq!(back, before);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn a_label_sgdisk_wrote_is_foreign_even_with_our_type() {
     if !have("sgdisk") {
@@ -267,7 +323,10 @@ fn a_4k_sector_label_round_trips() {
     let mut l = Label::new(4096, SIZE / 4096, gpt::new_disk_guid()).unwrap();
     l.allocate("four-k", 3 * ALIGN).unwrap();
     write_image(&f, &l).unwrap();
-    assert_eq!(l.first_usable, 6, "array of 4 sectors after LBA 1");
+    assert_eq!(
+        l.first_usable, 10,
+        "array of 8 sectors (256 entries) after LBA 1"
+    );
     match read_image(&f, 4096, SIZE).unwrap() {
         OnDisk::Ours {
             label,

@@ -125,13 +125,23 @@ impl Label {
         self.free_extents_clear_of(&Held::default())
     }
 
-    /// The lowest partition number with a free entry, outside the `held` numbers.
+    /// The lowest partition number with a free entry, outside the `held` numbers and
+    /// within the numbers the kernel registers.
     pub fn free_slot(&self, held: &Held) -> Option<u32> {
         self.slots
             .iter()
+            .take(self.usable_entries())
             .enumerate()
             .position(|(i, e)| e.is_none() && !held.numbers.contains(&(i as u32 + 1)))
             .map(|i| i as u32 + 1)
+    }
+
+    /// How many entries can hold a partition the kernel shows: all of a 128-entry
+    /// label, 255 of a 256-entry one.
+    pub fn usable_entries(&self) -> usize {
+        self.slots
+            .len()
+            .min(super::format::MAX_PARTITION_NUMBER as usize)
     }
 
     /// Free aligned extents between the partitions and the `held` spans, in device order;
@@ -200,7 +210,7 @@ impl Label {
             });
         }
         let slot = self.free_slot(held).ok_or(Error::NoEntry {
-            entries: self.slots.len(),
+            entries: self.usable_entries(),
         })?;
         let free = self.free_extents_clear_of(held);
         let at = best_fit(&free, size).ok_or(Error::NoSpace {

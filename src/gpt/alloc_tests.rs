@@ -1,5 +1,5 @@
 use super::*;
-use crate::gpt::format::ENTRIES;
+use crate::gpt::format::{ENTRIES, ENTRIES_BEFORE, MAX_PARTITION_NUMBER};
 
 const MIB: u64 = ALIGN;
 const GIB: u64 = 1 << 30;
@@ -198,7 +198,7 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
                         }
                         Err(Error::NoSpace { .. }) => {
                             assert!(
-                                fits.is_empty() || numbers.len() == 128,
+                                fits.is_empty() || numbers.len() == MAX_PARTITION_NUMBER as usize,
                                 "seed {seed} step {step}"
                             )
                         }
@@ -243,17 +243,36 @@ fn choose_picks_the_best_hole_across_devices() {
 
 #[test]
 fn a_label_with_every_entry_used_offers_nothing() {
-    let mut l = label(256);
-    for i in 0..ENTRIES {
+    let mut l = label(512);
+    assert_eq!(l.slots.len(), ENTRIES);
+    for i in 0..MAX_PARTITION_NUMBER {
         l.allocate(&format!("p{i}"), MIB).unwrap();
     }
+    // Entry 256 is in the array but the kernel would not register its partition.
+    assert!(l.slots[ENTRIES - 1].is_none());
     assert!(l.free_extents().is_empty(), "no entry: nothing to carve");
     assert_eq!(l.capacity(), (0, 0));
     let err = l.allocate("one-more", MIB).unwrap_err();
     assert!(
-        matches!(err, Error::NoEntry { entries } if entries == ENTRIES),
+        matches!(err, Error::NoEntry { entries } if entries == 255),
         "{err}"
     );
+    assert!(err.to_string().contains("255"), "{err}");
+    // A label of the earlier format: 128 partitions.
+    let mut before = crate::gpt::Label::with_entries(
+        512,
+        256 * MIB / 512,
+        crate::gpt::format::new_disk_guid(),
+        ENTRIES_BEFORE,
+    )
+    .unwrap();
+    for i in 0..ENTRIES_BEFORE {
+        before.allocate(&format!("p{i}"), MIB).unwrap();
+    }
+    assert!(matches!(
+        before.allocate("one-more", MIB),
+        Err(Error::NoEntry { entries: 128 })
+    ));
     // An entry freed, or a number held, counts.
     l.remove(7);
     assert_eq!(l.free_slot(&Held::default()), Some(7));

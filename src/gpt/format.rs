@@ -16,10 +16,17 @@ const MARK: [u8; 6] = [0x04, 0x1a, 0x7c, 0x17, 0x9f, 0xf4];
 pub const SIGNATURE: &[u8; 8] = b"EFI PART";
 const REVISION: u32 = 0x0001_0000;
 const HEADER_SIZE: usize = 92;
-/// Entries in the array; the minimum the spec allows an array to reserve (16 KiB).
-pub const ENTRIES: usize = 128;
+/// Entries in the array of a label gds-csi writes: as many partitions as the kernel
+/// registers on one disk. `add_partition` refuses `partno >= DISK_MAX_PARTS`
+/// (block/partitions/core.c) and `DISK_MAX_PARTS` is 256 (include/linux/blkdev.h), so
+/// numbers 1..=255 are usable; the array is 32 KiB, whole sectors of 512 or 4096 bytes.
+pub const ENTRIES: usize = 256;
+/// Entries in the labels written before: the minimum the spec allows (16 KiB). Still
+/// read, with their 128 partitions.
+pub const ENTRIES_BEFORE: usize = 128;
+/// The highest partition number the kernel registers (see [`ENTRIES`]).
+pub const MAX_PARTITION_NUMBER: u32 = 255;
 pub const ENTRY_SIZE: usize = 128;
-pub const ENTRY_BYTES: usize = ENTRIES * ENTRY_SIZE;
 /// UTF-16 code units of a partition name.
 pub const NAME_UNITS: usize = 36;
 /// The most entry-array bytes a foreign header may claim before it is judged damaged.
@@ -190,7 +197,7 @@ pub fn mbr_kind(sector0: &[u8]) -> Mbr {
     }
 }
 
-/// A GPT label: geometry, disk GUID and all [`ENTRIES`] slots.
+/// A GPT label: geometry, disk GUID and all its slots ([`ENTRIES`] in a new label).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Label {
     /// Logical sector size in bytes (512 or 4096).
@@ -207,10 +214,20 @@ pub struct Label {
 impl Label {
     /// An empty label for a device of `sectors` sectors of `sector` bytes.
     pub fn new(sector: u64, sectors: u64, disk_guid: Uuid) -> Result<Label, String> {
+        Label::with_entries(sector, sectors, disk_guid, ENTRIES)
+    }
+
+    /// An empty label whose array holds `entries` entries.
+    pub fn with_entries(
+        sector: u64,
+        sectors: u64,
+        disk_guid: Uuid,
+        entries: usize,
+    ) -> Result<Label, String> {
         if !matches!(sector, 512 | 4096) {
             return Err(format!("logical sector size {sector} is not 512 or 4096"));
         }
-        let array = array_sectors(sector);
+        let array = array_sectors(sector, entries);
         // Room for both labels and at least one aligned MiB between them.
         if sectors * sector < 4 << 20 {
             return Err(format!("{} bytes is too small to carve", sectors * sector));
@@ -221,7 +238,7 @@ impl Label {
             disk_guid,
             first_usable: 2 + array,
             last_usable: sectors - 2 - array,
-            slots: vec![None; ENTRIES],
+            slots: vec![None; entries],
         })
     }
 
@@ -238,11 +255,11 @@ impl Label {
     }
 
     pub fn backup_entries_lba(&self) -> u64 {
-        self.sectors - 1 - array_sectors(self.sector)
+        self.sectors - 1 - array_sectors(self.sector, self.slots.len())
     }
 
     pub fn encode_entries(&self) -> Vec<u8> {
-        let mut out = vec![0u8; ENTRY_BYTES];
+        let mut out = vec![0u8; self.slots.len() * ENTRY_SIZE];
         for (slot, chunk) in self.slots.iter().zip(out.chunks_exact_mut(ENTRY_SIZE)) {
             if let Some(e) = slot {
                 e.encode(chunk);
@@ -268,7 +285,7 @@ impl Label {
         h[48..56].copy_from_slice(&self.last_usable.to_le_bytes());
         h[56..72].copy_from_slice(&self.disk_guid.to_bytes_le());
         h[72..80].copy_from_slice(&entries.to_le_bytes());
-        h[80..84].copy_from_slice(&(ENTRIES as u32).to_le_bytes());
+        h[80..84].copy_from_slice(&(self.slots.len() as u32).to_le_bytes());
         h[84..88].copy_from_slice(&(ENTRY_SIZE as u32).to_le_bytes());
         h[88..92].copy_from_slice(&entries_crc.to_le_bytes());
         let crc = crc32fast::hash(&h[..HEADER_SIZE]);
@@ -311,7 +328,7 @@ impl Label {
     }
 }
 
-/// Sectors of a [`ENTRY_BYTES`] array.
-pub fn array_sectors(sector: u64) -> u64 {
-    (ENTRY_BYTES as u64).div_ceil(sector)
+/// Sectors of an array of `entries` entries.
+pub fn array_sectors(sector: u64, entries: usize) -> u64 {
+    ((entries * ENTRY_SIZE) as u64).div_ceil(sector)
 }

@@ -10,7 +10,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::format::{self as gpt, Entry, Header, Label, Mbr, ENTRIES, ENTRY_SIZE, TYPE_GUID};
+use super::format::{
+    self as gpt, Entry, Header, Label, Mbr, ENTRIES, ENTRIES_BEFORE, ENTRY_SIZE, TYPE_GUID,
+};
 use super::{wholedisk, Error, Result};
 
 /// Proof that the full signature probe of a device found nothing on it. The only way to
@@ -142,7 +144,11 @@ where
     let primary = read_copy(file, &s1, 1, sector, sectors)?;
     let backup = read_copy(file, &sl, last, sector, sectors)?;
     if let (Err(_), Ok(b)) = (&primary, &backup) {
-        let area = at(2, gpt::array_sectors(sector).min(sectors - 3) * sector)?;
+        let entries = b.slots.len();
+        let area = at(
+            2,
+            gpt::array_sectors(sector, entries).min(sectors - 3) * sector,
+        )?;
         if let Err(why) = primary_area_ours(&s1, &area, b, sector as usize) {
             return Ok(OnDisk::Foreign(why));
         }
@@ -263,9 +269,15 @@ fn ours(c: Copy, sector: u64, sectors: u64) -> std::result::Result<Label, String
             h.disk_guid
         ));
     }
-    let fresh = Label::new(sector, sectors, h.disk_guid)?;
-    if h.entry_count as usize != ENTRIES
-        || h.entry_size as usize != ENTRY_SIZE
+    let entries = h.entry_count as usize;
+    if entries != ENTRIES && entries != ENTRIES_BEFORE {
+        return Err(format!(
+            "a gds-csi GPT of {entries} entries (this driver writes {ENTRIES} and reads \
+             {ENTRIES_BEFORE} too)"
+        ));
+    }
+    let fresh = Label::with_entries(sector, sectors, h.disk_guid, entries)?;
+    if h.entry_size as usize != ENTRY_SIZE
         || h.first_usable != fresh.first_usable
         || h.last_usable != fresh.last_usable
     {
@@ -377,7 +389,7 @@ pub fn create(device: &Path, proof: Blank) -> Result<Label> {
     // What the label overwrites at the start must be zeros: every common signature
     // the caller's probe might have missed sits there (MBR, ext4 at 1024, xfs, LVM,
     // LUKS, swap, md 1.1/1.2), so a wrong proof still destroys nothing.
-    let head = gpt::array_sectors(sector) + 2;
+    let head = gpt::array_sectors(sector, ENTRIES) + 2;
     let mut bytes = vec![0u8; (head * sector) as usize];
     FileExt::read_exact_at(&file, &mut bytes, 0).map_err(|e| Error::io("reading", device, e))?;
     if let Some(at) = bytes.iter().position(|&b| b != 0) {

@@ -77,7 +77,10 @@ pub enum Error {
     #[error("no free extent of {wanted} bytes: the largest is {largest} bytes")]
     NoSpace { wanted: u64, largest: u64 },
     /// Every partition entry of the label is used (CSI ResourceExhausted).
-    #[error("all {entries} partition entries of the label are used")]
+    #[error(
+        "all {entries} partition entries of the label are used: the device holds no more \
+         volumes (the kernel registers at most 255 partitions a disk)"
+    )]
     NoEntry { entries: usize },
     /// Growing in place is blocked by the partition that follows.
     #[error("partition {number} cannot grow to {wanted} bytes in place: {blocker}")]
