@@ -231,8 +231,10 @@ struct Marker {
 pub struct StateStore {
     files: RecordFiles,
     /// Shared with the readers of a snapshot: a read costs a reference, not a copy of
-    /// every record.
+    /// every record, and is never behind a write to disk (held only to swap it).
     state: Mutex<Arc<State>>,
+    /// Updates one at a time, each from the state the previous one left.
+    writer: Mutex<()>,
 }
 
 impl StateStore {
@@ -287,6 +289,7 @@ impl StateStore {
         Ok(StateStore {
             files,
             state: Mutex::new(Arc::new(state)),
+            writer: Mutex::new(()),
         })
     }
 
@@ -303,14 +306,15 @@ impl StateStore {
     /// Applies `change` to a copy, persists the records it changed, and only then makes
     /// it current: memory never runs ahead of the disk.
     pub fn update<R>(&self, change: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
-        let mut current = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot();
         let mut next = State::clone(&current);
         let out = change(&mut next)?;
         let changes = current.changes(&next);
         let changes: Vec<(&str, Option<&VolumeRecord>)> =
             changes.iter().map(|(id, r)| (id.as_str(), *r)).collect();
         self.files.write(&changes)?;
-        *current = Arc::new(next);
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
         Ok(out)
     }
 }

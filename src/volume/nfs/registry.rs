@@ -49,7 +49,10 @@ struct Volumes {
 
 pub struct Registry {
     files: RecordFiles,
+    /// Held to read or swap in memory, never across a write to disk.
     volumes: Mutex<Volumes>,
+    /// Changes one at a time, each on disk before memory.
+    writer: Mutex<()>,
 }
 
 impl Registry {
@@ -77,6 +80,7 @@ impl Registry {
         Ok(Registry {
             files,
             volumes: Mutex::new(Volumes { by_id, by_name }),
+            writer: Mutex::new(()),
         })
     }
 
@@ -125,46 +129,49 @@ impl Registry {
 
     /// Records `rec` as `id`'s, on disk first.
     pub fn put(&self, id: &str, rec: &NfsRecord) -> Result<()> {
-        self.put_locked(&mut self.lock(), id, rec)
+        let _one_writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        self.put_written(id, rec)
     }
 
-    /// Changes `id`'s record, if there is one (`false` if not), on disk first; under
-    /// one lock, so a record removed meanwhile is not brought back.
+    /// Changes `id`'s record, if there is one (`false` if not), on disk first; a record
+    /// removed meanwhile is not brought back (changes take turns).
     pub fn modify(&self, id: &str, change: impl FnOnce(&mut NfsRecord)) -> Result<bool> {
-        let mut volumes = self.lock();
-        let Some(mut rec) = volumes.by_id.get(id).cloned() else {
+        let _one_writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut rec) = self.get(id) else {
             return Ok(false);
         };
         change(&mut rec);
-        self.put_locked(&mut volumes, id, &rec)?;
+        self.put_written(id, &rec)?;
         Ok(true)
     }
 
-    fn put_locked(&self, volumes: &mut Volumes, id: &str, rec: &NfsRecord) -> Result<()> {
-        if volumes.by_id.get(id) == Some(rec) {
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let _one_writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(old) = self.get(id) else {
+            return Ok(());
+        };
+        self.files.write::<NfsRecord>(&[(id, None)])?;
+        let mut volumes = self.lock();
+        volumes.by_id.remove(id);
+        if volumes.by_name.get(&old.name).is_some_and(|n| n == id) {
+            volumes.by_name.remove(&old.name);
+        }
+        Ok(())
+    }
+
+    /// The write of [`put`](Self::put); the caller holds `writer`.
+    fn put_written(&self, id: &str, rec: &NfsRecord) -> Result<()> {
+        if self.get(id).as_ref() == Some(rec) {
             return Ok(());
         }
         self.files.write(&[(id, Some(rec))])?;
+        let mut volumes = self.lock();
         if let Some(old) = volumes.by_id.insert(id.to_owned(), rec.clone()) {
             if old.name != rec.name {
                 volumes.by_name.remove(&old.name);
             }
         }
         volumes.by_name.insert(rec.name.clone(), id.to_owned());
-        Ok(())
-    }
-
-    pub fn remove(&self, id: &str) -> Result<()> {
-        let mut volumes = self.lock();
-        let Some(old) = volumes.by_id.get(id) else {
-            return Ok(());
-        };
-        let name = old.name.clone();
-        self.files.write::<NfsRecord>(&[(id, None)])?;
-        volumes.by_id.remove(id);
-        if volumes.by_name.get(&name).is_some_and(|n| n == id) {
-            volumes.by_name.remove(&name);
-        }
         Ok(())
     }
 }
