@@ -1,41 +1,44 @@
-//! The scale benchmark: how each call's cost grows with the number of volumes a node holds.
-//! For each count it makes a pool of loop devices, starts the driver (`DRIVER`), fills it
-//! with that many `layout: partition` volumes of 1 MiB, then measures (on 16 MiB volumes)
-//! CreateVolume,
-//! NodeStage, NodePublish, DeleteVolume, ListVolumes (100 a page), GetCapacity and the
-//! driver's start-up to Probe ready, its RSS and the state file's size. Prints a markdown
-//! table of medians (p99 beside) and the ratio of the largest count to the smallest.
+//! The scale benchmarks of the driver binary (`DRIVER`) on loop devices, `layout: partition`.
 //!
-//! Usage (root; `scripts/bench.sh scale` builds and runs it):
-//!   scale DRIVER WORK_DIR [COUNTS=10,100,1000] [ROUNDS=30]
+//! `block`: how each call's cost grows with the volumes a node holds. For each count, a
+//! pool of a fixed number of devices (a node with eight drives), the driver filled with
+//! that many 1 MiB volumes, then ROUNDS of CreateVolume, NodeStage (an ext4 of 16 MiB),
+//! NodePublish, DeleteVolume, every page of ListVolumes (100 a page) and GetCapacity,
+//! three restarts to Probe ready, the driver's RSS and the state's size. Prints a
+//! markdown table of p50 (p99) and the ratio of the largest count to the smallest.
+//!
+//! `storm`: N concurrent CreateVolume + NodeStage + NodePublish on distinct volumes, as
+//! the external-provisioner and the kubelet send them, against the same calls one at a
+//! time in the same run; the driver's open fds and threads before, at peak and after.
+//!
+//! Usage (root; `scripts/bench.sh scale` and `scripts/bench.sh storm` build and run it):
+//!   scale [block] DRIVER WORK_DIR [COUNTS=10,100,1000] [ROUNDS=30] [--devices 8]
+//!   scale storm DRIVER WORK_DIR [N=256] [--per-device 255]
+
+mod scale_common;
+#[path = "scale_parts/storm.rs"]
+mod storm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::Clients;
-use gds_csi::csi::*;
+use scale_common::{add_state, fill, print_table, round, rss_kib, Figures, Result, MIB};
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-const MIB: u64 = 1 << 20;
-/// Partitions a device holds: its label has 128 entries; 120 leaves room for the rounds.
-const PER_DEVICE: usize = 120;
+/// Pool devices of the block run: the same whatever the count, so the figures follow the
+/// volume count alone.
+const DEVICES: usize = 8;
+/// Partition volumes one pool device holds: the usable entries of its GPT label (255;
+/// 128 in builds before labels of 256 entries). The storm's devices follow from it.
+const PER_DEVICE: usize = 255;
+const FILL_BYTES: u64 = MIB;
 /// The measured volumes: large enough for an ext4 with a journal (`data=ordered`).
 const ROUND_BYTES: u64 = 16 * MIB;
-/// Each device: 128 partitions of 1 MiB, a measured volume, the label and some slack.
-const DEVICE_BYTES: u64 = 160 * MIB;
-
-fn cap() -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-    }
-}
+/// A create may land on any device (best fit, busy devices passed over), so each must hold
+/// a full label of fill volumes and a measured one, beside the label (2 MiB with alignment).
+const DEVICE_BYTES: u64 = PER_DEVICE as u64 * FILL_BYTES + ROUND_BYTES + 16 * MIB;
 
 fn params() -> HashMap<String, String> {
     [
@@ -58,11 +61,11 @@ fn run(cmd: &str, args: &[&str]) -> Result<String> {
 struct Pool(Vec<PathBuf>);
 
 impl Pool {
-    fn new(dir: &Path, n: usize) -> Result<Pool> {
+    fn new(dir: &Path, n: usize, bytes: u64) -> Result<Pool> {
         let mut pool = Pool(Vec::new());
         for i in 0..n {
             let img = dir.join(format!("dev{i}.img"));
-            std::fs::File::create(&img)?.set_len(DEVICE_BYTES)?;
+            std::fs::File::create(&img)?.set_len(bytes)?;
             let dev = run("losetup", &["-f", "--show", img.to_str().unwrap()])?;
             pool.0.push(PathBuf::from(dev));
         }
@@ -88,6 +91,7 @@ struct Driver {
 }
 
 impl Driver {
+    /// Started and ready; the clients that saw Probe ready, and how long that took.
     async fn start(bin: &Path, dir: &Path, pool: &Pool) -> Result<(Driver, Clients, Duration)> {
         let socket = dir.join("csi.sock");
         let mut cmd = Command::new(bin);
@@ -128,102 +132,31 @@ impl Drop for Driver {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn create_req(name: &str, bytes: u64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        volume_capabilities: vec![cap()],
-        parameters: params(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        ..Default::default()
+async fn measure(
+    bin: &Path,
+    work: &Path,
+    count: usize,
+    rounds: usize,
+    devices: usize,
+) -> Result<Figures> {
+    // Rounds run one at a time: one measured volume beside the fill at any moment.
+    if count + 1 > devices * PER_DEVICE {
+        return Err(format!(
+            "{count} volumes and a measured one need more than {devices} devices of \
+             {PER_DEVICE} partitions; raise --devices"
+        )
+        .into());
     }
-}
-
-async fn create(c: &mut Clients, name: &str, bytes: u64) -> Result<String> {
-    let v = c.controller.create_volume(create_req(name, bytes)).await?;
-    Ok(v.into_inner().volume.ok_or("no volume")?.volume_id)
-}
-
-/// `count` volumes, 8 calls at a time.
-async fn fill(c: &Clients, count: usize) -> Result<()> {
-    let mut tasks = Vec::new();
-    for t in 0..8 {
-        let mut c = c.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut i = t;
-            while i < count {
-                create(&mut c, &format!("fill-{i}"), MIB).await?;
-                i += 8;
-            }
-            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
-}
-
-/// Samples of each measured figure, in the order they are printed.
-#[derive(Default)]
-struct Figures {
-    samples: Vec<(&'static str, Vec<Duration>)>,
-    rss_kib: u64,
-    state_bytes: u64,
-}
-
-impl Figures {
-    fn add(&mut self, what: &'static str, d: Duration) {
-        match self.samples.iter_mut().find(|(w, _)| *w == what) {
-            Some((_, v)) => v.push(d),
-            None => self.samples.push((what, vec![d])),
-        }
-    }
-
-    fn pct(&self, what: &str, p: f64) -> f64 {
-        let Some((_, v)) = self.samples.iter().find(|(w, _)| *w == what) else {
-            return f64::NAN;
-        };
-        let mut v: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        v.sort_by(|a, b| a.total_cmp(b));
-        let i = ((v.len() - 1) as f64 * p).round() as usize;
-        v[i]
-    }
-}
-
-async fn timed<T>(
-    f: &mut Figures,
-    what: &'static str,
-    call: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    let began = Instant::now();
-    let out = call.await?;
-    f.add(what, began.elapsed());
-    Ok(out)
-}
-
-async fn measure(bin: &Path, work: &Path, count: usize, rounds: usize) -> Result<Figures> {
     let dir = work.join(format!("n{count}"));
     std::fs::create_dir_all(&dir)?;
-    let devices = (count + rounds + 8).div_ceil(PER_DEVICE);
-    let pool = Pool::new(&dir, devices)?;
+    let pool = Pool::new(&dir, devices, DEVICE_BYTES)?;
     let (driver, mut c, _) = Driver::start(bin, &dir, &pool).await?;
     let began = Instant::now();
-    fill(&c, count).await?;
+    fill(&c, &dir, count, FILL_BYTES, &params()).await?;
+    let filled = began.elapsed();
     eprintln!(
         "{count} volumes on {devices} devices in {:.1} s",
-        began.elapsed().as_secs_f64()
+        filled.as_secs_f64()
     );
     let mut f = Figures::default();
     // Start-up to Probe ready with every volume recorded.
@@ -238,137 +171,64 @@ async fn measure(bin: &Path, work: &Path, count: usize, rounds: usize) -> Result
     }
     let driver = driver.ok_or("no driver")?;
     for r in 0..rounds {
-        let id = timed(
-            &mut f,
-            "CreateVolume",
-            create(&mut c, &format!("round-{r}"), ROUND_BYTES),
-        )
-        .await?;
-        let staging = dir.join(format!("staging/{r}"));
-        let target = dir.join(format!("pods/{r}"));
-        std::fs::create_dir_all(&staging)?;
-        let stage = NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        };
-        let mut n = c.node.clone();
-        timed(&mut f, "NodeStageVolume", async {
-            Ok(n.node_stage_volume(stage).await?)
-        })
-        .await?;
-        let publish = NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-            target_path: target.to_str().unwrap().into(),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        };
-        timed(&mut f, "NodePublishVolume", async {
-            Ok(n.node_publish_volume(publish).await?)
-        })
-        .await?;
-        n.node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_str().unwrap().into(),
-        })
-        .await?;
-        n.node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_str().unwrap().into(),
-        })
-        .await?;
-        let mut ctl = c.controller.clone();
-        timed(&mut f, "DeleteVolume", async {
-            Ok(ctl
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await?)
-        })
-        .await?;
-        let mut token = String::new();
-        loop {
-            let req = ListVolumesRequest {
-                max_entries: 100,
-                starting_token: token.clone(),
-            };
-            let page = timed(&mut f, "ListVolumes (a page of 100)", async {
-                Ok(ctl.list_volumes(req).await?.into_inner())
-            })
-            .await?;
-            token = page.next_token;
-            if token.is_empty() {
-                break;
-            }
-        }
-        let req = GetCapacityRequest {
-            parameters: params(),
-            ..Default::default()
-        };
-        timed(&mut f, "GetCapacity", async {
-            Ok(ctl.get_capacity(req).await?)
-        })
-        .await?;
+        round(&mut c, &mut f, &dir, r, ROUND_BYTES, &params()).await?;
     }
-    f.rss_kib = rss_kib(driver.pid());
-    f.state_bytes = std::fs::metadata(dir.join("state/volumes.json"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    f.value("driver RSS (MiB)", rss_kib(driver.pid()) as f64 / 1024.0);
+    add_state(&mut f, &dir.join("state"));
+    f.value("fill, all volumes (s)", filled.as_secs_f64());
     driver.stop();
     drop(pool);
     Ok(f)
 }
 
+/// Takes `--name VALUE` out of `args`.
+fn flag(args: &mut Vec<String>, name: &str) -> Result<Option<usize>> {
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    if i + 1 >= args.len() {
+        return Err(format!("{name} needs a value").into());
+    }
+    let v = args.remove(i + 1).parse()?;
+    args.remove(i);
+    Ok(Some(v))
+}
+
+const USAGE: &str = "usage: scale [block] DRIVER WORK_DIR [COUNTS=10,100,1000] [ROUNDS=30] \
+                     [--devices 8]\n       scale storm DRIVER WORK_DIR [N=256] [--per-device 255]";
+
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.len() < 3 {
-        return Err("usage: scale DRIVER WORK_DIR [COUNTS=10,100,1000] [ROUNDS=30]".into());
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let devices = flag(&mut args, "--devices")?.unwrap_or(DEVICES);
+    let per_device = flag(&mut args, "--per-device")?.unwrap_or(PER_DEVICE);
+    let mode = match args.first().map(String::as_str) {
+        Some(m @ ("block" | "storm")) => {
+            let m = m.to_owned();
+            args.remove(0);
+            m
+        }
+        _ => "block".to_owned(),
+    };
+    if args.len() < 2 || devices == 0 || per_device == 0 {
+        return Err(USAGE.into());
     }
-    let (bin, work) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));
-    let counts: Vec<usize> = args
-        .get(3)
-        .map_or("10,100,1000", String::as_str)
-        .split(',')
-        .map(str::parse)
-        .collect::<std::result::Result<_, _>>()?;
-    let rounds: usize = args.get(4).map_or(Ok(30), |r| r.parse())?;
+    let (bin, work) = (PathBuf::from(&args[0]), PathBuf::from(&args[1]));
+    if mode == "storm" {
+        let n: usize = args.get(2).map_or(Ok(256), |n| n.parse())?;
+        return storm::run(&bin, &work, n, per_device).await;
+    }
+    let counts = scale_common::parse_counts(args.get(2).map_or("10,100,1000", String::as_str))?;
+    let rounds: usize = args.get(3).map_or(Ok(30), |r| r.parse())?;
     let mut all = Vec::new();
     for &n in &counts {
-        all.push((n, measure(&bin, &work, n, rounds).await?));
-    }
-    let (first, last) = (&all[0].1, &all[all.len() - 1].1);
-    print!("| figure |");
-    for (n, _) in &all {
-        print!(" {n} volumes: p50 (p99) ms |");
-    }
-    println!(" p50 ratio {} / {} |", counts[counts.len() - 1], counts[0]);
-    println!("|---|{}---|", "---|".repeat(all.len()));
-    for (what, _) in &first.samples {
-        print!("| {what} |");
-        for (_, f) in &all {
-            print!(" {:.2} ({:.2}) |", f.pct(what, 0.5), f.pct(what, 0.99));
-        }
-        println!(" {:.2} |", last.pct(what, 0.5) / first.pct(what, 0.5));
-    }
-    print!("| driver RSS (MiB) |");
-    for (_, f) in &all {
-        print!(" {:.1} |", f.rss_kib as f64 / 1024.0);
+        all.push((n, measure(&bin, &work, n, rounds, devices).await?));
     }
     println!(
-        " {:.2} |",
-        last.rss_kib as f64 / first.rss_kib.max(1) as f64
+        "Block, `layout: partition`: {devices} loop devices, 1 MiB volumes, {rounds} rounds \
+         on 16 MiB volumes"
     );
-    print!("| state file (KiB) |");
-    for (_, f) in &all {
-        print!(" {:.1} |", f.state_bytes as f64 / 1024.0);
-    }
-    println!(
-        " {:.2} |",
-        last.state_bytes as f64 / first.state_bytes.max(1) as f64
-    );
+    println!();
+    print_table(&all);
     Ok(())
 }

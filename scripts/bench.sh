@@ -12,19 +12,47 @@
 #
 #        scripts/bench.sh scale [COUNTS=10,100,1000] [ROUNDS=30]
 # The scale benchmark (examples/scale.rs): each call's p50/p99 with COUNTS volumes on the
-# node (`layout: partition`, 1 MiB each, on loop devices it makes), start-up, RSS and the
-# state file's size, and the ratio of the largest count to the smallest.
+# node (`layout: partition`, 1 MiB each, on SCALE_DEVICES=8 loop devices whatever the
+# count), start-up, RSS and the state's size, and the ratio of the largest count to the
+# smallest.
+#        scripts/bench.sh scale-nfs [COUNTS=10,100,1000,10000] [ROUNDS=30]
+# The same for NFS volumes, in process over the Host double (examples/scale_nfs.rs): no
+# root, no NFS server; it benches this checkout's code (BENCH_DRIVER does not apply).
+#        scripts/bench.sh storm [N=256]
+# N concurrent CreateVolume + NodeStage + NodePublish against the same calls one at a
+# time, and the driver's fds and threads before, during and after (examples/scale.rs
+# storm; STORM_PER_DEVICE=255 partitions a loop device, devices follow from N; 128 for
+# builds whose labels have 128 entries).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-need_root
-install_host_tools
-if [ "${1:-}" = scale ]; then
-  if [ -n "${BENCH_DRIVER:-}" ]; then GDS_CSI=$BENCH_DRIVER; else build_driver; fi
-  (cd "$REPO_ROOT" && cargo build --release --quiet --example scale)
-  start_workdir scale
-  "$REPO_ROOT/target/release/examples/scale" "$GDS_CSI" "$WORK" "${2:-10,100,1000}" "${3:-30}"
+if [ "${1:-}" = scale-nfs ]; then
+  (cd "$REPO_ROOT" && cargo build --release --quiet --example scale_nfs)
+  WORK=$(mktemp -d /tmp/gds-scale-nfs.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+  "$TARGET_DIR/release/examples/scale_nfs" "$WORK" "${2:-10,100,1000,10000}" "${3:-30}"
   exit
 fi
+need_root
+install_host_tools
+case "${1:-}" in
+  scale | storm)
+    if [ -n "${BENCH_DRIVER:-}" ]; then GDS_CSI=$BENCH_DRIVER; else build_driver; fi
+    (cd "$REPO_ROOT" && cargo build --release --quiet --example scale)
+    start_workdir "$1"
+    if [ "$1" = scale ]; then
+      args=(block "$GDS_CSI" "$WORK" "${2:-10,100,1000}" "${3:-30}" --devices "${SCALE_DEVICES:-8}")
+    else
+      args=(storm "$GDS_CSI" "$WORK" "${2:-256}" --per-device "${STORM_PER_DEVICE:-255}")
+    fi
+    if ! "$TARGET_DIR/release/examples/scale" "${args[@]}"; then
+      for log in "$WORK"/*/driver.log; do
+        echo "--- $log (last 50 lines) ---"; tail -n 50 "$log"
+      done
+      exit 1
+    fi
+    exit
+    ;;
+esac
 ROUNDS=${1:-25}
 STORM=${2:-64}
 if [ -n "${BENCH_DRIVER:-}" ]; then
@@ -57,7 +85,7 @@ METRICS=127.0.0.1:${BENCH_METRICS_PORT:-9808}
   "${pool[@]}" 2>"$WORK/driver.log" &
 DRIVER_PID=$!
 wait_for_ready "$WORK/csi.sock"
-if ! "$REPO_ROOT/target/release/examples/bench" "$WORK/csi.sock" "$WORK" "$DRIVER_PID" "$ROUNDS" "$STORM"; then
+if ! "$TARGET_DIR/release/examples/bench" "$WORK/csi.sock" "$WORK" "$DRIVER_PID" "$ROUNDS" "$STORM"; then
   echo "--- driver log (last 50 lines) ---"; tail -n 50 "$WORK/driver.log"; exit 1
 fi
 if [ -n "${BENCH_METRICS_OUT:-}" ]; then
@@ -76,7 +104,7 @@ part_bench() {
   DRIVER_PID=$!
   wait_for_ready "$WORK/$name.sock"
   echo
-  if ! BENCH_ONLY=$section "$REPO_ROOT/target/release/examples/bench" "$WORK/$name.sock" "$WORK" \
+  if ! BENCH_ONLY=$section "$TARGET_DIR/release/examples/bench" "$WORK/$name.sock" "$WORK" \
       "$DRIVER_PID" "$PART_ROUNDS" "$STORM"; then
     echo "--- driver log (last 50 lines) ---"; tail -n 50 "$WORK/driver-$name.log"; exit 1
   fi

@@ -20,7 +20,7 @@ echo "pool: ${pool[*]}"
 # shellcheck disable=SC2034 # stop_driver_and_clean (scripts/lib.sh) stops it
 DRIVER_PID=$!
 wait_for_ready "$WORK/csi.sock"
-if ! "$REPO_ROOT/target/release/examples/demo" "$WORK/csi.sock" "$WORK"; then
+if ! "$TARGET_DIR/release/examples/demo" "$WORK/csi.sock" "$WORK"; then
   echo "--- driver log ---"; cat "$WORK/driver.log"; exit 1
 fi
 echo "driver log: $(grep -c 'call' "$WORK/driver.log") calls logged, $(grep -c 'formatting fresh device' "$WORK/driver.log") mkfs"

@@ -9,6 +9,8 @@ CSI_SANITY_VERSION=v5.6.0
 HELM_VERSION=v3.19.0
 HELM="$CACHE_BIN/helm"
 export PATH="$CACHE_BIN:$PATH"
+# Where cargo puts what it builds.
+TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then
@@ -74,7 +76,7 @@ install_helm() {
 build_driver() {
   (cd "$REPO_ROOT" && cargo build --release --quiet --bin gds-csi)
   # shellcheck disable=SC2034 # read by the scripts that source this file
-  GDS_CSI="$REPO_ROOT/target/release/gds-csi"
+  GDS_CSI="$TARGET_DIR/release/gds-csi"
 }
 
 # make_loop FILE BYTES: a loop device over a sparse file of exactly BYTES. Runs in
