@@ -214,6 +214,21 @@ pub struct ServeArgs {
     /// never the cuFile probe); 0 turns the watcher off.
     #[arg(long, env = "GDS_CSI_READINESS_INTERVAL", value_parser = humantime::parse_duration, default_value = "30s")]
     pub readiness_interval: Duration,
+    /// Serve the kubelet device plugin that gives workload pods what cuFile needs without
+    /// privileged mode: resources `<driver-name>/gds` (compat mode off) and
+    /// `<driver-name>/gds-compat` (see src/workload). Node mode only.
+    #[arg(long, env = "GDS_CSI_GDS_DEVICE_PLUGIN")]
+    pub gds_device_plugin: bool,
+    /// The kubelet's device plugin directory (its kubelet.sock), as this process sees it.
+    #[arg(
+        long,
+        env = "GDS_CSI_DEVICE_PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    pub device_plugin_dir: PathBuf,
+    /// How many containers on the node may hold each of the two resources at once.
+    #[arg(long, env = "GDS_CSI_GDS_DEVICE_SHARES", default_value_t = 110, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub gds_device_shares: u32,
     /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/faults.rs). Never deploy it.
     /// Exists only in a build with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -282,6 +297,17 @@ impl ServeArgs {
             ));
         }
         self.check_registration_socket()?;
+        if self.gds_device_plugin && self.mode == Mode::Controller {
+            return Err(
+                "--gds-device-plugin serves the node's kubelet: it needs --mode node or all".into(),
+            );
+        }
+        if self.gds_device_plugin && !self.device_plugin_dir.is_absolute() {
+            return Err(format!(
+                "--device-plugin-dir {} must be absolute",
+                self.device_plugin_dir.display()
+            ));
+        }
         for root in &self.allowed_path_roots {
             if !root.is_absolute() {
                 return Err(format!(
@@ -336,6 +362,34 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn the_device_plugin_is_off_by_default_and_needs_the_node() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["gds-csi", "serve", "--node-id", "n1"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv)
+                .map_err(|e| e.to_string())?
+                .command
+            {
+                Command::Serve(args) => args.validate().map(|()| args),
+                _ => unreachable!(),
+            }
+        };
+        let args = parse(&[]).unwrap();
+        assert!(!args.gds_device_plugin);
+        assert_eq!(
+            args.device_plugin_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(args.gds_device_shares, 110);
+        parse(&["--gds-device-plugin", "--mode", "node"]).unwrap();
+        let e = parse(&["--gds-device-plugin", "--mode", "controller"]).unwrap_err();
+        assert!(e.contains("--gds-device-plugin"), "{e}");
+        let e = parse(&["--gds-device-plugin", "--device-plugin-dir", "dp"]).unwrap_err();
+        assert!(e.contains("--device-plugin-dir"), "{e}");
+        assert!(parse(&["--gds-device-shares", "0"]).is_err());
     }
 
     #[test]

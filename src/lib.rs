@@ -15,6 +15,8 @@
 //!   taken as jobs, restored through the clone fill.
 //! - `mounts`: the mount-table logic both backends share.
 //! - `gds`: the GPUDirect Storage gate, readiness labels and `doctor`.
+//! - `workload`: the kubelet device plugin that gives workload pods what cuFile needs
+//!   (the nvidia-fs devices, the udev database, a cufile.json per GDS policy).
 //! - `metrics`: the Prometheus endpoint; `config`: flags; `error`: errors by cause and
 //!   the one map to gRPC codes; `jobs`, `locks`, `state_dir`, `faults`: long jobs a retry
 //!   joins, per-volume guards, the state directory, test-only kill points.
@@ -38,3 +40,4 @@ pub mod service;
 pub mod snapshot;
 pub mod state_dir;
 pub mod volume;
+pub mod workload;

@@ -94,6 +94,13 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
     .with_snapshots(snapshots))
 }
 
+/// How often the device plugin looks for a restarted kubelet and re-reads the pieces it
+/// hands out: a new kubelet finds the plugin registered again within this.
+const WORKLOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Deadline of each call to the kubelet. Its Register dials the plugin back with a 10 s
+/// deadline of its own (devicemanager plugin/v1beta1/client.go:126-138) before answering.
+const WORKLOAD_KUBELET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Resolves at SIGTERM or SIGINT, after setting `asked`: the server then drains and `serve`
 /// exits 0, which it must not do when the server stops on its own.
 fn on_signal(asked: Arc<AtomicBool>) -> Result<impl std::future::Future<Output = ()>, String> {
@@ -145,6 +152,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 },
             );
         }
+    }
+    if args.gds_device_plugin {
+        gds_csi::workload::spawn(gds_csi::workload::Config {
+            driver_name: args.driver_name.clone(),
+            plugin_dir: args.device_plugin_dir.clone(),
+            host_dev: args.host_dev.clone(),
+            udev_data_dir: args.gds.udev_data_dir.clone(),
+            cufile_json: args.gds.cufile_json.clone(),
+            out_dir: gds_csi::workload::out_dir(&args.state_dir),
+            shares: args.gds_device_shares,
+            interval: WORKLOAD_INTERVAL,
+            kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
+        });
     }
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
