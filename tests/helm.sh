@@ -245,6 +245,15 @@ for rules_dir in rules:
 check("--udev-rules-dir=/host/etc/udev/rules.d,/run/udev/rules.d,/host/usr/lib/udev/rules.d,/host/lib/udev/rules.d"
       in drv["args"], f"driver must be given the mounted udev rules dirs, /etc first: {drv['args']}")
 check(not mounts.get("/var/lib/gds-csi", {}).get("readOnly"), "state dir must be writable")
+# The GDS device plugin, on by default: its sockets in the kubelet's device plugin directory,
+# which the kubelet keeps at /var/lib/kubelet/device-plugins whatever its root directory;
+# here inside the kubelet-dir mount, so no mount of its own (it would propagate back to the
+# host through the Bidirectional one). What it hands the kubelet are host paths: the udev
+# database at /run/udev/data (run-udev at its host path) and the state dir.
+for a in ("--gds-device-plugin", "--device-plugin-dir=/var/lib/kubelet/device-plugins", "--gds-device-shares=110"):
+    check(a in drv["args"], f"driver arg {a} missing")
+check("/var/lib/kubelet/device-plugins" not in mounts, "no device-plugins mount inside the kubelet-dir mount")
+check(mounts.get("/run/udev", {}).get("name") == "run-udev", "the udev database at the host's path")
 vols = {x["name"]: x for x in pod.get("volumes", [])}
 check(vols.get("state-dir", {}).get("hostPath", {}).get("path") == "/var/lib/gds-csi", "state dir must be a hostPath")
 check(vols.get("socket-dir", {}).get("hostPath", {}).get("path") == f"/var/lib/kubelet/plugins/{driver}",
@@ -396,6 +405,15 @@ vmounts = {m["mountPath"]: m for m in vdrv["volumeMounts"]}
 check(vmounts.get("/var/lib/k0s/kubelet", {}).get("mountPropagation") == "Bidirectional",
       "variant: the kubelet dir is mounted at its host path")
 check(not any(a.startswith("--cufile-json") for a in vdrv["args"]), "variant: no --cufile-json without the mount")
+# The kubelet's device plugin directory is outside this kubelet dir: mounted on its own.
+check("--device-plugin-dir=/var/lib/kubelet/device-plugins" in vdrv["args"],
+      "variant: the device plugin directory stays /var/lib/kubelet/device-plugins")
+vvols = {x["name"]: x for x in vds["spec"]["template"]["spec"].get("volumes", [])}
+check(vmounts.get("/var/lib/kubelet/device-plugins", {}).get("name") == "device-plugins"
+      and vvols.get("device-plugins", {}).get("hostPath") == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"},
+      "variant: /var/lib/kubelet/device-plugins mounted at its host path")
+check(not vmounts.get("/var/lib/kubelet/device-plugins", {}).get("mountPropagation"),
+      "variant: the device-plugins mount needs no propagation")
 check("/etc/cufile.json" not in {m["mountPath"] for m in vdrv["volumeMounts"]}, "variant: no cufile mount")
 vsc = {s["metadata"]["name"]: s for s in v if s["kind"] == "StorageClass"}
 check(vsc.get("nvme-gds", {}).get("parameters", {}).get("csi.storage.k8s.io/fstype") == "xfs", "variant: xfs")
@@ -410,6 +428,20 @@ PY
     fail "rendered objects have the required shape" "$out"
   fi
 fi
+
+# workload.devicePlugin.enabled=false: no device plugin flag and no device-plugins mount,
+# with the default kubelet dir or another.
+if render --set workload.devicePlugin.enabled=false --set kubeletDir=/var/lib/k0s/kubelet >"$tmp/no-dp.yaml" 2>"$tmp/err"; then
+  if ! grep -qE -- '--gds-device-plugin|device-plugin' "$tmp/no-dp.yaml" && grep -q -- '--gds-device-plugin' "$tmp/default.yaml"; then
+    pass "workload.devicePlugin.enabled=false: no device plugin flag, no device-plugins mount"
+  else
+    fail "workload.devicePlugin.enabled=false" "$(grep -n 'device-plugin' "$tmp/no-dp.yaml")"
+  fi
+else
+  fail "helm template (device plugin disabled)" "$(cat "$tmp/err")"
+fi
+expect_render_error "workload.devicePlugin.shares must be at least 1" \
+  "'/workload/devicePlugin/shares': minimum: got 0, want 1" --set workload.devicePlugin.shares=0
 
 # StorageClasses can be switched off. Rendered to a file first: a render error must fail
 # here, not read as "no StorageClass found".
@@ -563,6 +595,11 @@ if grep -qF -- "kubectl get nodes -L $DRIVER/gds-nvme" <<<"$notes" && grep -qF "
   pass "NOTES.txt shows GDS readiness labels and how to run doctor"
 else
   fail "NOTES.txt shows GDS readiness labels and how to run doctor" "$notes"
+fi
+if grep -qF "$DRIVER/gds: 1" <<<"$notes" && grep -qF "$DRIVER/gds-compat: 1" <<<"$notes"; then
+  pass "NOTES.txt names the GDS workload resources a pod asks for"
+else
+  fail "NOTES.txt names the GDS workload resources a pod asks for" "$notes"
 fi
 
 # --- Kubernetes versions (Chart.yaml says which feature needs which) --------------------
