@@ -150,7 +150,7 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
     let dir = t.path().join("device-plugins");
     let udev = t.path().join("udev-data");
     let host_dev = t.path().join("dev");
-    for d in [&dir, &udev, &host_dev] {
+    for d in [&udev, &host_dev] {
         std::fs::create_dir(d).unwrap();
     }
     std::fs::write(udev.join("b259:1"), "E:ID_FS_USAGE=filesystem\n").unwrap();
@@ -158,7 +158,6 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
     std::fs::write(&node_cufile, NODE_CUFILE).unwrap();
     let out = t.path().join("state/workload");
 
-    let (kubelet, mut seen) = start_kubelet(&dir);
     workload::spawn(Config {
         driver_name: DRIVER.into(),
         plugin_dir: dir.clone(),
@@ -170,6 +169,11 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
         interval: Duration::from_millis(100),
         kubelet_timeout: Duration::from_secs(10),
     });
+    // No kubelet yet: its directory is the kubelet's to make, and nothing is served.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!dir.exists(), "the plugin made the kubelet's directory");
+    std::fs::create_dir(&dir).unwrap();
+    let (kubelet, mut seen) = start_kubelet(&dir);
 
     // Registered, each on its own socket, after serving it (the fake dialed it back).
     let regs = both_registered(&mut seen).await;

@@ -98,6 +98,14 @@ async fn step(
     served: &mut Option<Served>,
 ) -> Result<Option<PathBuf>, String> {
     let c = &shared.config;
+    // The kubelet makes it at start (server.go:89); never made here for a kubelet not yet
+    // running, or elsewhere than where it will look.
+    if !c.plugin_dir.is_dir() {
+        return Err(format!(
+            "no kubelet device plugin directory at {}",
+            c.plugin_dir.display()
+        ));
+    }
     if !served.as_ref().is_some_and(Served::alive) {
         if let Some(old) = served.take() {
             info!(socket = %old.socket.display(), "device plugin socket gone (kubelet restarted?); serving it again");

@@ -13,8 +13,8 @@
 //!
 //! `api`: the generated API; `cufile`: the file each resource gets; `allocate`: the answer
 //! to Allocate; `plugin`: the DevicePlugin service; `kubelet`: serving, registering, and
-//! registering again after the kubelet restarts. Depends on nothing of the CSI side but
-//! the state dir's atomic write and gds-check's cufile.json reader.
+//! registering again after the kubelet restarts. Of the rest it uses the state dir's atomic
+//! write, the server's socket binding and gds-check's cufile.json reader; only `main` uses it.
 
 pub mod allocate;
 pub mod api;
