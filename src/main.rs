@@ -153,7 +153,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             );
         }
     }
-    if args.gds_device_plugin {
+    let workload = args.gds_device_plugin.then(|| {
         gds_csi::workload::spawn(gds_csi::workload::Config {
             driver_name: args.driver_name.clone(),
             plugin_dir: args.device_plugin_dir.clone(),
@@ -164,8 +164,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             shares: args.gds_device_shares,
             interval: WORKLOAD_INTERVAL,
             kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
-        });
-    }
+        })
+    });
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
@@ -173,6 +173,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let shutdown = on_signal(Arc::clone(&asked))?;
     let result = server::serve(listener, driver, args.mode, shutdown).await;
     let _ = std::fs::remove_file(&socket);
+    if let Some(workload) = workload {
+        workload.stop();
+    }
     result.map_err(|e| e.to_string())?;
     // Exit 0 means "asked to stop": anything else must fail so that it is restarted.
     if !asked.load(Ordering::SeqCst) {

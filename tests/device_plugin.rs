@@ -3,7 +3,8 @@
 //! Register, dials the plugin's socket named in the request and asks for its options and
 //! its devices. Then the kubelet's Allocate on each resource's socket, the health that
 //! follows the node's pieces, and a restarted kubelet (every socket in the directory
-//! removed, a new Registration server) that gets both resources registered again.
+//! removed, a new Registration server) that gets both resources registered again; stopped,
+//! the plugin takes its sockets away.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -158,7 +159,7 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
     std::fs::write(&node_cufile, NODE_CUFILE).unwrap();
     let out = t.path().join("state/workload");
 
-    workload::spawn(Config {
+    let running = workload::spawn(Config {
         driver_name: DRIVER.into(),
         plugin_dir: dir.clone(),
         host_dev,
@@ -310,4 +311,15 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
         seen.try_recv().is_err(),
         "registered again with the same kubelet"
     );
+
+    // Stopped (the driver's SIGTERM): its sockets go, so the kubelet marks the resources
+    // unhealthy at once; the kubelet's own stays.
+    running.stop();
+    for suffix in ["gds", "gds-compat"] {
+        assert!(
+            !dir.join(format!("d.example-{suffix}.sock")).exists(),
+            "{suffix} left behind"
+        );
+    }
+    assert!(dir.join("kubelet.sock").exists());
 }

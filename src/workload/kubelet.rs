@@ -26,9 +26,9 @@ use super::plugin::DevicePluginService;
 use super::{Health, Resource, Shared};
 
 /// A file's identity: a socket made anew at the same path is another one.
-type FileId = (u64, u64);
+pub(super) type FileId = (u64, u64);
 
-fn file_id(path: &Path) -> Option<FileId> {
+pub(super) fn file_id(path: &Path) -> Option<FileId> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))
@@ -138,6 +138,11 @@ fn serve(shared: &Arc<Shared>, resource: Resource) -> Result<Served, String> {
     let listener = crate::service::server::bind(&socket, 0o600)
         .map_err(|e| format!("serving {}: {e}", socket.display()))?;
     let socket_id = file_id(&socket);
+    {
+        let mut sockets = shared.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|(path, _)| *path != socket);
+        sockets.extend(socket_id.map(|id| (socket.clone(), id)));
+    }
     let service = DevicePluginService {
         resource,
         shared: Arc::clone(shared),

@@ -112,6 +112,8 @@ pub struct Shared {
     pub config: Config,
     /// One writer of the cufile.json files at a time.
     writing: Mutex<()>,
+    /// The sockets served now, with the identity each had when bound.
+    sockets: Mutex<Vec<(PathBuf, kubelet::FileId)>>,
     health: tokio::sync::watch::Sender<Health>,
 }
 
@@ -120,6 +122,7 @@ impl Shared {
         Shared {
             config,
             writing: Mutex::new(()),
+            sockets: Mutex::new(Vec::new()),
             health: tokio::sync::watch::Sender::new(Health::Missing("not checked yet".into())),
         }
     }
@@ -163,9 +166,38 @@ impl Shared {
     }
 }
 
-/// Serves the device plugin until the process ends (see [`kubelet::run`]).
-pub fn spawn(config: Config) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(kubelet::run(std::sync::Arc::new(Shared::new(config))))
+/// The running device plugin.
+pub struct Running {
+    shared: std::sync::Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Serves the device plugin until [`Running::stop`] (see [`kubelet::run`]).
+pub fn spawn(config: Config) -> Running {
+    let shared = std::sync::Arc::new(Shared::new(config));
+    let task = tokio::spawn(kubelet::run(std::sync::Arc::clone(&shared)));
+    Running { shared, task }
+}
+
+impl Running {
+    /// Stops serving and removes the sockets this process made (not one a successor
+    /// bound at the same path meanwhile): the kubelet then marks the resources unhealthy
+    /// at once instead of dialing a dead socket.
+    pub fn stop(self) {
+        self.task.abort();
+        let served = std::mem::take(
+            &mut *self
+                .shared
+                .sockets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (socket, id) in served {
+            if kubelet::file_id(&socket) == Some(id) {
+                let _ = std::fs::remove_file(&socket);
+            }
+        }
+    }
 }
 
 /// `<state-dir>/workload`: where the files handed to the kubelet live.
