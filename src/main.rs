@@ -98,7 +98,7 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
 /// hands out: a new kubelet finds the plugin registered again within this.
 const WORKLOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Deadline of each call to the kubelet. Its Register dials the plugin back with a 10 s
-/// deadline of its own (devicemanager plugin/v1beta1/client.go:126-138) before answering.
+/// deadline of its own (devicemanager plugin/v1beta1/client.go:127-138) before answering.
 const WORKLOAD_KUBELET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Resolves at SIGTERM or SIGINT, after setting `asked`: the server then drains and `serve`

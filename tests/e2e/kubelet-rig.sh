@@ -46,6 +46,8 @@ KUBELET_PID=
 CONTAINERD_PID=
 KUBE_PROXY_PID=
 MADE_RUN_UDEV=
+# Set by a test that made /run/udev/data (this machine runs no udevd): removed at the end.
+MADE_UDEV_DATA=
 
 cleanup() {
   local status=$?
@@ -81,6 +83,7 @@ cleanup() {
   done
   ip link del "$CNI_BRIDGE" 2>/dev/null
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null
+  [ -z "$MADE_UDEV_DATA" ] || rm -rf /run/udev/data
   [ -z "$MADE_RUN_UDEV" ] || rmdir /run/udev
   if [ -n "$MADE_KUBELET_DIR" ]; then
     cleanup_dir_and_loops "$KUBELET_DIR"
@@ -249,10 +252,14 @@ imageGCLowThresholdPercent: 99
 # ReprocessPod); every 10 s instead of the default minute keeps the expansion check short.
 syncFrequency: 10s
 YAML
-"$CACHE_BIN/kubelet" --config "$WORK/kubelet.yaml" --kubeconfig "$WORK/kubelet.kubeconfig" \
-  --root-dir "$KUBELET_DIR" --hostname-override "$NODE" --node-ip "$NODE_IP" \
-  --node-labels nvidia.com/gpu.present=true --v=2 >"$WORK/kubelet.log" 2>&1 &
-KUBELET_PID=$!
+# start_kubelet: the kubelet, its log appended to (a restarted one's too).
+start_kubelet() {
+  "$CACHE_BIN/kubelet" --config "$WORK/kubelet.yaml" --kubeconfig "$WORK/kubelet.kubeconfig" \
+    --root-dir "$KUBELET_DIR" --hostname-override "$NODE" --node-ip "$NODE_IP" \
+    --node-labels nvidia.com/gpu.present=true --v=2 >>"$WORK/kubelet.log" 2>&1 &
+  KUBELET_PID=$!
+}
+start_kubelet
 node_ready() { "$KUBECTL" wait "node/$NODE" --for=condition=Ready --timeout=5s; }
 check "the kubelet registered $NODE and it is Ready" wait_for 120 node_ready
 

@@ -23,6 +23,11 @@
 # this node's csi-snapshotter), the claim and its volume deleted, the snapshot restored by the
 # driver of that other node id, which shares only the store directory, and compared byte for
 # byte (SHA-256); then restored again as a claim on this node.
+# GPU workloads without privileged mode: the driver's device plugin registers
+# <driver>/gds and <driver>/gds-compat with the kubelet; pods under the baseline Pod Security
+# level that ask for one see, from inside, the udev database read-only with their volume's
+# entry, a cufile.json with compat mode as the resource says, and no device of the host's
+# /dev but its nvidia-fs nodes (none here); a restarted kubelet gets them registered again.
 set -euo pipefail
 DEPLOY=${1:-chart}
 case $DEPLOY in chart | processes) ;; *) echo "usage: $0 [chart|processes]" >&2; exit 2 ;; esac
@@ -35,6 +40,20 @@ MiB=$((1024 * 1024))
 DEVICES=("$(make_loop "$WORK/dev1.img" $((512 * MiB)))" "$(make_loop "$WORK/dev2.img" $((512 * MiB)))")
 SOCKET="$KUBELET_DIR/plugins/$DRIVER/csi.sock"
 SNAPSHOT_STORE=$WORK/snapshot-store
+# The node's cufile.json, as NVIDIA writes it (comments, compat mode allowed): the driver's
+# checks read it, and the device plugin hands pods a copy with compat mode per resource.
+NODE_CUFILE=$WORK/cufile.json
+cat >"$NODE_CUFILE" <<'JSON'
+{
+    // the node's own settings
+    "logging": { "level": "ERROR" },
+    "properties": {
+        "max_direct_io_size_kb": 8192,
+        /* allow compat mode, this will enable use of cuFile posix read/writes */
+        "allow_compat_mode": true
+    }
+}
+JSON
 if [ "$DEPLOY" = chart ]; then
   rig_chart_values "${DEVICES[@]}"
   helm_set+=(--set sidecars.provisioner.capacityPollInterval=5s
@@ -46,7 +65,8 @@ if [ "$DEPLOY" = chart ]; then
     --set sidecars.provisioner.nodeDeploymentBaseDelay=1s --set mountTimeout=20s
     # Snapshots on, with a store directory on this host: the chart mounts it into the
     # driver container at the same path, and the other node id's driver below sees it too.
-    --set snapshots.enabled=true --set snapshots.class.storeDir="$SNAPSHOT_STORE")
+    --set snapshots.enabled=true --set snapshots.class.storeDir="$SNAPSHOT_STORE"
+    --set cufile.mount=true --set cufile.hostPath="$NODE_CUFILE")
   check "helm install of the chart" "$HELM" install gds-csi "$E2E_DIR/../../deploy/helm/gds-csi" \
     --namespace "$NS" --create-namespace "${helm_set[@]}"
   check "the node DaemonSet rolls out (every container ready, probes passing)" \
@@ -96,16 +116,16 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   check "gds-csi doctor --json says ready: false, names nvidia_fs.module and exits 1 (got $doctor_json_rc)" \
     doctor_json_not_ready
   # Which of the probe's pod pieces are missing here: the image brings libcufile (as the
-  # Dockerfile's does), while this node has no NVIDIA runtime (no libcuda, no /dev/nvidia*),
-  # runs no udev (empty /run/udev) and the chart was told cufile.mount=false.
+  # Dockerfile's does) and the chart the node's cufile.json (cufile.mount), while this node
+  # has no NVIDIA runtime (no libcuda, no /dev/nvidia*) and runs no udev (empty /run/udev).
   pod_pieces_named() {
     local note
     note=$(grep -m1 'missing:' <<<"$doctor") &&
       [[ "$note" == *"libcuda.so.1"* && "$note" == *"/dev/nvidiactl"* && "$note" == *"udev database"* &&
-        "$note" == *"cufile.json"* && "$note" != *"libcufile.so.0"* ]] &&
+        "$note" != *"cufile.json"* && "$note" != *"libcufile.so.0"* ]] &&
       "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- test -f /usr/local/lib/gds-csi/libcufile.so.0
   }
-  check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev, cufile.json), not libcufile (in the image)" \
+  check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev), not libcufile (in the image) or cufile.json (mounted)" \
     pod_pieces_named
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
   # The node pod's resizer (the stand-in at /csi-resizer in its image), as the host sees it.
@@ -126,7 +146,8 @@ else
   start_plugin() { # appends to driver.log, so a restarted plugin's calls count too
     "$GDS_CSI" serve --mode all --endpoint "unix://$SOCKET" --node-id "$NODE" --driver-name "$DRIVER" \
       --state-dir "$WORK/driver-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
-      --pool-device "${DEVICES[0]}" --pool-device "${DEVICES[1]}" 2>>"$WORK/driver.log" &
+      --pool-device "${DEVICES[0]}" --pool-device "${DEVICES[1]}" --cufile-json "$NODE_CUFILE" \
+      --gds-device-plugin 2>>"$WORK/driver.log" &
     PLUGIN_PID=$!
     PIDS+=("$PLUGIN_PID")
     wait_for_socket "$SOCKET"
@@ -635,6 +656,186 @@ check "the grown claim's space returns: the carving class's capacity is ${part_c
   wait_for 90 has_capacity "$NODE" "$part_capacity" nvme-gds
 [ "$DEPLOY" != chart ] || snapshot_and_restore
 kill "$OTHER_DRIVER_PID"
+
+# --- GPU workloads without privileged mode: the device plugin (src/workload) -------------
+# The driver serves a kubelet device plugin with two resources. A pod that lists one in its
+# limits gets, through the kubelet and containerd, /dev/nvidia-fs* (none on this machine),
+# the host's /run/udev/data read-only and the resource's cufile.json read-only, named by
+# CUFILE_ENV_PATH_JSON. The pods run in a namespace where the baseline Pod Security level is
+# enforced: no privileged container, no hostPath. A claim of a `required` class cannot be
+# published on this GPU-less node (above), so both pods mount a `preferred` claim; what the
+# resource decides is the cufile.json, whichever claim the pod mounts.
+GDS_RES=$DRIVER/gds
+COMPAT_RES=$DRIVER/gds-compat
+WL_NS=gds-workload
+node_count() { # RESOURCE capacity|allocatable
+  "$KUBECTL" get node "$NODE" -o json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' "$1" "$2"
+}
+offered() { [ "$(node_count "$GDS_RES" "$1")" = "$2" ] && [ "$(node_count "$COMPAT_RES" "$1")" = "$2" ]; }
+check "the kubelet lists both resources, 110 shares each ($GDS_RES, $COMPAT_RES)" wait_for 60 offered capacity 110
+# This machine runs no udevd: the test plays its part, with an empty database first.
+[ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
+if [ -d /run/udev/data ]; then
+  echo "     /run/udev/data exists (udevd runs here): its entries are udevd's"
+  check "with the host's udev database, every share is allocatable" wait_for 60 offered allocatable 110
+else
+  check "without a udev database on the host no share is allocatable (the devices are unhealthy)" \
+    wait_for 60 offered allocatable 0
+  said_why() { driver_log | grep -q 'GDS workload resources unhealthy.*no udev database at /run/udev/data'; }
+  check "and the driver's log says why (no udev database at /run/udev/data)" said_why
+  mkdir /run/udev/data
+  MADE_UDEV_DATA=1
+  check "/run/udev/data made: every share becomes allocatable" wait_for 60 offered allocatable 110
+fi
+if [ "$DEPLOY" = chart ]; then
+  # The command the release's notes print (helm get notes), run as printed.
+  notes_columns=$("$HELM" get notes gds-csi -n "$NS" | sed -n "s/^ *kubectl get nodes -o custom-columns='\\(.*\\)'$/\\1/p")
+  notes_says() { "$KUBECTL" get nodes -o "custom-columns=$notes_columns" --no-headers | grep -qx "$NODE  *110"; }
+  check "the command the chart's notes print shows the node's 110 allocatable shares" wait_for 60 notes_says
+fi
+
+"$KUBECTL" create namespace "$WL_NS" >/dev/null
+"$KUBECTL" label namespace "$WL_NS" pod-security.kubernetes.io/enforce=baseline >/dev/null
+# wl_pod NAME RESOURCE UID: a pod on $NODE that mounts the claim `workload` at /data, asks
+# for one share of RESOURCE and sleeps; not privileged, no privilege escalation.
+wl_pod() {
+  "$KUBECTL" apply -f - <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: $WL_NS}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: $3, runAsGroup: $3, fsGroup: 2000, seccompProfile: {type: RuntimeDefault}}
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    securityContext: {privileged: false, allowPrivilegeEscalation: false}
+    resources: {limits: {$2: 1}}
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: workload}}]
+YAML
+}
+privileged_refused() {
+  local out
+  out=$("$KUBECTL" -n "$WL_NS" run refused --image "$APP_IMAGE" --restart Never \
+    --overrides '{"spec": {"containers": [{"name": "refused", "image": "'"$APP_IMAGE"'", "securityContext": {"privileged": true}}]}}' 2>&1) &&
+    return 1
+  [[ "$out" == *"violates PodSecurity \"baseline"* ]]
+}
+check "the namespace enforces Pod Security baseline: a privileged pod is refused" privileged_refused
+"$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: workload, namespace: $WL_NS}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: nvme-gds-preferred
+  resources: {requests: {storage: 32Mi}}
+YAML
+# Root in the pod (not privileged): a refused write then proves a read-only mount, not
+# file permissions.
+wl_pod gds-app "$GDS_RES" 0 >/dev/null
+wl_running() { [ "$("$KUBECTL" -n "$WL_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Running ]; }
+check "a non-privileged pod asking for $GDS_RES: 1 runs on a claim" wait_for 120 wl_running gds-app
+if ! wl_running gds-app; then "$KUBECTL" -n "$WL_NS" describe pod gds-app | tail -15; fi
+in_pod() { "$KUBECTL" -n "$WL_NS" exec "$1" -- sh -c "$2"; }
+# The volume's block device, as the pod's own mount table names it (major:minor).
+vol_dev=$(in_pod gds-app 'awk '\''$5 == "/data" {print $3}'\'' /proc/self/mountinfo' 2>/dev/null || true)
+staged_dev=$(awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1 {print $3; exit}' /proc/self/mountinfo)
+same_dev() { [ -n "$vol_dev" ] && [ "$vol_dev" = "$staged_dev" ]; }
+check "the pod's /data is the staged volume's device ($vol_dev; the host's staging mount: $staged_dev)" same_dev
+# udevd's entry for it, as udevd writes one for a filesystem (only where udevd does not run).
+if [ -n "$MADE_UDEV_DATA" ] && [ -n "$vol_dev" ]; then
+  printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n' >"/run/udev/data/b$vol_dev"
+fi
+mount_opts() { in_pod "$1" "awk '\$5 == \"$2\" {print \$6}' /proc/self/mountinfo"; }
+udev_ro() { [[ "$(mount_opts gds-app /run/udev/data)" == ro,* ]]; }
+check "in the pod: /run/udev/data is mounted read-only" udev_ro
+udev_write_refused() {
+  local out
+  out=$(in_pod gds-app 'id -u; touch /run/udev/data/written-by-pod 2>&1' 2>&1) || true
+  [[ "$out" == 0$'\n'*"Read-only file system"* ]] && [ ! -e /run/udev/data/written-by-pod ]
+}
+check "in the pod: a write there fails as root (Read-only file system)" udev_write_refused
+check "in the pod: the volume's udev entry b$vol_dev is there (E:ID_FS_USAGE=filesystem)" \
+  in_pod gds-app "grep -qx E:ID_FS_USAGE=filesystem /run/udev/data/b$vol_dev"
+cufile_of() { in_pod "$1" 'echo "$CUFILE_ENV_PATH_JSON"; cat "$CUFILE_ENV_PATH_JSON"'; }
+# cufile_is POD true|false: CUFILE_ENV_PATH_JSON names /etc/gds-csi/cufile.json, which holds
+# allow_compat_mode as asked and the node's own max_direct_io_size_kb (8192).
+cufile_is() {
+  cufile_of "$1" | python3 -c '
+import json, sys
+path, text = sys.stdin.read().split("\n", 1)
+c = json.loads(text)
+assert path == "/etc/gds-csi/cufile.json", path
+assert c["properties"]["allow_compat_mode"] is (sys.argv[1] == "true"), c
+assert c["properties"]["max_direct_io_size_kb"] == 8192, c' "$2"
+}
+check "in the pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": false and the node's settings" cufile_is gds-app false
+cufile_ro() { [[ "$(mount_opts gds-app /etc/gds-csi/cufile.json)" == ro,* ]]; }
+check "in the pod: the cufile.json is mounted read-only" cufile_ro
+# What the container runtime puts in every container's /dev (runc's default devices and
+# links, the pts/shm/mqueue mounts, the kubelet's termination-log), plus the node's
+# nvidia-fs nodes: nothing else of the host's /dev.
+host_nvfs=$(find /dev -maxdepth 1 -name 'nvidia-fs[0-9]*' -printf '%f\n' | sort | tr '\n' ' ')
+echo "     nvidia-fs nodes on this host: ${host_nvfs:-none}"
+only_default_dev() {
+  local listing
+  listing=$(in_pod gds-app 'ls -A /dev') || return 1
+  echo "     pod /dev: $(echo "$listing" | tr '\n' ' ')"
+  python3 -c '
+import sys
+allowed = set("null zero full random urandom tty ptmx pts shm mqueue fd stdin stdout stderr core console termination-log".split())
+nvfs, seen = set(sys.argv[1].split()), set(sys.argv[2].split())
+assert nvfs <= seen, f"nvidia-fs nodes missing: {sorted(nvfs - seen)}"
+extra = seen - allowed - nvfs
+assert not extra, f"host devices in the pod: {sorted(extra)}"' "$host_nvfs" "$listing"
+}
+check "in the pod: /dev holds the runtime's default nodes and the node's nvidia-fs ones (${host_nvfs:-none}), nothing else" \
+  only_default_dev
+not_privileged() {
+  [ "$(in_pod gds-app "awk '/^CapEff/ {print \$2}' /proc/self/status")" != 000001ffffffffff ] &&
+    [ "$("$KUBECTL" -n "$WL_NS" get pod gds-app -o jsonpath='{.spec.containers[0].securityContext.privileged}')" = false ]
+}
+check "the pod is not privileged (privileged: false, not every capability)" not_privileged
+
+# The other resource, as a non-root user: compat allowed, the same udev database.
+"$KUBECTL" -n "$WL_NS" delete pod gds-app --wait=false >/dev/null
+wl_gone() { ! "$KUBECTL" -n "$WL_NS" get pod "$1" >/dev/null 2>&1; }
+check "the first pod is deleted" wait_for 90 wl_gone gds-app
+wl_pod compat-app "$COMPAT_RES" 1000 >/dev/null
+check "a pod asking for $COMPAT_RES: 1 (uid 1000) runs on the same claim" wait_for 120 wl_running compat-app
+check "in that pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": true" cufile_is compat-app true
+check "and uid 1000 reads the volume's udev entry" in_pod compat-app "grep -qx E:ID_FS_USAGE=filesystem /run/udev/data/b$vol_dev"
+
+# The kubelet restarts (an upgrade, a crash): it removes every socket in its device plugin
+# directory at start; the driver must serve and register both resources again by itself.
+registrations() { driver_log | grep -c '"registered with the kubelet"'; }
+before=$(registrations)
+kill "$KUBELET_PID"
+wait "$KUBELET_PID" || true
+restart_at=$SECONDS
+start_kubelet
+check "the kubelet restarts and its node is Ready again" wait_for 120 node_ready
+registered_again() { [ "$(registrations)" -ge $((before + 2)) ] && offered allocatable 110; }
+check "the driver registers both resources with the new kubelet (allocatable 110 again)" wait_for 90 registered_again
+echo "     registered again $((SECONDS - restart_at)) s after the kubelet was restarted"
+check "the running pod kept running across the kubelet's restart" wl_running compat-app
+"$KUBECTL" -n "$WL_NS" delete pod compat-app --wait=false >/dev/null
+check "the compat pod is deleted" wait_for 90 wl_gone compat-app
+wl_pod gds-again "$GDS_RES" 0 >/dev/null
+check "a new pod asking for $GDS_RES is admitted through the new registration and runs" wait_for 120 wl_running gds-again
+check "and gets its cufile.json (compat mode off)" cufile_is gds-again false
+"$KUBECTL" delete namespace "$WL_NS" --wait=false >/dev/null
+wl_pv_gone() { [ -z "$("$KUBECTL" get pv -o jsonpath="{.items[?(@.spec.claimRef.namespace==\"$WL_NS\")].metadata.name}")" ]; }
+check "the workload namespace goes, with its claim and volume" wait_for 120 wl_pv_gone
+[ -z "$MADE_UDEV_DATA" ] || rm -f "/run/udev/data/b$vol_dev"
 
 # --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
 # A second instance of the driver, with the stand-in registrar, as host processes in both
