@@ -682,7 +682,12 @@ if [ -d /run/udev/data ]; then
 else
   check "without a udev database on the host no share is allocatable (the devices are unhealthy)" \
     wait_for 60 offered allocatable 0
-  said_why() { driver_log | grep -q 'GDS workload resources unhealthy.*no udev database at /run/udev/data'; }
+  # One grep over the captured log (see called: grep -q in a pipeline under pipefail).
+  said_why() {
+    local log
+    log=$(driver_log)
+    grep -q 'GDS workload resources unhealthy.*no udev database at /run/udev/data' <<<"$log"
+  }
   check "and the driver's log says why (no udev database at /run/udev/data)" said_why
   mkdir /run/udev/data
   MADE_UDEV_DATA=1
@@ -691,7 +696,10 @@ fi
 if [ "$DEPLOY" = chart ]; then
   # The command the release's notes print (helm get notes), run as printed.
   notes_columns=$("$HELM" get notes gds-csi -n "$NS" | sed -n "s/^ *kubectl get nodes -o custom-columns='\\(.*\\)'$/\\1/p")
-  notes_says() { "$KUBECTL" get nodes -o "custom-columns=$notes_columns" --no-headers | grep -qx "$NODE  *110"; }
+  notes_says() {
+    local out
+    out=$("$KUBECTL" get nodes -o "custom-columns=$notes_columns" --no-headers) && grep -qx "$NODE  *110" <<<"$out"
+  }
   check "the command the chart's notes print shows the node's 110 allocatable shares" wait_for 60 notes_says
 fi
 
@@ -816,7 +824,11 @@ check "and uid 1000 reads the volume's udev entry" in_pod compat-app "grep -qx E
 
 # The kubelet restarts (an upgrade, a crash): it removes every socket in its device plugin
 # directory at start; the driver must serve and register both resources again by itself.
-registrations() { driver_log | grep -c '"registered with the kubelet"'; }
+registrations() {
+  local log
+  log=$(driver_log)
+  grep -c '"registered with the kubelet"' <<<"$log"
+}
 before=$(registrations)
 kill "$KUBELET_PID"
 wait "$KUBELET_PID" || true
