@@ -497,7 +497,8 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
     ));
     let l = Loop { _dir: dir, dev };
     let label = carve(&l, &[]).await;
-    assert_eq!((label.sector, label.first_usable), (4096, 6));
+    // LBA 0, the header in LBA 1, then 256 entries of 128 bytes: 8 sectors of 4096.
+    assert_eq!((label.sector, label.first_usable), (4096, 10));
     let a = volume::carve(&l.dev, "fourk-a", 8 * MIB, &Held::default()).unwrap();
     let b = volume::carve(&l.dev, "fourk-b", 8 * MIB, &Held::default()).unwrap();
     assert_eq!(sysfs(&l, b.number), Some((b.span.start, 8 * MIB)));
