@@ -259,12 +259,7 @@ impl StateStore {
             // The whole-file format: its records move to their own files, then the file
             // becomes the marker (a crash between the two repeats the move).
             Some(m) if m.version == LEGACY_VERSION => {
-                let moved: Vec<(&str, Option<&VolumeRecord>)> = m
-                    .volumes
-                    .iter()
-                    .map(|(id, r)| (id.as_str(), Some(r)))
-                    .collect();
-                files.write(&moved)?;
+                files.write_all(&m.volumes)?;
                 volumes.extend(m.volumes.clone());
                 write_marker(&marker_path)?;
             }

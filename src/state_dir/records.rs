@@ -131,6 +131,15 @@ impl RecordFiles {
         }
     }
 
+    /// Persists every record of `records` together (a whole-file state moved here).
+    pub fn write_all<V: Serialize>(&self, records: &BTreeMap<String, V>) -> Result<()> {
+        let changes: Vec<(&str, Option<&V>)> = records
+            .iter()
+            .map(|(id, r)| (id.as_str(), Some(r)))
+            .collect();
+        self.write(&changes)
+    }
+
     fn apply<V: Serialize>(&self, changes: &[Stored<Option<V>>]) -> Result<()> {
         for c in changes {
             self.apply_one(&c.id, c.record.as_ref())?;

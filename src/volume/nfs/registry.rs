@@ -64,12 +64,7 @@ impl Registry {
                 path: whole.clone(),
                 reason: format!("unreadable ({e})"),
             })?;
-            let moved: Vec<(&str, Option<&NfsRecord>)> = old
-                .volumes
-                .iter()
-                .map(|(id, r)| (id.as_str(), Some(r)))
-                .collect();
-            files.write(&moved)?;
+            files.write_all(&old.volumes)?;
             std::fs::remove_file(&whole).map_err(|e| Error::io("removing", &whole, e))?;
             by_id.extend(old.volumes);
         }
