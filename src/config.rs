@@ -20,8 +20,12 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CSI gRPC services on a unix socket until SIGTERM.
     Serve(Box<ServeArgs>),
-    /// Check whether this node (and, with --path, a mounted volume) can do GPUDirect Storage.
-    Doctor(DoctorArgs),
+    /// Check whether this node (and, with --path, a mounted volume) can do GPUDirect Storage;
+    /// with --pod, what cuFile in that pod's containers will see.
+    Doctor(Box<DoctorArgs>),
+    /// In a workload container: read a file on a volume into GPU memory through cuFile as the
+    /// container's own cufile.json sets it, and say which path cuFile took (GDS or compat).
+    WorkloadRead(WorkloadReadArgs),
     /// Wait until the driver at --endpoint answers Probe ready (for scripts); exit 1 after --timeout.
     Probe {
         #[arg(long, default_value = "unix:///csi/csi.sock")]
@@ -87,8 +91,58 @@ pub struct DoctorArgs {
     /// The host's /dev.
     #[arg(long, env = "GDS_CSI_HOST_DEV", default_value = "/dev")]
     pub host_dev: PathBuf,
+    /// NAMESPACE/NAME of a pod on this node: what cuFile in its containers will see (its
+    /// device nodes, udev entries, cufile.json), read from the container runtime's specs.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// containerd's task bundles for Kubernetes (each container's OCI spec), for --pod.
+    #[arg(
+        long,
+        env = "GDS_CSI_RUNTIME_STATE_DIR",
+        default_value = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
+    )]
+    pub runtime_state_dir: PathBuf,
+    /// The kubelet's root directory as this process sees it, for --pod.
+    #[arg(long, env = "GDS_CSI_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// The driver's name: --pod reports the volumes and resources of this driver.
+    #[arg(
+        long,
+        env = "GDS_CSI_DRIVER_NAME",
+        default_value = "gds.csi.gds-csi.io"
+    )]
+    pub driver_name: String,
     #[command(flatten)]
     pub gds: GdsArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WorkloadReadArgs {
+    /// A file on the volume (its first MiBs are read), or a directory on it (a scratch
+    /// file is written there and removed).
+    pub path: PathBuf,
+    /// Print the findings and the read as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit 1 unless the read took the GDS path (compat mode counts as a failure).
+    #[arg(long)]
+    pub require_gds: bool,
+    /// The storage path the volume is on.
+    #[arg(long, value_parser = parse_backend, default_value = "nvme")]
+    pub backend: gds_check::Backend,
+    /// libcufile to load (default: libcufile.so.0 from the loader's search path).
+    #[arg(long, env = "GDS_CSI_CUFILE_LIBRARY")]
+    pub cufile_library: Option<PathBuf>,
+    /// Deadline of the read (its child process group is killed after it).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub timeout: Duration,
+    /// The driver's name, for the resources the findings name.
+    #[arg(
+        long,
+        env = "GDS_CSI_DRIVER_NAME",
+        default_value = "gds.csi.gds-csi.io"
+    )]
+    pub driver_name: String,
 }
 
 fn parse_backend(s: &str) -> Result<gds_check::Backend, String> {

@@ -194,7 +194,18 @@ async fn main() -> ExitCode {
             init_logging(args.log_format);
             serve(*args).await
         }
-        Command::Doctor(args) => return ExitCode::from(gds_csi::gds::doctor::main(&args) as u8),
+        Command::Doctor(args) => {
+            let code = match &args.pod {
+                Some(pod) => gds_csi::workload::pod::doctor(&args, pod),
+                None => gds_csi::gds::doctor::main(&args),
+            };
+            return ExitCode::from(code as u8);
+        }
+        Command::WorkloadRead(args) => {
+            let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+            let prefix = gds_csi::gds::doctor::probe_prefix();
+            return ExitCode::from(gds_csi::workload::read::main(&args, &exe, &prefix) as u8);
+        }
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
             match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {

@@ -978,6 +978,10 @@ fn doctor_args(
         host_proc: tree.paths.proc_root.clone(),
         host_sys: tree.paths.sys_root.clone(),
         host_dev: tree.paths.dev_root.clone(),
+        pod: None,
+        runtime_state_dir: "/nonexistent".into(),
+        kubelet_dir: "/nonexistent".into(),
+        driver_name: "gds.csi.gds-csi.io".into(),
         gds: gds_csi::config::GdsArgs {
             cufile_json: tree.paths.cufile_json.clone(),
             udev_data_dir: tree.paths.udev_data_dir.clone(),

@@ -1,0 +1,230 @@
+//! `gds-csi workload-read PATH`, run inside a workload container: what this container gives
+//! cuFile (the findings of [`super::inspect`], gathered from its own `/dev`, mount table,
+//! capabilities and environment), then a read of PATH into GPU memory through libcufile
+//! with the container's own cufile.json, and which path that read took.
+//!
+//! Which path: libcufile says nothing per read, so the read runs first with compat mode off
+//! (a success cannot have gone through POSIX: GDS), and only when that finds no GDS path
+//! again with compat allowed (compat), each in a child process under a deadline
+//! ([`gds_check::run_probe`]). A container whose cufile.json has compat mode off is told
+//! that its reads fail where compat would have worked.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use gds_check::{GdsMode, ProbeStatus, Report};
+use serde_json::json;
+
+use super::inspect::{ContainerView, CufileView, DeviceNode, NodeNvfs, VolumeView};
+use crate::config::WorkloadReadArgs;
+
+/// The bit of CAP_SYS_ADMIN in /proc/self/status's CapEff (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// This container as cuFile will see it, with `path`'s volume.
+pub fn own_view(path: &Path) -> ContainerView {
+    let mounts = crate::os::mountinfo::read().unwrap_or_default();
+    let at = |p: &str| mounts.iter().rev().find(|m| m.mount_point == Path::new(p));
+    let devices = dev_nodes(Path::new("/dev"));
+    let udev = at("/run/udev/data").or_else(|| at("/run/udev"));
+    let (cufile_path, from_env) = match std::env::var_os(super::allocate::CUFILE_ENV) {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from("/etc/cufile.json"), false),
+    };
+    let content = std::fs::read_to_string(&cufile_path).map_err(|e| e.to_string());
+    ContainerView {
+        label: "this container".into(),
+        devices,
+        // A device cgroup cannot be read from inside; an open() of each nvidia-fs node
+        // tells what it grants them, and CAP_SYS_ADMIN or the host's devtmpfs the rest.
+        all_devices_allowed: false,
+        host_dev_mounted: at("/dev").is_some_and(|m| m.fs_type == "devtmpfs"),
+        sys_admin: capability_bits().is_some_and(|b| b & (1 << CAP_SYS_ADMIN) != 0),
+        udev_mount: udev.map(|m| m.read_only()),
+        cufile: CufileView {
+            path: cufile_path,
+            from_env,
+            content,
+        },
+        volumes: volume_of(path, &mounts).into_iter().collect(),
+    }
+}
+
+/// Character and block devices directly under `dev`; each nvidia-fs node opened read-write
+/// to learn whether the device cgroup grants it.
+fn dev_nodes(dev: &Path) -> Vec<DeviceNode> {
+    let Ok(entries) = std::fs::read_dir(dev) else {
+        return Vec::new();
+    };
+    let mut out: Vec<DeviceNode> = entries
+        .flatten()
+        .filter(|e| {
+            e.file_type()
+                .is_ok_and(|t| t.is_char_device() || t.is_block_device())
+        })
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let read_write = super::allocate::is_nvfs_name(&name).then(|| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(e.path())
+                    .is_ok()
+            });
+            DeviceNode {
+                path: format!("/dev/{name}"),
+                read_write,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+fn capability_bits() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// The mount `path` is on (the deepest whose device is the file's), as a volume.
+fn volume_of(path: &Path, mounts: &[crate::os::mountinfo::MountEntry]) -> Option<VolumeView> {
+    let md = std::fs::metadata(path).ok()?;
+    let (major, minor) = (
+        nix::sys::stat::major(md.dev()) as u32,
+        nix::sys::stat::minor(md.dev()) as u32,
+    );
+    let abs = std::path::absolute(path).ok()?;
+    let m = mounts
+        .iter()
+        .filter(|m| m.is_device(major, minor) && abs.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len())?;
+    let block_device = (major != 0).then_some((major, minor));
+    let udev_entry = block_device.map(|(a, b)| {
+        let entry = Path::new(super::allocate::CONTAINER_UDEV_DATA).join(format!("b{a}:{b}"));
+        std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))
+    });
+    Some(VolumeView {
+        destination: m.mount_point.clone(),
+        name: m.source.clone().unwrap_or_else(|| m.fs_type.clone()),
+        block_device,
+        udev_entry,
+    })
+}
+
+/// nvidia_fs is loaded on the node: its procfs directory (src/nvfs-core.c makes
+/// /proc/driver/nvidia-fs at load) or its line in /proc/modules, both the host's in a
+/// container.
+fn node_nvfs_loaded() -> bool {
+    Path::new("/proc/driver/nvidia-fs").is_dir()
+        || std::fs::read_to_string("/proc/modules")
+            .is_ok_and(|m| m.lines().any(|l| l.starts_with("nvidia_fs ")))
+}
+
+/// The path a read took, in the operator's words.
+pub fn path_taken(
+    status: ProbeStatus,
+    mode: GdsMode,
+    compat_allowed: Option<bool>,
+) -> &'static str {
+    match (status, mode) {
+        (ProbeStatus::Completed, GdsMode::TrueGds) => "GDS",
+        (ProbeStatus::Completed, GdsMode::Compat) if compat_allowed == Some(false) => {
+            "none (compat mode is off in this container's cufile.json and there is no GDS path; compat would work)"
+        }
+        (ProbeStatus::Completed, GdsMode::Compat) => "compat (POSIX reads through host memory, no DMA to the GPU)",
+        _ => "none (cuFile cannot read this file here)",
+    }
+}
+
+/// Runs the findings and the read; the exit status: 0 when the read worked (on the GDS path
+/// with `--require-gds`) and nothing failed, else 1.
+pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32 {
+    let view = own_view(&args.path);
+    let report = Report::new(super::inspect::findings(
+        &view,
+        &NodeNvfs::Loaded(node_nvfs_loaded()),
+        &args.driver_name,
+    ));
+    let compat_allowed = super::inspect::compat_allowed(&view);
+    let mut probe_args = gds_check::ProbeArgs::new(args.backend);
+    probe_args.library = args.cufile_library.clone();
+    probe_args.path = Some(args.path.clone());
+    probe_args.cufile_json = Some(view.cufile.path.clone());
+    let outcome = gds_check::run_probe(exe, probe_prefix, &probe_args, args.timeout);
+    let taken = path_taken(outcome.status, outcome.mode, compat_allowed);
+    let read_ok = outcome.status == ProbeStatus::Completed
+        && match outcome.mode {
+            GdsMode::TrueGds => true,
+            GdsMode::Compat => compat_allowed != Some(false) && !args.require_gds,
+            _ => false,
+        };
+    let ok = read_ok && report.ready();
+    let text = if args.json {
+        serde_json::to_string_pretty(&json!({
+            "ok": ok,
+            "path": args.path,
+            "cufile_path": taken.split(' ').next(),
+            "cufile_path_detail": taken,
+            "compat_allowed": compat_allowed,
+            "findings": report.checks,
+            "read": outcome,
+        }))
+        .unwrap_or_default()
+            + "\n"
+    } else {
+        let mut out = format!(
+            "{}: cuFile path: {taken}\n  {}\n\n",
+            args.path.display(),
+            outcome.summary()
+        );
+        out += &report.to_text();
+        out
+    };
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    i32::from(!ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_under_dev_are_devices_only() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("nvidia-fs0"), b"").unwrap();
+        std::fs::create_dir(t.path().join("pts")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", t.path().join("stdin")).unwrap();
+        assert!(dev_nodes(t.path()).is_empty());
+        let nodes = dev_nodes(Path::new("/dev"));
+        assert!(nodes
+            .iter()
+            .any(|d| d.path == "/dev/null" && d.read_write.is_none()));
+    }
+
+    #[test]
+    fn a_file_maps_to_its_mount() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let mounts = crate::os::mountinfo::read().unwrap();
+        let v = volume_of(&f, &mounts).unwrap();
+        assert!(f.starts_with(&v.destination), "{v:?}");
+        assert!(volume_of(&t.path().join("missing"), &mounts).is_none());
+    }
+
+    #[test]
+    fn the_path_named_follows_mode_and_config() {
+        let done = ProbeStatus::Completed;
+        assert_eq!(path_taken(done, GdsMode::TrueGds, Some(false)), "GDS");
+        assert!(path_taken(done, GdsMode::Compat, Some(true)).starts_with("compat"));
+        assert!(path_taken(done, GdsMode::Compat, None).starts_with("compat"));
+        assert!(
+            path_taken(done, GdsMode::Compat, Some(false)).starts_with("none (compat mode is off")
+        );
+        assert!(path_taken(done, GdsMode::Unavailable, Some(true)).starts_with("none"));
+        assert!(
+            path_taken(ProbeStatus::TimedOut, GdsMode::TrueGds, Some(true)).starts_with("none")
+        );
+    }
+}
