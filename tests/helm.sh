@@ -1155,26 +1155,23 @@ for f in sys.argv[1:]:
         check(spec.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"}, f"{f}: seccomp RuntimeDefault")
         check(spec.get("runtimeClassName") == "nvidia", f"{f}: nvidia runtime class")
         vols = {v["name"]: v for v in spec["volumes"]}
+        check(not any("hostPath" in v for v in vols.values()), f"{f}: no hostPath volume")
         for c in spec["containers"]:
             sc = c.get("securityContext", {})
             check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, f"{f}: not privileged")
             check(sc.get("capabilities") == {"drop": ["ALL"]}, f"{f}: drops every capability, adds none")
-            env = {e["name"]: e.get("value") for e in c.get("env", [])}
-            check(env.get("NVIDIA_GDS") == "enabled", f"{f}: NVIDIA_GDS=enabled (nvidia-fs device nodes)")
-            check("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}), f"{f}: requests a GPU")
-            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-            for path in ("/run/udev", "/etc/cufile.json"):
-                m = mounts.get(path, {})
-                check(m.get("readOnly") is True and vols.get(m.get("name"), {}).get("hostPath", {}).get("path") == path,
-                      f"{f}: {path} from the host, read-only")
-            hostpaths = [vols[m["name"]]["hostPath"]["path"] for m in c["volumeMounts"] if "hostPath" in vols[m["name"]]]
-            check(sorted(hostpaths) == ["/etc/cufile.json", "/run/udev"], f"{f}: no other host paths: {hostpaths}")
+            limits = c.get("resources", {}).get("limits", {})
+            check("nvidia.com/gpu" in limits, f"{f}: requests a GPU")
+            check(limits.get("gds.csi.gds-csi.io/gds") == 1, f"{f}: asks for the driver's gds resource (compat off, class nvme-gds is required)")
             check(any("persistentVolumeClaim" in vols[m["name"]] for m in c["volumeMounts"]), f"{f}: the data volume is a PVC")
+            if f.endswith("gds-read-job.yaml"):
+                cmd = " ".join(c.get("command", []) + c.get("args", []))
+                check("gds-csi workload-read /data/" in cmd and "--require-gds" in cmd, f"{f}: runs workload-read on a file of the claim, GDS required")
 if errors:
     print("\n".join(errors)); sys.exit(1)
 PY
 ); then
-    pass "GDS workload examples: unprivileged, no capabilities, nvidia-fs via NVIDIA_GDS, /run/udev and cufile.json read-only"
+    pass "GDS workload examples: unprivileged, no capabilities, no hostPath, what cuFile needs through the driver's gds resource"
   else
     fail "GDS workload examples are least-privilege" "$out"
   fi
