@@ -36,6 +36,9 @@ fi
 MADE_KUBELET_DIR=
 [ -e "$KUBELET_DIR" ] || MADE_KUBELET_DIR=1
 CONTAINERD_SOCK="$WORK/containerd/containerd.sock"
+# containerd's task bundles for Kubernetes containers (each one's OCI spec): what
+# `gds-csi doctor --pod` reads.
+RUNTIME_TASKS=$WORK/containerd/state/io.containerd.runtime.v2.task/k8s.io
 CNI_BRIDGE=gdse2e0
 POD_CIDR=10.244.77.0/24
 IMAGES=localhost/gds-csi-e2e
@@ -273,7 +276,8 @@ rig_chart_values() {
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
   helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
     --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
-    --set gds.runtimeClassName= --set "node.poolDevices={$devices}")
+    --set gds.runtimeClassName= --set "node.poolDevices={$devices}"
+    --set "workload.runtimeStateDir=$RUNTIME_TASKS")
   # The resizer's image holds the stand-in (tests/e2e/tools/k8s/resizer): the module proxy
   # refuses github.com/kubernetes-csi/external-resizer at every version (403).
   local sidecar

@@ -813,6 +813,102 @@ not_privileged() {
 }
 check "the pod is not privileged (privileged: false, not every capability)" not_privileged
 
+# What cuFile in the pod will see, from its node: gds-csi doctor --pod reads the OCI spec
+# containerd handed runc for the pod's container (src/workload/pod.rs), in the node
+# plugin as an operator runs it (chart), or as a host process.
+doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit status
+  if [ "$DEPLOY" = chart ]; then
+    "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor --pod "$1" --json 2>&1
+  else
+    "$GDS_CSI" doctor --pod "$1" --json --runtime-state-dir "$RUNTIME_TASKS" \
+      --kubelet-dir "$KUBELET_DIR" --driver-name "$DRIVER" 2>&1
+  fi
+}
+wl_pv=$("$KUBECTL" -n "$WL_NS" get pvc workload -o jsonpath='{.spec.volumeName}')
+# pod_findings JSON LABEL EXPECTED...: the container LABEL's findings, each `id=status`
+# and optionally `~text` the finding's summary or evidence must hold.
+pod_findings() {
+  python3 -c '
+import json, sys
+text, label, *expected = sys.argv[1:]
+d = json.loads(text[text.index("{"):text.rindex("}") + 1])
+containers = {c["container"]: c for c in d.get("containers", [])}
+if "containers" not in d:
+    containers = {"this container": {"findings": d["findings"]}}
+assert label in containers, f"no {label} in {sorted(containers)}"
+found = {f["id"]: f for f in containers[label]["findings"]}
+for e in expected:
+    if "~" in e:
+        fid, needle = e.split("~", 1)
+        f = found[fid]
+        assert needle in f["summary"] + " " + f["evidence"], f"{fid}: {needle!r} not in {f}"
+    else:
+        fid, status = e.split("=")
+        assert found[fid]["status"] == status, f"{fid}: {found[fid]}"
+' "$@"
+}
+doctor_rc=0
+doctor_out=$(doctor_pod "$WL_NS/gds-app") || doctor_rc=$?
+echo "$doctor_out" | grep -o '"summary": "[^"]*"' | sed 's/^/     /' || true
+doctor_sees_the_resource() {
+  [ "$doctor_rc" -eq 0 ] && pod_findings "$doctor_out" "$WL_NS/gds-app/app" \
+    pod.nvidia_fs=warn pod.host_devices=pass pod.udev=pass pod.cufile_json=pass pod.volume=pass \
+    "pod.udev~b$vol_dev" "pod.cufile_json~/etc/gds-csi/cufile.json (CUFILE_ENV_PATH_JSON): allow_compat_mode false" \
+    "pod.volume~$wl_pv at /data (device $vol_dev)" "pod.nvidia_fs~nvidia_fs is not loaded"
+}
+check "doctor --pod $WL_NS/gds-app from the node: the udev entry b$vol_dev, compat off, no host device, volume $wl_pv, no nvidia_fs here (exit $doctor_rc)" \
+  doctor_sees_the_resource
+missing_pod() {
+  local out rc=0
+  out=$(doctor_pod "$WL_NS/no-such-pod") || rc=$?
+  [ "$rc" -ne 0 ] && [[ "$out" == *"no running container of pod $WL_NS/no-such-pod on this node"* ]]
+}
+check "doctor --pod of a pod not on the node: an error saying so, not an empty report" missing_pod
+if [ "$DEPLOY" = chart ]; then
+  # The node plugin itself is privileged: the same findings say what it holds.
+  plugin_out=$(doctor_pod "$NS/$(plugin_pod)") || true
+  privileged_named() {
+    pod_findings "$plugin_out" "$NS/$(plugin_pod)/gds-csi" pod.host_devices=warn \
+      "pod.host_devices~CAP_SYS_ADMIN" "pod.host_devices~every device" "pod.host_devices~the host's /dev mounted"
+  }
+  check "doctor --pod on the privileged node plugin: CAP_SYS_ADMIN, every device, the host's /dev named" privileged_named
+
+  # The same from inside a container of the driver's image that asks for the resource:
+  # gds-csi workload-read checks what it was given and reads a file of the claim through
+  # cuFile. No GPU here: the read cannot happen and the path it names is "none".
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: read-check, namespace: $WL_NS}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, seccompProfile: {type: RuntimeDefault}}
+  containers:
+  - name: check
+    image: $IMAGES/gds-csi:e2e
+    imagePullPolicy: Never
+    command: [sh, -c, 'dd if=/dev/urandom of=/data/read-check.bin bs=1M count=4 oflag=direct 2>/dev/null && gds-csi workload-read /data/read-check.bin --json --timeout 10s; echo "exit=\$?"']
+    securityContext: {privileged: false, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+    resources: {limits: {$GDS_RES: 1}}
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: workload}}]
+YAML
+  wl_done() { [ "$("$KUBECTL" -n "$WL_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Succeeded ]; }
+  check "a pod of the driver's image asking for $GDS_RES runs gds-csi workload-read on the claim" wait_for 120 wl_done read-check
+  read_out=$("$KUBECTL" -n "$WL_NS" logs read-check 2>&1 || true)
+  read_names_all() {
+    [[ "$read_out" == *'"cufile_path": "none"'* && "$read_out" == *"exit=1"* ]] &&
+      pod_findings "$read_out" "this container" pod.nvidia_fs=warn pod.host_devices=pass pod.udev=pass \
+        pod.cufile_json=pass "pod.udev~b$vol_dev" "pod.cufile_json~allow_compat_mode false" "pod.volume~/data (device $vol_dev)"
+  }
+  check "workload-read from inside: the same findings (udev entry, compat off, no host device), no GPU so path none, exit 1" \
+    read_names_all
+  read_names_all || echo "$read_out" | tail -40 | sed 's/^/     /'
+  "$KUBECTL" -n "$WL_NS" delete pod read-check --wait=false >/dev/null
+fi
+
 # The other resource, as a non-root user: compat allowed, the same udev database.
 "$KUBECTL" -n "$WL_NS" delete pod gds-app --wait=false >/dev/null
 wl_gone() { ! "$KUBECTL" -n "$WL_NS" get pod "$1" >/dev/null 2>&1; }
