@@ -54,7 +54,10 @@ fn main() {
             "container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions,
         })).collect::<Vec<_>>(),
     });
-    println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&answer).unwrap_or_default()
+    );
 }
 
 fn usage() -> ! {

@@ -82,7 +82,7 @@ print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in a["envs"].items()
   echo "exit status $?"
   unshare -m --propagation private sh -c "$binds exec '$BIN_DIR/gds-csi' workload-read '$WORK/vol/read.bin'" \
     >"$OUT/workload-read-$res.txt"
-  head -3 "$OUT/workload-read-$res.txt"
+  head -4 "$OUT/workload-read-$res.txt"
   python3 -c '
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -90,5 +90,5 @@ r = d["read"]
 print("cuFile path:", d["cufile_path"], "| compat_allowed:", d["compat_allowed"], "| mode:", r["mode"],
       "| read:", (r.get("read") or {}).get("returned"), "bytes, match:", (r.get("read") or {}).get("matches"))
 for f in d["findings"]:
-    print(f"  [{f[\"status\"]}] {f[\"id\"]}: {f[\"summary\"]} ({f[\"evidence\"]})")' "$OUT/workload-read-$res.json"
+    print("  [%s] %s: %s (%s)" % (f["status"], f["id"], f["summary"], f["evidence"]))' "$OUT/workload-read-$res.json"
 done

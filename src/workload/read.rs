@@ -121,20 +121,43 @@ fn node_nvfs_loaded() -> bool {
             .is_ok_and(|m| m.lines().any(|l| l.starts_with("nvidia_fs ")))
 }
 
-/// The path a read took, in the operator's words.
-pub fn path_taken(
-    status: ProbeStatus,
-    mode: GdsMode,
-    compat_allowed: Option<bool>,
-) -> &'static str {
+/// The path a read took, in the operator's words; `compat_works`: whether a read with compat
+/// allowed worked, asked only when this container's cufile.json turns compat mode off.
+pub fn path_taken(status: ProbeStatus, mode: GdsMode, compat_works: Option<bool>) -> &'static str {
     match (status, mode) {
         (ProbeStatus::Completed, GdsMode::TrueGds) => "GDS",
-        (ProbeStatus::Completed, GdsMode::Compat) if compat_allowed == Some(false) => {
-            "none (compat mode is off in this container's cufile.json and there is no GDS path; compat would work)"
+        (ProbeStatus::Completed, GdsMode::Compat) => {
+            "compat (POSIX reads through host memory, no DMA to the GPU)"
         }
-        (ProbeStatus::Completed, GdsMode::Compat) => "compat (POSIX reads through host memory, no DMA to the GPU)",
+        _ if compat_works == Some(true) => {
+            "none (compat mode is off in this container's cufile.json and there is no GDS path; \
+             with compat allowed the read works, through host memory)"
+        }
         _ => "none (cuFile cannot read this file here)",
     }
+}
+
+/// With compat mode off in the container and no GDS path: the read again with a copy of the
+/// container's cufile.json that allows compat, to tell "no GDS path" from "cuFile does not
+/// work here". The copy goes to the temp dir and is removed.
+fn compat_retry(
+    view: &ContainerView,
+    args: &WorkloadReadArgs,
+    exe: &Path,
+    probe_prefix: &[String],
+) -> Option<gds_check::ProbeOutcome> {
+    let text = view.cufile.content.as_ref().ok()?;
+    let allowed = super::cufile::derive(Some(text), super::Resource::GdsCompat).ok()?;
+    let file = std::env::temp_dir().join(format!("gds-csi-compat-{}.json", std::process::id()));
+    std::fs::write(&file, allowed).ok()?;
+    let mut a = gds_check::ProbeArgs::new(args.backend);
+    a.library = args.cufile_library.clone();
+    a.path = Some(args.path.clone());
+    a.cufile_json = Some(file.clone());
+    a.strict = false;
+    let o = gds_check::run_probe(exe, probe_prefix, &a, args.timeout);
+    let _ = std::fs::remove_file(&file);
+    Some(o)
 }
 
 /// Runs the findings and the read; the exit status: 0 when the read worked (on the GDS path
@@ -152,7 +175,17 @@ pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32
     probe_args.path = Some(args.path.clone());
     probe_args.cufile_json = Some(view.cufile.path.clone());
     let outcome = gds_check::run_probe(exe, probe_prefix, &probe_args, args.timeout);
-    let taken = path_taken(outcome.status, outcome.mode, compat_allowed);
+    let compat_check = (compat_allowed == Some(false)
+        && outcome.status == ProbeStatus::Completed
+        && outcome.mode == GdsMode::Unavailable)
+        .then(|| compat_retry(&view, args, exe, probe_prefix))
+        .flatten();
+    let compat_works = compat_check.as_ref().map(|o| {
+        o.status == ProbeStatus::Completed
+            && o.mode == GdsMode::Compat
+            && o.read.as_ref().is_some_and(|r| r.ok())
+    });
+    let taken = path_taken(outcome.status, outcome.mode, compat_works);
     let read_ok = outcome.status == ProbeStatus::Completed
         && match outcome.mode {
             GdsMode::TrueGds => true,
@@ -169,15 +202,20 @@ pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32
             "compat_allowed": compat_allowed,
             "findings": report.checks,
             "read": outcome,
+            "read_with_compat_allowed": compat_check,
         }))
         .unwrap_or_default()
             + "\n"
     } else {
         let mut out = format!(
-            "{}: cuFile path: {taken}\n  {}\n\n",
+            "{}: cuFile path: {taken}\n  {}\n",
             args.path.display(),
             outcome.summary()
         );
+        if let Some(o) = &compat_check {
+            out += &format!("  with compat allowed: {}\n", o.summary());
+        }
+        out += "\n";
         out += &report.to_text();
         out
     };
@@ -216,15 +254,17 @@ mod tests {
     #[test]
     fn the_path_named_follows_mode_and_config() {
         let done = ProbeStatus::Completed;
-        assert_eq!(path_taken(done, GdsMode::TrueGds, Some(false)), "GDS");
-        assert!(path_taken(done, GdsMode::Compat, Some(true)).starts_with("compat"));
+        assert_eq!(path_taken(done, GdsMode::TrueGds, None), "GDS");
         assert!(path_taken(done, GdsMode::Compat, None).starts_with("compat"));
+        let off = path_taken(done, GdsMode::Unavailable, Some(true));
         assert!(
-            path_taken(done, GdsMode::Compat, Some(false)).starts_with("none (compat mode is off")
+            off.starts_with("none (compat mode is off") && off.contains("the read works"),
+            "{off}"
         );
-        assert!(path_taken(done, GdsMode::Unavailable, Some(true)).starts_with("none"));
-        assert!(
-            path_taken(ProbeStatus::TimedOut, GdsMode::TrueGds, Some(true)).starts_with("none")
+        assert_eq!(
+            path_taken(done, GdsMode::Unavailable, Some(false)),
+            "none (cuFile cannot read this file here)"
         );
+        assert!(path_taken(ProbeStatus::TimedOut, GdsMode::TrueGds, None).starts_with("none"));
     }
 }

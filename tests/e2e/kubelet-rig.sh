@@ -191,6 +191,11 @@ cat > "$WORK/cni/10-e2e.conflist" <<JSON
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$WORK/cni/ipam"}},
   {"type": "loopback"}]}
 JSON
+# The node plugin mounts containerd's task directory HostToContainer (`doctor --pod`), which
+# needs it shared or a slave, as every mount is on a systemd host.
+mkdir -p "$WORK/containerd/state"
+mount --bind "$WORK/containerd/state" "$WORK/containerd/state"
+mount --make-rshared "$WORK/containerd/state"
 containerd --config "$WORK/containerd/config.toml" >"$WORK/containerd.log" 2>&1 &
 CONTAINERD_PID=$!
 wait_for 30 "${CTR[@]}" version || { tail -20 "$WORK/containerd.log"; exit 1; }
