@@ -56,7 +56,8 @@ suite "Grafana dashboard: every query against Prometheus scraping a driver" bash
 # A QEMU VM (software emulation) with real NVMe namespaces and NFS v4.1 over soft-RoCE RDMA:
 # csi-sanity on both backends and the scenarios of examples/vm_scenarios.rs.
 suite "VM rig: NVMe + NFS over RDMA (csi-sanity x2, scenarios)" bash tests/vm/run.sh
-suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenarios, fio)" bash tests/vm/stripe.sh
+suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenarios, fio)" \
+  env FIO_SHARE=0 bash tests/vm/stripe.sh
 # Every scenario but the figures: those time the copies against fio and cp (benchmarks,
 # docs/benchmarks.md), minutes of a VM under TCG that assert nothing the others do not.
 # `bash tests/vm/clone.sh` and `bash tests/vm/snapshot.sh` alone run them too.

@@ -129,6 +129,9 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
     // Five runs: the verdict compares two medians taken on a loaded host.
     let runs = env_or("FIO_RUNS", 5).max(1) as usize;
     let seconds = env_or("FIO_SECONDS", 2).max(1);
+    // `FIO_SHARE=0` leaves out the `members, share` columns: figures for the record that
+    // no verdict reads (scripts/test.sh saves their runs).
+    let with_share = env_or("FIO_SHARE", 1) != 0;
     let mut vols = Vec::new();
     for count in ["1", "2", "4"] {
         let v = r
@@ -153,8 +156,10 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
                 mibs[b][i].push(fio(file, bs, seconds)?);
                 if devices[i].len() > 1 {
                     raw[b][i].push(fio_parallel(&devices[i], bs, seconds)?);
-                    let part = share(bs, devices[i].len());
-                    shared[b][i].push(fio_parallel(&devices[i], &part, seconds)?);
+                    if with_share {
+                        let part = share(bs, devices[i].len());
+                        shared[b][i].push(fio_parallel(&devices[i], &part, seconds)?);
+                    }
                 }
             }
         }
@@ -176,8 +181,12 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
                 continue;
             }
             let rig = median(&mut raw[b][i]) / base[b];
-            let part = median(&mut shared[b][i]) / base[b];
-            row += &format!(" {rig:.2} | {part:.2} |");
+            let part = if shared[b][i].is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.2}", median(&mut shared[b][i]) / base[b])
+            };
+            row += &format!(" {rig:.2} | {part} |");
             match verdict(n, ratio, rig) {
                 Ok(note) => passed.push(format!("{count} drives, {bs}: {note}")),
                 Err(why) => failed.push(format!("{count} drives, {bs}: {why}")),

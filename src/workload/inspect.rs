@@ -378,6 +378,19 @@ fn volumes(view: &ContainerView, driver: &str) -> Check {
     )
 }
 
+/// The findings as text: the report's lines under a heading of their own (the report's
+/// "GDS readiness" heading is the node's, not a container's).
+pub fn findings_text(report: &gds_check::Report) -> String {
+    let text = report.to_text();
+    let rest = text.split_once('\n').map_or("", |(_, rest)| rest);
+    format!(
+        "Findings: {} checks, {} failed, {} warnings\n{rest}",
+        report.checks.len(),
+        report.failures().len(),
+        report.warnings().len()
+    )
+}
+
 /// Whether compat mode is allowed by the view's cufile.json (None: unreadable).
 pub fn compat_allowed(view: &ContainerView) -> Option<bool> {
     let text = view.cufile.content.as_ref().ok()?;
@@ -531,6 +544,20 @@ mod tests {
         v.cufile.content = Ok(r#"{"properties": {"force_compat_mode": true}}"#.into());
         assert_eq!(cufile(&v, DRIVER).status, Status::Warn);
         assert_eq!(compat_allowed(&v), Some(true));
+    }
+
+    #[test]
+    fn the_text_heads_the_findings_as_a_containers() {
+        let mut v = granted();
+        v.udev_mount = None;
+        let r = gds_check::Report::new(findings(&v, &NodeNvfs::Devices(vec![]), DRIVER));
+        let text = findings_text(&r);
+        assert!(
+            text.starts_with("Findings: 5 checks, 1 failed, 1 warnings\n"),
+            "{text}"
+        );
+        assert!(!text.contains("GDS readiness"), "{text}");
+        assert!(text.contains("pod.udev"), "{text}");
     }
 
     #[test]

@@ -316,7 +316,7 @@ pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
         for (label, r) in &reports {
             out(format!(
                 "{label}: what cuFile in this container will see\n{}\n",
-                r.to_text()
+                super::inspect::findings_text(r)
             ));
         }
     }

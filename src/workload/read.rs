@@ -216,7 +216,7 @@ pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32
             out += &format!("  with compat allowed: {}\n", o.summary());
         }
         out += "\n";
-        out += &report.to_text();
+        out += &super::inspect::findings_text(&report);
         out
     };
     let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());

@@ -7,7 +7,8 @@
 # fio (installed from Debian here) and mdadm (from PATH, or MDADM_DIR pointing at a
 # folder holding an mdadm binary).
 # Usage: bash tests/vm/stripe.sh (alone: it wants both cores)
-# FIO_CHUNKS="128K 512K 1M" adds the default chunk against others (4-drive stripes, fio at
+# FIO_SHARE=0 leaves out the fio figures no verdict reads (the members read with md's share
+# of a request). FIO_CHUNKS="128K 512K 1M" adds the default chunk against others (4-drive stripes, fio at
 # iodepth 1 and 8); off by default.
 set -euo pipefail
 . "$(dirname "$0")/../../scripts/lib.sh"
@@ -52,7 +53,7 @@ q+=" -drive file=$WORK/f2.img,if=none,id=f2,format=raw -device nvme-ns,drive=f2,
 T0=$SECONDS
 set +e
 PATH="$VENV/bin:$PATH" timeout 1200 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
-  --qemu-opts="$q" --exec "FIO_CHUNKS='${FIO_CHUNKS:-}' bash $REPO_ROOT/tests/vm/stripe_guest.sh run $OUT $REPO_ROOT/target/debug $MDADM_DIR $CACHE_BIN" \
+  --qemu-opts="$q" --exec "FIO_CHUNKS='${FIO_CHUNKS:-}' FIO_SHARE='${FIO_SHARE:-1}' bash $REPO_ROOT/tests/vm/stripe_guest.sh run $OUT $REPO_ROOT/target/debug $MDADM_DIR $CACHE_BIN" \
   >"$WORK/console.log" 2>&1
 rc=$?
 set -e
