@@ -112,6 +112,9 @@ pub struct DoctorArgs {
         default_value = "gds.csi.gds-csi.io"
     )]
     pub driver_name: String,
+    /// The driver's state dir, for --pod: which volumes it published in compat mode.
+    #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
+    pub state_dir: PathBuf,
     #[command(flatten)]
     pub gds: GdsArgs,
 }

@@ -982,6 +982,7 @@ fn doctor_args(
         runtime_state_dir: "/nonexistent".into(),
         kubelet_dir: "/nonexistent".into(),
         driver_name: "gds.csi.gds-csi.io".into(),
+        state_dir: "/nonexistent".into(),
         gds: gds_csi::config::GdsArgs {
             cufile_json: tree.paths.cufile_json.clone(),
             udev_data_dir: tree.paths.udev_data_dir.clone(),

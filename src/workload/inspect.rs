@@ -33,6 +33,9 @@ pub struct VolumeView {
     pub block_device: Option<(u32, u32)>,
     /// The udev database entry `b<major>:<minor>` as the container reads it, or why not.
     pub udev_entry: Option<Result<String, String>>,
+    /// How the driver published it, where known (on the node): Some(why) when in compat mode
+    /// (a `preferred` class on a node without a GDS path), None when not.
+    pub compat_mark: Option<Option<String>>,
 }
 
 /// The cufile.json libcufile will read in the container.
@@ -105,8 +108,65 @@ pub fn findings(view: &ContainerView, node: &NodeNvfs, driver: &str) -> Vec<Chec
         host_devices(view),
         udev(view, driver),
         cufile(view, driver),
+        compat_policy(view, driver),
         volumes(view, driver),
     ]
+}
+
+/// A volume the driver published in compat mode read by a container whose cufile.json turns
+/// compat off: every read fails (CU_FILE_IO_NOT_SUPPORTED), which is what the `gds` resource
+/// asks for, but not what a pod on a `preferred` class wants.
+fn compat_policy(view: &ContainerView, driver: &str) -> Check {
+    const ID: &str = "pod.compat_policy";
+    let known: Vec<&VolumeView> = view
+        .volumes
+        .iter()
+        .filter(|v| v.compat_mark.is_some())
+        .collect();
+    if known.is_empty() {
+        return Check::na(
+            ID,
+            "how the driver published the volumes is known on the node only",
+            "gds-csi doctor --pod, in the node plugin, reads the driver's compat marks",
+        );
+    }
+    let in_compat: Vec<String> = known
+        .iter()
+        .filter_map(|v| {
+            v.compat_mark
+                .as_ref()
+                .and_then(|m| m.as_ref())
+                .map(|why| format!("{} ({why})", v.name))
+        })
+        .collect();
+    if in_compat.is_empty() {
+        return Check::pass(
+            ID,
+            "no volume of the container was published in compat mode",
+            known
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
+    match compat_allowed(view) {
+        Some(false) => Check::fail(
+            ID,
+            "a volume was published in compat mode, and this container's cufile.json turns compat off: its reads fail",
+            in_compat.join("; "),
+            format!(
+                "ask for {} instead (compat allowed, as the class's gdsPolicy preferred is), or                  make the node GDS-ready (gds-csi doctor) so the volume takes the GDS path",
+                super::Resource::GdsCompat.name(driver)
+            ),
+        ),
+        _ => Check::warn(
+            ID,
+            "a volume was published in compat mode: its reads go through host memory",
+            in_compat.join("; "),
+            "make the node GDS-ready (gds-csi doctor names what is missing)",
+        ),
+    }
 }
 
 fn request_remedy(driver: &str) -> String {
@@ -431,6 +491,7 @@ mod tests {
                 name: "pvc-1".into(),
                 block_device: Some((259, 3)),
                 udev_entry: Some(Ok("E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n".into())),
+                compat_mark: Some(None),
             }],
         }
     }
@@ -450,6 +511,7 @@ mod tests {
             assert_eq!(check.status, Status::Pass, "{check:?}");
         }
         assert!(c[3].summary.contains("compat mode off"), "{:?}", c[3]);
+        assert_eq!(status(&c, "pod.compat_policy"), Status::Pass);
         assert_eq!(compat_allowed(&granted()), Some(false));
     }
 
@@ -544,6 +606,21 @@ mod tests {
         v.cufile.content = Ok(r#"{"properties": {"force_compat_mode": true}}"#.into());
         assert_eq!(cufile(&v, DRIVER).status, Status::Warn);
         assert_eq!(compat_allowed(&v), Some(true));
+    }
+
+    #[test]
+    fn a_volume_in_compat_mode_fails_a_container_with_compat_off() {
+        let mut v = granted();
+        v.volumes[0].compat_mark = Some(Some("nvidia_fs not loaded".into()));
+        let c = compat_policy(&v, DRIVER);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.evidence.contains("pvc-1 (nvidia_fs not loaded)"), "{c:?}");
+        assert!(c.remedy.unwrap().contains("gds.csi.gds-csi.io/gds-compat"));
+        v.cufile.content = Ok(r#"{"properties": {"allow_compat_mode": true}}"#.into());
+        assert_eq!(compat_policy(&v, DRIVER).status, Status::Warn);
+        // Inside a container the marks are not there to read.
+        v.volumes[0].compat_mark = None;
+        assert_eq!(compat_policy(&v, DRIVER).status, Status::NotApplicable);
     }
 
     #[test]

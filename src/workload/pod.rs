@@ -34,6 +34,9 @@ pub struct Sources<'a> {
     /// The kubelet's root directory (its `pods/<uid>/volumes/kubernetes.io~csi/...`).
     pub kubelet_dir: &'a Path,
     pub driver_name: &'a str,
+    /// The driver's compat marks (volume id -> why it was published in compat mode); None
+    /// when the state dir could not be read.
+    pub compat_marks: Option<&'a BTreeMap<String, String>>,
 }
 
 /// `namespace/name`, checked.
@@ -210,7 +213,7 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
     let volumes = mounts
         .iter()
         .filter_map(|(dest, source, _)| {
-            let pv = csi_volume(source, &csi_root, src.driver_name)?;
+            let (pv, handle) = csi_volume(source, &csi_root, src.driver_name)?;
             let md = std::fs::metadata(source).ok();
             let block_device = md
                 .map(|m| {
@@ -230,6 +233,7 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
                 name: pv,
                 block_device,
                 udev_entry,
+                compat_mark: src.compat_marks.map(|m| m.get(&handle).cloned()),
             })
         })
         .collect();
@@ -250,10 +254,10 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
     }
 }
 
-/// The PV name when `source` is a kubelet CSI mount of this driver's
+/// The PV name and volume id when `source` is a kubelet CSI mount of this driver's
 /// (`<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, its `vol_data.json` naming
-/// the driver: kubernetes pkg/volume/csi/csi_util.go saveVolumeData).
-fn csi_volume(source: &Path, pods: &Path, driver: &str) -> Option<String> {
+/// the driver and the volume handle: kubernetes pkg/volume/csi/csi_util.go saveVolumeData).
+fn csi_volume(source: &Path, pods: &Path, driver: &str) -> Option<(String, String)> {
     let rest = source.strip_prefix(pods).ok()?;
     let parts: Vec<&str> = rest.iter().filter_map(|c| c.to_str()).collect();
     let [_uid, "volumes", "kubernetes.io~csi", pv, "mount"] = parts.as_slice() else {
@@ -261,7 +265,8 @@ fn csi_volume(source: &Path, pods: &Path, driver: &str) -> Option<String> {
     };
     let data = std::fs::read_to_string(source.parent()?.join("vol_data.json")).ok()?;
     let data: Value = serde_json::from_str(&data).ok()?;
-    (data["driverName"].as_str() == Some(driver)).then(|| pv.to_string())
+    let handle = data["volumeHandle"].as_str()?.to_string();
+    (data["driverName"].as_str() == Some(driver)).then(|| (pv.to_string(), handle))
 }
 
 /// `gds-csi doctor --pod`: the findings of each of the pod's containers; 0 when none
@@ -271,11 +276,16 @@ pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
         // A closed stdout (`| head`) is not worth a panic.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     };
+    let marks = crate::gds::gate::read_compat_marks(&args.state_dir);
+    if let Err(e) = &marks {
+        eprintln!("gds-csi doctor --pod: the driver's compat marks: {e}");
+    }
     let views = parse_pod(pod).and_then(|(namespace, name)| {
         let src = Sources {
             bundles: &args.runtime_state_dir,
             kubelet_dir: &args.kubelet_dir,
             driver_name: &args.driver_name,
+            compat_marks: marks.as_ref().ok(),
         };
         container_views(&src, &namespace, &name)
     });
@@ -378,8 +388,8 @@ mod tests {
         let ours = vol("u1", "pvc-a", "gds.example");
         let theirs = vol("u1", "pvc-b", "other.example");
         assert_eq!(
-            csi_volume(&ours, &pods, "gds.example").as_deref(),
-            Some("pvc-a")
+            csi_volume(&ours, &pods, "gds.example"),
+            Some(("pvc-a".to_string(), "h".to_string()))
         );
         assert_eq!(csi_volume(&theirs, &pods, "gds.example"), None);
         assert_eq!(
@@ -424,6 +434,7 @@ mod tests {
             bundles: &bundles,
             kubelet_dir: &t.path().join("kubelet"),
             driver_name: "gds.example",
+            compat_marks: None,
         };
         let views = container_views(&src, "ml", "trainer").unwrap();
         assert_eq!(views.len(), 1, "the sandbox and the other pod are not it");

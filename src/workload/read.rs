@@ -109,6 +109,7 @@ fn volume_of(path: &Path, mounts: &[crate::os::mountinfo::MountEntry]) -> Option
         name: m.source.clone().unwrap_or_else(|| m.fs_type.clone()),
         block_device,
         udev_entry,
+        compat_mark: None,
     })
 }
 

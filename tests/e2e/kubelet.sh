@@ -821,7 +821,7 @@ doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit st
     "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor --pod "$1" --json 2>&1
   else
     "$GDS_CSI" doctor --pod "$1" --json --runtime-state-dir "$RUNTIME_TASKS" \
-      --kubelet-dir "$KUBELET_DIR" --driver-name "$DRIVER" 2>&1
+      --kubelet-dir "$KUBELET_DIR" --driver-name "$DRIVER" --state-dir "$WORK/driver-state" 2>&1
   fi
 }
 wl_pv=$("$KUBECTL" -n "$WL_NS" get pvc workload -o jsonpath='{.spec.volumeName}')
@@ -850,13 +850,17 @@ for e in expected:
 doctor_rc=0
 doctor_out=$(doctor_pod "$WL_NS/gds-app") || doctor_rc=$?
 echo "$doctor_out" | grep -o '"summary": "[^"]*"' | sed 's/^/     /' || true
+# The claim's class is `preferred` and this node has no GDS path, so the driver published it
+# in compat mode: a container whose cufile.json turns compat off (the `gds` resource) would
+# fail every read of it, which the doctor says (exit 1).
 doctor_sees_the_resource() {
-  [ "$doctor_rc" -eq 0 ] && pod_findings "$doctor_out" "$WL_NS/gds-app/app" \
+  [ "$doctor_rc" -eq 1 ] && pod_findings "$doctor_out" "$WL_NS/gds-app/app" \
     pod.nvidia_fs=warn pod.host_devices=pass pod.udev=pass pod.cufile_json=pass pod.volume=pass \
+    pod.compat_policy=fail "pod.compat_policy~$wl_pv (" "pod.compat_policy~$COMPAT_RES" \
     "pod.udev~b$vol_dev" "pod.cufile_json~/etc/gds-csi/cufile.json (CUFILE_ENV_PATH_JSON): allow_compat_mode false" \
     "pod.volume~$wl_pv at /data (device $vol_dev)" "pod.nvidia_fs~nvidia_fs is not loaded"
 }
-check "doctor --pod $WL_NS/gds-app from the node: the udev entry b$vol_dev, compat off, no host device, volume $wl_pv, no nvidia_fs here (exit $doctor_rc)" \
+check "doctor --pod $WL_NS/gds-app from the node: udev entry b$vol_dev, compat off, no host device, $wl_pv, no nvidia_fs; its reads of a volume published in compat mode would fail (exit $doctor_rc)" \
   doctor_sees_the_resource
 missing_pod() {
   local out rc=0
@@ -917,6 +921,14 @@ wl_pod compat-app "$COMPAT_RES" 1000 >/dev/null
 check "a pod asking for $COMPAT_RES: 1 (uid 1000) runs on the same claim" wait_for 120 wl_running compat-app
 check "in that pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": true" cufile_is compat-app true
 check "and uid 1000 reads the volume's udev entry" in_pod compat-app "grep -qx E:ID_FS_USAGE=filesystem /run/udev/data/b$vol_dev"
+compat_doctor_rc=0
+compat_doctor=$(doctor_pod "$WL_NS/compat-app") || compat_doctor_rc=$?
+compat_pod_reads() {
+  [ "$compat_doctor_rc" -eq 0 ] && pod_findings "$compat_doctor" "$WL_NS/compat-app/app" \
+    pod.cufile_json=pass pod.compat_policy=warn "pod.cufile_json~allow_compat_mode true"
+}
+check "doctor --pod $WL_NS/compat-app: compat allowed, the volume's reads go through host memory (a warning, exit $compat_doctor_rc)" \
+  compat_pod_reads
 
 # The kubelet restarts (an upgrade, a crash): it removes every socket in its device plugin
 # directory at start; the driver must serve and register both resources again by itself.

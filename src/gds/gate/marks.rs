@@ -40,14 +40,9 @@ impl CompatMarks {
     /// Loads the marks kept in `dir` (none when the file does not exist yet).
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
-        let path = dir.join(FILE_NAME);
-        let marks = match crate::state_dir::read_regular(&path)? {
-            None => BTreeMap::new(),
-            Some(bytes) => parse(&path, &bytes)?,
-        };
         Ok(CompatMarks {
-            path: Some(path),
-            marks: Mutex::new(marks),
+            marks: Mutex::new(read(dir)?),
+            path: Some(dir.join(FILE_NAME)),
         })
     }
 
@@ -105,6 +100,16 @@ impl CompatMarks {
         }
         *current = next;
         Ok(())
+    }
+}
+
+/// The marks kept in `dir`, read only (`gds-csi doctor --pod`): volume id -> why it was
+/// published in compat mode; none when the file does not exist.
+pub fn read(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let path = dir.join(FILE_NAME);
+    match crate::state_dir::read_regular(&path)? {
+        None => Ok(BTreeMap::new()),
+        Some(bytes) => parse(&path, &bytes),
     }
 }
 

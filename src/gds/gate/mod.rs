@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::error::Result;
 
 pub use checks::{gpu_check, node_report, GateConfig};
-pub use marks::{CompatMarks, FILE_NAME as MARKS_FILE};
+pub use marks::{read as read_compat_marks, CompatMarks, FILE_NAME as MARKS_FILE};
 pub use policy::{failure_line, failure_lines, judge, Policy, Verdict, PARAM};
 pub use topology::{nfs_topology, node_readiness, node_topology};
 
