@@ -630,7 +630,7 @@ mod tests {
         let r = gds_check::Report::new(findings(&v, &NodeNvfs::Devices(vec![]), DRIVER));
         let text = findings_text(&r);
         assert!(
-            text.starts_with("Findings: 5 checks, 1 failed, 1 warnings\n"),
+            text.starts_with("Findings: 6 checks, 1 failed, 1 warnings\n"),
             "{text}"
         );
         assert!(!text.contains("GDS readiness"), "{text}");
