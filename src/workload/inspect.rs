@@ -136,7 +136,7 @@ fn compat_policy(view: &ContainerView, driver: &str) -> Check {
             v.compat_mark
                 .as_ref()
                 .and_then(|m| m.as_ref())
-                .map(|why| format!("{} ({why})", v.name))
+                .map(|why| format!("{} ({})", v.name, first_words(why, 160)))
         })
         .collect();
     if in_compat.is_empty() {
@@ -438,6 +438,18 @@ fn volumes(view: &ContainerView, driver: &str) -> Check {
     )
 }
 
+/// `text` cut at a character boundary near `max` bytes, with an ellipsis when cut.
+fn first_words(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
 /// The findings as text: the report's lines under a heading of their own (the report's
 /// "GDS readiness" heading is the node's, not a container's).
 pub fn findings_text(report: &gds_check::Report) -> String {
@@ -615,6 +627,10 @@ mod tests {
         let c = compat_policy(&v, DRIVER);
         assert_eq!(c.status, Status::Fail, "{c:?}");
         assert!(c.evidence.contains("pvc-1 (nvidia_fs not loaded)"), "{c:?}");
+        v.volumes[0].compat_mark = Some(Some("é".repeat(200)));
+        let long = compat_policy(&v, DRIVER).evidence;
+        assert!(long.ends_with("...)") && long.len() < 200, "{long}");
+        v.volumes[0].compat_mark = Some(Some("nvidia_fs not loaded".into()));
         assert!(c.remedy.unwrap().contains("gds.csi.gds-csi.io/gds-compat"));
         v.cufile.content = Ok(r#"{"properties": {"allow_compat_mode": true}}"#.into());
         assert_eq!(compat_policy(&v, DRIVER).status, Status::Warn);

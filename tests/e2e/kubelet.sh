@@ -826,7 +826,7 @@ doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit st
 }
 wl_pv=$("$KUBECTL" -n "$WL_NS" get pvc workload -o jsonpath='{.spec.volumeName}')
 # pod_findings JSON LABEL EXPECTED...: the container LABEL's findings, each `id=status`
-# and optionally `~text` the finding's summary or evidence must hold.
+# and optionally `~text` the finding's summary, evidence or remedy must hold.
 pod_findings() {
   python3 -c '
 import json, sys
@@ -841,7 +841,7 @@ for e in expected:
     if "~" in e:
         fid, needle = e.split("~", 1)
         f = found[fid]
-        assert needle in f["summary"] + " " + f["evidence"], f"{fid}: {needle!r} not in {f}"
+        assert needle in " ".join([f["summary"], f["evidence"], f.get("remedy") or ""]), f"{fid}: {needle!r} not in {f}"
     else:
         fid, status = e.split("=")
         assert found[fid]["status"] == status, f"{fid}: {found[fid]}"
