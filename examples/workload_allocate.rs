@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gds_csi::workload::allocate::{container_response, nvfs_devices, Pieces};
+use gds_csi::config::DEFAULT_DRIVER_NAME;
 use gds_csi::workload::{Config, Resource, Shared};
 
 fn main() {
@@ -27,7 +28,7 @@ fn main() {
     let host_dev = PathBuf::from(args.get(3).map_or("/dev", String::as_str));
     let udev = PathBuf::from(args.get(4).map_or("/run/udev/data", String::as_str));
     let shared = Shared::new(Config {
-        driver_name: "gds.csi.gds-csi.io".into(),
+        driver_name: DEFAULT_DRIVER_NAME.into(),
         plugin_dir: PathBuf::from("/nonexistent"),
         host_dev: host_dev.clone(),
         udev_data_dir: udev.clone(),
@@ -45,7 +46,7 @@ fn main() {
         cufile_json: &cufile_json,
     });
     let answer = serde_json::json!({
-        "resource": resource.name("gds.csi.gds-csi.io"),
+        "resource": resource.name(DEFAULT_DRIVER_NAME),
         "envs": r.envs,
         "mounts": r.mounts.iter().map(|m| serde_json::json!({
             "container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only,

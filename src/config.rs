@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The driver's name unless `--driver-name` says otherwise (the chart's `driverName`).
+pub const DEFAULT_DRIVER_NAME: &str = "gds.csi.gds-csi.io";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "gds-csi",
@@ -109,7 +112,7 @@ pub struct DoctorArgs {
     #[arg(
         long,
         env = "GDS_CSI_DRIVER_NAME",
-        default_value = "gds.csi.gds-csi.io"
+        default_value = DEFAULT_DRIVER_NAME
     )]
     pub driver_name: String,
     /// The driver's state dir, for --pod: which volumes it published in compat mode.
@@ -143,7 +146,7 @@ pub struct WorkloadReadArgs {
     #[arg(
         long,
         env = "GDS_CSI_DRIVER_NAME",
-        default_value = "gds.csi.gds-csi.io"
+        default_value = DEFAULT_DRIVER_NAME
     )]
     pub driver_name: String,
 }
@@ -197,7 +200,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "GDS_CSI_DRIVER_NAME",
-        default_value = "gds.csi.gds-csi.io"
+        default_value = DEFAULT_DRIVER_NAME
     )]
     pub driver_name: String,
     /// Where the allocation state lives; must survive restarts (a hostPath).
