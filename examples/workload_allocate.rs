@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gds_csi::workload::allocate::{container_response, nvfs_devices, Pieces};
 use gds_csi::config::DEFAULT_DRIVER_NAME;
+use gds_csi::workload::allocate::{container_response, nvfs_devices, Pieces};
 use gds_csi::workload::{Config, Resource, Shared};
 
 fn main() {
