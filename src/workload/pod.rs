@@ -224,8 +224,10 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
                 })
                 .filter(|(major, _)| *major != 0);
             let udev_entry = block_device.map(|(a, b)| match &udev {
-                Some((dir, _)) => std::fs::read_to_string(dir.join(format!("b{a}:{b}")))
-                    .map_err(|e| format!("{}: {e}", dir.join(format!("b{a}:{b}")).display())),
+                Some((dir, _)) => {
+                    let entry = dir.join(format!("b{a}:{b}"));
+                    std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))
+                }
                 None => Err("no udev database mounted".into()),
             });
             Some(VolumeView {

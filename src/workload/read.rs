@@ -138,6 +138,16 @@ pub fn path_taken(status: ProbeStatus, mode: GdsMode, compat_works: Option<bool>
     }
 }
 
+/// The probe of `args.path` with the library asked for and `cufile_json` (compat off first,
+/// [`gds_check::run_probe`]'s default).
+fn probe_args(args: &WorkloadReadArgs, cufile_json: &Path) -> gds_check::ProbeArgs {
+    let mut a = gds_check::ProbeArgs::new(args.backend);
+    a.library = args.cufile_library.clone();
+    a.path = Some(args.path.clone());
+    a.cufile_json = Some(cufile_json.to_path_buf());
+    a
+}
+
 /// With compat mode off in the container and no GDS path: the read again with a copy of the
 /// container's cufile.json that allows compat, to tell "no GDS path" from "cuFile does not
 /// work here". The copy goes to the temp dir and is removed.
@@ -151,10 +161,7 @@ fn compat_retry(
     let allowed = super::cufile::derive(Some(text), super::Resource::GdsCompat).ok()?;
     let file = std::env::temp_dir().join(format!("gds-csi-compat-{}.json", std::process::id()));
     std::fs::write(&file, allowed).ok()?;
-    let mut a = gds_check::ProbeArgs::new(args.backend);
-    a.library = args.cufile_library.clone();
-    a.path = Some(args.path.clone());
-    a.cufile_json = Some(file.clone());
+    let mut a = probe_args(args, &file);
     a.strict = false;
     let o = gds_check::run_probe(exe, probe_prefix, &a, args.timeout);
     let _ = std::fs::remove_file(&file);
@@ -171,11 +178,12 @@ pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32
         &args.driver_name,
     ));
     let compat_allowed = super::inspect::compat_allowed(&view);
-    let mut probe_args = gds_check::ProbeArgs::new(args.backend);
-    probe_args.library = args.cufile_library.clone();
-    probe_args.path = Some(args.path.clone());
-    probe_args.cufile_json = Some(view.cufile.path.clone());
-    let outcome = gds_check::run_probe(exe, probe_prefix, &probe_args, args.timeout);
+    let outcome = gds_check::run_probe(
+        exe,
+        probe_prefix,
+        &probe_args(args, &view.cufile.path),
+        args.timeout,
+    );
     let compat_check = (compat_allowed == Some(false)
         && outcome.status == ProbeStatus::Completed
         && outcome.mode == GdsMode::Unavailable)
