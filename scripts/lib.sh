@@ -57,6 +57,36 @@ install_container_runtime() {
   fi
 }
 
+# What the VM rig (tests/vm/*.sh) runs on the host: QEMU, Debian's kernel, the NFS server,
+# soft-RoCE tools, fio, and virtme-ng (PyPI) in $VENV (default .cache/vng-venv).
+install_vm_tools() {
+  local missing=() venv="${VENV:-$REPO_ROOT/.cache/vng-venv}"
+  command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+  ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || missing+=(linux-image-amd64)
+  command -v rpc.nfsd >/dev/null || missing+=(nfs-kernel-server)
+  command -v mount.nfs >/dev/null || missing+=(nfs-common)
+  command -v rdma >/dev/null || missing+=(rdma-core iproute2)
+  command -v nvme >/dev/null || missing+=(nvme-cli)
+  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
+  command -v blkid >/dev/null || missing+=(util-linux)
+  command -v fio >/dev/null || missing+=(fio)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  # virtme-ng builds the guest's initramfs from a busybox ("initramfs is needed, and no
+  # busybox was found" without it, on a machine where nothing installed one before).
+  command -v busybox >/dev/null || missing+=(busybox-static)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if [ ! -x "$venv/bin/vng" ]; then
+    echo "installing virtme-ng (PyPI) in $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q virtme-ng
+  fi
+}
+
 install_csi_sanity() {
   if [ ! -x "$CACHE_BIN/csi-sanity" ]; then
     echo "installing csi-sanity $CSI_SANITY_VERSION"

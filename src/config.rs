@@ -108,13 +108,8 @@ pub struct DoctorArgs {
     /// The kubelet's root directory as this process sees it, for --pod.
     #[arg(long, env = "GDS_CSI_KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
-    /// The driver's name: --pod reports the volumes and resources of this driver.
-    #[arg(
-        long,
-        env = "GDS_CSI_DRIVER_NAME",
-        default_value = DEFAULT_DRIVER_NAME
-    )]
-    pub driver_name: String,
+    #[command(flatten)]
+    pub driver: DriverName,
     /// The driver's state dir, for --pod: which volumes it published in compat mode.
     #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
     pub state_dir: PathBuf,
@@ -142,13 +137,40 @@ pub struct WorkloadReadArgs {
     /// Deadline of the read (its child process group is killed after it).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub timeout: Duration,
-    /// The driver's name, for the resources the findings name.
+    #[command(flatten)]
+    pub driver: DriverName,
+}
+
+/// The driver's name (the chart's `driverName`): the CSI plugin name, the prefix of the GDS
+/// resources and of the registrar's socket, and whose volumes `doctor --pod` reports.
+#[derive(Args, Debug, Clone)]
+pub struct DriverName {
+    /// The driver's name (a domain-like name of at most 63 characters).
     #[arg(
-        long,
+        long = "driver-name",
         env = "GDS_CSI_DRIVER_NAME",
-        default_value = DEFAULT_DRIVER_NAME
+        default_value = DEFAULT_DRIVER_NAME,
+        value_parser = parse_driver_name
     )]
-    pub driver_name: String,
+    pub name: String,
+}
+
+/// A CSI plugin name: domain-like, at most 63 characters (the CSI spec's GetPluginInfo).
+fn parse_driver_name(name: &str) -> Result<String, String> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} must be a domain-like name of at most 63 characters"
+        ))
+    }
 }
 
 fn parse_backend(s: &str) -> Result<gds_check::Backend, String> {
@@ -197,12 +219,8 @@ pub struct ServeArgs {
     /// This node's id (the Kubernetes node name).
     #[arg(long, env = "GDS_CSI_NODE_ID")]
     pub node_id: String,
-    #[arg(
-        long,
-        env = "GDS_CSI_DRIVER_NAME",
-        default_value = DEFAULT_DRIVER_NAME
-    )]
-    pub driver_name: String,
+    #[command(flatten)]
+    pub driver: DriverName,
     /// Where the allocation state lives; must survive restarts (a hostPath).
     #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
     pub state_dir: PathBuf,
@@ -305,7 +323,7 @@ impl ServeArgs {
         let Some(path) = &self.registration_socket else {
             return Ok(());
         };
-        let want = format!("{}-reg.sock", self.driver_name);
+        let want = format!("{}-reg.sock", self.driver.name);
         if !path.is_absolute() || path.file_name() != Some(want.as_ref()) {
             return Err(format!(
                 "--registration-socket {} must be an absolute path ending in /{want} \
@@ -343,19 +361,6 @@ impl ServeArgs {
     pub fn validate(&self) -> Result<(), String> {
         self.socket_path()?;
         crate::volume::id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
-        let name = &self.driver_name;
-        let valid_name = !name.is_empty()
-            && name.len() <= 63
-            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
-        if !valid_name {
-            return Err(format!(
-                "--driver-name {name:?} must be a domain-like name of at most 63 characters"
-            ));
-        }
         self.check_registration_socket()?;
         if self.gds_device_plugin && self.mode == Mode::Controller {
             return Err(
@@ -421,6 +426,38 @@ mod tests {
                 e.contains("--registration-socket") && e.contains("d.example-reg.sock"),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn every_command_takes_one_checked_driver_name() {
+        let name = |argv: &[&str]| {
+            Cli::try_parse_from(argv)
+                .map(|c| match c.command {
+                    Command::Serve(a) => a.driver.name,
+                    Command::Doctor(a) => a.driver.name,
+                    Command::WorkloadRead(a) => a.driver.name,
+                    _ => unreachable!(),
+                })
+                .map_err(|e| e.to_string())
+        };
+        for argv in [
+            &["gds-csi", "serve", "--node-id", "n1"][..],
+            &["gds-csi", "doctor"],
+            &["gds-csi", "workload-read", "/data/f"],
+        ] {
+            assert_eq!(name(argv).unwrap(), DEFAULT_DRIVER_NAME);
+            let given = [argv, &["--driver-name", "d.example"]].concat();
+            assert_eq!(name(&given).unwrap(), "d.example");
+            for bad in ["", "-d.example", "d.example.", "d/example", &"d".repeat(64)] {
+                let arg = format!("--driver-name={bad}");
+                let given = [argv, &[arg.as_str()]].concat();
+                let e = name(&given).unwrap_err();
+                assert!(
+                    e.contains("--driver-name") && e.contains("domain-like"),
+                    "{e}"
+                );
+            }
         }
     }
 

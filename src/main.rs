@@ -83,7 +83,7 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
         .with_freeze_limit(args.snapshot_freeze_limit)
         .with_stall_limit(args.snapshot_stall_limit);
     Ok(Driver::new(
-        args.driver_name.clone(),
+        args.driver.name.clone(),
         args.node_id.clone(),
         args.allowed_path_roots.clone(),
         pool,
@@ -155,7 +155,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let workload = args.gds_device_plugin.then(|| {
         gds_csi::workload::spawn(gds_csi::workload::Config {
-            driver_name: args.driver_name.clone(),
+            driver_name: args.driver.name.clone(),
             plugin_dir: args.device_plugin_dir.clone(),
             host_dev: args.host_dev.clone(),
             udev_data_dir: args.gds.udev_data_dir.clone(),

@@ -981,7 +981,9 @@ fn doctor_args(
         pod: None,
         runtime_state_dir: "/nonexistent".into(),
         kubelet_dir: "/nonexistent".into(),
-        driver_name: "gds.csi.gds-csi.io".into(),
+        driver: gds_csi::config::DriverName {
+            name: "gds.csi.gds-csi.io".into(),
+        },
         state_dir: "/nonexistent".into(),
         gds: gds_csi::config::GdsArgs {
             cufile_json: tree.paths.cufile_json.clone(),

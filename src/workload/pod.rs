@@ -286,7 +286,7 @@ pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
         let src = Sources {
             bundles: &args.runtime_state_dir,
             kubelet_dir: &args.kubelet_dir,
-            driver_name: &args.driver_name,
+            driver_name: &args.driver.name,
             compat_marks: marks.as_ref().ok(),
         };
         container_views(&src, &namespace, &name)
@@ -309,7 +309,7 @@ pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
         .map(|v| {
             (
                 v.label.clone(),
-                Report::new(findings(v, &nvfs, &args.driver_name)),
+                Report::new(findings(v, &nvfs, &args.driver.name)),
             )
         })
         .collect();

@@ -21,18 +21,21 @@ use crate::config::WorkloadReadArgs;
 /// The bit of CAP_SYS_ADMIN in /proc/self/status's CapEff (linux/capability.h).
 const CAP_SYS_ADMIN: u32 = 21;
 
-/// This container as cuFile will see it, with `path`'s volume.
-pub fn own_view(path: &Path) -> ContainerView {
-    let mounts = crate::os::mountinfo::read().unwrap_or_default();
+/// This container as cuFile will see it, with `path`'s volume; an error when its mount
+/// table or `/dev` cannot be read (an empty one would read as "nothing mounted").
+pub fn own_view(path: &Path) -> Result<ContainerView, String> {
+    let mounts = crate::os::mountinfo::read()
+        .map_err(|e| format!("cannot read this container's mount table: {e}"))?;
     let at = |p: &str| mounts.iter().rev().find(|m| m.mount_point == Path::new(p));
-    let devices = dev_nodes(Path::new("/dev"));
+    let devices = dev_nodes(Path::new("/dev"))
+        .map_err(|e| format!("cannot list /dev in this container: {e}"))?;
     let udev = at("/run/udev/data").or_else(|| at("/run/udev"));
     let (cufile_path, from_env) = match std::env::var_os(super::allocate::CUFILE_ENV) {
         Some(p) => (PathBuf::from(p), true),
         None => (PathBuf::from("/etc/cufile.json"), false),
     };
     let content = std::fs::read_to_string(&cufile_path).map_err(|e| e.to_string());
-    ContainerView {
+    Ok(ContainerView {
         label: "this container".into(),
         devices,
         // A device cgroup cannot be read from inside; an open() of each nvidia-fs node
@@ -47,16 +50,13 @@ pub fn own_view(path: &Path) -> ContainerView {
             content,
         },
         volumes: volume_of(path, &mounts).into_iter().collect(),
-    }
+    })
 }
 
 /// Character and block devices directly under `dev`; each nvidia-fs node opened read-write
 /// to learn whether the device cgroup grants it.
-fn dev_nodes(dev: &Path) -> Vec<DeviceNode> {
-    let Ok(entries) = std::fs::read_dir(dev) else {
-        return Vec::new();
-    };
-    let mut out: Vec<DeviceNode> = entries
+fn dev_nodes(dev: &Path) -> std::io::Result<Vec<DeviceNode>> {
+    let mut out: Vec<DeviceNode> = std::fs::read_dir(dev)?
         .flatten()
         .filter(|e| {
             e.file_type()
@@ -78,7 +78,7 @@ fn dev_nodes(dev: &Path) -> Vec<DeviceNode> {
         })
         .collect();
     out.sort_by(|a, b| a.path.cmp(&b.path));
-    out
+    Ok(out)
 }
 
 fn capability_bits() -> Option<u64> {
@@ -169,13 +169,20 @@ fn compat_retry(
 }
 
 /// Runs the findings and the read; the exit status: 0 when the read worked (on the GDS path
-/// with `--require-gds`) and nothing failed, else 1.
+/// with `--require-gds`) and nothing failed, 1 when not, 2 when this container could not be
+/// inspected.
 pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32 {
-    let view = own_view(&args.path);
+    let view = match own_view(&args.path) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("workload-read: {e}");
+            return 2;
+        }
+    };
     let report = Report::new(super::inspect::findings(
         &view,
         &NodeNvfs::Loaded(node_nvfs_loaded()),
-        &args.driver_name,
+        &args.driver.name,
     ));
     let compat_allowed = super::inspect::compat_allowed(&view);
     let outcome = gds_check::run_probe(
@@ -242,8 +249,9 @@ mod tests {
         std::fs::write(t.path().join("nvidia-fs0"), b"").unwrap();
         std::fs::create_dir(t.path().join("pts")).unwrap();
         std::os::unix::fs::symlink("/dev/null", t.path().join("stdin")).unwrap();
-        assert!(dev_nodes(t.path()).is_empty());
-        let nodes = dev_nodes(Path::new("/dev"));
+        assert!(dev_nodes(t.path()).unwrap().is_empty());
+        assert!(dev_nodes(&t.path().join("missing")).is_err());
+        let nodes = dev_nodes(Path::new("/dev")).unwrap();
         assert!(nodes
             .iter()
             .any(|d| d.path == "/dev/null" && d.read_write.is_none()));

@@ -14,33 +14,6 @@ cd "$REPO_ROOT"
 T0=$SECONDS
 
 VENV="$REPO_ROOT/.cache/vng-venv"
-install_vm_tools() {
-  local missing=()
-  command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-  ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || missing+=(linux-image-amd64)
-  command -v rpc.nfsd >/dev/null || missing+=(nfs-kernel-server)
-  command -v mount.nfs >/dev/null || missing+=(nfs-common)
-  command -v rdma >/dev/null || missing+=(rdma-core iproute2)
-  command -v nvme >/dev/null || missing+=(nvme-cli)
-  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
-  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
-  command -v blkid >/dev/null || missing+=(util-linux)
-  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
-  # virtme-ng builds the guest's initramfs from a busybox ("initramfs is needed, and no
-  # busybox was found" without it, on a machine where nothing installed one before).
-  command -v busybox >/dev/null || missing+=(busybox-static)
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
-  if [ ! -x "$VENV/bin/vng" ]; then
-    echo "installing virtme-ng (PyPI) in $VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q virtme-ng
-  fi
-}
-
 install_vm_tools
 install_host_tools
 install_csi_sanity

@@ -22,10 +22,7 @@ set -euo pipefail
 need_root
 cd "$REPO_ROOT"
 VENV="${VENV:-$REPO_ROOT/.cache/vng-venv}"
-if ! command -v fio >/dev/null; then
-  echo "installing fio"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio >/dev/null
-fi
+install_vm_tools
 echo "building the driver and the scenario client (release)"
 cargo build --release --quiet --bin gds-csi --example snapshot_vm
 BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"

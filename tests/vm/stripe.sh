@@ -28,11 +28,8 @@ if [ -z "${MDADM_DIR:-}" ]; then
     fi
   fi
 fi
-# fio runs in the guest, which shares this root read-only.
-if ! command -v fio >/dev/null; then
-  echo "installing fio"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio >/dev/null
-fi
+# QEMU, the kernel and fio (run in the guest, which shares this root read-only).
+install_vm_tools
 install_csi_sanity
 cargo build --quiet --bin gds-csi --example stripe_vm
 KERNEL=$(ls /boot/vmlinuz-*-amd64 | sort -V | tail -1)
