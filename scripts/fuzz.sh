@@ -5,6 +5,8 @@
 # crashes per target. New corpus entries go to a scratch directory, so the committed
 # seeds stay as they are; crash inputs are copied to fuzz/artifacts/<target>/ (ignored
 # by git) with the command that reproduces them. Exit status 1 when any target crashed.
+# FUZZ_DEV=1 builds the targets unoptimized, with overflow checks (cargo fuzz --dev): a
+# short run's build then takes a fraction of the time, for fewer executions a second.
 #   FUZZ_SECONDS=60 FUZZ_TARGETS="mountinfo request" bash scripts/fuzz.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,7 +26,9 @@ fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked || exit 2
 fi
-cargo +nightly fuzz build || exit 2
+mode=()
+[ "${FUZZ_DEV:-0}" = 1 ] && mode=(--dev)
+cargo +nightly fuzz build "${mode[@]}" || exit 2
 
 work=$(mktemp -d /tmp/gds-fuzz.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -35,7 +39,7 @@ printf '%s\n' "-------------|--------------|---------|--------"
 for t in "${targets[@]}"; do
   mkdir -p "$work/corpus/$t" "$work/artifacts/$t"
   start=$SECONDS
-  cargo +nightly fuzz run "$t" "$work/corpus/$t" "fuzz/corpus/$t" -- \
+  cargo +nightly fuzz run "${mode[@]}" "$t" "$work/corpus/$t" "fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$work/artifacts/$t/" >"$work/$t.log" 2>&1
   rc=$?
@@ -51,7 +55,7 @@ for t in "${targets[@]}"; do
     mkdir -p "fuzz/artifacts/$t"
     cp "$work/artifacts/$t"/* "fuzz/artifacts/$t/" 2>/dev/null
     grep -m1 -A12 -E 'panicked|ERROR: ' "$work/$t.log" >&2
-    for f in "fuzz/artifacts/$t"/*; do echo "  reproduce: cargo +nightly fuzz run $t $f" >&2; done
+    for f in "fuzz/artifacts/$t"/*; do echo "  reproduce: cargo +nightly fuzz run ${mode[*]} $t $f" >&2; done
   fi
   printf '%-12s | %12s | %7s | %s\n' "$t" "$execs" "$crashes" "$((SECONDS - start))"
   total_execs=$((total_execs + execs))

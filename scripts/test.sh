@@ -68,7 +68,9 @@ suite "VM rig: NFS -> NVMe clones (file by file, SIGKILL and server stop mid-cop
 suite "VM rig: snapshots to an NFS-over-RDMA store (restore compared, live freeze, SIGKILL, server stop)" \
   env SNAPSHOT_SCENARIOS="restore live kill restore-kill delete stop" bash tests/vm/snapshot.sh
 suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh
-suite "fuzzing every parser (6 s each)" env FUZZ_SECONDS=6 bash scripts/fuzz.sh
+# Unoptimized targets with overflow checks: half the build of optimized ones, which a
+# 6 s run per target does not win back in executions.
+suite "fuzzing every parser (6 s each, overflow checks)" env FUZZ_SECONDS=6 FUZZ_DEV=1 bash scripts/fuzz.sh
 
 echo
 if [ ${#failed_names[@]} -gt 0 ]; then echo "failed suites: ${failed_names[*]}"; fi
