@@ -1490,4 +1490,15 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // The volume made from it, asked for again: the same volume, its tree as it was.
+    let again = c
+        .create_volume(restore("restored", &snap.snapshot_id))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, v.volume_id);
+    assert_same_tree(&src_dir, &h.export().join("restored"));
+    assert!(!stored.exists());
 }

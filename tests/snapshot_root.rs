@@ -294,6 +294,26 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // The volume made from it, asked for again (a provisioner's retry): the same volume,
+    // with the snapshot as its source, not NotFound; nothing comes back on the store.
+    let again = requests::create_volume(
+        &mut cb,
+        restore_req(
+            "restored",
+            &snap.snapshot_id,
+            requests::single_writer_mount(),
+        ),
+    )
+    .await;
+    assert_eq!(again.volume_id, restored.volume_id);
+    match again.content_source.and_then(|s| s.r#type) {
+        Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snap.snapshot_id),
+        other => panic!("content source {other:?}"),
+    }
+    assert!(
+        !store.path().join("snap-1").exists(),
+        "the snapshot's directory stays gone"
+    );
 }
 
 /// Writes `f<n>` (64 KiB of byte n) one after another, then `counter` = n through a

@@ -36,7 +36,12 @@ impl ControllerService {
         let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
         if let Some(raw) = &create.snapshot_of {
             let ctx = d.snapshot_context()?;
-            create.restore = Some(crate::snapshot::restore::resolve(&ctx, raw).await?);
+            create.restore = Some(match crate::snapshot::restore::resolve(&ctx, raw).await {
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    crate::snapshot::restore::made_from(&ctx, &create.name, raw).ok_or(e)?
+                }
+                resolved => resolved?,
+            });
         }
         if request::is_nfs(&req.parameters) {
             if let Some(source) = &create.clone_of {

@@ -48,6 +48,37 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
     })
 }
 
+/// A volume this driver made already under `name` from snapshot `raw`, as its record holds
+/// the snapshot: a repeated CreateVolume answers that volume after the snapshot was deleted
+/// (CSI: CreateVolume is idempotent) instead of NotFound. Only once the volume holds the
+/// snapshot (a block volume filled, an NFS volume copied): one that does not yet can never
+/// get it now, and its restore mark must not bring back the snapshot's directory.
+pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
+    let id = SnapshotId::parse(raw)?;
+    let restore = |content| Restore {
+        id: id.clone(),
+        text: raw.to_owned(),
+        content,
+        // The volume exists: what it holds is not asked for again.
+        size_bytes: 0,
+    };
+    let state = ctx.block.pool.state.snapshot();
+    if let Some((volume_id, rec)) = state.by_name(name) {
+        let params = &rec.parameters;
+        let from = params.get(crate::volume::block::clone::SOURCE_KEY);
+        let content = params.get(crate::volume::block::clone_source::SNAPSHOT_CONTENT_KEY);
+        let filled = crate::volume::block::clone::done(ctx.block, volume_id).ok()?;
+        return match (from, content) {
+            (Some(from), Some(content)) if from == raw && filled => {
+                Content::parse(content).map(restore)
+            }
+            _ => None,
+        };
+    }
+    let (_, rec) = ctx.nfs?.store.registry.by_name(name)?;
+    (rec.clone_source.as_deref() == Some(raw) && !rec.filling).then(|| restore(Content::Files))
+}
+
 /// DeleteSnapshot of a snapshot a volume is being restored from, on this node or on
 /// any other (its mark on the store): FailedPrecondition naming the volumes.
 pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> {

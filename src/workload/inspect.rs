@@ -156,7 +156,7 @@ fn compat_policy(view: &ContainerView, driver: &str) -> Check {
             "a volume was published in compat mode, and this container's cufile.json turns compat off: its reads fail",
             in_compat.join("; "),
             format!(
-                "ask for {} instead (compat allowed, as the class's gdsPolicy preferred is), or                  make the node GDS-ready (gds-csi doctor) so the volume takes the GDS path",
+                "ask for {} instead (compat allowed, as the class's gdsPolicy preferred is), or make the node GDS-ready (gds-csi doctor) so the volume takes the GDS path",
                 super::Resource::GdsCompat.name(driver)
             ),
         ),

@@ -155,7 +155,7 @@ pub async fn restore(
             return Err(Error::invalid(
                 field,
                 format!(
-                    "snapshot {} is kept in a directory of a node ({}), which NFS volumes cannot read: restore it into a block class, or take snapshots for NFS                      volumes with a class whose store is an NFS export (storeServer)",
+                    "snapshot {} is kept in a directory of a node ({}), which NFS volumes cannot read: restore it into a block class, or take snapshots for NFS volumes with a class whose store is an NFS export (storeServer)",
                     restore.text,
                     restore.id.store_location()
                 ),
