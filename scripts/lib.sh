@@ -57,19 +57,18 @@ install_container_runtime() {
   fi
 }
 
-# What the VM rig (tests/vm/*.sh) runs on the host: QEMU, Debian's kernel, the NFS server,
-# soft-RoCE tools, fio, and virtme-ng (PyPI) in $VENV (default .cache/vng-venv).
+# What the VM rig (tests/vm/*.sh) runs on the host, whose root the guest shares: the host
+# tools, QEMU, Debian's kernel, the NFS server, soft-RoCE tools, fio, and virtme-ng (PyPI)
+# in $VENV (default .cache/vng-venv).
 install_vm_tools() {
   local missing=() venv="${VENV:-$REPO_ROOT/.cache/vng-venv}"
+  install_host_tools
   command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
   ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || missing+=(linux-image-amd64)
   command -v rpc.nfsd >/dev/null || missing+=(nfs-kernel-server)
   command -v mount.nfs >/dev/null || missing+=(nfs-common)
   command -v rdma >/dev/null || missing+=(rdma-core iproute2)
   command -v nvme >/dev/null || missing+=(nvme-cli)
-  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
-  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
-  command -v blkid >/dev/null || missing+=(util-linux)
   command -v fio >/dev/null || missing+=(fio)
   python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
   # virtme-ng builds the guest's initramfs from a busybox ("initramfs is needed, and no

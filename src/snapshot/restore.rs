@@ -66,14 +66,13 @@ pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
     if let Some((volume_id, rec)) = state.by_name(name) {
         let params = &rec.parameters;
         let from = params.get(crate::volume::block::clone::SOURCE_KEY);
-        let content = params.get(crate::volume::block::clone_source::SNAPSHOT_CONTENT_KEY);
-        let filled = crate::volume::block::clone::done(ctx.block, volume_id).ok()?;
-        return match (from, content) {
-            (Some(from), Some(content)) if from == raw && filled => {
-                Content::parse(content).map(restore)
-            }
-            _ => None,
-        };
+        if from.map(String::as_str) != Some(raw)
+            || !crate::volume::block::clone::done(ctx.block, volume_id).ok()?
+        {
+            return None;
+        }
+        let content = params.get(crate::volume::block::clone_source::SNAPSHOT_CONTENT_KEY)?;
+        return Content::parse(content).map(restore);
     }
     let (_, rec) = ctx.nfs?.store.registry.by_name(name)?;
     (rec.clone_source.as_deref() == Some(raw) && !rec.filling).then(|| restore(Content::Files))

@@ -15,7 +15,6 @@ T0=$SECONDS
 
 VENV="$REPO_ROOT/.cache/vng-venv"
 install_vm_tools
-install_host_tools
 install_csi_sanity
 echo "building the driver and the scenario client (release)"
 cargo build --release --quiet --bin gds-csi --example vm_scenarios
