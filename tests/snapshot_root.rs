@@ -133,6 +133,14 @@ fn manifest(store: &Path, name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The volume answers the snapshot as its content source.
+fn assert_restored_from(v: &Volume, snapshot_id: &str) {
+    match v.content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+        Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snapshot_id),
+        other => panic!("content source {other:?}"),
+    }
+}
+
 async fn stage_publish(c: &mut Clients, rig: &Rig, id: &str, tag: &str) -> (PathBuf, PathBuf) {
     let (staging, target) = (
         rig.path(&format!("staging/{tag}")),
@@ -251,10 +259,7 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
         "{}",
         restored.volume_id
     );
-    match restored.content_source.and_then(|s| s.r#type) {
-        Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snap.snapshot_id),
-        other => panic!("content source {other:?}"),
-    }
+    assert_restored_from(&restored, &snap.snapshot_id);
     // Not filled yet: the snapshot cannot go, asked on either node (the mark on the store).
     let mut ca = a.start().await;
     for c in [&mut cb, &mut ca] {
@@ -306,10 +311,7 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
     )
     .await;
     assert_eq!(again.volume_id, restored.volume_id);
-    match again.content_source.and_then(|s| s.r#type) {
-        Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snap.snapshot_id),
-        other => panic!("content source {other:?}"),
-    }
+    assert_restored_from(&again, &snap.snapshot_id);
     assert!(
         !store.path().join("snap-1").exists(),
         "the snapshot's directory stays gone"
