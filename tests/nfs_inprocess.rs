@@ -1436,8 +1436,9 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
         }),
         ..Default::default()
     };
+    let restored = restore("restored", &snap.snapshot_id);
     let v = c
-        .create_volume(restore("restored", &snap.snapshot_id))
+        .create_volume(restored.clone())
         .await
         .unwrap()
         .into_inner()
@@ -1492,7 +1493,7 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     // The volume made from it, asked for again: the same volume, its tree as it was.
     let again = c
-        .create_volume(restore("restored", &snap.snapshot_id))
+        .create_volume(restored)
         .await
         .unwrap()
         .into_inner()

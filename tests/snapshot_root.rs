@@ -245,15 +245,12 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "found on the store by its id");
     assert!(listed.entries[0].snapshot.as_ref().unwrap().ready_to_use);
-    let restored = requests::create_volume(
-        &mut cb,
-        restore_req(
-            "restored",
-            &snap.snapshot_id,
-            requests::single_writer_mount(),
-        ),
-    )
-    .await;
+    let restore = restore_req(
+        "restored",
+        &snap.snapshot_id,
+        requests::single_writer_mount(),
+    );
+    let restored = requests::create_volume(&mut cb, restore.clone()).await;
     assert!(
         restored.volume_id.ends_with(":node-b"),
         "{}",
@@ -301,15 +298,7 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     // The volume made from it, asked for again (a provisioner's retry): the same volume,
     // with the snapshot as its source, not NotFound; nothing comes back on the store.
-    let again = requests::create_volume(
-        &mut cb,
-        restore_req(
-            "restored",
-            &snap.snapshot_id,
-            requests::single_writer_mount(),
-        ),
-    )
-    .await;
+    let again = requests::create_volume(&mut cb, restore).await;
     assert_eq!(again.volume_id, restored.volume_id);
     assert_restored_from(&again, &snap.snapshot_id);
     assert!(
