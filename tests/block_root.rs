@@ -387,3 +387,97 @@ async fn the_rig_tears_down_mounts_whose_paths_mountinfo_escapes() {
         dev.display()
     );
 }
+
+/// The rig's directory made a shared mount and bound, recursively and as a slave, into a
+/// directory outside every allowed root: the copies a container's root filesystem holds
+/// of the kubelet's mounts (containerd's task directory, seen by the node plugin). Taken
+/// down when dropped (declare it after the rig).
+struct PropagatedCopy {
+    dir: tempfile::TempDir,
+}
+
+impl PropagatedCopy {
+    fn of(rig: &Rig) -> PropagatedCopy {
+        let own = rig.dir.path().to_str().unwrap();
+        common::run("mount", &["--bind", own, own]);
+        common::run("mount", &["--make-private", own]);
+        common::run("mount", &["--make-shared", own]);
+        let dir = tempfile::Builder::new()
+            .prefix("gds-foreign-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let rootfs = dir.path().join("rootfs");
+        fs::create_dir_all(&rootfs).unwrap();
+        common::run("mount", &["--rbind", own, rootfs.to_str().unwrap()]);
+        common::run("mount", &["--make-rslave", rootfs.to_str().unwrap()]);
+        PropagatedCopy { dir }
+    }
+
+    /// Where the copy of `path` (beneath the rig's directory) is.
+    fn copy_of(&self, rig: &Rig, path: &Path) -> std::path::PathBuf {
+        let rel = path.strip_prefix(rig.dir.path()).unwrap();
+        self.dir.path().join("rootfs").join(rel)
+    }
+}
+
+impl Drop for PropagatedCopy {
+    fn drop(&mut self) {
+        let rootfs = self.dir.path().join("rootfs");
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg("-l")
+            .arg(rootfs)
+            .status();
+    }
+}
+
+/// SINGLE_NODE_SINGLE_WRITER counts the pods the volume is published to, not the copies of
+/// its mounts that propagation puts elsewhere: with every staging and publish mount also
+/// listed under another directory tree, the first publish of a filesystem and of a raw
+/// block volume succeeds (and repeats), and a real second target is refused, naming the
+/// first target rather than a copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_writer_ignores_copies_of_its_mounts_propagated_elsewhere() {
+    let Some(mut rig) = Rig::new(2) else { return };
+    let mut c = rig.start().await;
+    let copies = PropagatedCopy::of(&rig);
+    for (name, block) in [("fs", false), ("raw", true)] {
+        let cap = requests::capability(Mode::SingleNodeSingleWriter, block);
+        let id = requests::create_volume_id(&mut c, name, cap.clone()).await;
+        let staging = rig.path(&format!("plugins/{name}/globalmount"));
+        let first = rig.path(&format!("pods/{name}-1/volume"));
+        fs::create_dir_all(&staging).unwrap();
+        requests::stage(&mut c, &id, &staging, cap.clone())
+            .await
+            .unwrap();
+        if !block {
+            assert!(
+                mountinfo_line(&copies.copy_of(&rig, &staging)).is_some(),
+                "the staging mount is copied into the other tree"
+            );
+        }
+        for _ in 0..2 {
+            requests::publish(&mut c, &id, &staging, &first, cap.clone())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: first publish: {e:?}"));
+        }
+        assert!(mountinfo_line(&copies.copy_of(&rig, &first)).is_some());
+        let second = rig.path(&format!("pods/{name}-2/volume"));
+        let err = requests::publish(&mut c, &id, &staging, &second, cap.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{name}: {err:?}");
+        assert!(
+            err.message()
+                .contains(&format!("published at {}", first.display())),
+            "{name}: {}",
+            err.message()
+        );
+        requests::unpublish(&mut c, &id, &first).await.unwrap();
+        requests::unstage(&mut c, &id, &staging).await.unwrap();
+        assert!(
+            mountinfo_line(&copies.copy_of(&rig, &first)).is_none(),
+            "the copies go with their mounts"
+        );
+    }
+}

@@ -282,6 +282,18 @@ for doc in d + n:
     if "kubelet-registration-probe" in yaml.safe_dump(doc):
         errors.append(f"{doc['kind']} {doc['metadata']['name']} still uses --mode=kubelet-registration-probe")
 container(pod, "liveness-probe")
+# doctor --pod reads containerd's task directory, which holds every container's rootfs and
+# their copies of the kubelet's mounts: only the doctor container sees it, read-only.
+tasks = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
+check(tasks not in mounts and "GDS_CSI_RUNTIME_STATE_DIR" not in env,
+      "the driver container must not mount containerd's task directory")
+doc = container(pod, "doctor")
+dmounts = {m["mountPath"]: m for m in doc.get("volumeMounts", [])}
+denv = {e["name"]: e.get("value") for e in doc.get("env", [])}
+check(dmounts.get(tasks, {}).get("mountPropagation") == "HostToContainer"
+      and denv.get("GDS_CSI_RUNTIME_STATE_DIR") == tasks, f"doctor: containerd's tasks at {tasks}, HostToContainer")
+check(all(m.get("readOnly") is True for m in dmounts.values()), f"doctor: every mount read-only: {dmounts}")
+check(doc.get("securityContext", {}).get("readOnlyRootFilesystem") is True, "doctor: read-only root filesystem")
 for c in pod.get("containers", []):
     if c["name"] != "gds-csi":
         sc = c.get("securityContext", {})
@@ -492,7 +504,7 @@ for w in pods(default) + pods(nfs):
           any(p.get("name") == "prov-metrics" and p.get("containerPort") == 9820 for p in prov.get("ports", [])),
           f"{name}: the provisioner's metrics endpoint on a named port")
     for c in spec["containers"]:
-        if c["name"] != "gds-csi":
+        if c["name"] not in ("gds-csi", "doctor"):
             check(arg(c, "--v=") == ["--v=2"], f"{name}/{c['name']}: --v from sidecars.logLevel")
 for w in pods(conv):
     name, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
@@ -501,7 +513,7 @@ for w in pods(conv):
         check(c["image"].startswith("mirror.example.com/k8s/"), f"{name}/{c['name']}: imageRegistry override: {c['image']}")
         if c["name"] == "gds-csi":
             check({"name": "RUST_LOG", "value": "debug"} in c["env"], f"{name}: logLevel override")
-        else:
+        elif c["name"] != "doctor":
             check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
 for docs, label in ((default, "defaults"), (conv, "conventions")):
     svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]

@@ -722,6 +722,61 @@ async fn a_repeated_publish_mounts_once() {
     assert_eq!(h.host.mounts_at(Path::new(&target)), 1);
 }
 
+/// SINGLE_NODE_SINGLE_WRITER counts publications at the paths the driver serves: copies
+/// of the volume's mounts that propagation lists elsewhere (a container's root
+/// filesystem under containerd's task directory) neither block the first publish nor
+/// stand in for it; a second real target is refused, naming the first.
+#[tokio::test]
+async fn single_writer_ignores_copies_of_its_mounts_propagated_elsewhere() {
+    let h = harness().await;
+    let w = cap(AccessModeKind::SingleNodeSingleWriter, &[]);
+    let v = h
+        .create("vol-one", params(&[]), w.clone(), 0)
+        .await
+        .unwrap();
+    h.stage("vol-one", &v, w.clone()).await.unwrap();
+    let (staging, _) = h.paths("vol-one");
+    let rootfs = h.dir.path().join("containerd/k8s.io/c1/rootfs");
+    let copy_of = |path: &str| {
+        let mut m = h
+            .host
+            .state
+            .lock()
+            .unwrap()
+            .mounts
+            .iter()
+            .rev()
+            .find(|m| m.mount_point == Path::new(path))
+            .cloned()
+            .unwrap();
+        m.mount_point = rootfs.join(path.trim_start_matches('/'));
+        h.host.state.lock().unwrap().mounts.push(m);
+    };
+    copy_of(&staging);
+    let first = h.publish("vol-one", &v, w.clone()).await;
+    copy_of(&first);
+    assert_eq!(h.publish("vol-one", &v, w.clone()).await, first);
+    let second = h.dir.path().join("kubelet/pods/other/mount");
+    let mut n = h.c.node.clone();
+    let err = n
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging,
+            target_path: second.display().to_string(),
+            volume_capability: Some(w),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains(&format!("published at {first}")),
+        "{}",
+        err.message()
+    );
+}
+
 /// A staging directory that holds files is refused (a mount there would hide them):
 /// FailedPrecondition naming the path, nothing mounted, the file left as it was.
 #[tokio::test]

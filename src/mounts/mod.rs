@@ -37,6 +37,35 @@ impl Mounter {
         self.host.mount_table()
     }
 
+    /// The mounts at paths this driver serves: beneath an allowed root, where every
+    /// staging and target path lies. These are the only mounts that count as a volume
+    /// staged or published. A mount made there is also listed wherever the kernel
+    /// propagates a copy (each container root filesystem that holds the kubelet's
+    /// directory with shared propagation, seen through containerd's task directory,
+    /// shows one): a copy is the same mount seen from elsewhere, never another pod's
+    /// publication. Whether a device is in use at all is still asked of the whole table.
+    pub fn served<'a>(&self, table: &'a [MountEntry]) -> Vec<&'a MountEntry> {
+        table
+            .iter()
+            .filter(|m| self.serves(&m.mount_point))
+            .collect()
+    }
+
+    /// Whether `path` lies beneath one of the allowed roots.
+    pub fn serves(&self, path: &Path) -> bool {
+        self.roots.iter().any(|root| path.starts_with(root))
+    }
+
+    /// Where the filesystem of `major:minor` can be read whole: a mount of its root
+    /// directory at a path this driver serves (the staging mount), never a copy of it
+    /// inside another container's root filesystem, whose path that container controls.
+    pub fn filesystem_root(&self, table: &[MountEntry], major: u32, minor: u32) -> Option<PathBuf> {
+        self.served(table)
+            .into_iter()
+            .find(|m| (m.major, m.minor) == (major, minor) && m.root == "/")
+            .map(|m| m.mount_point.clone())
+    }
+
     /// `path` pinned beneath its root without creating anything; `None`: not there.
     pub fn open(&self, field: &'static str, path: &Path) -> Result<Option<Anchored>> {
         safepath::open(field, &self.roots, path, Create::Nothing, None)
@@ -252,4 +281,64 @@ pub fn usage_of(st: &crate::os::FsUsage) -> Vec<crate::csi::VolumeUsage> {
             unit: Unit::Inodes as i32,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::os::RealHost;
+
+    fn mounter(roots: &[&str]) -> Mounter {
+        let host = RealHost {
+            command_timeout: Duration::from_secs(1),
+            mount_timeout: Duration::from_secs(1),
+        };
+        Mounter::new(Arc::new(host), roots.iter().map(PathBuf::from).collect())
+    }
+
+    fn entry(at: &str, root: &str) -> MountEntry {
+        MountEntry {
+            major: 259,
+            minor: 3,
+            root: root.into(),
+            mount_point: at.into(),
+            mount_options: Default::default(),
+            fs_type: "ext4".into(),
+            source: Some("/dev/nvme0n1p3".into()),
+            super_options: Default::default(),
+        }
+    }
+
+    #[test]
+    fn copies_outside_the_allowed_roots_are_not_served_mounts() {
+        let m = mounter(&["/var/lib/kubelet"]);
+        let tasks = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/c1/rootfs";
+        let table = vec![
+            entry(
+                &format!("{tasks}/var/lib/kubelet/plugins/g/globalmount"),
+                "/",
+            ),
+            entry("/var/lib/kubelet2/pods/p/volumes/v/mount", "/"),
+            entry("/var/lib/kubelet/pods/p/volumes/v/mount", "/sub"),
+            entry("/var/lib/kubelet/plugins/g/globalmount", "/"),
+        ];
+        let served: Vec<&Path> = m
+            .served(&table)
+            .iter()
+            .map(|e| e.mount_point.as_path())
+            .collect();
+        assert_eq!(
+            served,
+            [
+                Path::new("/var/lib/kubelet/pods/p/volumes/v/mount"),
+                Path::new("/var/lib/kubelet/plugins/g/globalmount"),
+            ]
+        );
+        // The copy is listed first; the filesystem is read at the served mount of its root.
+        assert_eq!(
+            m.filesystem_root(&table, 259, 3).as_deref(),
+            Some(Path::new("/var/lib/kubelet/plugins/g/globalmount"))
+        );
+        assert_eq!(m.filesystem_root(&table[..3], 259, 3), None);
+    }
 }

@@ -82,9 +82,13 @@ pub fn carries(m: &MountEntry, major: u32, minor: u32) -> bool {
 }
 
 /// Every mount of the device, of either kind, in mount-table order.
-pub fn mounts(table: &[MountEntry], major: u32, minor: u32) -> Vec<DeviceUse> {
+pub fn mounts<'a>(
+    table: impl IntoIterator<Item = &'a MountEntry>,
+    major: u32,
+    minor: u32,
+) -> Vec<DeviceUse> {
     table
-        .iter()
+        .into_iter()
         .filter_map(|m| {
             if m.is_device(major, minor) {
                 Some(DeviceUse::Mounted(m.mount_point.clone()))

@@ -259,10 +259,7 @@ async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option<VolumeGuar
     b.verify_located(&mut vol)?;
     let dev = (vol.device.major, vol.device.minor);
     let mounts = b.mounter.mount_table()?;
-    let staged = mounts
-        .iter()
-        .find(|m| (m.major, m.minor) == dev && m.root == "/")
-        .map(|m| m.mount_point.clone());
+    let staged = b.mounter.filesystem_root(&mounts, dev.0, dev.1);
     let from = match (rec.formatted, staged) {
         (true, Some(at)) => From::Mounted {
             at,

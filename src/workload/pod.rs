@@ -59,8 +59,9 @@ pub fn container_views(
 ) -> Result<Vec<ContainerView>, String> {
     let entries = std::fs::read_dir(src.bundles).map_err(|e| {
         format!(
-            "cannot list containerd's bundles at {}: {e} (the chart value \
-             workload.runtimeStateDir names containerd's task directory for Kubernetes)",
+            "cannot list containerd's bundles at {}: {e} (with the chart, run it in the node \
+             plugin's doctor container, `kubectl exec -c doctor`, which mounts the directory \
+             the chart value workload.runtimeStateDir names)",
             src.bundles.display()
         )
     })?;

@@ -37,7 +37,8 @@ MADE_KUBELET_DIR=
 [ -e "$KUBELET_DIR" ] || MADE_KUBELET_DIR=1
 CONTAINERD_SOCK="$WORK/containerd/containerd.sock"
 # containerd's task bundles for Kubernetes containers (each one's OCI spec): what
-# `gds-csi doctor --pod` reads.
+# `gds-csi doctor --pod` reads. The chart gets it as workload.runtimeStateDir unless
+# GDS_E2E_RUNTIME_STATE_DIR says otherwise (empty: not mounted, no doctor container).
 RUNTIME_TASKS=$WORK/containerd/state/io.containerd.runtime.v2.task/k8s.io
 CNI_BRIDGE=gdse2e0
 POD_CIDR=10.244.77.0/24
@@ -191,8 +192,8 @@ cat > "$WORK/cni/10-e2e.conflist" <<JSON
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$WORK/cni/ipam"}},
   {"type": "loopback"}]}
 JSON
-# The node plugin mounts containerd's task directory HostToContainer (`doctor --pod`), which
-# needs it shared or a slave, as every mount is on a systemd host.
+# The node plugin's doctor container mounts containerd's task directory HostToContainer
+# (`doctor --pod`), which needs it shared or a slave, as every mount is on a systemd host.
 mkdir -p "$WORK/containerd/state"
 mount --bind "$WORK/containerd/state" "$WORK/containerd/state"
 mount --make-rshared "$WORK/containerd/state"
@@ -282,7 +283,7 @@ rig_chart_values() {
   helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
     --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
     --set gds.runtimeClassName= --set "node.poolDevices={$devices}"
-    --set "workload.runtimeStateDir=$RUNTIME_TASKS")
+    --set "workload.runtimeStateDir=${GDS_E2E_RUNTIME_STATE_DIR-$RUNTIME_TASKS}")
   # The resizer's image holds the stand-in (tests/e2e/tools/k8s/resizer): the module proxy
   # refuses github.com/kubernetes-csi/external-resizer at every version (403).
   local sidecar

@@ -818,7 +818,7 @@ check "the pod is not privileged (privileged: false, not every capability)" not_
 # plugin as an operator runs it (chart), or as a host process.
 doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit status
   if [ "$DEPLOY" = chart ]; then
-    "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- gds-csi doctor --pod "$1" --json 2>&1
+    "$KUBECTL" -n "$NS" exec ds/gds-csi-node -c doctor -- gds-csi doctor --pod "$1" --json 2>&1
   else
     "$GDS_CSI" doctor --pod "$1" --json --runtime-state-dir "$RUNTIME_TASKS" \
       --kubelet-dir "$KUBELET_DIR" --driver-name "$DRIVER" --state-dir "$WORK/driver-state" 2>&1
@@ -876,6 +876,15 @@ if [ "$DEPLOY" = chart ]; then
       "pod.host_devices~CAP_SYS_ADMIN" "pod.host_devices~every device" "pod.host_devices~the host's /dev mounted"
   }
   check "doctor --pod on the privileged node plugin: CAP_SYS_ADMIN, every device, the host's /dev named" privileged_named
+  # containerd's task directory holds every container's rootfs with their copies of the
+  # volumes' mounts: the doctor container sees it, the driver's own mount table never does.
+  tasks_only_in_doctor() {
+    local driver_view doctor_view
+    driver_view=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c gds-csi -- cat /proc/self/mountinfo) &&
+      doctor_view=$("$KUBECTL" -n "$NS" exec ds/gds-csi-node -c doctor -- cat /proc/self/mountinfo) &&
+      [[ "$driver_view" != *"$RUNTIME_TASKS"* ]] && [[ "$doctor_view" == *"$RUNTIME_TASKS"* ]]
+  }
+  check "containerd's task directory is in the doctor container's mount table, not in the driver's" tasks_only_in_doctor
 
   # The same from inside a container of the driver's image that asks for the resource:
   # gds-csi workload-read checks what it was given and reads a file of the claim through

@@ -83,7 +83,8 @@ SKIP+='|\[Testpattern: Dynamic PV \(block volmode\)\] multiVolume \[Slow\] shoul
 FOCUS='External.Storage (\[Driver: gds-csi-(partition|whole)\]|\[Driver: gds-csi-partition-xfs\].*(volume-expand|should support expansion))'
 if [ "$TIER" = ci ]; then
   # One test of each thing the classes promise, chosen to fit the CI budget: a clone, raw
-  # block, xfs, capacity, topology, online expansion, fsGroup, exec.
+  # block, xfs, capacity, topology, online expansion, fsGroup, exec, ReadWriteOncePod (its
+  # first pod publishes once, a second waits until the first is deleted, then runs).
   CI_TESTS=(
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)\] provisioning should provision storage with pvc data source$'
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(block volmode\)\] volumes should store data'
@@ -93,6 +94,7 @@ if [ "$TIER" = ci ]; then
     '\[Driver: gds-csi-partition-xfs\] \[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it'
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] fsgroupchangepolicy \(OnRootMismatch\)\[LinuxOnly\], pod created with an initial fsgroup, new pod fsgroup applied to volume contents'
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] volumes should allow exec of files on the volume'
+    '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)\] read-write-once-pod.* should block a second pod from using an in-use ReadWriteOncePod volume on the same node'
   )
   FOCUS="External.Storage ($(IFS='|'; echo "${CI_TESTS[*]}"))"
 fi

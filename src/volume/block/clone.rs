@@ -375,11 +375,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     };
     let mounts = b.mounter.mount_table()?;
     let dev = (src.device.major, src.device.minor);
-    let Some(at) = mounts
-        .iter()
-        .find(|m| (m.major, m.minor) == dev && m.root == "/")
-        .map(|m| m.mount_point.clone())
-    else {
+    let Some(at) = b.mounter.filesystem_root(&mounts, dev.0, dev.1) else {
         return Ok(());
     };
     if id.layout == crate::volume::id::IdLayout::Stripe {

@@ -48,7 +48,8 @@ pub async fn publish(
         return Ok(());
     }
     if cap.single_writer {
-        if let Some(other) = published_targets(&mounts, dev, staging).next() {
+        let served = b.mounter.served(&mounts);
+        if let Some(other) = published_targets(served, dev, staging).next() {
             return Err(crate::mounts::single_writer(&vol.id.to_string(), &other));
         }
     }
@@ -136,9 +137,9 @@ async fn bind_device(
 }
 
 /// Mounts of the device other than its staging mount: filesystem binds and, for raw
-/// block, binds of its node.
+/// block, binds of its node. `mounts`: those at served paths (`Mounter::served`).
 fn published_targets<'a>(
-    mounts: &'a [MountEntry],
+    mounts: Vec<&'a MountEntry>,
     dev: &'a PoolDevice,
     staging: &'a Path,
 ) -> impl Iterator<Item = PathBuf> + 'a {

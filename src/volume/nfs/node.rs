@@ -72,15 +72,16 @@ fn not_staged(id: &NfsVolumeId, staging: &Path) -> Error {
     crate::mounts::not_staged(&id.to_string(), staging)
 }
 
-/// SINGLE_NODE_SINGLE_WRITER: no other mount of this volume but the staging one.
+/// SINGLE_NODE_SINGLE_WRITER: no other mount of this volume but the staging one at a
+/// served path (`Mounter::served`: copies propagated elsewhere are not publications).
 fn check_single_writer(
     id: &NfsVolumeId,
-    mounts: &[MountEntry],
+    mounts: Vec<&MountEntry>,
     staged: &MountEntry,
     staging: &Path,
 ) -> Result<()> {
     let source = id.source();
-    let other = mounts.iter().find(|m| {
+    let other = mounts.into_iter().find(|m| {
         // NFS superblocks (and mountinfo roots) are shared between mounts of one server,
         // the controller's export mount included: the source tells this volume's mounts
         // apart (a bind mount shows its origin's source).
@@ -114,7 +115,7 @@ pub async fn publish(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<NfsCapabili
     }
     let staged = staged.ok_or_else(|| not_staged(id, staging))?;
     if cap.single_writer {
-        check_single_writer(id, &mounts, &staged, staging)?;
+        check_single_writer(id, b.mounter.served(&mounts), &staged, staging)?;
     }
     gate(b, id, req).await?;
     // Both ends pinned beneath the root: the source must still be this volume's mount.
