@@ -354,11 +354,16 @@ fn dir_name_ok(dir: &str) -> bool {
     path_component_ok(dir) && !dir.starts_with('.')
 }
 
+/// Joins a cut name and its hash in an encoded directory name; never in a plain one.
+const ENCODED: char = '@';
+
 /// The snapshot's directory: its CSI name when that is a plain directory name of at most
-/// `PLAIN_NAME_MAX` bytes, else a cut of it and 16 hex digits of SHA-256 of the name (the
-/// same each time, so a repeated CreateSnapshot finds the same directory).
+/// `PLAIN_NAME_MAX` bytes without `@`, else a cut of it, `@` and 16 hex digits of SHA-256
+/// of the name (the same each time, so a repeated CreateSnapshot finds the same
+/// directory). One name, one directory: a plain name never holds `@`, an encoded one always
+/// does, so no name's directory is another name's.
 pub fn dir_name(name: &str) -> String {
-    if name.len() <= PLAIN_NAME_MAX && dir_name_ok(name) {
+    if name.len() <= PLAIN_NAME_MAX && dir_name_ok(name) && !name.contains(ENCODED) {
         return name.to_owned();
     }
     let cleaned: String = name
@@ -372,7 +377,7 @@ pub fn dir_name(name: &str) -> String {
         })
         .take(40)
         .collect();
-    format!("{cleaned}-{}", crate::state_dir::short_hash(name))
+    format!("{cleaned}{ENCODED}{}", crate::state_dir::short_hash(name))
 }
 
 #[cfg(test)]
@@ -449,6 +454,11 @@ mod tests {
         assert_eq!(a, dir_name(&long));
         assert!(a.len() < 64 && dir_name_ok(&a), "{a}");
         assert_ne!(dir_name("a/b"), dir_name("a:b"));
+        // No plain name is another name's encoded directory.
+        let encoded = dir_name("x/y");
+        assert!(encoded.starts_with("x-y@"), "{encoded}");
+        assert_ne!(dir_name(&encoded), encoded);
+        assert_eq!(dir_name("x-y"), "x-y");
         assert!(dir_name_ok(&dir_name("..")));
         let id = create_snapshot(&req(&long, &[("storeDir", "/var/lib/snaps")])).unwrap();
         assert!(id.id.to_string().len() <= MAX_VOLUME_ID_LEN);

@@ -70,15 +70,14 @@ impl Manifest {
 
     /// The entries of a file tree (below its root), with each file's SHA-256 read from
     /// the copy in `tree` when `checksums`.
-    pub fn list(&mut self, entries: &[Entry], tree: &Path, checksums: bool) -> Result<()> {
-        let root = nix::fcntl::open(
-            tree,
-            nix::fcntl::OFlag::O_RDONLY
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_NOFOLLOW,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| Error::io("open", tree, e.into()))?;
+    pub fn list(
+        &mut self,
+        entries: &[Entry],
+        tree: &super::SnapshotDir,
+        checksums: bool,
+    ) -> Result<()> {
+        let root = tree.dup()?;
+        let tree = Path::new(tree.location());
         self.data_bytes = 0;
         let mut counted = std::collections::HashSet::new();
         self.entries = Vec::with_capacity(entries.len().saturating_sub(1));
@@ -112,28 +111,11 @@ impl Manifest {
     }
 
     /// Written into `dir` atomically; from now on the snapshot is ready.
-    pub fn write(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(FILE);
+    pub fn write(&self, dir: &super::SnapshotDir) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {
-            path: path.clone(),
+            path: dir.shown(FILE).into(),
             reason: e.to_string(),
         })?;
-        crate::state_dir::write_atomic(&path, &bytes).map_err(|e| Error::io("write", &path, e))
-    }
-
-    /// The manifest in `dir`; None when there is none (not ready, or no snapshot).
-    pub fn read(dir: &Path) -> Result<Option<Manifest>> {
-        let path = dir.join(FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io("read", &path, e)),
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::State {
-                path,
-                reason: format!("not a snapshot manifest: {e}"),
-            })
+        dir.write_atomic(FILE, &bytes)
     }
 }

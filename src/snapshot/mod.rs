@@ -12,6 +12,7 @@
 
 pub mod manifest;
 pub mod restore;
+pub mod store;
 mod take;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::copy::Cloner;
 use crate::csi;
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{Error, Result, StoreError, VolumeError};
 use crate::locks::VolumeLocks;
 use crate::request::snapshot::{CreateSnapshot, SnapshotId, Store};
 use crate::request::{self, VolumeRef};
@@ -31,6 +32,7 @@ use crate::volume::nfs::NfsBackend;
 use take::progress_of;
 
 pub use manifest::{Content, Manifest};
+pub use store::SnapshotDir;
 
 /// How long a CreateSnapshot waits for the copy before answering `ready_to_use: false`:
 /// under the csi-snapshotter's default `--timeout` of 1 minute.
@@ -246,36 +248,69 @@ impl Context<'_> {
         self.nfs.ok_or_else(|| VolumeError::NfsDisabled.into())
     }
 
-    /// The snapshot's directory as this node reaches it: an NFS store's export is
-    /// mounted (once) under the controller's working directory.
-    pub async fn snapshot_dir(&self, id: &SnapshotId) -> Result<PathBuf> {
+    /// The store's root as this node reaches it and the snapshot's directory below it: an
+    /// NFS store's export is mounted (once) under the controller's working directory.
+    async fn store_root(&self, id: &SnapshotId) -> Result<(PathBuf, String)> {
         match &id.store {
-            Store::Dir(_) => Ok(id.local_dir().expect("a directory store")),
+            Store::Dir(root) => Ok((root.clone(), id.dir.clone())),
             Store::Nfs(store) => {
                 let root = self
                     .nfs()?
                     .export_root(store)
                     .await
                     .map_err(|e| store_unreachable(id, &e))?;
-                Ok(root.join(&store.dir).join(&id.dir))
+                Ok((root, id.nfs_dir("").expect("an NFS store").dir))
             }
         }
     }
 
-    /// The manifest of `id` as its store has it (None: no ready snapshot there), read
-    /// under the NFS backend's deadline.
-    pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
-        let dir = self.snapshot_dir(id).await?;
+    /// Runs `f` with the store's root and the snapshot's directory below it: on a blocking
+    /// thread, under the NFS backend's deadline for an NFS store. What the store holds is
+    /// answered as it is (`StoreError`); anything else from an NFS store is Unavailable.
+    pub async fn on_store<T: Send + 'static>(
+        &self,
+        id: &SnapshotId,
+        what: &str,
+        f: impl FnOnce(&Path, &str) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (root, rel) = self.store_root(id).await?;
+        let run = move || f(&root, &rel);
         match &id.store {
-            Store::Dir(_) => Manifest::read(&dir),
-            Store::Nfs(_) => {
-                let what = format!("reading the manifest of {}", id.location());
-                self.nfs()?
-                    .with_deadline(what, move || Manifest::read(&dir))
-                    .await
-                    .map_err(|e| store_unreachable(id, &e))
-            }
+            Store::Dir(_) => tokio::task::spawn_blocking(run).await.map_err(|e| {
+                Error::Aborted(format!("{what} on {} stopped: {e}; retry", id.location()))
+            })?,
+            Store::Nfs(_) => self
+                .nfs()?
+                .with_deadline(format!("{what} on {}", id.location()), run)
+                .await
+                .map_err(|e| match e {
+                    e @ (Error::Store(_) | Error::AlreadyExists(_)) => e,
+                    e => store_unreachable(id, &e),
+                }),
         }
+    }
+
+    /// Whose the directory `id` names is (None: there is none), read from the store.
+    pub async fn owner(&self, id: &SnapshotId) -> Result<Option<store::Owner>> {
+        let (text, shown) = (id.to_string(), id.location());
+        self.on_store(
+            id,
+            "reading the snapshot",
+            move |root, rel| match SnapshotDir::open(root, rel, &shown)? {
+                Some(dir) => dir.owner(&text, None).map(Some),
+                None => Ok(None),
+            },
+        )
+        .await
+    }
+
+    /// The manifest of `id` when the store holds that very snapshot, ready (None: no
+    /// snapshot of that id is ready there).
+    pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
+        Ok(match self.owner(id).await? {
+            Some(store::Owner::Ours(m)) => m,
+            _ => None,
+        })
     }
 }
 
@@ -357,9 +392,16 @@ pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snap
 
 /// A record's snapshot as it stands: ready, or its copy started (or joined) and waited
 /// for a while; a copy that moved no byte for a minute is Unavailable naming the store.
-async fn progress(ctx: &Context<'_>, rec: Record) -> Result<csi::Snapshot> {
+async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
     if rec.ready {
-        return Ok(rec.answer());
+        if restorable(ctx, &rec).await? == Some(true) {
+            return Ok(rec.answer());
+        }
+        // Its manifest went missing or bad on the store: taken again.
+        tracing::warn!(snapshot = %rec.name, snapshot_id = %rec.id,
+            "a ready snapshot's manifest is gone or unreadable on its store; taking it again");
+        rec.ready = false;
+        ctx.snapshots.store(&rec)?;
     }
     if !take::run(ctx, &rec).await? {
         let p = progress_of(ctx, &rec);
@@ -395,11 +437,18 @@ pub async fn list(
 ) -> Result<Vec<csi::Snapshot>> {
     let mut out = Vec::new();
     let records = ctx.snapshots.records()?;
-    for rec in records {
+    for mut rec in records {
         if (!snapshot_id.is_empty() && rec.id != snapshot_id)
             || (!source_volume_id.is_empty() && rec.source_volume_id != source_volume_id)
         {
             continue;
+        }
+        if rec.ready {
+            match restorable(ctx, &rec).await? {
+                // Removed from the store: no snapshot to list.
+                None => continue,
+                Some(ready) => rec.ready = ready,
+            }
         }
         out.push(rec.answer());
     }
@@ -411,6 +460,19 @@ pub async fn list(
         }
     }
     Ok(out)
+}
+
+/// Whether a record's snapshot can be restored now: its directory on the store is its own
+/// and holds a manifest naming it. None: its directory is gone from the store. A store that
+/// cannot be reached is an error, never an answer either way.
+async fn restorable(ctx: &Context<'_>, rec: &Record) -> Result<Option<bool>> {
+    let Some(id) = SnapshotId::parse(&rec.id) else {
+        return Ok(Some(false));
+    };
+    Ok(ctx
+        .owner(&id)
+        .await?
+        .map(|o| matches!(o, store::Owner::Ours(Some(_)))))
 }
 
 /// GetSnapshot: as ListSnapshots of one id; NotFound when there is none.
@@ -452,9 +514,21 @@ pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
             )));
         }
     }
-    restore::refuse_restoring(ctx, &id).await?;
-    let dir = ctx.snapshot_dir(&id).await?;
-    take::remove_snapshot_dir(ctx, &id, dir).await?;
+    match ctx.owner(&id).await? {
+        None => restore::refuse_restoring(ctx, &id).await?,
+        Some(store::Owner::Foreign(why)) => {
+            return Err(StoreError::Foreign {
+                path: id.location(),
+                id: snapshot_id.to_owned(),
+                why,
+            }
+            .into())
+        }
+        Some(_) => {
+            restore::refuse_restoring(ctx, &id).await?;
+            take::remove_snapshot_dir(ctx, &id).await?;
+        }
+    }
     if let Some(r) = rec {
         take::take_down_leftovers(ctx, &r).await?;
         ctx.snapshots.forget(&r.name)?;

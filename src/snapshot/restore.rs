@@ -5,19 +5,21 @@
 //! directory is (`block::clone`, from the snapshot's `tree/`), an NFS volume at its
 //! CreateVolume (`nfs::clone`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use super::store::{Owner, SnapshotDir};
 use super::Context;
-use crate::error::{Error, Result};
-use crate::request::snapshot::{Content, Restore, SnapshotId, Store};
+use crate::error::{Error, Result, StoreError};
+use crate::request::snapshot::{Content, Restore, SnapshotId};
 use crate::state_dir::short_hash;
 
 /// The directory of a snapshot's restore marks: one file per block volume that is being
 /// restored from it and not filled yet, whichever node that volume is on.
 const MARKS: &str = "restores";
 
-/// The snapshot `raw` names, as its manifest says: NotFound when there is none, NotReady
-/// while this node is still taking it.
+/// The snapshot `raw` names, as its manifest says: NotFound when the store holds no
+/// directory that is that very snapshot (`SnapshotDir::owner`), NotReady while it is being
+/// taken, FailedPrecondition when its manifest is damaged.
 pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
     let not_found = || {
         Error::NotFound(format!(
@@ -25,14 +27,18 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
         ))
     };
     let id = SnapshotId::parse(raw).ok_or_else(not_found)?;
-    let Some(m) = ctx.manifest(&id).await? else {
-        if ctx.snapshots.records()?.iter().any(|r| r.id == raw) {
-            return Err(Error::NotReady(format!(
-                "snapshot {raw} is still being taken (ready_to_use: false); retry when it is \
-                 ready"
-            )));
+    let m = match ctx.owner(&id).await? {
+        Some(Owner::Ours(Some(m))) => m,
+        Some(Owner::Ours(None)) => return Err(not_ready(ctx, raw)?),
+        Some(Owner::Damaged(why)) => {
+            return Err(StoreError::Damaged {
+                path: id.location(),
+                id: raw.to_owned(),
+                why,
+            }
+            .into())
         }
-        return Err(not_found());
+        Some(Owner::Foreign(_)) | None => return Err(not_found()),
     };
     // An NFS volume records no capacity: the files plus a sixteenth for a filesystem.
     let from_files = (m.data_bytes + m.data_bytes / 16).next_multiple_of(1 << 20);
@@ -46,6 +52,26 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
         content: m.content,
         size_bytes,
     })
+}
+
+/// A snapshot without its manifest yet: being taken here now, or not (its copy failed, or
+/// the driver restarted: the snapshotter's next CreateSnapshot takes it again), or by
+/// another node.
+fn not_ready(ctx: &Context<'_>, raw: &str) -> Result<Error> {
+    let rec = ctx.snapshots.records()?.into_iter().find(|r| r.id == raw);
+    let why = match rec {
+        Some(r) if ctx.snapshots.copies.jobs.is_running(&super::key(&r.name)) => {
+            "it is still being taken (ready_to_use: false)"
+        }
+        Some(_) => {
+            "its copy is not running on this node (it failed, or the driver restarted); the \
+             next CreateSnapshot of it takes it again"
+        }
+        None => "it has no manifest yet (another node may still be taking it)",
+    };
+    Ok(Error::NotReady(format!(
+        "snapshot {raw} is not ready: {why}; retry when it is ready"
+    )))
 }
 
 /// A volume this driver made already under `name` from snapshot `raw`, as its record holds
@@ -86,29 +112,21 @@ pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> 
     if let Some(nfs) = ctx.nfs {
         restoring.extend(crate::volume::nfs::clone::filling_from(nfs, &text));
     }
-    let marks = ctx.snapshot_dir(id).await?.join(MARKS);
-    let read = move || -> Result<Vec<String>> {
-        let Ok(entries) = std::fs::read_dir(&marks) else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
-            out.push(format!("{} ({})", text.trim(), path.display()));
-        }
-        Ok(out)
-    };
-    let marked = match &id.store {
-        Store::Dir(_) => read()?,
-        Store::Nfs(_) => {
-            let what = format!("reading the restore marks of {}", id.location());
-            ctx.nfs()?
-                .with_deadline(what, read)
-                .await
-                .map_err(|e| super::store_unreachable(id, &e))?
-        }
-    };
+    let (owner, shown) = (text.clone(), id.location());
+    let marked = ctx
+        .on_store(id, "reading the restore marks", move |root, rel| {
+            let Some(dir) = SnapshotDir::open(root, rel, &shown)? else {
+                return Ok(Vec::new());
+            };
+            if matches!(dir.owner(&owner, None)?, Owner::Foreign(_)) {
+                return Ok(Vec::new());
+            }
+            match dir.subdir(MARKS, false)? {
+                Some(marks) => read_marks(&marks),
+                None => Ok(Vec::new()),
+            }
+        })
+        .await?;
     for m in marked {
         if !restoring.iter().any(|v| m.starts_with(&format!("{v} "))) {
             restoring.push(m);
@@ -125,6 +143,44 @@ pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> 
     )))
 }
 
+/// The restore marks in `marks`, each as `<volume id> on node <node> (<path>)`. Only a
+/// mark this driver could have written counts: a regular file named by its volume id's
+/// hash holding a block volume id and a node name. Anything else is left alone and not
+/// repeated (what a file on the store holds is never put in a message unless it is that).
+fn read_marks(marks: &SnapshotDir) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for name in marks.names()? {
+        let parsed = match marks.open_file(&name) {
+            Ok(Some(file)) => parse_mark(&file, &name),
+            Ok(None) => continue,
+            Err(Error::Store(_)) => None,
+            Err(e) => return Err(e),
+        };
+        match parsed {
+            Some(mark) => out.push(format!("{mark} ({})", marks.shown(&name))),
+            None => tracing::warn!(path = %marks.shown(&name),
+                "a file in a snapshot's restore marks is no restore mark; left alone"),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_mark(file: &std::fs::File, name: &str) -> Option<String> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, 512), &mut text).ok()?;
+    let (volume, node) = text.trim_end_matches('\n').split_once(" on node ")?;
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b))
+    };
+    let ours = matches!(
+        crate::request::volume_ref(volume),
+        Ok(crate::request::VolumeRef::Block(_))
+    );
+    (ours && plain(node) && short_hash(volume) == name).then(|| format!("{volume} on node {node}"))
+}
+
 fn local_mark(ctx: &Context<'_>, volume_id: &str) -> PathBuf {
     ctx.snapshots
         .records
@@ -132,43 +188,27 @@ fn local_mark(ctx: &Context<'_>, volume_id: &str) -> PathBuf {
         .join(short_hash(volume_id))
 }
 
-/// Writes `text` to `path` (a new file replacing any) on the snapshot's store, under the
-/// NFS backend's deadline for an NFS store.
-async fn on_store(
-    ctx: &Context<'_>,
-    id: &SnapshotId,
-    what: String,
-    f: impl FnOnce() -> std::io::Result<()> + Send + 'static,
-) -> Result<()> {
-    let run = move || f().map_err(|e| Error::io("writing a restore mark", Path::new(""), e));
-    match &id.store {
-        Store::Dir(_) => run(),
-        Store::Nfs(_) => ctx
-            .nfs()?
-            .with_deadline(what, run)
-            .await
-            .map_err(|e| super::store_unreachable(id, &e)),
-    }
-}
-
 /// A block volume created from `restore` and not filled yet: marked on the store, so
 /// DeleteSnapshot on any node refuses until its first NodeStage has filled it (or it is
-/// deleted), and here, so that stage takes the mark off.
+/// deleted), and here, so that stage takes the mark off. Only into the snapshot's own
+/// directory, never through a symlink.
 pub async fn mark(ctx: &Context<'_>, restore: &Restore, volume_id: &str) -> Result<()> {
-    let dir = ctx.snapshot_dir(&restore.id).await?.join(MARKS);
     let (text, name) = (
         format!("{volume_id} on node {}\n", ctx.node_id),
         short_hash(volume_id),
     );
-    on_store(
-        ctx,
-        &restore.id,
-        format!("marking {}", restore.id.location()),
-        move || {
-            std::fs::create_dir_all(&dir)?;
-            crate::state_dir::write_atomic(&dir.join(name), text.as_bytes())
-        },
-    )
+    let (owner, shown) = (restore.id.to_string(), restore.id.location());
+    ctx.on_store(&restore.id, "marking a restore", move |root, rel| {
+        let dir = SnapshotDir::open(root, rel, &shown)?;
+        let Some(dir) = dir.filter(|d| matches!(d.owner(&owner, None), Ok(Owner::Ours(Some(_)))))
+        else {
+            return Err(Error::NotFound(format!(
+                "volume_content_source.snapshot.snapshot_id: snapshot {owner} does not exist"
+            )));
+        };
+        let marks = dir.subdir(MARKS, true)?.expect("created");
+        marks.write_atomic(&name, text.as_bytes())
+    })
     .await?;
     let local = local_mark(ctx, volume_id);
     if let Some(parent) = local.parent() {
@@ -189,24 +229,21 @@ pub async fn unmark(ctx: &Context<'_>, volume_id: &str) {
         let _ = std::fs::remove_file(&local);
         return;
     };
-    let removed = async {
-        let mark = ctx
-            .snapshot_dir(&id)
-            .await?
-            .join(MARKS)
-            .join(short_hash(volume_id));
-        on_store(
-            ctx,
-            &id,
-            format!("unmarking {}", id.location()),
-            move || match std::fs::remove_file(&mark) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            },
-        )
-        .await
-    }
-    .await;
+    let (owner, shown, name) = (id.to_string(), id.location(), short_hash(volume_id));
+    let removed = ctx
+        .on_store(&id, "unmarking a restore", move |root, rel| {
+            let Some(dir) = SnapshotDir::open(root, rel, &shown)? else {
+                return Ok(());
+            };
+            if matches!(dir.owner(&owner, None)?, Owner::Foreign(_)) {
+                return Ok(());
+            }
+            match dir.subdir(MARKS, false)? {
+                Some(marks) => marks.remove_file(&name),
+                None => Ok(()),
+            }
+        })
+        .await;
     match removed {
         Ok(()) => {
             let _ = std::fs::remove_file(&local);

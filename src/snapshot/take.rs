@@ -18,7 +18,6 @@
 //! The source volume's lock is held for the whole job, so its NodeStage, NodeUnstage and
 //! DeleteVolume answer Aborted (and are retried) until the copy ends.
 
-use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -29,13 +28,14 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::manifest::{Content, Manifest, IMAGE, TREE};
+use super::store::{Owner, SnapshotDir};
 use super::{key, store_record, Context, Record};
 use crate::copy::walk::Entry;
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreError};
 use crate::locks::VolumeGuard;
 use crate::os::{FsType, Host};
-use crate::request::snapshot::{SnapshotId, Store};
+use crate::request::snapshot::SnapshotId;
 use crate::request::{self, VolumeRef};
 use crate::state_dir::short_hash;
 use crate::volume::block::clone;
@@ -66,8 +66,10 @@ struct Job {
     host: Arc<dyn Host>,
     rec: Record,
     node_id: String,
-    /// The snapshot's directory as this node reaches it.
-    dir: PathBuf,
+    /// The snapshot's directory and its `tree/`, opened on the store.
+    store: Opened,
+    /// The store, for messages.
+    store_location: String,
     from: From,
     /// Held for the whole copy (see the module's comment).
     guard: Option<VolumeGuard>,
@@ -112,12 +114,13 @@ async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result
         reason: format!("{} is no snapshot id", rec.id),
     })?;
     let (from, guard) = source(ctx, &rec.source_volume_id).await?;
-    let dir = prepare_dir(ctx, &id).await?;
+    let store = prepare_dir(ctx, &id, &rec.name).await?;
     Ok(Job {
         host: Arc::clone(&ctx.block.mounter.host),
         rec: rec.clone(),
         node_id: ctx.node_id.to_owned(),
-        dir,
+        store,
+        store_location: id.store_location(),
         from,
         guard,
         progress,
@@ -128,87 +131,24 @@ async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result
     })
 }
 
-/// The snapshot's directory made on its store (an NFS store's directories walked from
-/// the export's root, never following a symlink).
-async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId) -> Result<PathBuf> {
-    let dir = ctx.snapshot_dir(id).await?;
-    let text = id.to_string();
-    match &id.store {
-        Store::Dir(_) => {
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
-            claim(&dir, &text)?;
-            std::fs::create_dir_all(dir.join(TREE)).map_err(|e| Error::io("create", &dir, e))?;
-        }
-        Store::Nfs(store) => {
-            let root = ctx.nfs()?.export_root(store).await?;
-            let rel = id.nfs_dir("").expect("an NFS store").dir;
-            let what = format!("making {}", id.location());
-            let at = dir.clone();
-            ctx.nfs()?
-                .with_deadline(what.clone(), move || {
-                    fsops::ensure_dir(&root, &rel).map_err(|e| fs_error(what.clone(), e))?;
-                    claim(&at, &text)?;
-                    fsops::ensure_dir(&root, &format!("{rel}/{TREE}"))
-                        .map_err(|e| fs_error(what, e))
-                })
-                .await
-                .map_err(|e| match e {
-                    e @ Error::AlreadyExists(_) => e,
-                    e => super::store_unreachable(id, &e),
-                })?;
-        }
-    }
-    Ok(dir)
+/// The snapshot's directory made on its store, walked from the store's root without
+/// following a symlink, and taken for this snapshot (`SnapshotDir::claim`); with its
+/// `tree/` for a snapshot of files. Both are kept open: the copy writes through them.
+async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId, name: &str) -> Result<Opened> {
+    let (text, name, shown) = (id.to_string(), name.to_owned(), id.location());
+    ctx.on_store(id, "making the snapshot's directory", move |root, rel| {
+        let dir = SnapshotDir::create(root, rel, &shown)?;
+        dir.claim(&text, &name)?;
+        let tree = dir.subdir(TREE, true)?.expect("created");
+        Ok(Opened { dir, tree })
+    })
+    .await
 }
 
-/// The file in a snapshot's directory naming the snapshot it belongs to: written before
-/// anything else goes in, so only a directory this driver made for this very snapshot is
-/// ever written to or removed.
-pub(super) const ID_FILE: &str = "snapshot-id";
-
-/// Takes `dir` for snapshot `id`: its own already, or empty (then marked). A directory
-/// with anything else in it is someone else's: AlreadyExists, nothing written.
-fn claim(dir: &Path, id: &str) -> Result<()> {
-    let marker = dir.join(ID_FILE);
-    match std::fs::read_to_string(&marker) {
-        Ok(text) if text.trim() == id => return Ok(()),
-        Ok(text) => {
-            return Err(Error::AlreadyExists(format!(
-                "name: {} belongs to snapshot {}, not {id}; use another name",
-                dir.display(),
-                text.trim()
-            )))
-        }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(Error::io("read", &marker, e))
-        }
-        Err(_) => {}
-    }
-    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))?;
-    if entries.next().is_some() {
-        return Err(Error::AlreadyExists(format!(
-            "name: {} already exists on the store and is no snapshot of this driver; nothing \
-             was written: use another name, or move that directory away",
-            dir.display()
-        )));
-    }
-    crate::state_dir::write_atomic(&marker, format!("{id}\n").as_bytes())
-        .map_err(|e| Error::io("write", &marker, e))
-}
-
-/// Whether `dir` is snapshot `id`'s (its id file or its manifest says so); None when
-/// there is no such directory.
-pub(super) fn owned_by(dir: &Path, id: &str) -> Result<Option<bool>> {
-    if !dir.exists() {
-        return Ok(None);
-    }
-    let marker = dir.join(ID_FILE);
-    if let Ok(text) = std::fs::read_to_string(&marker) {
-        return Ok(Some(text.trim() == id));
-    }
-    Ok(Some(
-        Manifest::read(dir)?.is_some_and(|m| m.snapshot_id == id),
-    ))
+/// A snapshot's directory and its `tree/`, open.
+struct Opened {
+    dir: SnapshotDir,
+    tree: SnapshotDir,
 }
 
 /// What to copy from, and the source volume's lock (a block volume's).
@@ -299,7 +239,14 @@ async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option<VolumeGuar
 impl Job {
     async fn run(self) -> Result<()> {
         let started = Instant::now();
-        let outcome = self.copy().await;
+        let (store, progress) = (self.store_location.clone(), Arc::clone(&self.progress));
+        // A store that fills up is said so, with about what the rest of the copy needs.
+        let outcome = self.copy().await.map_err(|e| {
+            let needed = progress
+                .total_bytes()
+                .saturating_sub(progress.copied_bytes());
+            super::store::full(e, &store, needed.max(1))
+        });
         match &outcome {
             Ok(()) => crate::metrics::snapshot::taken(started.elapsed().as_secs_f64()),
             Err(_) => crate::metrics::snapshot::failed(),
@@ -371,11 +318,10 @@ impl Job {
         shown: &Path,
         live: bool,
     ) -> Result<Vec<Entry>> {
-        let tree = self.dir.join(TREE);
-        let dst = open_dir(&tree)?;
+        let dst = self.store.tree.dup()?;
         let req = CopyRequest {
             source: shown.to_owned(),
-            target: tree,
+            target: PathBuf::from(self.store.tree.location()),
             label: self.rec.id.clone(),
             streams: crate::copy::STREAMS,
             chunk: crate::copy::CHUNK,
@@ -407,8 +353,7 @@ impl Job {
             )));
         }
         let before = self.copy_files(root.as_fd(), at, true)?;
-        let tree = self.dir.join(TREE);
-        let dst = open_dir(&tree)?;
+        let dst = self.store.tree.dup()?;
         let freeze_root = root.try_clone().map_err(|e| Error::io("open", at, e))?;
         let name = format!("snapshot-{}", short_hash(&self.rec.name));
         let delta_progress = Progress::new(
@@ -479,9 +424,9 @@ impl Job {
                 path.display()
             )));
         }
-        let image_path = self.dir.join(IMAGE);
+        let image_path = PathBuf::from(self.store.dir.shown(IMAGE));
         // Made anew each run: the device may have been written between two runs.
-        let image = File::create(&image_path).map_err(|e| Error::io("create", &image_path, e))?;
+        let image = self.store.dir.create_file(IMAGE)?;
         image
             .set_len(bytes)
             .map_err(|e| Error::io("size", &image_path, e))?;
@@ -512,7 +457,7 @@ impl Job {
             .map_err(|e| Error::io("sync", &image_path, e))?;
         let content = if written == 0 {
             drop(image);
-            let _ = std::fs::remove_file(&image_path);
+            let _ = self.store.dir.remove_file(IMAGE);
             Content::Empty
         } else {
             Content::Device
@@ -532,13 +477,13 @@ impl Job {
         let mut m = Manifest::new(&self.rec, &self.node_id, content);
         m.fs_type = fs.map(|f| f.as_str().to_owned());
         m.freeze_seconds = freeze_seconds;
-        m.list(entries, &self.dir.join(TREE), self.rec.checksums)?;
+        m.list(entries, &self.store.tree, self.rec.checksums)?;
         Ok(m)
     }
 
     /// The manifest written (the snapshot is ready on its store), then this node's record.
     fn publish(&self, m: &Manifest) -> Result<()> {
-        m.write(&self.dir)?;
+        m.write(&self.store.dir)?;
         let ready = Record {
             ready: true,
             ..self.rec.clone()
@@ -568,68 +513,28 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 }
 
 /// The snapshot's directory removed from its store, the manifest first (a snapshot half
-/// removed is never listed as ready).
-pub(super) async fn remove_snapshot_dir(
-    ctx: &Context<'_>,
-    id: &SnapshotId,
-    dir: PathBuf,
-) -> Result<()> {
-    let (text, at) = (id.to_string(), dir.clone());
-    let owned = match &id.store {
-        Store::Dir(_) => owned_by(&at, &text)?,
-        Store::Nfs(_) => ctx
-            .nfs()?
-            .with_deadline(format!("looking into {}", id.location()), move || {
-                owned_by(&at, &text)
-            })
-            .await
-            .map_err(|e| super::store_unreachable(id, &e))?,
-    };
-    match owned {
-        None => return Ok(()),
-        Some(true) => {}
-        Some(false) => {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot_id: {} is no directory of snapshot {id} (no {ID_FILE} or manifest of \
-                 it there); nothing was removed",
-                dir.display()
-            )))
-        }
-    }
-    match &id.store {
-        Store::Dir(_) => {
-            for r in [
-                std::fs::remove_file(dir.join(super::manifest::FILE)),
-                std::fs::remove_dir_all(&dir),
-            ] {
-                match r {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(Error::io("remove", &dir, e))
-                    }
-                    _ => {}
-                }
+/// removed is never listed as ready), each component walked without following a symlink
+/// (a symlink in it is removed itself, never what it points to). Only a directory that is
+/// this snapshot's (`SnapshotDir::owner`) is touched.
+pub(super) async fn remove_snapshot_dir(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> {
+    let (text, shown) = (id.to_string(), id.location());
+    ctx.on_store(id, "removing the snapshot", move |root, rel| {
+        let Some(dir) = SnapshotDir::open(root, rel, &shown)? else {
+            return Ok(());
+        };
+        if let Owner::Foreign(why) = dir.owner(&text, None)? {
+            return Err(StoreError::Foreign {
+                path: shown,
+                id: text,
+                why,
             }
-            Ok(())
+            .into());
         }
-        Store::Nfs(store) => {
-            let nfs = ctx.nfs()?;
-            let root = nfs.export_root(store).await?;
-            let rel = id.nfs_dir("").expect("an NFS store").dir;
-            let what = format!("removing {}", id.location());
-            let manifest = dir.join(super::manifest::FILE);
-            nfs.with_deadline(what.clone(), move || {
-                match std::fs::remove_file(&manifest) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(Error::io("remove", &manifest, e))
-                    }
-                    _ => {}
-                }
-                fsops::remove_tree(&root, &rel).map_err(|e| fs_error(what, e))
-            })
-            .await
-            .map_err(|e| super::store_unreachable(id, &e))
-        }
-    }
+        dir.remove_file(super::manifest::FILE)?;
+        drop(dir);
+        fsops::remove_tree(root, rel).map_err(|e| fs_error(format!("removing {shown}"), e))
+    })
+    .await
 }
 
 /// Mounts a killed driver left in the snapshot's private directory, taken down.

@@ -30,6 +30,7 @@ use crate::error::{CloneError, CopyError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, FsType, Host, MountEntry};
+use crate::request::snapshot::SnapshotId;
 use crate::request::{self, Access, Capability, VolumeRef};
 use crate::volume::block::clone_source::{self, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
@@ -730,25 +731,40 @@ fn image_fill(
     let (at, label, progress) = (at.clone(), label.to_owned(), Arc::clone(progress));
     let volume = vol.id.to_string();
     Ok(async move {
-        let (image, mounted) = match &at {
-            clone_source::ImageAt::Local(path) => (path.clone(), None),
-            clone_source::ImageAt::Nfs(id) => {
+        let (opened, mounted) = match &at {
+            clone_source::ImageAt::Local(id) => (open_image(id, None), None),
+            clone_source::ImageAt::Nfs(nfs_dir) => {
                 clean_copy_dir(host.as_ref(), &dir).await?;
                 let m = pin(&dir, "source")?;
                 let from = SourceMount::Nfs {
-                    id: id.clone(),
+                    id: nfs_dir.clone(),
                     label: label.clone(),
                 };
                 from.mount(host.as_ref(), &m).await?;
-                (
-                    m.path().join(crate::request::snapshot::IMAGE),
-                    Some((m, from)),
-                )
+                // Checked on what was mounted: the server resolved the path itself.
+                let id = SnapshotId::parse(&label);
+                let opened = id
+                    .ok_or_else(|| Error::NotFound(format!("snapshot {label} does not exist")))
+                    .and_then(|id| open_image(&id, Some(m.path())));
+                (opened, Some((m, from)))
             }
         };
-        let bytes = std::fs::metadata(&image)
-            .map_err(|e| Error::io("stat", &image, e))?
-            .len();
+        let opened = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                if let Some((m, _)) = mounted {
+                    unmount_retrying(host.as_ref(), &m.without_final()).await?;
+                }
+                return Err(e);
+            }
+        };
+        let (image, bytes) = (
+            crate::os::safepath::fd_path(std::os::fd::AsFd::as_fd(&opened)),
+            opened
+                .metadata()
+                .map_err(|e| Error::io("stat", &label, e))?
+                .len(),
+        );
         let req = RawCopyRequest {
             source: DeviceAt::image(image),
             target,
@@ -762,10 +778,15 @@ fn image_fill(
         tracing::info!(volume_id = %volume, source = %req.label, bytes,
             "copying a raw block snapshot's image onto the volume");
         let p = Arc::clone(&progress);
-        let copied = tokio::task::spawn_blocking(move || crate::copy::raw::copy_device(&req, &p))
-            .await
-            .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
-            .and_then(|r| r);
+        let copied = tokio::task::spawn_blocking(move || {
+            // The image is read through its descriptor's path while it is open.
+            let copied = crate::copy::raw::copy_device(&req, &p);
+            drop(opened);
+            copied
+        })
+        .await
+        .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
+        .and_then(|r| r);
         let copied = match &mounted {
             Some((_, from)) => copied.map_err(|e| from.explain(e, &progress)),
             None => copied,
@@ -779,6 +800,18 @@ fn image_fill(
         }
         copied
     })
+}
+
+/// A raw block snapshot's image, opened without following a symlink in the directory
+/// proven to be snapshot `id`'s (on a directory store, or an NFS store's snapshot
+/// directory mounted at `mounted`): a regular file, never a link to one elsewhere.
+fn open_image(id: &SnapshotId, mounted: Option<&std::path::Path>) -> Result<std::fs::File> {
+    let dir = match mounted {
+        None => clone_source::local_snapshot(id)?,
+        Some(at) => crate::snapshot::store::open_ready(at, "", &id.to_string(), &id.location())?,
+    };
+    dir.open_file(crate::request::snapshot::IMAGE)?
+        .ok_or_else(|| Error::NotFound(format!("snapshot {id} has no image at {}", id.location())))
 }
 
 /// How the copy mounts `source`; None when there is nothing to copy.
@@ -799,7 +832,7 @@ fn source_mount(
             id: id.clone(),
             label: label.clone(),
         })),
-        Source::Dir { path, .. } => Ok(Some(SourceMount::Bind { path: path.clone() })),
+        Source::Dir { id, .. } => Ok(Some(SourceMount::Tree { id: id.clone() })),
         Source::Empty { .. } => Ok(None),
         // CreateVolume and NodeStage refuse it: a raw block snapshot restores only raw.
         Source::Image { label, .. } => Err(CloneError::ImageNeedsBlock {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CopyError, Error, Result, VolumeError};
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
 use crate::pool::VolumeRecord;
-use crate::request::snapshot::{Content, SnapshotId, IMAGE, TREE};
+use crate::request::snapshot::{Content, SnapshotId, Store, TREE};
 use crate::request::{self, nfs_options, CreateVolume, NfsVolumeId, VolumeRef};
 use crate::volume::nfs::NfsBackend;
 
@@ -24,7 +24,7 @@ pub enum Source {
     /// snapshot id of a snapshot's tree on an NFS store).
     Nfs { id: NfsVolumeId, label: String },
     /// A snapshot's tree on a directory store (a directory this node sees).
-    Dir { path: PathBuf, label: String },
+    Dir { id: SnapshotId, label: String },
     /// A snapshot of a volume that held nothing: the volume starts empty.
     Empty { label: String },
     /// A raw block snapshot's image (`device.img`), copied onto a raw block volume.
@@ -34,8 +34,8 @@ pub enum Source {
 /// Where a raw block snapshot's image is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageAt {
-    /// On a directory store: the image file itself.
-    Local(PathBuf),
+    /// On a directory store: in the snapshot's directory there.
+    Local(SnapshotId),
     /// On an NFS store: the snapshot's directory, mounted read-only by the copy.
     Nfs(NfsVolumeId),
 }
@@ -71,20 +71,18 @@ impl Source {
         match content {
             Content::Empty => Ok(Source::Empty { label }),
             Content::Device => {
-                let at = match (id.nfs_dir(""), id.local_dir()) {
-                    (Some(dir), _) => ImageAt::Nfs(dir),
-                    (None, Some(dir)) => ImageAt::Local(dir.join(IMAGE)),
-                    (None, None) => unreachable!("a store is NFS or a directory"),
+                let at = match id.nfs_dir("") {
+                    Some(dir) => ImageAt::Nfs(dir),
+                    None => ImageAt::Local(id.clone()),
                 };
                 Ok(Source::Image { at, label })
             }
-            Content::Files => Ok(match (id.nfs_dir(TREE), id.local_dir()) {
-                (Some(tree), _) => Source::Nfs { id: tree, label },
-                (None, Some(dir)) => Source::Dir {
-                    path: dir.join(TREE),
+            Content::Files => Ok(match id.nfs_dir(TREE) {
+                Some(tree) => Source::Nfs { id: tree, label },
+                None => Source::Dir {
+                    id: id.clone(),
                     label,
                 },
-                (None, None) => unreachable!("a store is NFS or a directory"),
             }),
         }
     }
@@ -218,12 +216,21 @@ pub fn private_options(id: &NfsVolumeId) -> Result<nfs_options::MountOptions> {
     nfs_options::merge(&id.transport, &flags)
 }
 
+/// A directory store's snapshot directory, proven to be `id`'s ready snapshot.
+pub fn local_snapshot(id: &SnapshotId) -> Result<crate::snapshot::SnapshotDir> {
+    let Store::Dir(root) = &id.store else {
+        unreachable!("only a directory store's snapshot is opened here")
+    };
+    crate::snapshot::store::open_ready(root, &id.dir, &id.to_string(), &id.location())
+}
+
 /// How the copy job mounts its source read-only at `<dir>/source`.
 pub enum SourceMount {
     /// A block volume's device.
     Device { dev: PathBuf, fs: FsType },
-    /// A directory of this node (a snapshot's tree on a directory store), bound.
-    Bind { path: PathBuf },
+    /// A snapshot's tree on a directory store, bound from the descriptor of the tree of
+    /// the directory proven to be that snapshot's, opened without following a symlink.
+    Tree { id: SnapshotId },
     /// `server:/share/dir` over the transport its id records.
     Nfs { id: NfsVolumeId, label: String },
 }
@@ -232,8 +239,14 @@ impl SourceMount {
     pub async fn mount(&self, host: &dyn Host, at: &Anchored) -> Result<()> {
         match self {
             SourceMount::Device { dev, fs } => host.mount(dev, at, *fs, &["ro".to_owned()]).await,
-            SourceMount::Bind { path } => {
-                let from = Anchored::unpinned(path.clone());
+            SourceMount::Tree { id } => {
+                let dir = local_snapshot(id)?;
+                let tree = dir.subdir(TREE, false)?.ok_or_else(|| {
+                    Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
+                })?;
+                // The bind's source is the descriptor itself (`/proc/self/fd/N`), never a
+                // path looked up again.
+                let from = Anchored::unpinned(tree.path());
                 host.bind_mount(&from, at, &["ro".to_owned()]).await
             }
             SourceMount::Nfs { id, .. } => {
