@@ -448,7 +448,7 @@ pub enum StoreError {
         id: String,
         why: &'static str,
     },
-    #[error("the snapshot store {store} is full ({cause}) while writing {path}: it needs about {needed} bytes more for this snapshot; free space there or use another store")]
+    #[error("the snapshot store {store} is full ({cause}) while copying {path}: it needs about {needed} bytes more for this snapshot; free space there or use another store")]
     Full {
         store: String,
         path: String,

@@ -40,6 +40,16 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
         }
         Some(Owner::Foreign(_)) | None => return Err(not_found()),
     };
+    // Where its restore mark goes must be a directory of its own (or not there yet), so a
+    // store that would refuse the mark refuses before anything is allocated.
+    let shown = id.location();
+    ctx.on_store(&id, "reading the restore marks", move |root, rel| {
+        if let Some(dir) = SnapshotDir::open(root, rel, &shown)? {
+            dir.subdir(MARKS, false)?;
+        }
+        Ok(())
+    })
+    .await?;
     // An NFS volume records no capacity: the files plus a sixteenth for a filesystem.
     let from_files = (m.data_bytes + m.data_bytes / 16).next_multiple_of(1 << 20);
     let size_bytes = match m.content {
