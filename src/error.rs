@@ -441,6 +441,17 @@ pub enum StoreError {
         why: &'static str,
     },
     #[error(
+        "snapshot {id}: {path} on the store no longer has the SHA-256 the snapshot recorded \
+         ({recorded}; now {found}): its bytes were changed after it was taken; nothing was \
+         restored and the volume stays empty: restore the store's copy, or use another snapshot"
+    )]
+    Corrupt {
+        id: String,
+        path: String,
+        recorded: String,
+        found: String,
+    },
+    #[error(
         "snapshot {id}: {path} holds another snapshot's data ({why}); use another snapshot name"
     )]
     NameTaken {

@@ -1511,9 +1511,8 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // A snapshot on a directory store (its id file and manifest naming it).
     std::fs::create_dir_all(outside.path().join("snaps/x/tree")).unwrap();
-    let manifest_text = std::fs::read(stored.join("manifest.json")).unwrap();
-    std::fs::write(outside.path().join("snaps/x/manifest.json"), manifest_text).unwrap();
     let dir_id = format!(
         "snap:dir:{}:x",
         outside
@@ -1523,6 +1522,16 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
             .to_string()
             .replace('/', "~")
     );
+    let manifest_text = String::from_utf8(std::fs::read(stored.join("manifest.json")).unwrap())
+        .unwrap()
+        .replace(&snap.snapshot_id, &dir_id)
+        .replace("\"nightly\"", "\"x\"");
+    std::fs::write(outside.path().join("snaps/x/manifest.json"), manifest_text).unwrap();
+    std::fs::write(
+        outside.path().join("snaps/x/snapshot-id"),
+        format!("{dir_id}\n"),
+    )
+    .unwrap();
     let e = c
         .create_volume(restore("from-dir", &dir_id))
         .await
@@ -1557,4 +1566,90 @@ async fn an_nfs_volume_is_snapshotted_to_an_nfs_store_and_restored_into_a_new_nf
     assert_eq!(again.volume_id, v.volume_id);
     assert_same_tree(&src_dir, &h.export().join("restored"));
     assert!(!stored.exists());
+}
+
+/// An NFS snapshot store tampered with through its export: a snapshot directory planted as
+/// a symlink is refused by CreateSnapshot (nothing written where it points), a `tree/`
+/// swapped for a symlink is refused by a restore, and a file changed after a snapshot with
+/// checksums was taken is refused naming it, the new volume left empty.
+#[tokio::test]
+async fn a_tampered_nfs_snapshot_store_is_refused_never_followed() {
+    use std::os::unix::fs::symlink;
+    let h = harness().await;
+    let outside = tempfile::tempdir().unwrap();
+    let multi = cap(AccessModeKind::MultiNodeMultiWriter, &[]);
+    let src = h
+        .create("src", params(&[]), multi.clone(), 1 << 30)
+        .await
+        .unwrap();
+    std::fs::write(h.export().join("src/data.bin"), b"nightly bytes").unwrap();
+    let mut c = h.c.controller.clone();
+    let snapshot = |name: &str| CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: src.volume_id.clone(),
+        parameters: [
+            ("storeServer", "192.0.2.1"),
+            ("storeShare", "/export"),
+            ("storePath", "snapshots"),
+            ("checksums", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    };
+    let restore = |name: &str, id: &str| CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![multi.clone()],
+        parameters: params(&[]),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: id.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    std::fs::create_dir_all(h.export().join("snapshots")).unwrap();
+    symlink(outside.path(), h.export().join("snapshots/planted")).unwrap();
+    let e = c.create_snapshot(snapshot("planted")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let snap = loop {
+        let s = c.create_snapshot(snapshot("nightly")).await.unwrap();
+        let s = s.into_inner().snapshot.unwrap();
+        if s.ready_to_use {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let stored = h.export().join("snapshots/nightly");
+    std::fs::write(stored.join("tree/data.bin"), b"NIGHTLY bytes").unwrap();
+    let e = c
+        .create_volume(restore("changed", &snap.snapshot_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("data.bin") && e.message().contains("SHA-256"),
+        "{e:?}"
+    );
+    assert!(
+        std::fs::read_dir(h.export().join("changed")).map_or(true, |mut d| d.next().is_none()),
+        "the changed bytes reached the volume"
+    );
+
+    std::fs::write(outside.path().join("secret"), b"host").unwrap();
+    std::fs::rename(stored.join("tree"), stored.join("tree.real")).unwrap();
+    symlink(outside.path(), stored.join("tree")).unwrap();
+    let e = c
+        .create_volume(restore("linked", &snap.snapshot_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!h.export().join("linked/secret").exists());
 }

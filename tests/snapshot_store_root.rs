@@ -367,3 +367,42 @@ async fn a_full_store_is_resource_exhausted() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains(at), "{}", e.message());
 }
+
+/// A snapshot taken with checksums whose file was changed on the store afterwards: the
+/// restore refuses it naming the file and both digests, the volume stays empty, and once
+/// the store's copy is put back the retry restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_checks_the_checksums_its_snapshot_recorded() {
+    let Some(mut rig) = Rig::new(2) else { return };
+    let store = tmp("gds-store-");
+    let mut c = rig.start().await;
+    let source = volume_with(&mut c, &rig, "src", b"the checkpoint's bytes").await;
+    let mut req = snapshot_req("summed", &source, store.path());
+    req.parameters.insert("checksums".into(), "true".into());
+    let snap = take(&mut c, req).await.unwrap();
+    let file = store.path().join("summed/tree/data.bin");
+    fs::write(&file, b"the checkpoint's BYTES").unwrap();
+
+    let cap = requests::single_writer_mount();
+    let restored =
+        requests::create_volume(&mut c, restore_req("r", &snap.snapshot_id, cap.clone())).await;
+    let (staging, target) = (rig.path("staging/r"), rig.path("pods/r/v"));
+    fs::create_dir_all(&staging).unwrap();
+    let e = requests::stage(&mut c, &restored.volume_id, &staging, cap.clone())
+        .await
+        .unwrap_err();
+    assert_refused(&e, Code::FailedPrecondition, "data.bin");
+    assert!(e.message().contains("SHA-256"), "{}", e.message());
+    fs::write(&file, b"the checkpoint's bytes").unwrap();
+    requests::stage_and_publish(&mut c, &restored.volume_id, &staging, &target, cap).await;
+    assert_eq!(
+        fs::read(target.join("data.bin")).unwrap(),
+        b"the checkpoint's bytes"
+    );
+    requests::unpublish(&mut c, &restored.volume_id, &target)
+        .await
+        .unwrap();
+    requests::unstage(&mut c, &restored.volume_id, &staging)
+        .await
+        .unwrap();
+}

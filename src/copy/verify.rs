@@ -144,6 +144,23 @@ fn is_socket(e: &Entry) -> bool {
 
 /// Read with O_NOATIME: the copy's times are already set and must stay as copied.
 /// SHA-256 of the file `rel` beneath `root`, in hex (a snapshot's manifest).
+/// The first of `digests` (a relative path and the SHA-256 it should have, in hex) whose
+/// file beneath `root` has another: its path, the digest wanted and the one found.
+pub fn first_mismatch(
+    root: BorrowedFd<'_>,
+    shown: &Path,
+    digests: &[(String, String)],
+) -> Result<Option<(String, String, String)>> {
+    for (rel, want) in digests {
+        let found = sha256_beneath(root, Path::new(rel))
+            .map_err(|e| Error::io("checksum", shown.join(rel), e.into()))?;
+        if &found != want {
+            return Ok(Some((rel.clone(), want.clone(), found)));
+        }
+    }
+    Ok(None)
+}
+
 pub fn sha256_beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<String> {
     Ok(digest(root, rel)?
         .iter()

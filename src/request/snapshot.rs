@@ -84,6 +84,9 @@ pub struct Restore {
     pub content: Content,
     /// The source's capacity: the smallest volume that holds the snapshot.
     pub size_bytes: u64,
+    /// Each file's path and SHA-256 as the manifest recorded them (a snapshot taken with
+    /// checksums), which the restored copy must have.
+    pub digests: Vec<(String, String)>,
 }
 
 impl Restore {

@@ -110,6 +110,15 @@ impl Manifest {
         Ok(())
     }
 
+    /// Each file's path and recorded SHA-256 (none unless taken with checksums).
+    pub fn digests(&self) -> Vec<(String, String)> {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == "file")
+            .filter_map(|e| Some((e.path.clone(), e.sha256.clone()?)))
+            .collect()
+    }
+
     /// Written into `dir` atomically; from now on the snapshot is ready.
     pub fn write(&self, dir: &super::SnapshotDir) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {

@@ -61,6 +61,7 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
         text: raw.to_owned(),
         content: m.content,
         size_bytes,
+        digests: m.digests(),
     })
 }
 
@@ -97,6 +98,7 @@ pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
         content,
         // The volume exists: what it holds is not asked for again.
         size_bytes: 0,
+        digests: Vec::new(),
     };
     let state = ctx.block.pool.state.snapshot();
     if let Some((volume_id, rec)) = state.by_name(name) {

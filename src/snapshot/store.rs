@@ -73,8 +73,17 @@ impl SnapshotDir {
             path: shown.to_owned(),
             kind: "directory",
         };
-        let mut fd: OwnedFd = nix::fcntl::open(root, flags_dir(), Mode::empty())
-            .map_err(|e| Error::io("open", root, e.into()))?;
+        let open_root = || nix::fcntl::open(root, flags_dir(), Mode::empty());
+        let mut fd: OwnedFd = match open_root() {
+            Ok(fd) => fd,
+            // A directory store not made yet: made by the first snapshot taken into it.
+            Err(Errno::ENOENT) if create => {
+                std::fs::create_dir_all(root).map_err(|e| Error::io("create", root, e))?;
+                open_root().map_err(|e| Error::io("open", root, e.into()))?
+            }
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(Error::io("open", root, e.into())),
+        };
         for c in rel.split('/').filter(|c| !c.is_empty()) {
             if c == "." || c == ".." {
                 return Err(not_plain().into());

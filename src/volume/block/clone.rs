@@ -254,7 +254,7 @@ pub async fn check_clone(
         (Source::Nfs { id, label }, None) => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
         }
-        (Source::Dir { .. } | Source::Empty { .. } | Source::Image { .. }, None) => {
+        (Source::Snapshot { .. } | Source::Empty { .. } | Source::Image { .. }, None) => {
             unreachable!("only a snapshot restores from a directory, an image or nothing")
         }
     };
@@ -539,10 +539,16 @@ pub async fn pending(b: &BlockBackend, vol: &Located, cap: &Capability) -> Resul
     if done(b, &raw)? {
         return Ok(None);
     }
-    if let (Source::Nfs { label, .. }, false) = (&source, b.nfs_sources) {
+    let on_nfs = match &source {
+        Source::Nfs { .. } => true,
+        Source::Snapshot { id, .. } => id.nfs_dir("").is_some(),
+        _ => false,
+    };
+    if let (true, false) = (on_nfs, b.nfs_sources) {
+        let label = source.label();
         return Err(CloneError::NfsSourceDisabled {
             volume: raw,
-            label: label.clone(),
+            label: label.to_owned(),
         }
         .into());
     }
@@ -639,7 +645,7 @@ fn raw_fill(
         },
         // CreateVolume refuses it: a raw copy needs a device.
         Source::Nfs { label, .. }
-        | Source::Dir { label, .. }
+        | Source::Snapshot { label, .. }
         | Source::Empty { label }
         | Source::Image { label, .. } => {
             return Err(CloneError::RawCloneOfNfs {
@@ -832,7 +838,14 @@ fn source_mount(
             id: id.clone(),
             label: label.clone(),
         })),
-        Source::Dir { id, .. } => Ok(Some(SourceMount::Tree { id: id.clone() })),
+        Source::Snapshot { id, label } => Ok(Some(match id.nfs_dir("") {
+            Some(dir) => SourceMount::NfsSnapshot {
+                dir,
+                id: id.clone(),
+                label: label.clone(),
+            },
+            None => SourceMount::Tree { id: id.clone() },
+        })),
         Source::Empty { .. } => Ok(None),
         // CreateVolume and NodeStage refuse it: a raw block snapshot restores only raw.
         Source::Image { label, .. } => Err(CloneError::ImageNeedsBlock {
@@ -977,14 +990,21 @@ async fn fill(
         .await
         .inspect_err(|_| crate::metrics::clone::failed_because(Cause::Mount))?;
     let copied = async {
+        let (files, manifest) = from.files(src_at.path())?;
         host.mount(&dst_dev, &dst_at, dst_fs, &[]).await?;
-        (req.source, req.target) = (src_at.path().to_owned(), dst_at.path().to_owned());
+        (req.source, req.target) = (files, dst_at.path().to_owned());
         let p = Arc::clone(&progress);
-        let copied = tokio::task::spawn_blocking(move || copy_tree(&req, &p))
-            .await
-            .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
-            .and_then(|r| r)
-            .map_err(|e| from.explain(e, &progress));
+        let copied = tokio::task::spawn_blocking(move || {
+            copy_tree(&req, &p)?;
+            match manifest {
+                Some(m) => verify_recorded(&req.target, &m, &p),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| CloneError::CopyStopped(e.to_string()).into())
+        .and_then(|r| r)
+        .map_err(|e| from.explain(e, &progress));
         let unmounted = unmount_retrying(host.as_ref(), &dst_at).await;
         copied.and(unmounted)
     }
@@ -1010,6 +1030,38 @@ async fn fill(
     outcome
 }
 
+/// A restore from a snapshot that recorded checksums: every file of the copy at `target`
+/// read back and compared with its manifest's SHA-256, so bytes changed on the store after
+/// the snapshot was taken are refused, not restored. On a mismatch the volume is emptied
+/// and its copy forgotten, so a retry after the store is repaired copies it all again.
+fn verify_recorded(
+    target: &std::path::Path,
+    m: &crate::snapshot::Manifest,
+    progress: &Progress,
+) -> Result<()> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::AsFd;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let root = nix::fcntl::open(target, flags, nix::sys::stat::Mode::empty())
+        .map_err(|e| Error::io("open", target, e.into()))?;
+    let digests = m.digests();
+    let shown = std::path::Path::new(&m.snapshot_id);
+    if let Some((path, recorded, found)) =
+        crate::copy::verify::first_mismatch(root.as_fd(), shown, &digests)?
+    {
+        crate::copy::delta::empty(root.as_fd(), target)?;
+        progress.set(Saved::default())?;
+        return Err(crate::error::StoreError::Corrupt {
+            id: m.snapshot_id.clone(),
+            path,
+            recorded,
+            found,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// The clone's kind, from its capabilities, before anything is allocated: one access
 /// type, and block access only from a block volume (an NFS directory is copied file by
 /// file into a filesystem).
@@ -1031,7 +1083,7 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
                  access (Kubernetes: volumeMode: Block)"
             ),
         )),
-        Source::Nfs { label, .. } | Source::Dir { label, .. } if block => Err(Error::invalid(
+        Source::Nfs { label, .. } | Source::Snapshot { label, .. } if block => Err(Error::invalid(
             "volume_capabilities",
             format!(
                 "the clone's source {label} is an NFS directory, copied file by file into a \

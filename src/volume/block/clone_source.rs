@@ -23,8 +23,8 @@ pub enum Source {
     /// record (the volume id, `server:/share/path` for a class's dataset, or the
     /// snapshot id of a snapshot's tree on an NFS store).
     Nfs { id: NfsVolumeId, label: String },
-    /// A snapshot's tree on a directory store (a directory this node sees).
-    Dir { id: SnapshotId, label: String },
+    /// A snapshot of files (its `tree/`), on a directory store or an NFS store.
+    Snapshot { id: SnapshotId, label: String },
     /// A snapshot of a volume that held nothing: the volume starts empty.
     Empty { label: String },
     /// A raw block snapshot's image (`device.img`), copied onto a raw block volume.
@@ -59,7 +59,7 @@ impl Source {
         match self {
             Source::Block(raw) => raw,
             Source::Nfs { label, .. }
-            | Source::Dir { label, .. }
+            | Source::Snapshot { label, .. }
             | Source::Empty { label }
             | Source::Image { label, .. } => label,
         }
@@ -77,12 +77,9 @@ impl Source {
                 };
                 Ok(Source::Image { at, label })
             }
-            Content::Files => Ok(match id.nfs_dir(TREE) {
-                Some(tree) => Source::Nfs { id: tree, label },
-                None => Source::Dir {
-                    id: id.clone(),
-                    label,
-                },
+            Content::Files => Ok(Source::Snapshot {
+                id: id.clone(),
+                label,
             }),
         }
     }
@@ -231,6 +228,13 @@ pub enum SourceMount {
     /// A snapshot's tree on a directory store, bound from the descriptor of the tree of
     /// the directory proven to be that snapshot's, opened without following a symlink.
     Tree { id: SnapshotId },
+    /// A snapshot's directory on an NFS store (`dir`), proven to be snapshot `id`'s once
+    /// mounted (the server resolved the path, not this node); its `tree/` is copied.
+    NfsSnapshot {
+        dir: NfsVolumeId,
+        id: SnapshotId,
+        label: String,
+    },
     /// `server:/share/dir` over the transport its id records.
     Nfs { id: NfsVolumeId, label: String },
 }
@@ -249,7 +253,7 @@ impl SourceMount {
                 let from = Anchored::unpinned(tree.path());
                 host.bind_mount(&from, at, &["ro".to_owned()]).await
             }
-            SourceMount::Nfs { id, .. } => {
+            SourceMount::NfsSnapshot { dir: id, .. } | SourceMount::Nfs { id, .. } => {
                 let opts = private_options(id)?;
                 let source = id.source();
                 host.mount_nfs(&source, at.path(), &opts.to_vec()).await?;
@@ -263,10 +267,34 @@ impl SourceMount {
         }
     }
 
+    /// Where the files to copy are once mounted at `at`, and the snapshot's manifest when
+    /// the source is one (read from the directory proven to be that snapshot's: for an NFS
+    /// store, on what was mounted, since the server resolved the path, not this node).
+    pub fn files(&self, at: &Path) -> Result<(PathBuf, Option<crate::snapshot::Manifest>)> {
+        use crate::snapshot::store::{open_ready, Owner};
+        let (dir, root, id) = match self {
+            SourceMount::Tree { id } => (local_snapshot(id)?, at.to_owned(), id),
+            SourceMount::NfsSnapshot { id, .. } => {
+                let dir = open_ready(at, "", &id.to_string(), &id.location())?;
+                (dir, at.join(TREE), id)
+            }
+            _ => return Ok((at.to_owned(), None)),
+        };
+        // A real directory of the proven snapshot; the copy opens it by name with
+        // O_NOFOLLOW from here on.
+        dir.subdir(TREE, false)?.ok_or_else(|| {
+            Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
+        })?;
+        match dir.owner(&id.to_string(), None)? {
+            Owner::Ours(m) => Ok((root, m)),
+            _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
+        }
+    }
+
     /// A copy's failure, said clearly when the NFS server stopped answering (the soft
     /// mount's ETIMEDOUT): Unavailable, so the kubelet's retry resumes the copy.
     pub fn explain(&self, e: Error, progress: &crate::copy::Progress) -> Error {
-        let SourceMount::Nfs { label, .. } = self else {
+        let (SourceMount::Nfs { label, .. } | SourceMount::NfsSnapshot { label, .. }) = self else {
             return e;
         };
         if !timed_out(&e) {

@@ -119,7 +119,7 @@ pub async fn create(
         return Ok(rec);
     }
     let (src, source_bytes) = check_source(b, source, id).await?;
-    fill(b, req, id, source, Some(src), source_bytes).await
+    fill(b, req, id, source, Some(src), source_bytes, Vec::new()).await
 }
 
 /// Copied already (check_existing compared name, parameters and source): the same
@@ -164,7 +164,8 @@ pub async fn restore(
         (Content::Empty, Some(_)) => None,
         (Content::Files, Some(tree)) => Some(tree),
     };
-    fill(b, req, id, &restore.text, src, restore.size_bytes).await
+    let digests = restore.digests.clone();
+    fill(b, req, id, &restore.text, src, restore.size_bytes, digests).await
 }
 
 /// Records the volume `filling`, copies `src` (None: nothing to copy) into its
@@ -176,6 +177,7 @@ async fn fill(
     source: &str,
     src: Option<NfsVolumeId>,
     source_bytes: u64,
+    digests: Vec<(String, String)>,
 ) -> Result<NfsRecord> {
     let id_text = id.to_string();
     let existing = b.store.registry.get(&id_text);
@@ -220,6 +222,8 @@ async fn fill(
             live: false,
             target_reused: false,
         },
+        digests,
+        origin: source.to_owned(),
     };
     let job = copy.run(Arc::clone(&progress), id_text.clone());
     b.clones
@@ -285,6 +289,10 @@ struct Copy {
     target: (PathBuf, String),
     source: (PathBuf, String),
     req: CopyRequest,
+    /// A restore of a snapshot taken with checksums: each file's recorded SHA-256.
+    digests: Vec<(String, String)>,
+    /// What the volume is filled from, as asked (a volume id or a snapshot id).
+    origin: String,
 }
 
 impl Copy {
@@ -322,7 +330,24 @@ impl Copy {
                     self.req.label
                 ))
             })?;
-        copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress).map(drop)
+        copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress)?;
+        // Bytes changed on the store after the snapshot was taken are refused: the
+        // directory emptied and the copy forgotten, so a retry copies it all again.
+        let target = &self.req.target;
+        if let Some((path, recorded, found)) =
+            crate::copy::verify::first_mismatch(dst.as_fd(), target, &self.digests)?
+        {
+            crate::copy::delta::empty(dst.as_fd(), target)?;
+            progress.set(crate::copy::Saved::default())?;
+            return Err(crate::error::StoreError::Corrupt {
+                id: self.origin.clone(),
+                path,
+                recorded,
+                found,
+            }
+            .into());
+        }
+        Ok(())
     }
 }
 
