@@ -383,6 +383,16 @@ pub fn dir_name(name: &str) -> String {
     format!("{cleaned}{ENCODED}{}", crate::state_dir::short_hash(name))
 }
 
+/// Whether `dir` is the directory of the snapshot named `name`: its `dir_name`, or the
+/// form encoded names had before `@` joined a cut name and its hash (`-`).
+pub fn names_dir(name: &str, dir: &str) -> bool {
+    let now = dir_name(name);
+    now == dir
+        || now
+            .rsplit_once(ENCODED)
+            .is_some_and(|(cut, hash)| dir == format!("{cut}-{hash}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,6 +472,12 @@ mod tests {
         assert!(encoded.starts_with("x-y@"), "{encoded}");
         assert_ne!(dir_name(&encoded), encoded);
         assert_eq!(dir_name("x-y"), "x-y");
+        assert!(names_dir("x/y", &encoded) && names_dir("x-y", "x-y"));
+        assert!(
+            names_dir("x/y", &encoded.replace('@', "-")),
+            "the earlier encoding"
+        );
+        assert!(!names_dir("x-y", &encoded) && !names_dir("x/y", "x-y"));
         assert!(dir_name_ok(&dir_name("..")));
         let id = create_snapshot(&req(&long, &[("storeDir", "/var/lib/snaps")])).unwrap();
         assert!(id.id.to_string().len() <= MAX_VOLUME_ID_LEN);

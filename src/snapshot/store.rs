@@ -276,8 +276,13 @@ impl SnapshotDir {
         if m.snapshot_id != id || name.is_some_and(|n| n != m.name) {
             return Ok(Owner::Damaged("its manifest names another snapshot"));
         }
-        if super::SnapshotId::parse(&m.snapshot_id).is_none() {
-            return Ok(Owner::Damaged("its manifest names no snapshot id"));
+        match super::SnapshotId::parse(&m.snapshot_id) {
+            Some(sid) if crate::request::snapshot::names_dir(&m.name, &sid.dir) => {}
+            _ => {
+                return Ok(Owner::Damaged(
+                    "its manifest's name is not the one its id names",
+                ))
+            }
         }
         Ok(Owner::Ours(Some(m)))
     }
