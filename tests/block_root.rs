@@ -304,6 +304,20 @@ async fn xfs_is_formatted_once_mounted_and_wiped_on_real_devices() {
         .to_owned();
     let (staging, target) = (rig.path("staging/x"), rig.path("pods/px/mount"));
     fs::create_dir_all(&staging).unwrap();
+    // A blank xfs volume staged with an ext4 capability: refused, nothing formatted.
+    let mut ext4 = requests::single_writer_mount();
+    if let Some(volume_capability::AccessType::Mount(m)) = &mut ext4.access_type {
+        m.fs_type = "ext4".into();
+    }
+    let e = requests::stage(&mut c, &id, &staging, ext4)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("xfs") && e.message().contains("ext4"),
+        "{e:?}"
+    );
+    assert_eq!(rig.mkfs_count(), 0, "nothing formatted");
     for _ in 0..2 {
         stage(&mut c, &id, &staging).await.unwrap();
     }

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{fill, format, BlockBackend, Located};
-use crate::error::{MountError, Result, VolumeError};
+use crate::error::{Error, MountError, Result, VolumeError};
 use crate::faults::{self, KillPoint};
 use crate::os::{mountinfo, DeviceUse, FsType, MountEntry};
 use crate::request::node::Stage;
@@ -124,6 +124,20 @@ fn check_stageable(
             why,
         }
         .into());
+    }
+    if !vol.record.formatted && fs != vol.record.fs_type {
+        // A blank volume's filesystem is its class's promise, as CreateVolume checked.
+        return Err(Error::invalid(
+            "volume_capability.mount.fs_type",
+            format!(
+                "volume {} was created as an {} volume (its class's fsType) and is not \
+                 formatted yet; stage it with fs_type {} or none, not {}",
+                vol.id,
+                vol.record.fs_type.as_str(),
+                vol.record.fs_type.as_str(),
+                fs.as_str()
+            ),
+        ));
     }
     if vol.record.formatted && fs != vol.record.fs_type {
         return Err(VolumeError::FsMismatch {
