@@ -8,7 +8,7 @@
 //! the snapshot asked for. Messages name paths, never what a file read from the store holds.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -313,13 +313,7 @@ impl SnapshotDir {
     }
 
     fn is_empty(&self) -> Result<bool> {
-        let fd = self
-            .fd
-            .try_clone()
-            .map_err(|e| store_io("open", &self.shown, e))?;
-        let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| io_error("read", &self.shown, e))?;
-        let mut entries = dir.iter().filter_map(|e| e.ok());
-        Ok(!entries.any(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
+        Ok(self.names()?.is_empty())
     }
 
     /// The names in the directory (not `.` and `..`).
@@ -371,19 +365,6 @@ pub fn open_ready(root: &Path, rel: &str, id: &str, shown: &str) -> Result<Snaps
         }
         .into()),
     }
-}
-
-impl AsRawFd for SnapshotDir {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
-/// An owned descriptor of `dir`'s directory, as a `File` for `std` APIs that want one.
-pub fn as_file(dir: &SnapshotDir) -> Result<File> {
-    let fd = dir.dup()?;
-    // SAFETY: `dup` returned a descriptor nothing else owns.
-    Ok(unsafe { File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) })
 }
 
 fn io_error(what: &'static str, shown: &str, e: Errno) -> Error {
