@@ -15,6 +15,7 @@ pub mod restore;
 pub mod store;
 mod take;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -425,7 +426,9 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
 }
 
 /// ListSnapshots: this node's snapshots (ready or still copying), or the one
-/// `snapshot_id` names, from its store when this node did not take it. A copy a killed
+/// `snapshot_id` names, from its store when this node did not take it. A snapshot is
+/// ready when its store holds its manifest now; one on a store that does not answer is
+/// listed not ready. A copy a killed
 /// driver left resumes at the snapshot's next CreateSnapshot, which the
 /// external-snapshotter repeats until the snapshot is ready (v8.7.0
 /// pkg/sidecar-controller/snapshot_controller.go `checkandUpdateContentStatusOperation`:
@@ -436,6 +439,7 @@ pub async fn list(
     source_volume_id: &str,
 ) -> Result<Vec<csi::Snapshot>> {
     let mut out = Vec::new();
+    let mut unreachable = HashSet::new();
     let records = ctx.snapshots.records()?;
     for mut rec in records {
         if (!snapshot_id.is_empty() && rec.id != snapshot_id)
@@ -444,10 +448,27 @@ pub async fn list(
             continue;
         }
         if rec.ready {
-            match restorable(ctx, &rec).await? {
+            let store = SnapshotId::parse(&rec.id).map(|i| i.store_location());
+            let known_down = store.as_ref().is_some_and(|s| unreachable.contains(s));
+            let answer = if known_down {
+                Ok(Some(false))
+            } else {
+                restorable(ctx, &rec).await
+            };
+            match answer {
                 // Removed from the store: no snapshot to list.
-                None => continue,
-                Some(ready) => rec.ready = ready,
+                Ok(None) => continue,
+                Ok(Some(ready)) => rec.ready = ready,
+                // A store that does not answer fails none of the others' entries, and its
+                // snapshots cannot be restored until it does: listed, not ready. One
+                // deadline per store and call, however many snapshots it holds.
+                Err(Error::NotReady(why)) => {
+                    tracing::warn!(snapshot = %rec.name, snapshot_id = %rec.id, %why,
+                        "listed as not ready: its store does not answer");
+                    unreachable.extend(store);
+                    rec.ready = false;
+                }
+                Err(e) => return Err(e),
             }
         }
         out.push(rec.answer());
