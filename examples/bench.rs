@@ -6,6 +6,8 @@
 //! Usage: bench SOCKET WORK_DIR DRIVER_PID [ROUNDS] [STORM]
 //! Section p (the partition layout, `bench_parts/partition.rs`) runs only when BENCH_ONLY
 //! names p1 or p4, against a driver on the pool that section expects.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 #[path = "bench_parts/partition.rs"]
 mod partition;

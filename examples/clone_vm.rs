@@ -6,6 +6,8 @@
 //! Env: GUEST_HELPER (tests/vm/clone_guest.sh: kill-driver, start-driver, nfs-stop,
 //! nfs-start), CLONE_SCENARIOS (space-separated subset of `volume dataset kill stop
 //! nfs figures`, default all), CP_DEV (an ext4 NVMe namespace outside the pool, for cp -a).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -8,6 +8,8 @@
 //!
 //! Usage: dashboard_load SOCKET WORK_DIR ROUND (names the volumes; each round makes its own,
 //! so that a second round moves every counter after Prometheus has seen the first)
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

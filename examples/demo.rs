@@ -3,6 +3,8 @@
 //! everything down. `scripts/demo.sh` runs it against a loop-device pool.
 //!
 //! Usage: demo SOCKET WORK_DIR
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::PathBuf;
 use std::time::Instant;

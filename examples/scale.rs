@@ -14,6 +14,8 @@
 //! Usage (root; `scripts/bench.sh scale` and `scripts/bench.sh storm` build and run it):
 //!   scale [block] DRIVER WORK_DIR [COUNTS=10,100,1000] [ROUNDS=30] [--devices 8]
 //!   scale storm DRIVER WORK_DIR [N=256] [--per-device 255]
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod scale_common;
 #[path = "scale_parts/storm.rs"]

@@ -11,6 +11,8 @@
 //!
 //! Usage (`scripts/bench.sh scale-nfs` builds and runs it):
 //!   scale_nfs WORK_DIR [COUNTS=10,100,1000,10000] [ROUNDS=30]
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 #[allow(dead_code)]
 #[path = "../tests/common/host_double.rs"]

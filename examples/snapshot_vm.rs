@@ -8,6 +8,8 @@
 //! Env: GUEST_HELPER (tests/vm/snapshot_guest.sh: kill-driver, start-driver, nfs-stop,
 //! nfs-start), SNAPSHOT_SCENARIOS (space-separated subset of `restore live kill
 //! restore-kill figures delete stop`, default all), DRIVER_PID_FILE, DRIVER_LOG.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,8 @@
 //! DETACH_CMD is a shell command that detaches one pool drive (run last).
 //! Env: GUEST_HELPER (tests/vm/stripe_guest.sh: restart-driver, kill-driver-tree),
 //! FIO_RUNS (runs per figure, default 3), FIO_SECONDS (each run's length, default 2).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -12,6 +12,8 @@
 //!
 //! Usage: vm_scenarios SOCKET WORK_DIR [partition]
 //! Env: GUEST_HELPER (tests/vm/guest.sh), DRIVER_LOG, NFS_SERVER, NFS_EXPORT_DIR.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

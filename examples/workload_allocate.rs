@@ -7,6 +7,8 @@
 //! ```text
 //! workload_allocate gds|gds-compat NODE_CUFILE_JSON OUT_DIR [HOST_DEV=/dev] [UDEV_DATA=/run/udev/data]
 //! ```
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::PathBuf;
 use std::time::Duration;

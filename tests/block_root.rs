@@ -1,5 +1,7 @@
 //! Root-only tests: the real `gds-csi` binary on real loop devices, with real mkfs
 //! and real mounts, driven through its CSI socket. Without root they report a skip.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::fs;

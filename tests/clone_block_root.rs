@@ -12,6 +12,8 @@
 //! source's size on a bigger clone (whole device and partition), a published source
 //! refused, a NodeStage given up while the copy waits on a frozen device joined by its
 //! retry.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::io::{Read, Write};

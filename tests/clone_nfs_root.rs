@@ -6,6 +6,8 @@
 //! read-only source mount, the O_DIRECT copy with checksums, owners, modes, times,
 //! symlinks, hard links and holes, the stage and publish. The soft mount's timeout and a
 //! real NFS server: the VM rig (tests/vm/clone.sh).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Root tests: the pool knows a device by what it is, not by the path it was given, and
 //! a published raw-block volume counts as in use. The real `gds-csi` binary on real loop
 //! devices. Without root they report a skip.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

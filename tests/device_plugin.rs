@@ -5,6 +5,8 @@
 //! follows the node's pieces, and a restarted kubelet (every socket in the directory
 //! removed, a new Registration server) that gets both resources registered again; stopped,
 //! the plugin takes its sockets away.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! with `df` showing the new size and the data intact, for ext4 and xfs, across a
 //! restart between the two calls; a neighbouring partition blocks the growth, named, and
 //! nothing on the device changes; a whole-device volume grows only up to its device.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::path::Path;

@@ -11,6 +11,8 @@
 //! kill still there (sha256), one mount per path, `data=ordered` after every stage
 //! (retries included), and a device that reads back as zeros at the end. The state at
 //! each kill is checked against what the point promises before the restart.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 #[path = "faults/partition.rs"]

@@ -4,6 +4,8 @@
 //! still running; a value that names no point does not stop it from starting either.
 //! Root, one loop device. With the feature, `tests/faults.rs` proves the opposite.
 #![cfg(not(feature = "fault-injection"))]
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

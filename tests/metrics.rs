@@ -1,6 +1,8 @@
 //! The metrics endpoint: an in-process driver (empty pool, no root needed) served on a
 //! unix socket, its metrics on 127.0.0.1:0; CSI calls go through the socket and the
 //! exposition is fetched over HTTP and checked line by line.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

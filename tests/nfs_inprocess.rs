@@ -1,6 +1,8 @@
 //! In-process gRPC tests of the NFS backend: the real services on a unix socket, over
 //! a `Host` double whose `mount_nfs` records an nfs4 mount (with the super options the
 //! "kernel" negotiated) and whose export is a local directory. No root, no NFS client.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -10,6 +10,8 @@
 //! - `a_symlink_swapped_in_during_stage_never_gets_the_volume_mounted_outside`.
 //! - `a_mount_below_the_root_is_not_crossed_and_a_file_is_not_a_staging_dir`.
 //! - `stage_and_publish_mounts_propagate_to_the_kubelets_side` (and read-only publish).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -7,6 +7,8 @@
 //! a loop device returns at once even while frozen; the label write after it blocks
 //! until the thaw.) Also: picking passes over a pool device that is a partition, and
 //! the two layouts never both take one blank device. `GDS_CSI_NO_SKIP=1` fails a skip.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -2,6 +2,8 @@
 //! real loop device: volumes carved as GPT partitions, staged, published, surviving a
 //! SIGKILL and a kernel that dropped the partitions, erased and removed on delete,
 //! GetCapacity following the carving; a device with a foreign table is never carved.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};

@@ -3,6 +3,8 @@
 //! delays a create or delete on another device, while work on the busy device waits its
 //! turn; parallel creates on one device carve partitions that never overlap, each with
 //! its own record (checked against the label as `sfdisk -J` reads it).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

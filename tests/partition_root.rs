@@ -2,6 +2,8 @@
 //! BLKPG, survive being dropped from it (re-sync), grow in place, are wiped on delete, and
 //! a device holding anything foreign is refused and left byte-identical. Root only;
 //! `GDS_CSI_NO_SKIP=1` turns a skip into a failure.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -14,6 +14,8 @@
 //!   source as it was at CreateVolume.
 //!
 //! `GDS_CSI_NO_SKIP=1` turns a skip into a failure.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -10,6 +10,8 @@
 //! - `running_out_of_file_descriptors_does_not_stop_the_server`
 //! - `memory_stays_bounded_under_a_flood_of_unfinished_requests`
 //! - `thousands_of_idle_connections_never_lock_a_new_client_out` (root: a loop device)
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -7,6 +7,8 @@
 //! - `socket_is_created_0660_and_honours_socket_mode` (root): stat of the real socket.
 //! - `secrets_never_reach_the_log` (root): the real binary at RUST_LOG=trace gets secrets
 //!   in every call that carries them, successful and failing; the marker never shows up.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

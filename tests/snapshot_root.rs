@@ -9,6 +9,8 @@
 //!   too short for that pass it fails Aborted, thawed, nothing listed ready;
 //! - volumes without a filesystem: one nobody wrote is an empty snapshot that restores
 //!   to a usable volume; one in use as a raw block device is refused FailedPrecondition.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};

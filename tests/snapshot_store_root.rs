@@ -3,6 +3,8 @@
 //! never followed (no host file reaches a volume, nothing is written outside the store, no
 //! file's contents reach a message); a directory is a snapshot only when it names itself;
 //! one name, one directory; ready means restorable; a full store is ResourceExhausted.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::os::unix::fs::{symlink, FileExt};

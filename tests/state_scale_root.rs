@@ -3,6 +3,8 @@
 //! file of bounded size and one DeleteVolume removes one, and nothing else in the state
 //! dir changes: the flatness `scripts/bench.sh scale` measures, kept by a check that
 //! times nothing.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
 use std::fs;

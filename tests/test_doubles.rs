@@ -1,6 +1,8 @@
 //! The tests share one test double per driver port: a second double of the same trait
 //! drifts from the first (a switch one has and the other lacks, behaviour that differs),
 //! and the tests over them no longer agree on what the host does.
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

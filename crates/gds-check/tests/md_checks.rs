@@ -7,6 +7,8 @@
 //! (`bd_link_disk_holder`, block/holder.c); a partition's directory lies inside its disk's
 //! (block/partitions/core.c). Checked against the VM rig's Debian 6.1 kernel by the stripe
 //! scenario (`/sys/block/md*/md/dev-*/block`).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use gds_check::{volume_checks, Backend, Check, HostPaths, Report, Status};
 use std::fs;

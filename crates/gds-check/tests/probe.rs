@@ -1,5 +1,7 @@
 //! The probe's child-process handling: deadlines, crashes, missing libraries, and the FFI
 //! against a fake libcufile built from tests/fake/fake_cufile.c (skipped without a C compiler).
+// A test or scenario panics on what it did not expect, and reads top to bottom.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use gds_check::{
     probe_check, probe_check_required, run_probe, Backend, GdsMode, ProbeArgs, ProbeStatus, Status,
