@@ -6,12 +6,14 @@
 //!
 //! Taking one is long work: a job (`take`) a repeated CreateSnapshot joins; the call
 //! answers `ready_to_use: false` while it copies (the external-snapshotter polls), and
-//! a driver killed meanwhile resumes the copy at the next CreateSnapshot of it. A snapshot is ready exactly when its manifest exists; this
-//! node's records (`<state-dir>/snapshots/`, one file per snapshot) hold what the
+//! a driver killed meanwhile resumes the copy at the next CreateSnapshot of it. A snapshot
+//! is ready exactly when its manifest exists; this node's records (`<state-dir>/snapshots/`, one file per snapshot) hold what the
 //! snapshots it took are, for the calls that list them.
 
+mod context;
 pub mod manifest;
 pub mod restore;
+mod source;
 pub mod store;
 mod take;
 
@@ -23,15 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::copy::Cloner;
 use crate::csi;
-use crate::error::{Error, Result, StoreError, VolumeError};
-use crate::locks::VolumeLocks;
-use crate::request::snapshot::{CreateSnapshot, SnapshotId, Store};
+use crate::error::{Error, Result, StoreError};
+use crate::request::snapshot::{CreateSnapshot, SnapshotId};
 use crate::request::{self, VolumeRef};
 use crate::state_dir::short_hash;
-use crate::volume::block::BlockBackend;
-use crate::volume::nfs::NfsBackend;
 use take::progress_of;
 
+pub use context::Context;
 pub use manifest::{Content, Manifest};
 pub use store::SnapshotDir;
 
@@ -226,95 +226,6 @@ fn key(name: &str) -> String {
     format!("snapshot:{name}")
 }
 
-/// What the snapshot calls reach: this node's snapshots, its backends and volume locks.
-pub struct Context<'a> {
-    pub snapshots: &'a Snapshots,
-    pub block: &'a BlockBackend,
-    pub nfs: Option<&'a NfsBackend>,
-    pub locks: &'a VolumeLocks,
-    pub node_id: &'a str,
-}
-
-/// A store that cannot be reached: Unavailable, naming it (the snapshotter retries).
-fn store_unreachable(id: &SnapshotId, e: &Error) -> Error {
-    Error::NotReady(format!(
-        "the snapshot store {} cannot be reached: {e}; nothing was listed or changed: retry \
-         when it answers",
-        id.store_location()
-    ))
-}
-
-impl Context<'_> {
-    fn nfs(&self) -> Result<&NfsBackend> {
-        self.nfs.ok_or_else(|| VolumeError::NfsDisabled.into())
-    }
-
-    /// The store's root as this node reaches it and the snapshot's directory below it: an
-    /// NFS store's export is mounted (once) under the controller's working directory.
-    async fn store_root(&self, id: &SnapshotId) -> Result<(PathBuf, String)> {
-        match &id.store {
-            Store::Dir(root) => Ok((root.clone(), id.dir.clone())),
-            Store::Nfs(store) => {
-                let root = self
-                    .nfs()?
-                    .export_root(store)
-                    .await
-                    .map_err(|e| store_unreachable(id, &e))?;
-                Ok((root, id.nfs_dir("").expect("an NFS store").dir))
-            }
-        }
-    }
-
-    /// Runs `f` with the store's root and the snapshot's directory below it: on a blocking
-    /// thread, under the NFS backend's deadline for an NFS store. What the store holds is
-    /// answered as it is (`StoreError`); anything else from an NFS store is Unavailable.
-    pub async fn on_store<T: Send + 'static>(
-        &self,
-        id: &SnapshotId,
-        what: &str,
-        f: impl FnOnce(&Path, &str) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let (root, rel) = self.store_root(id).await?;
-        let run = move || f(&root, &rel);
-        match &id.store {
-            Store::Dir(_) => tokio::task::spawn_blocking(run).await.map_err(|e| {
-                Error::Aborted(format!("{what} on {} stopped: {e}; retry", id.location()))
-            })?,
-            Store::Nfs(_) => self
-                .nfs()?
-                .with_deadline(format!("{what} on {}", id.location()), run)
-                .await
-                .map_err(|e| match e {
-                    e @ (Error::Store(_) | Error::AlreadyExists(_)) => e,
-                    e => store_unreachable(id, &e),
-                }),
-        }
-    }
-
-    /// Whose the directory `id` names is (None: there is none), read from the store.
-    pub async fn owner(&self, id: &SnapshotId) -> Result<Option<store::Owner>> {
-        let (text, shown) = (id.to_string(), id.location());
-        self.on_store(
-            id,
-            "reading the snapshot",
-            move |root, rel| match SnapshotDir::open(root, rel, &shown)? {
-                Some(dir) => dir.owner(&text, None).map(Some),
-                None => Ok(None),
-            },
-        )
-        .await
-    }
-
-    /// The manifest of `id` when the store holds that very snapshot, ready (None: no
-    /// snapshot of that id is ready there).
-    pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
-        Ok(match self.owner(id).await? {
-            Some(store::Owner::Ours(m)) => m,
-            _ => None,
-        })
-    }
-}
-
 fn now() -> (i64, i32) {
     let t = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -428,9 +339,8 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
 /// ListSnapshots: this node's snapshots (ready or still copying), or the one
 /// `snapshot_id` names, from its store when this node did not take it. A snapshot is
 /// ready when its store holds its manifest now; one on a store that does not answer is
-/// listed not ready. A copy a killed
-/// driver left resumes at the snapshot's next CreateSnapshot, which the
-/// external-snapshotter repeats until the snapshot is ready (v8.7.0
+/// listed not ready. A copy a killed driver left resumes at the snapshot's next
+/// CreateSnapshot, which the external-snapshotter repeats until the snapshot is ready (v8.7.0
 /// pkg/sidecar-controller/snapshot_controller.go `checkandUpdateContentStatusOperation`:
 /// a dynamically created content is created again; only a pre-provisioned one is listed).
 pub async fn list(

@@ -45,7 +45,7 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
     let shown = id.location();
     ctx.on_store(&id, "reading the restore marks", move |root, rel| {
         if let Some(dir) = SnapshotDir::open(root, rel, &shown)? {
-            dir.subdir(MARKS, false)?;
+            dir.subdir(MARKS)?;
         }
         Ok(())
     })
@@ -133,7 +133,7 @@ pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> 
             if matches!(dir.owner(&owner, None)?, Owner::Foreign(_)) {
                 return Ok(Vec::new());
             }
-            match dir.subdir(MARKS, false)? {
+            match dir.subdir(MARKS)? {
                 Some(marks) => read_marks(&marks),
                 None => Ok(Vec::new()),
             }
@@ -218,7 +218,7 @@ pub async fn mark(ctx: &Context<'_>, restore: &Restore, volume_id: &str) -> Resu
                 "volume_content_source.snapshot.snapshot_id: snapshot {owner} does not exist"
             )));
         };
-        let marks = dir.subdir(MARKS, true)?.expect("created");
+        let marks = dir.make_subdir(MARKS)?;
         marks.write_atomic(&name, text.as_bytes())
     })
     .await?;
@@ -250,7 +250,7 @@ pub async fn unmark(ctx: &Context<'_>, volume_id: &str) {
             if matches!(dir.owner(&owner, None)?, Owner::Foreign(_)) {
                 return Ok(());
             }
-            match dir.subdir(MARKS, false)? {
+            match dir.subdir(MARKS)? {
                 Some(marks) => marks.remove_file(&name),
                 None => Ok(()),
             }

@@ -192,16 +192,9 @@ impl SnapshotDir {
         .into()
     }
 
-    /// A subdirectory, never through a symlink (created when `create`); `None` when
-    /// missing.
-    pub fn subdir(&self, name: &str, create: bool) -> Result<Option<SnapshotDir>> {
+    /// A subdirectory, never through a symlink; `None` when missing.
+    pub fn subdir(&self, name: &str) -> Result<Option<SnapshotDir>> {
         let shown = self.shown(name);
-        if create {
-            match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o755)) {
-                Ok(()) | Err(Errno::EEXIST) => {}
-                Err(e) => return Err(io_error("create", &shown, e)),
-            }
-        }
         match openat(&self.fd, name, flags_dir(), Mode::empty()) {
             Ok(fd) => Ok(Some(SnapshotDir { fd, shown })),
             Err(Errno::ENOENT) => Ok(None),
@@ -212,6 +205,18 @@ impl SnapshotDir {
             .into()),
             Err(e) => Err(io_error("open", &shown, e)),
         }
+    }
+
+    /// A subdirectory made when missing, never through a symlink.
+    pub fn make_subdir(&self, name: &str) -> Result<SnapshotDir> {
+        let shown = self.shown(name);
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io_error("create", &shown, e)),
+        }
+        // Removed between the two calls: someone else works in this directory.
+        self.subdir(name)?
+            .ok_or_else(|| io_error("open", &shown, Errno::ENOENT))
     }
 
     /// `bytes` written to `name` atomically: a new temporary file (never one that was

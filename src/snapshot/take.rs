@@ -28,38 +28,19 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::manifest::{Content, Manifest, IMAGE, TREE};
+use super::source::{source, From};
 use super::store::{Owner, SnapshotDir};
 use super::{key, store_record, Context, Record};
+use crate::copy::delta::Changes;
 use crate::copy::walk::Entry;
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::error::{Error, Result, StoreError};
 use crate::locks::VolumeGuard;
 use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
-use crate::request::{self, VolumeRef};
 use crate::state_dir::short_hash;
 use crate::volume::block::clone;
 use crate::volume::nfs::{fs_error, fsops};
-
-/// Where the copy reads from.
-enum From {
-    /// A filesystem volume's device, nothing using it: mounted read-only privately.
-    Unmounted { dev: PathBuf, fs: FsType },
-    /// A filesystem volume mounted at `at` (staged): copied live, then frozen.
-    Mounted {
-        at: PathBuf,
-        dev: (u32, u32),
-        fs: FsType,
-    },
-    /// A volume without a filesystem: its device's first `bytes`.
-    Device {
-        path: PathBuf,
-        dev: (u32, u32),
-        bytes: u64,
-    },
-    /// An NFS volume's directory `rel` below the export mounted at `root`.
-    Tree { root: PathBuf, rel: String },
-}
 
 /// What the job owns: everything it needs once the call that started it has returned.
 struct Job {
@@ -139,7 +120,7 @@ async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId, name: &str) -> Result<O
     ctx.on_store(id, "making the snapshot's directory", move |root, rel| {
         let dir = SnapshotDir::create(root, rel, &shown)?;
         dir.claim(&text, &name)?;
-        let tree = dir.subdir(TREE, true)?.expect("created");
+        let tree = dir.make_subdir(TREE)?;
         Ok(Opened { dir, tree })
     })
     .await
@@ -149,91 +130,6 @@ async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId, name: &str) -> Result<O
 struct Opened {
     dir: SnapshotDir,
     tree: SnapshotDir,
-}
-
-/// What to copy from, and the source volume's lock (a block volume's).
-async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option<VolumeGuard>)> {
-    let not_found = || {
-        Error::NotFound(format!(
-            "source_volume_id: volume {raw} does not exist on this node"
-        ))
-    };
-    let vid = match request::volume_ref(raw) {
-        Ok(VolumeRef::Block(vid)) => vid,
-        Ok(VolumeRef::Nfs(nid)) => {
-            let root = ctx.nfs()?.export_root(&nid).await?;
-            return Ok((From::Tree { root, rel: nid.dir }, None));
-        }
-        _ => return Err(not_found()),
-    };
-    let guard = ctx.locks.try_lock(raw)?;
-    let b = ctx.block;
-    let rec = b
-        .pool
-        .state
-        .snapshot()
-        .get(raw)
-        .cloned()
-        .ok_or_else(not_found)?;
-    if rec.deleting {
-        return Err(Error::FailedPrecondition(format!(
-            "source_volume_id: volume {raw} is being deleted"
-        )));
-    }
-    if crate::volume::block::clone_source::of_record(&rec)?.is_some() && !clone::done(b, raw)? {
-        return Err(Error::FailedPrecondition(format!(
-            "source_volume_id: volume {raw} is a clone or restore not filled yet (its first \
-             NodeStage fills it); take its snapshot after that"
-        )));
-    }
-    let mut vol = b.locate(&vid).map_err(|e| {
-        if vid.layout == crate::volume::id::IdLayout::Stripe {
-            Error::FailedPrecondition(format!(
-                "source_volume_id: stripe volume {raw} has no device while it is not staged \
-                 (its md array runs only then): take its snapshot while a pod uses it ({e})"
-            ))
-        } else {
-            e
-        }
-    })?;
-    b.verify_located(&mut vol)?;
-    let dev = (vol.device.major, vol.device.minor);
-    let mounts = b.mounter.mount_table()?;
-    let staged = b.mounter.filesystem_root(&mounts, dev.0, dev.1);
-    let from = match (rec.formatted, staged) {
-        (true, Some(at)) => From::Mounted {
-            at,
-            dev,
-            fs: rec.fs_type,
-        },
-        (true, None) => match clone::in_use(b, &vid) {
-            Some(uses) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "source_volume_id: volume {raw} is in use ({uses}) but not mounted where its \
-                     files can be read; retry when it is staged or unused"
-                )))
-            }
-            None => From::Unmounted {
-                dev: vol.device.path.clone(),
-                fs: rec.fs_type,
-            },
-        },
-        (false, _) => {
-            if let Some(uses) = clone::in_use(b, &vid) {
-                return Err(Error::FailedPrecondition(format!(
-                    "source_volume_id: volume {raw} is used as a raw block device ({uses}): it \
-                     has no filesystem to freeze, so a copy of it taken now would be no state \
-                     it ever had; take the snapshot while no pod uses it"
-                )));
-            }
-            From::Device {
-                path: vol.device.path.clone(),
-                dev,
-                bytes: rec.capacity_bytes,
-            }
-        }
-    };
-    Ok((from, Some(guard)))
 }
 
 impl Job {
@@ -342,37 +238,49 @@ impl Job {
 
     /// A mounted filesystem: copied live, then frozen for the pass over what changed,
     /// thawed at the limit whatever that pass has done.
-    fn copy_mounted(&self, at: &Path, (major, minor): (u32, u32), fs: FsType) -> Result<Manifest> {
-        let root = open_dir(at)?;
-        let st =
-            nix::sys::stat::fstat(root.as_fd()).map_err(|e| Error::io("stat", at, e.into()))?;
-        if st.st_dev != nix::sys::stat::makedev(major.into(), minor.into()) {
-            return Err(Error::Aborted(format!(
-                "{} is no longer the source volume's mount; retry",
-                at.display()
-            )));
-        }
+    fn copy_mounted(&self, at: &Path, dev: (u32, u32), fs: FsType) -> Result<Manifest> {
+        let root = open_mount_of(at, dev)?;
         let before = self.copy_files(root.as_fd(), at, true)?;
-        let dst = self.store.tree.dup()?;
-        let freeze_root = root.try_clone().map_err(|e| Error::io("open", at, e))?;
-        let name = format!("snapshot-{}", short_hash(&self.rec.name));
         let delta_progress = Progress::new(
             self.record_path.with_extension("delta"),
             self.rec.id.clone(),
         );
+        let outcome = self.frozen_pass(&root, at, dev, &before, &delta_progress);
+        let _ = std::fs::remove_file(delta_progress.path());
+        let (entries, changes, seconds) = outcome?;
+        tracing::info!(snapshot = %self.rec.name, at = %at.display(), freeze_seconds = seconds,
+            changed = changes.copied, removed = changes.removed, changed_bytes = changes.bytes,
+            "snapshot of a mounted volume: froze it for the last pass");
+        crate::metrics::snapshot::frozen(seconds);
+        self.manifest(Content::Files, Some(fs), &entries, Some(seconds))
+    }
+
+    /// The filesystem at `at` frozen while what changed since `before` is copied, thawed
+    /// when that is done or at the freeze limit, whichever comes first: the entries, what
+    /// changed, and the seconds it stayed frozen.
+    fn frozen_pass(
+        &self,
+        root: &OwnedFd,
+        at: &Path,
+        dev: (u32, u32),
+        before: &[Entry],
+        progress: &Progress,
+    ) -> Result<(Vec<Entry>, Changes, f64)> {
+        let dst = self.store.tree.dup()?;
+        let freeze_root = root.try_clone().map_err(|e| Error::io("open", at, e))?;
+        let name = format!("snapshot-{}", short_hash(&self.rec.name));
         let limit = self.freeze_limit;
         let frozen_at = Instant::now();
         let frozen = crate::volume::block::freeze::Frozen::freeze(
             &self.state_dir,
             &name,
             freeze_root,
-            (major, minor),
+            dev,
             at,
         )?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let outcome = std::thread::scope(|s| {
-            let (src, dst, before, progress) =
-                (root.as_fd(), dst.as_fd(), &before, &delta_progress);
+        std::thread::scope(|s| {
+            let (src, dst) = (root.as_fd(), dst.as_fd());
             let how = self.verify();
             s.spawn(move || {
                 let _ = tx.send(crate::copy::delta::copy_changes(
@@ -398,14 +306,7 @@ impl Job {
                     limit.as_secs_f64()
                 ))),
             }
-        });
-        let _ = std::fs::remove_file(delta_progress.path());
-        let (entries, changes, seconds) = outcome?;
-        tracing::info!(snapshot = %self.rec.name, at = %at.display(), freeze_seconds = seconds,
-            changed = changes.copied, removed = changes.removed, changed_bytes = changes.bytes,
-            "snapshot of a mounted volume: froze it for the last pass");
-        crate::metrics::snapshot::frozen(seconds);
-        self.manifest(Content::Files, Some(fs), &entries, Some(seconds))
+        })
     }
 
     /// A volume without a filesystem: its bytes into `device.img`, zeros left as holes.
@@ -495,6 +396,19 @@ impl Job {
             "snapshot ready");
         Ok(())
     }
+}
+
+/// The directory `at`, opened once and proven to be the root of device `dev`'s mount.
+fn open_mount_of(at: &Path, (major, minor): (u32, u32)) -> Result<OwnedFd> {
+    let root = open_dir(at)?;
+    let st = nix::sys::stat::fstat(root.as_fd()).map_err(|e| Error::io("stat", at, e.into()))?;
+    if st.st_dev != nix::sys::stat::makedev(major.into(), minor.into()) {
+        return Err(Error::Aborted(format!(
+            "{} is no longer the source volume's mount; retry",
+            at.display()
+        )));
+    }
+    Ok(root)
 }
 
 fn open_dir(path: &Path) -> Result<OwnedFd> {

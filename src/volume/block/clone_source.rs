@@ -245,7 +245,7 @@ impl SourceMount {
             SourceMount::Device { dev, fs } => host.mount(dev, at, *fs, &["ro".to_owned()]).await,
             SourceMount::Tree { id } => {
                 let dir = local_snapshot(id)?;
-                let tree = dir.subdir(TREE, false)?.ok_or_else(|| {
+                let tree = dir.subdir(TREE)?.ok_or_else(|| {
                     Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
                 })?;
                 // The bind's source is the descriptor itself (`/proc/self/fd/N`), never a
@@ -282,7 +282,7 @@ impl SourceMount {
         };
         // A real directory of the proven snapshot; the copy opens it by name with
         // O_NOFOLLOW from here on.
-        dir.subdir(TREE, false)?.ok_or_else(|| {
+        dir.subdir(TREE)?.ok_or_else(|| {
             Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
         })?;
         match dir.owner(&id.to_string(), None)? {

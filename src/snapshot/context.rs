@@ -1,0 +1,104 @@
+//! What the snapshot calls reach, and the store a snapshot id names, reached from this
+//! node: every read of a store runs on a blocking thread, an NFS store's under the NFS
+//! backend's deadline.
+
+use std::path::{Path, PathBuf};
+
+use super::store::{self, SnapshotDir};
+use super::{Manifest, Snapshots};
+use crate::error::{Error, Result, VolumeError};
+use crate::locks::VolumeLocks;
+use crate::request::snapshot::{SnapshotId, Store};
+use crate::volume::block::BlockBackend;
+use crate::volume::nfs::NfsBackend;
+
+/// What the snapshot calls reach: this node's snapshots, its backends and volume locks.
+pub struct Context<'a> {
+    pub snapshots: &'a Snapshots,
+    pub block: &'a BlockBackend,
+    pub nfs: Option<&'a NfsBackend>,
+    pub locks: &'a VolumeLocks,
+    pub node_id: &'a str,
+}
+
+/// A store that cannot be reached: Unavailable, naming it (the snapshotter retries).
+fn store_unreachable(id: &SnapshotId, e: &Error) -> Error {
+    Error::NotReady(format!(
+        "the snapshot store {} cannot be reached: {e}; nothing was listed or changed: retry \
+         when it answers",
+        id.store_location()
+    ))
+}
+
+impl Context<'_> {
+    pub(super) fn nfs(&self) -> Result<&NfsBackend> {
+        self.nfs.ok_or_else(|| VolumeError::NfsDisabled.into())
+    }
+
+    /// The store's root as this node reaches it and the snapshot's directory below it: an
+    /// NFS store's export is mounted (once) under the controller's working directory.
+    async fn store_root(&self, id: &SnapshotId) -> Result<(PathBuf, String)> {
+        match &id.store {
+            Store::Dir(root) => Ok((root.clone(), id.dir.clone())),
+            Store::Nfs(store) => {
+                let root = self
+                    .nfs()?
+                    .export_root(store)
+                    .await
+                    .map_err(|e| store_unreachable(id, &e))?;
+                // `nfs_dir` answers Some for every NFS store.
+                let rel = id.nfs_dir("").map(|d| d.dir).unwrap_or_default();
+                Ok((root, rel))
+            }
+        }
+    }
+
+    /// Runs `f` with the store's root and the snapshot's directory below it: on a blocking
+    /// thread, under the NFS backend's deadline for an NFS store. What the store holds is
+    /// answered as it is (`StoreError`); anything else from an NFS store is Unavailable.
+    pub async fn on_store<T: Send + 'static>(
+        &self,
+        id: &SnapshotId,
+        what: &str,
+        f: impl FnOnce(&Path, &str) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (root, rel) = self.store_root(id).await?;
+        let run = move || f(&root, &rel);
+        match &id.store {
+            Store::Dir(_) => tokio::task::spawn_blocking(run).await.map_err(|e| {
+                Error::Aborted(format!("{what} on {} stopped: {e}; retry", id.location()))
+            })?,
+            Store::Nfs(_) => self
+                .nfs()?
+                .with_deadline(format!("{what} on {}", id.location()), run)
+                .await
+                .map_err(|e| match e {
+                    e @ (Error::Store(_) | Error::AlreadyExists(_)) => e,
+                    e => store_unreachable(id, &e),
+                }),
+        }
+    }
+
+    /// Whose the directory `id` names is (None: there is none), read from the store.
+    pub async fn owner(&self, id: &SnapshotId) -> Result<Option<store::Owner>> {
+        let (text, shown) = (id.to_string(), id.location());
+        self.on_store(
+            id,
+            "reading the snapshot",
+            move |root, rel| match SnapshotDir::open(root, rel, &shown)? {
+                Some(dir) => dir.owner(&text, None).map(Some),
+                None => Ok(None),
+            },
+        )
+        .await
+    }
+
+    /// The manifest of `id` when the store holds that very snapshot, ready (None: no
+    /// snapshot of that id is ready there).
+    pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
+        Ok(match self.owner(id).await? {
+            Some(store::Owner::Ours(m)) => m,
+            _ => None,
+        })
+    }
+}
