@@ -135,37 +135,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     .map_err(|e| format!("--endpoint {}: {e}", args.endpoint))?;
     info!(endpoint = %args.endpoint, mode = ?args.mode, node_id = %args.node_id, version = env!("CARGO_PKG_VERSION"), "serving");
 
-    // Probe reports not-ready until the pool has been scanned.
-    let init = Arc::clone(&driver);
-    tokio::spawn(async move {
-        if let Err(e) = init.initialise().await {
-            error!(error = %e, "pool initialisation failed; Probe stays not ready");
-        }
-    });
-    if args.mode != gds_csi::config::Mode::Controller {
-        if let Some(gate) = driver.gds_gate.clone() {
-            gds_csi::gds::readiness::spawn(
-                gate,
-                gds_csi::gds::readiness::WatchConfig {
-                    interval: args.readiness_interval,
-                    registration_socket: args.registration_socket.clone(),
-                },
-            );
-        }
-    }
-    let workload = args.gds_device_plugin.then(|| {
-        gds_csi::workload::spawn(gds_csi::workload::Config {
-            driver_name: args.driver.name.clone(),
-            plugin_dir: args.device_plugin_dir.clone(),
-            host_dev: args.host_dev.clone(),
-            udev_data_dir: args.gds.udev_data_dir.clone(),
-            cufile_json: args.gds.cufile_json.clone(),
-            out_dir: gds_csi::workload::out_dir(&args.state_dir),
-            shares: args.gds_device_shares,
-            interval: WORKLOAD_INTERVAL,
-            kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
-        })
-    });
+    spawn_initialisation(&driver);
+    spawn_readiness_watch(&args, &driver);
+    let workload = spawn_device_plugin(&args);
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
@@ -184,6 +156,48 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Scans the pool in the background: Probe reports not-ready until it has been scanned.
+fn spawn_initialisation(driver: &Arc<Driver>) {
+    let init = Arc::clone(driver);
+    tokio::spawn(async move {
+        if let Err(e) = init.initialise().await {
+            error!(error = %e, "pool initialisation failed; Probe stays not ready");
+        }
+    });
+}
+
+/// Watches the node's GDS readiness for its topology labels (a node with a GDS gate).
+fn spawn_readiness_watch(args: &ServeArgs, driver: &Driver) {
+    if args.mode != gds_csi::config::Mode::Controller {
+        if let Some(gate) = driver.gds_gate.clone() {
+            gds_csi::gds::readiness::spawn(
+                gate,
+                gds_csi::gds::readiness::WatchConfig {
+                    interval: args.readiness_interval,
+                    registration_socket: args.registration_socket.clone(),
+                },
+            );
+        }
+    }
+}
+
+/// The GDS device plugin, when `--gds-device-plugin` asks for it.
+fn spawn_device_plugin(args: &ServeArgs) -> Option<gds_csi::workload::Running> {
+    args.gds_device_plugin.then(|| {
+        gds_csi::workload::spawn(gds_csi::workload::Config {
+            driver_name: args.driver.name.clone(),
+            plugin_dir: args.device_plugin_dir.clone(),
+            host_dev: args.host_dev.clone(),
+            udev_data_dir: args.gds.udev_data_dir.clone(),
+            cufile_json: args.gds.cufile_json.clone(),
+            out_dir: gds_csi::workload::out_dir(&args.state_dir),
+            shares: args.gds_device_shares,
+            interval: WORKLOAD_INTERVAL,
+            kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
+        })
+    })
 }
 
 #[tokio::main]

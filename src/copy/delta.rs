@@ -58,57 +58,104 @@ pub fn copy_changes(
     progress: &Progress,
 ) -> Result<(Vec<Entry>, Changes)> {
     let now = walk::walk(src, shown)?;
-    let old: HashMap<&Path, &Entry> = before.iter().map(|e| (e.rel.as_path(), e)).collect();
-    let current: HashSet<&Path> = now.iter().map(|e| e.rel.as_path()).collect();
-    let mut changes = Changes::default();
-    // Out of the copy first: what is gone, and the old copy of each changed entry that
-    // is not a directory kept as one (it is made anew below).
-    let mut out: Vec<&Path> = before
-        .iter()
-        .skip(1)
-        .filter(|e| !current.contains(e.rel.as_path()))
-        .map(|e| e.rel.as_path())
-        .collect();
-    changes.removed = out.len();
-    let mut subset: Vec<Entry> = vec![now[0].clone()];
-    for e in now.iter().skip(1) {
-        match old.get(e.rel.as_path()) {
-            Some(o) if same(o, e) => continue,
-            Some(o) if o.kind == Kind::Dir && e.kind == Kind::Dir => {}
-            Some(_) => out.push(e.rel.as_path()),
-            None => {}
-        }
-        subset.push(e.clone());
+    let Difference {
+        out,
+        removed,
+        subset,
+    } = Difference::between(before, &now);
+    remove_deepest_first(dst, shown, out)?;
+    let changes = Changes {
+        copied: subset.len() - 1,
+        removed,
+        bytes: 0,
+    };
+    if changes.copied == 0 && changes.removed == 0 && same(&before[0], &now[0]) {
+        return Ok((now, changes));
     }
-    // Deepest first: a directory's entries go before it.
+    let bytes = copy_again(src, dst, shown, &subset, verify_how, streams, progress)?;
+    Ok((now, Changes { bytes, ..changes }))
+}
+
+/// How the copy differs from the source's new walk.
+struct Difference<'a> {
+    /// Out of the copy first: what is gone, and the old copy of each changed entry that
+    /// is not a directory kept as one (it is made anew).
+    out: Vec<&'a Path>,
+    /// How many of `out` are gone from the source.
+    removed: usize,
+    /// The root, then every new or changed entry: what is copied again.
+    subset: Vec<Entry>,
+}
+
+impl<'a> Difference<'a> {
+    fn between(before: &'a [Entry], now: &'a [Entry]) -> Difference<'a> {
+        let old: HashMap<&Path, &Entry> = before.iter().map(|e| (e.rel.as_path(), e)).collect();
+        let current: HashSet<&Path> = now.iter().map(|e| e.rel.as_path()).collect();
+        let mut out: Vec<&Path> = before
+            .iter()
+            .skip(1)
+            .filter(|e| !current.contains(e.rel.as_path()))
+            .map(|e| e.rel.as_path())
+            .collect();
+        let removed = out.len();
+        let mut subset: Vec<Entry> = vec![now[0].clone()];
+        for e in now.iter().skip(1) {
+            match old.get(e.rel.as_path()) {
+                Some(o) if same(o, e) => continue,
+                Some(o) if o.kind == Kind::Dir && e.kind == Kind::Dir => {}
+                Some(_) => out.push(e.rel.as_path()),
+                None => {}
+            }
+            subset.push(e.clone());
+        }
+        Difference {
+            out,
+            removed,
+            subset,
+        }
+    }
+}
+
+/// Removes each of `out` from the copy, a directory's entries before it.
+fn remove_deepest_first(dst: BorrowedFd<'_>, shown: &Path, mut out: Vec<&Path>) -> Result<()> {
     out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for rel in out {
         remove_beneath(dst, rel).map_err(|e| Error::io("remove", shown.join(rel), e.into()))?;
     }
-    changes.copied = subset.len() - 1;
-    if changes.copied == 0 && changes.removed == 0 && same(&before[0], &now[0]) {
-        return Ok((now, changes));
-    }
-    let links = meta::links(&subset);
-    changes.bytes = links.primaries.iter().map(|&i| subset[i].size()).sum();
-    meta::create_structure(src, dst, shown, &subset, &links, streams, false)?;
-    let piece = data::piece_len(changes.bytes, streams, super::CHUNK);
-    let units = data::units(&subset, &links.primaries, piece);
+    Ok(())
+}
+
+/// Copies `subset` (the root first) into the copy as the first pass copies a tree:
+/// structure, data, links, verification, metadata, sync. Returns its data bytes.
+fn copy_again(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    shown: &Path,
+    subset: &[Entry],
+    verify_how: Verify,
+    streams: usize,
+    progress: &Progress,
+) -> Result<u64> {
+    let links = meta::links(subset);
+    let bytes: u64 = links.primaries.iter().map(|&i| subset[i].size()).sum();
+    meta::create_structure(src, dst, shown, subset, &links, streams, false)?;
+    let piece = data::piece_len(bytes, streams, super::CHUNK);
+    let units = data::units(subset, &links.primaries, piece);
     let roots = data::Roots {
         src,
         dst,
         shown,
         live: false,
     };
-    data::copy_units(&roots, &subset, &units, (0, &[]), streams, progress)?;
-    meta::link_all(dst, shown, &subset, &links)?;
-    verify::verify(src, dst, shown, &subset, verify_how, streams)?;
-    meta::finish_metadata(src, dst, shown, &subset, streams, false)?;
+    data::copy_units(&roots, subset, &units, (0, &[]), streams, progress)?;
+    meta::link_all(dst, shown, subset, &links)?;
+    verify::verify(src, dst, shown, subset, verify_how, streams)?;
+    meta::finish_metadata(src, dst, shown, subset, streams, false)?;
     if meta::has_xattrs(src) {
-        verify::xattrs(src, dst, shown, &subset, streams)?;
+        verify::xattrs(src, dst, shown, subset, streams)?;
     }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", shown, e.into()))?;
-    Ok((now, changes))
+    Ok(bytes)
 }
 
 /// Removes everything in the directory `root` (never following a symlink).
@@ -190,6 +237,22 @@ mod tests {
         out
     }
 
+    /// A snapshot's first pass: `src` copied live into `dst`, its record in `records`.
+    fn first_live_pass(src: &Path, dst: &Path, records: &Path) -> Vec<Entry> {
+        let req = CopyRequest {
+            source: src.to_owned(),
+            target: dst.to_owned(),
+            label: "t".into(),
+            streams: 2,
+            chunk: crate::copy::CHUNK,
+            verify: Verify::Sizes,
+            live: true,
+            target_reused: true,
+        };
+        let progress = Progress::new(records.join("p.json"), "t".into());
+        copy_tree_at(open(src).as_fd(), open(dst).as_fd(), &req, &progress).unwrap()
+    }
+
     #[test]
     fn the_copy_becomes_the_source_again_after_writes_renames_and_removals() {
         let (s, d, p) = (
@@ -204,19 +267,7 @@ mod tests {
         std::fs::write(src.join("a/b/goes"), b"x").unwrap();
         std::fs::create_dir(src.join("dir-to-file")).unwrap();
         std::fs::write(src.join("dir-to-file/inner"), b"y").unwrap();
-        let req = CopyRequest {
-            source: src.to_owned(),
-            target: d.path().to_owned(),
-            label: "t".into(),
-            streams: 2,
-            chunk: crate::copy::CHUNK,
-            verify: Verify::Sizes,
-            live: true,
-            target_reused: true,
-        };
-        let progress = Progress::new(p.path().join("p.json"), "t".into());
-        let before =
-            copy_tree_at(open(src).as_fd(), open(d.path()).as_fd(), &req, &progress).unwrap();
+        let before = first_live_pass(src, d.path(), p.path());
         assert_eq!(tree(src), tree(d.path()));
         // The world changes after the first pass.
         std::fs::write(src.join("a/grows"), b"much longer now").unwrap();

@@ -7,7 +7,7 @@
 //! streams, keeps modes, owners, times, symlinks (never followed), hard links and
 //! holes, records its progress in the state dir so a restarted driver resumes, and runs
 //! as a job (`src/jobs.rs`) so a NodeStage that gives up leaves it running and the
-//! retry joins it (`Cloner`). `block/clone.rs` is the block backend's hook: the source volume
+//! retry joins it (`Cloner`). `block/clone/` is the block backend's hook: the source volume
 //! mounted read-only in a private directory, the target after mkfs. A raw block clone is
 //! copied device to device instead (`raw`), with the same record, jobs and progress.
 
@@ -89,23 +89,94 @@ pub fn copy_tree_at(
     progress: &Progress,
 ) -> Result<Vec<walk::Entry>> {
     let mut phases = Phases::start();
-    let entries = if req.live {
-        walk::walk_live(src, &req.source)?
-    } else {
-        walk::walk(src, &req.source)?
-    };
-    let links = meta::links(&entries);
-    let total: u64 = links.primaries.iter().map(|&i| entries[i].size()).sum();
-    let piece = data::piece_len(total, req.streams, req.chunk);
-    let units = data::units(&entries, &links.primaries, piece);
+    let plan = TreePlan::walk(src, req)?;
     phases.end("walk");
+    let mut saved = resume_or_start(dst, req, &plan, progress)?;
+    if saved.done {
+        return Ok(plan.entries);
+    }
+    if !saved.structure_done {
+        meta::create_structure(
+            src,
+            dst,
+            &req.target,
+            &plan.entries,
+            &plan.links,
+            req.streams,
+            req.live,
+        )?;
+        saved.structure_done = true;
+        progress.set(saved.clone())?;
+    }
+    phases.end("structure");
+    copy_data(src, dst, req, &plan, &saved, progress)?;
+    phases.end("data");
+    saved = record_data_copied(&plan, progress)?;
+    link_and_verify(src, dst, req, &plan)?;
+    phases.end("verify");
+    finish_metadata_and_sync(src, dst, req, &plan)?;
+    phases.end("metadata and sync");
+    saved.done = true;
+    progress.set(saved)?;
+    tracing::info!(
+        source = %req.label,
+        entries = plan.entries.len(),
+        bytes = plan.total,
+        piece = plan.piece,
+        streams = req.streams,
+        phases = %phases,
+        "copy finished"
+    );
+    Ok(plan.entries)
+}
+
+/// What the walk found, and its data cut in units for the streams.
+struct TreePlan {
+    entries: Vec<walk::Entry>,
+    links: meta::Links,
+    /// Data bytes of the files that carry data (one name per inode).
+    total: u64,
+    piece: u64,
+    units: Vec<data::Unit>,
+}
+
+impl TreePlan {
+    fn walk(src: BorrowedFd<'_>, req: &CopyRequest) -> Result<TreePlan> {
+        let entries = if req.live {
+            walk::walk_live(src, &req.source)?
+        } else {
+            walk::walk(src, &req.source)?
+        };
+        let links = meta::links(&entries);
+        let total: u64 = links.primaries.iter().map(|&i| entries[i].size()).sum();
+        let piece = data::piece_len(total, req.streams, req.chunk);
+        let units = data::units(&entries, &links.primaries, piece);
+        Ok(TreePlan {
+            entries,
+            links,
+            total,
+            piece,
+            units,
+        })
+    }
+}
+
+/// The record to go on from, stored before anything is copied: the saved one when it
+/// describes this same copy, else a fresh one (over an emptied target when it is reused).
+fn resume_or_start(
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    plan: &TreePlan,
+    progress: &Progress,
+) -> Result<Saved> {
+    let (total, piece) = (plan.total, plan.piece);
     let fresh = Saved {
         source: req.label.clone(),
-        entries: entries.len(),
+        entries: plan.entries.len(),
         total_bytes: total,
         piece,
         walk: if req.live || req.target_reused {
-            walk_digest(&entries)
+            walk_digest(&plan.entries)
         } else {
             String::new()
         },
@@ -119,25 +190,20 @@ pub fn copy_tree_at(
     if resumed.is_none() && req.target_reused {
         delta::empty(dst, &req.target)?;
     }
-    let mut saved = resumed.unwrap_or(fresh);
+    let saved = resumed.unwrap_or(fresh);
     progress.set(saved.clone())?;
-    if saved.done {
-        return Ok(entries);
-    }
-    if !saved.structure_done {
-        meta::create_structure(
-            src,
-            dst,
-            &req.target,
-            &entries,
-            &links,
-            req.streams,
-            req.live,
-        )?;
-        saved.structure_done = true;
-        progress.set(saved.clone())?;
-    }
-    phases.end("structure");
+    Ok(saved)
+}
+
+/// The files' data, from the units `saved` says are not done yet.
+fn copy_data(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    plan: &TreePlan,
+    saved: &Saved,
+    progress: &Progress,
+) -> Result<()> {
     let roots = data::Roots {
         src,
         dst,
@@ -146,41 +212,53 @@ pub fn copy_tree_at(
     };
     data::copy_units(
         &roots,
-        &entries,
-        &units,
+        &plan.entries,
+        &plan.units,
         (saved.watermark, &saved.done_above),
         req.streams,
         progress,
-    )?;
-    phases.end("data");
-    saved = progress.saved();
-    (saved.watermark, saved.copied_bytes) = (units.len(), total);
+    )
+}
+
+/// Records every unit copied; returns the record.
+fn record_data_copied(plan: &TreePlan, progress: &Progress) -> Result<Saved> {
+    let mut saved = progress.saved();
+    (saved.watermark, saved.copied_bytes) = (plan.units.len(), plan.total);
     saved.done_above.clear();
     progress.set(saved.clone())?;
-    meta::link_all(dst, &req.target, &entries, &links)?;
+    Ok(saved)
+}
+
+/// Hard links made, then the copy verified (nothing verified of a live source).
+fn link_and_verify(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    plan: &TreePlan,
+) -> Result<()> {
+    let entries = &plan.entries;
+    meta::link_all(dst, &req.target, entries, &plan.links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
     if !req.live {
-        verify::verify(src, dst, &req.target, &entries, req.verify, req.streams)?;
+        verify::verify(src, dst, &req.target, entries, req.verify, req.streams)?;
     }
-    phases.end("verify");
-    meta::finish_metadata(src, dst, &req.target, &entries, req.streams, req.live)?;
+    Ok(())
+}
+
+/// Owners, modes, times and xattrs set (xattrs verified unless the source is live), then
+/// the target's filesystem synced.
+fn finish_metadata_and_sync(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    plan: &TreePlan,
+) -> Result<()> {
+    let entries = &plan.entries;
+    meta::finish_metadata(src, dst, &req.target, entries, req.streams, req.live)?;
     if !req.live && meta::has_xattrs(src) {
-        verify::xattrs(src, dst, &req.target, &entries, req.streams)?;
+        verify::xattrs(src, dst, &req.target, entries, req.streams)?;
     }
-    nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))?;
-    phases.end("metadata and sync");
-    saved.done = true;
-    progress.set(saved)?;
-    tracing::info!(
-        source = %req.label,
-        entries = entries.len(),
-        bytes = total,
-        piece,
-        streams = req.streams,
-        phases = %phases,
-        "copy finished"
-    );
-    Ok(entries)
+    nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))
 }
 
 /// SHA-256 over every entry's name, kind, inode, size and times (`Saved::walk`).

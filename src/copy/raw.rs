@@ -165,7 +165,40 @@ pub fn copy_device(req: &RawCopyRequest, progress: &Progress) -> Result<()> {
     let started = Instant::now();
     let src = Opened::open(&req.source, false, "source")?;
     let dst = Opened::open(&req.target, true, "clone")?;
-    for (dev, what) in [(&src, "source"), (&dst, "clone")] {
+    check_both_hold(req, &src, &dst)?;
+    let pieces = Pieces::of(req);
+    let mut saved = resume_or_start(req, &pieces, progress)?;
+    if saved.done {
+        return Ok(());
+    }
+    copy_pieces(&src, &dst, &pieces, req.streams, &saved, progress)?;
+    let copied_secs = started.elapsed().as_secs_f64();
+    saved = progress.saved();
+    (saved.watermark, saved.copied_bytes) = (pieces.count, req.bytes);
+    progress.set(saved.clone())?;
+    if req.zero_tail && dst.size > req.bytes {
+        zero_past_source(&dst, req.bytes)?;
+    }
+    // One page cache serves every descriptor of a device: this flushes the buffered
+    // writes too, and the device's own write cache.
+    dst.direct
+        .sync_data()
+        .map_err(|e| Error::io("syncing", &dst.path, e))?;
+    if req.verify == Verify::Checksum {
+        in_parallel(0, pieces.count, req.streams, 2, |i, bufs| {
+            compare_span(&src, &dst, pieces.span(i), bufs, &req.label)
+        })?;
+    }
+    saved.done = true;
+    progress.set(saved)?;
+    let secs = started.elapsed().as_secs_f64();
+    log_finished(req, &dst, pieces.len, copied_secs, secs);
+    Ok(())
+}
+
+/// Both devices hold at least the bytes to copy.
+fn check_both_hold(req: &RawCopyRequest, src: &Opened, dst: &Opened) -> Result<()> {
+    for (dev, what) in [(src, "source"), (dst, "clone")] {
         if dev.size < req.bytes {
             return Err(Error::FailedPrecondition(format!(
                 "the {what} device {} holds {} bytes, fewer than the {} to copy",
@@ -175,70 +208,93 @@ pub fn copy_device(req: &RawCopyRequest, progress: &Progress) -> Result<()> {
             )));
         }
     }
-    let piece = super::data::piece_len(req.bytes, req.streams, req.chunk);
-    let pieces = req.bytes.div_ceil(piece) as usize;
+    Ok(())
+}
+
+/// The bytes to copy cut in `count` pieces of `len` (the last one maybe shorter).
+struct Pieces {
+    len: u64,
+    count: usize,
+    bytes: u64,
+}
+
+impl Pieces {
+    fn of(req: &RawCopyRequest) -> Pieces {
+        let len = super::data::piece_len(req.bytes, req.streams, req.chunk);
+        Pieces {
+            len,
+            count: req.bytes.div_ceil(len) as usize,
+            bytes: req.bytes,
+        }
+    }
+
+    /// Piece `i`'s bytes, `[from, to)`.
+    fn span(&self, i: usize) -> (u64, u64) {
+        let from = i as u64 * self.len;
+        (from, (from + self.len).min(self.bytes))
+    }
+}
+
+/// The record to go on from, stored before anything is copied: the saved one when it
+/// describes this same copy, else a fresh one.
+fn resume_or_start(req: &RawCopyRequest, pieces: &Pieces, progress: &Progress) -> Result<Saved> {
     let fresh = Saved {
         source: req.label.clone(),
         total_bytes: req.bytes,
-        piece,
+        piece: pieces.len,
         structure_done: true,
         ..Saved::default()
     };
     let same = |s: &Saved| {
-        (&s.source, s.total_bytes, s.piece, s.entries) == (&req.label, req.bytes, piece, 0)
+        (&s.source, s.total_bytes, s.piece, s.entries) == (&req.label, req.bytes, pieces.len, 0)
     };
-    let mut saved = Saved::load(progress.path())?.filter(same).unwrap_or(fresh);
+    let saved = Saved::load(progress.path())?.filter(same).unwrap_or(fresh);
     progress.set(saved.clone())?;
-    if saved.done {
-        return Ok(());
-    }
-    let span = |i: usize| {
-        let from = i as u64 * piece;
-        (from, (from + piece).min(req.bytes))
-    };
+    Ok(saved)
+}
+
+/// Copies the pieces from the record's watermark on. The watermark moves past a piece
+/// only once every piece below it is done too, so a restart never skips one unfinished.
+fn copy_pieces(
+    src: &Opened,
+    dst: &Opened,
+    pieces: &Pieces,
+    streams: usize,
+    saved: &Saved,
+    progress: &Progress,
+) -> Result<()> {
     let finished = Mutex::new((saved.watermark, saved.copied_bytes, BTreeSet::new()));
-    in_parallel(saved.watermark, pieces, req.streams, 1, |i, bufs| {
-        copy_span(&src, &dst, span(i), &mut bufs[0], progress)?;
+    in_parallel(saved.watermark, pieces.count, streams, 1, |i, bufs| {
+        copy_span(src, dst, pieces.span(i), &mut bufs[0], progress)?;
         let mut f = finished.lock().unwrap_or_else(|p| p.into_inner());
         let (watermark, copied, done) = &mut *f;
         done.insert(i);
         while done.remove(watermark) {
-            let (from, to) = span(*watermark);
+            let (from, to) = pieces.span(*watermark);
             *copied += to - from;
             *watermark += 1;
         }
         progress.advance(*watermark, *copied)
-    })?;
-    let copied_secs = started.elapsed().as_secs_f64();
-    saved = progress.saved();
-    (saved.watermark, saved.copied_bytes) = (pieces, req.bytes);
-    progress.set(saved.clone())?;
-    if req.zero_tail && dst.size > req.bytes {
-        let tail = Extent {
-            start: req.bytes,
-            len: dst.size - req.bytes,
-        };
-        let what = "zeroing the clone past its source's bytes";
-        kernel::zero_extent(&dst.direct, &dst.path, what, tail, ZERO_CHUNK_DEADLINE).map_err(
-            |e| match e {
-                crate::gpt::Error::Io { source, .. } => Error::io(what, &dst.path, source),
-                e => Error::FailedPrecondition(e.to_string()),
-            },
-        )?;
-    }
-    // One page cache serves every descriptor of a device: this flushes the buffered
-    // writes too, and the device's own write cache.
-    dst.direct
-        .sync_data()
-        .map_err(|e| Error::io("syncing", &dst.path, e))?;
-    if req.verify == Verify::Checksum {
-        in_parallel(0, pieces, req.streams, 2, |i, bufs| {
-            compare_span(&src, &dst, span(i), bufs, &req.label)
-        })?;
-    }
-    saved.done = true;
-    progress.set(saved)?;
-    let secs = started.elapsed().as_secs_f64();
+    })
+}
+
+/// Zeroes the clone past the source's `bytes`: its layout may have left an earlier
+/// tenant's data there.
+fn zero_past_source(dst: &Opened, bytes: u64) -> Result<()> {
+    let tail = Extent {
+        start: bytes,
+        len: dst.size - bytes,
+    };
+    let what = "zeroing the clone past its source's bytes";
+    kernel::zero_extent(&dst.direct, &dst.path, what, tail, ZERO_CHUNK_DEADLINE).map_err(
+        |e| match e {
+            crate::gpt::Error::Io { source, .. } => Error::io(what, &dst.path, source),
+            e => Error::FailedPrecondition(e.to_string()),
+        },
+    )
+}
+
+fn log_finished(req: &RawCopyRequest, dst: &Opened, piece: u64, copied_secs: f64, secs: f64) {
     tracing::info!(
         source = %req.label,
         target = %dst.path.display(),
@@ -251,7 +307,6 @@ pub fn copy_device(req: &RawCopyRequest, progress: &Progress) -> Result<()> {
         verify = ?req.verify,
         "raw copy finished"
     );
-    Ok(())
 }
 
 /// `f` on pieces `first..count`, on `streams` threads, each with `buffers` buffers of

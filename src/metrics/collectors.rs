@@ -135,76 +135,9 @@ impl std::fmt::Debug for PoolCollector {
 
 impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.source.pool_snapshot();
-        let by_state = |c: StateCounts| {
-            [
-                ("total", c.total),
-                ("free", c.free),
-                ("allocated", c.allocated),
-                ("unavailable", c.unavailable()),
-            ]
-        };
-        gauge_family(
-            &mut encoder,
-            "gds_csi_pool_devices",
-            "Devices in this node's pool, by state (total, free, allocated, unavailable)",
-            &by_state(s.devices),
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gds_csi_pool_bytes",
-            "Capacity of this node's pool in bytes, by state (total, free, allocated, unavailable)",
-            &by_state(s.bytes),
-        )?;
-        gauge(
-            &mut encoder,
-            "gds_csi_pool_excluded_devices",
-            "Listed or discovered devices left out of the pool (see the log for why)",
-            s.excluded,
-        )?;
-        gauge(
-            &mut encoder,
-            "gds_csi_ready",
-            "1 once the pool has been scanned and Probe answers ready",
-            i64::from(s.ready),
-        )?;
-        let layouts = self.source.layout_capacity();
-        for (name, help, value) in [
-            (
-                "gds_csi_layout_available_bytes",
-                "What all new volumes of a block layout together could get now, by layout",
-                (|c: &LayoutCapacity| c.available) as fn(&LayoutCapacity) -> i64,
-            ),
-            (
-                "gds_csi_layout_largest_volume_bytes",
-                "The largest single new volume of a block layout that fits now, by layout",
-                |c: &LayoutCapacity| c.largest,
-            ),
-        ] {
-            if layouts.is_empty() {
-                break;
-            }
-            let mut family =
-                encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
-            for c in &layouts {
-                let labels = [("layout", c.layout)];
-                ConstGauge::new(value(c)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let readiness = self.source.gds_readiness();
-        if !readiness.is_empty() {
-            let mut family = encoder.encode_descriptor(
-                "gds_csi_gds_node_ready",
-                "1 when the gate's node checks pass for a backend (nvme, nfs-rdma): the same \
-                 answer as the node's gds-nvme / gds-nfs-rdma topology labels",
-                None,
-                ConstGauge::new(0i64).metric_type(),
-            )?;
-            for (backend, ready) in readiness {
-                let labels = [("backend", backend)];
-                ConstGauge::new(i64::from(ready)).encode(family.encode_family(&labels)?)?;
-            }
-        }
+        encode_pool(&mut encoder, self.source.pool_snapshot())?;
+        encode_layouts(&mut encoder, &self.source.layout_capacity())?;
+        encode_gds_readiness(&mut encoder, self.source.gds_readiness())?;
         if let Some(n) = self.source.compat_volumes() {
             gauge(
                 &mut encoder,
@@ -216,6 +149,94 @@ impl Collector for PoolCollector {
         }
         Ok(())
     }
+}
+
+/// The pool's devices and bytes by state, its excluded devices and its readiness.
+fn encode_pool(encoder: &mut DescriptorEncoder, s: PoolSnapshot) -> Result<(), std::fmt::Error> {
+    let by_state = |c: StateCounts| {
+        [
+            ("total", c.total),
+            ("free", c.free),
+            ("allocated", c.allocated),
+            ("unavailable", c.unavailable()),
+        ]
+    };
+    gauge_family(
+        encoder,
+        "gds_csi_pool_devices",
+        "Devices in this node's pool, by state (total, free, allocated, unavailable)",
+        &by_state(s.devices),
+    )?;
+    gauge_family(
+        encoder,
+        "gds_csi_pool_bytes",
+        "Capacity of this node's pool in bytes, by state (total, free, allocated, unavailable)",
+        &by_state(s.bytes),
+    )?;
+    gauge(
+        encoder,
+        "gds_csi_pool_excluded_devices",
+        "Listed or discovered devices left out of the pool (see the log for why)",
+        s.excluded,
+    )?;
+    gauge(
+        encoder,
+        "gds_csi_ready",
+        "1 once the pool has been scanned and Probe answers ready",
+        i64::from(s.ready),
+    )
+}
+
+/// Each block layout's capacity, by layout; no family when there are no layouts.
+fn encode_layouts(
+    encoder: &mut DescriptorEncoder,
+    layouts: &[LayoutCapacity],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        (
+            "gds_csi_layout_available_bytes",
+            "What all new volumes of a block layout together could get now, by layout",
+            (|c: &LayoutCapacity| c.available) as fn(&LayoutCapacity) -> i64,
+        ),
+        (
+            "gds_csi_layout_largest_volume_bytes",
+            "The largest single new volume of a block layout that fits now, by layout",
+            |c: &LayoutCapacity| c.largest,
+        ),
+    ] {
+        if layouts.is_empty() {
+            break;
+        }
+        let mut family =
+            encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
+        for c in layouts {
+            let labels = [("layout", c.layout)];
+            ConstGauge::new(value(c)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// The gate's node readiness by backend; no family without a gate.
+fn encode_gds_readiness(
+    encoder: &mut DescriptorEncoder,
+    readiness: Vec<(&'static str, bool)>,
+) -> Result<(), std::fmt::Error> {
+    if readiness.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(
+        "gds_csi_gds_node_ready",
+        "1 when the gate's node checks pass for a backend (nvme, nfs-rdma): the same \
+         answer as the node's gds-nvme / gds-nfs-rdma topology labels",
+        None,
+        ConstGauge::new(0i64).metric_type(),
+    )?;
+    for (backend, ready) in readiness {
+        let labels = [("backend", backend)];
+        ConstGauge::new(i64::from(ready)).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// nvidia-fs's own counters, re-exported when `/proc/driver/nvidia-fs/stats` exists.

@@ -1,5 +1,5 @@
 //! The host port's own failures, named by cause. The port never picks a gRPC code:
-//! `error.rs` maps these once, with every other error.
+//! `error/mod.rs` maps these once, with every other error.
 
 use std::path::PathBuf;
 

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::process::{Output, Stdio};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -36,23 +36,39 @@ struct SpawnRequest {
 /// PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process
 /// (prctl(2): "the parent is considered to be the thread that created this process"),
 /// and the thread calling `spawn` is whichever tokio thread polls the call; blocking-pool
-/// threads end after 10 s idle, which would SIGKILL a healthy mkfs.
-fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("gds-csi-spawner".into())
-            .spawn(move || {
-                for mut req in rx {
-                    // The child's reaper and pipes belong to the caller's runtime.
-                    let _guard = req.runtime.enter();
-                    let _ = req.reply.send(req.command.spawn());
-                }
-            })
-            .expect("starting the process-spawner thread");
-        Mutex::new(tx)
-    })
+/// threads end after 10 s idle, which would SIGKILL a healthy mkfs. Started by the first
+/// request; a start that fails is tried again by the next.
+static SPAWNER: Mutex<Option<mpsc::Sender<SpawnRequest>>> = Mutex::new(None);
+
+fn start_spawner() -> io::Result<mpsc::Sender<SpawnRequest>> {
+    let (tx, rx) = mpsc::channel::<SpawnRequest>();
+    std::thread::Builder::new()
+        .name("gds-csi-spawner".into())
+        .spawn(move || {
+            for mut req in rx {
+                // The child's reaper and pipes belong to the caller's runtime.
+                let _guard = req.runtime.enter();
+                let _ = req.reply.send(req.command.spawn());
+            }
+        })
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("starting the process-spawner thread: {e}"),
+            )
+        })?;
+    Ok(tx)
+}
+
+/// Hands `request` to the spawner thread, starting it first if need be.
+fn send_to_spawner(request: SpawnRequest) -> io::Result<()> {
+    let mut spawner = SPAWNER.lock().unwrap_or_else(|e| e.into_inner());
+    let tx = match &mut *spawner {
+        Some(tx) => tx,
+        empty => empty.insert(start_spawner()?),
+    };
+    tx.send(request)
+        .map_err(|_| io::Error::other("the process-spawner thread is gone"))
 }
 
 async fn spawn(mut command: tokio::process::Command) -> Spawned {
@@ -81,11 +97,7 @@ async fn spawn(mut command: tokio::process::Command) -> Spawned {
         runtime: tokio::runtime::Handle::current(),
         reply,
     };
-    spawner()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(request)
-        .map_err(|_| io::Error::other("the process-spawner thread is gone"))?;
+    send_to_spawner(request)?;
     answer
         .await
         .map_err(|_| io::Error::other("the process-spawner thread is gone"))?

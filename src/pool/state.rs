@@ -190,27 +190,34 @@ impl State {
         let mut old = self.volumes.iter().peekable();
         let mut new = next.volumes.iter().peekable();
         loop {
-            let order = match (old.peek(), new.peek()) {
+            // Copied out of the peeks: references into the maps, not borrows of the iterators.
+            match (old.peek().copied(), new.peek().copied()) {
                 (None, None) => return out,
-                (Some(_), None) => Less,
-                (None, Some(_)) => Greater,
-                (Some((o, _)), Some((n, _))) => o.cmp(n),
-            };
-            match order {
-                Equal => {
-                    let ((_, before), (id, after)) = (old.next().unwrap(), new.next().unwrap());
-                    if !Arc::ptr_eq(before, after) && before != after {
-                        out.push((id.clone(), Some(&**after)));
-                    }
-                }
-                Greater => {
-                    let (id, after) = new.next().unwrap();
-                    out.push((id.clone(), Some(&**after)));
-                }
-                Less => {
-                    let (id, _) = old.next().unwrap();
+                (Some((id, _)), None) => {
+                    old.next();
                     out.push((id.clone(), None));
                 }
+                (None, Some((id, after))) => {
+                    new.next();
+                    out.push((id.clone(), Some(&**after)));
+                }
+                (Some((o, before)), Some((n, after))) => match o.cmp(n) {
+                    Less => {
+                        old.next();
+                        out.push((o.clone(), None));
+                    }
+                    Greater => {
+                        new.next();
+                        out.push((n.clone(), Some(&**after)));
+                    }
+                    Equal => {
+                        old.next();
+                        new.next();
+                        if !Arc::ptr_eq(before, after) && before != after {
+                            out.push((n.clone(), Some(&**after)));
+                        }
+                    }
+                },
             }
         }
     }

@@ -129,8 +129,8 @@ impl fmt::Display for SnapshotId {
                 let path = path.to_string_lossy().replace('/', "~");
                 write!(f, "{PREFIX}:dir:{path}:{}", self.dir)
             }
-            Store::Nfs(_) => {
-                let id = self.nfs_dir("").expect("an NFS store");
+            Store::Nfs(store) => {
+                let id = self.dir_on(store, "");
                 write!(f, "{PREFIX}:{id}")
             }
         }
@@ -174,18 +174,23 @@ impl SnapshotId {
     /// `sub` below the snapshot's directory (`""`: the directory itself), as an NFS
     /// directory id; None for a directory store.
     pub fn nfs_dir(&self, sub: &str) -> Option<NfsVolumeId> {
-        let Store::Nfs(store) = &self.store else {
-            return None;
-        };
+        match &self.store {
+            Store::Nfs(store) => Some(self.dir_on(store, sub)),
+            Store::Dir(_) => None,
+        }
+    }
+
+    /// `sub` below the snapshot's directory on the NFS store `store`.
+    fn dir_on(&self, store: &NfsVolumeId, sub: &str) -> NfsVolumeId {
         let dir = [store.dir.as_str(), self.dir.as_str(), sub]
             .into_iter()
             .filter(|p| !p.is_empty())
             .collect::<Vec<_>>()
             .join("/");
-        Some(NfsVolumeId {
+        NfsVolumeId {
             dir,
             ..store.clone()
-        })
+        }
     }
 
     /// The snapshot's directory on a directory store; None for an NFS store.
@@ -198,10 +203,9 @@ impl SnapshotId {
 
     /// Where the snapshot is, for messages: `server:/share/path/dir` or a local path.
     pub fn location(&self) -> String {
-        match (&self.store, self.nfs_dir("")) {
-            (_, Some(id)) => id.source(),
-            (Store::Dir(path), None) => path.join(&self.dir).display().to_string(),
-            (Store::Nfs(_), None) => unreachable!("an NFS store has an NFS directory"),
+        match &self.store {
+            Store::Nfs(store) => self.dir_on(store, "").source(),
+            Store::Dir(path) => path.join(&self.dir).display().to_string(),
         }
     }
 
@@ -252,6 +256,25 @@ pub fn create_snapshot(req: &csi::CreateSnapshotRequest) -> Result<CreateSnapsho
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    check_class_keys(&params)?;
+    let checksums = wants_checksums(&params)?;
+    let store = store(&params)?;
+    let id = SnapshotId {
+        store,
+        dir: dir_name(&name),
+    };
+    check_id_len(&id)?;
+    Ok(CreateSnapshot {
+        name,
+        source_volume_id: req.source_volume_id.clone(),
+        id,
+        checksums,
+    })
+}
+
+/// Every VolumeSnapshotClass parameter is one this driver knows, or the
+/// external-snapshotter's own (snapshot name, namespace, content name).
+fn check_class_keys(params: &BTreeMap<String, String>) -> Result<()> {
     let known = [
         PARAM_STORE_DIR,
         PARAM_STORE_SERVER,
@@ -262,57 +285,52 @@ pub fn create_snapshot(req: &csi::CreateSnapshotRequest) -> Result<CreateSnapsho
         PARAM_STORE_VERS,
         PARAM_CHECKSUMS,
     ];
-    for key in params.keys() {
-        // The external-snapshotter's own keys (snapshot name, namespace, content name).
-        if key.starts_with("csi.storage.k8s.io/") {
-            continue;
-        }
-        if !known.contains(&key.as_str()) {
-            return Err(Error::invalid(
-                "parameters",
-                format!(
-                    "unknown VolumeSnapshotClass parameter {key:?}; known: {}",
-                    known.join(", ")
-                ),
-            ));
-        }
-    }
-    let checksums = match params.get(PARAM_CHECKSUMS).map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(Error::invalid(
-                "parameters.checksums",
-                format!("{other:?} must be \"true\" or \"false\""),
-            ))
-        }
-    };
-    let store = store(&params)?;
-    let id = SnapshotId {
-        store,
-        dir: dir_name(&name),
-    };
-    let text = id.to_string();
-    if text.len() > MAX_VOLUME_ID_LEN {
-        let field = match id.store {
-            Store::Dir(_) => "parameters.storeDir",
-            Store::Nfs(_) => "parameters.storePath",
-        };
-        return Err(Error::invalid(
-            field,
+    let unknown = params
+        .keys()
+        .filter(|key| !key.starts_with("csi.storage.k8s.io/"))
+        .find(|key| !known.contains(&key.as_str()));
+    match unknown {
+        Some(key) => Err(Error::invalid(
+            "parameters",
             format!(
-                "the snapshot id {text} would be {} bytes, over CSI's {MAX_VOLUME_ID_LEN}: \
-                 name a shorter store (server, share, path or directory)",
-                text.len()
+                "unknown VolumeSnapshotClass parameter {key:?}; known: {}",
+                known.join(", ")
             ),
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(CreateSnapshot {
-        name,
-        source_volume_id: req.source_volume_id.clone(),
-        id,
-        checksums,
-    })
+}
+
+/// The `checksums` parameter; absent means false.
+fn wants_checksums(params: &BTreeMap<String, String>) -> Result<bool> {
+    match params.get(PARAM_CHECKSUMS).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Error::invalid(
+            "parameters.checksums",
+            format!("{other:?} must be \"true\" or \"false\""),
+        )),
+    }
+}
+
+/// The id fits in CSI's limit; too long, the store's parameter is the one to shorten.
+fn check_id_len(id: &SnapshotId) -> Result<()> {
+    let text = id.to_string();
+    if text.len() <= MAX_VOLUME_ID_LEN {
+        return Ok(());
+    }
+    let field = match id.store {
+        Store::Dir(_) => "parameters.storeDir",
+        Store::Nfs(_) => "parameters.storePath",
+    };
+    Err(Error::invalid(
+        field,
+        format!(
+            "the snapshot id {text} would be {} bytes, over CSI's {MAX_VOLUME_ID_LEN}: \
+             name a shorter store (server, share, path or directory)",
+            text.len()
+        ),
+    ))
 }
 
 fn store(params: &BTreeMap<String, String>) -> Result<Store> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::store::{self, SnapshotDir};
 use super::{Manifest, Snapshots};
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::locks::VolumeLocks;
 use crate::request::snapshot::{SnapshotId, Store};
 use crate::volume::block::BlockBackend;
@@ -23,11 +23,11 @@ pub struct Context<'a> {
 
 /// A store that cannot be reached: Unavailable, naming it (the snapshotter retries).
 fn store_unreachable(id: &SnapshotId, e: &Error) -> Error {
-    Error::NotReady(format!(
-        "the snapshot store {} cannot be reached: {e}; nothing was listed or changed: retry \
-         when it answers",
-        id.store_location()
-    ))
+    SnapshotError::StoreUnreachable {
+        store: id.store_location(),
+        cause: e.to_string(),
+    }
+    .into()
 }
 
 impl Context<'_> {
@@ -66,14 +66,18 @@ impl Context<'_> {
         let run = move || f(&root, &rel);
         match &id.store {
             Store::Dir(_) => tokio::task::spawn_blocking(run).await.map_err(|e| {
-                Error::Aborted(format!("{what} on {} stopped: {e}; retry", id.location()))
+                Error::from(SnapshotError::Stopped {
+                    what: format!("{what} on {}", id.location()),
+                    cause: e.to_string(),
+                })
             })?,
             Store::Nfs(_) => self
                 .nfs()?
                 .with_deadline(format!("{what} on {}", id.location()), run)
                 .await
                 .map_err(|e| match e {
-                    e @ (Error::Store(_) | Error::AlreadyExists(_)) => e,
+                    // What the store holds, answered as it is.
+                    e @ (Error::Store(_) | Error::Snapshot(_)) => e,
                     e => store_unreachable(id, &e),
                 }),
         }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::copy::Cloner;
 use crate::csi;
-use crate::error::{Error, Result, StoreError};
+use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{CreateSnapshot, SnapshotId};
 use crate::request::{self, VolumeRef};
 use crate::state_dir::short_hash;
@@ -236,10 +236,8 @@ fn now() -> (i64, i32) {
 /// The capacity of the volume a snapshot is taken of (the smallest volume it restores
 /// into); NotFound when it is no volume here.
 fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
-    let not_found = || {
-        Error::NotFound(format!(
-            "source_volume_id: volume {source} does not exist on this node"
-        ))
+    let not_found = || SnapshotError::SourceNotFound {
+        volume: source.to_owned(),
     };
     match request::volume_ref(source) {
         Ok(VolumeRef::Block(_)) => ctx
@@ -249,7 +247,7 @@ fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
             .snapshot()
             .get(source)
             .map(|r| r.capacity_bytes)
-            .ok_or_else(not_found),
+            .ok_or_else(|| not_found().into()),
         Ok(VolumeRef::Nfs(_)) => {
             let nfs = ctx.nfs()?;
             Ok(nfs
@@ -258,7 +256,7 @@ fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
                 .get(source)
                 .map_or(0, |r| r.capacity_bytes))
         }
-        _ => Err(not_found()),
+        _ => Err(not_found().into()),
     }
 }
 
@@ -269,17 +267,19 @@ pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snap
     let id = req.id.to_string();
     let rec = match ctx.snapshots.record(&req.name)? {
         Some(r) if r.source_volume_id != req.source_volume_id => {
-            return Err(Error::AlreadyExists(format!(
-                "name: snapshot {} exists and is of volume {}, not {}; use another name",
-                req.name, r.source_volume_id, req.source_volume_id
-            )))
+            return Err(SnapshotError::NameOfAnotherVolume {
+                name: req.name.clone(),
+                source_volume: r.source_volume_id,
+                asked: req.source_volume_id.clone(),
+            }
+            .into())
         }
         Some(r) if r.id != id => {
-            return Err(Error::AlreadyExists(format!(
-                "name: snapshot {} exists on another store ({}); use another name or the \
-                 class it was taken with",
-                req.name, r.id
-            )))
+            return Err(SnapshotError::NameOnAnotherStore {
+                name: req.name.clone(),
+                id: r.id,
+            }
+            .into())
         }
         Some(r) => r,
         None => {
@@ -321,14 +321,14 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
         if stalled >= ctx.snapshots.stall_limit.as_secs() {
             let id = SnapshotId::parse(&rec.id);
             let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-            return Err(Error::NotReady(format!(
-                "snapshot {}: nothing was copied for {stalled} s (is the store {} answering?), \
-                 {:.1} of {:.1} MiB copied; the copy goes on when it answers",
-                rec.name,
-                id.map(|i| i.store_location()).unwrap_or_default(),
-                mib(p.copied_bytes()),
-                mib(p.total_bytes()),
-            )));
+            return Err(SnapshotError::Stalled {
+                name: rec.name,
+                stalled_secs: stalled,
+                store: id.map(|i| i.store_location()).unwrap_or_default(),
+                copied_mib: mib(p.copied_bytes()),
+                total_mib: mib(p.total_bytes()),
+            }
+            .into());
         }
         return Ok(rec.answer());
     }
@@ -372,7 +372,7 @@ pub async fn list(
                 // A store that does not answer fails none of the others' entries, and its
                 // snapshots cannot be restored until it does: listed, not ready. One
                 // deadline per store and call, however many snapshots it holds.
-                Err(Error::NotReady(why)) => {
+                Err(Error::Snapshot(why @ SnapshotError::StoreUnreachable { .. })) => {
                     tracing::warn!(snapshot = %rec.name, snapshot_id = %rec.id, %why,
                         "listed as not ready: its store does not answer");
                     unreachable.extend(store);
@@ -415,7 +415,12 @@ pub async fn get(ctx: &Context<'_>, snapshot_id: &str) -> Result<csi::Snapshot> 
         .await?
         .into_iter()
         .next()
-        .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot_id} does not exist")))
+        .ok_or_else(|| {
+            SnapshotError::NotFound {
+                id: snapshot_id.to_owned(),
+            }
+            .into()
+        })
 }
 
 /// DeleteSnapshot: refused while it is being taken or a volume restores from it; its
@@ -439,10 +444,10 @@ pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
     };
     if let Some(r) = &rec {
         if ctx.snapshots.copies.jobs.is_running(&key(&r.name)) {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {} is being taken now; retry when CreateSnapshot has answered",
-                r.name
-            )));
+            return Err(SnapshotError::BeingTaken {
+                name: r.name.clone(),
+            }
+            .into());
         }
     }
     match ctx.owner(&id).await? {

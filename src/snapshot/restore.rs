@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::store::{Owner, SnapshotDir};
 use super::Context;
-use crate::error::{Error, Result, StoreError};
+use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{Content, Restore, SnapshotId};
 use crate::state_dir::short_hash;
 
@@ -21,11 +21,7 @@ const MARKS: &str = "restores";
 /// directory that is that very snapshot (`SnapshotDir::owner`), NotReady while it is being
 /// taken, FailedPrecondition when its manifest is damaged.
 pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
-    let not_found = || {
-        Error::NotFound(format!(
-            "volume_content_source.snapshot.snapshot_id: snapshot {raw} does not exist"
-        ))
-    };
+    let not_found = || SnapshotError::RestoreSourceNotFound { id: raw.to_owned() };
     let id = SnapshotId::parse(raw).ok_or_else(not_found)?;
     let m = match ctx.owner(&id).await? {
         Some(Owner::Ours(Some(m))) => m,
@@ -38,7 +34,7 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
             }
             .into())
         }
-        Some(Owner::Foreign(_)) | None => return Err(not_found()),
+        Some(Owner::Foreign(_)) | None => return Err(not_found().into()),
     };
     // Where its restore mark goes must be a directory of its own (or not there yet), so a
     // store that would refuse the mark refuses before anything is allocated.
@@ -80,9 +76,11 @@ fn not_ready(ctx: &Context<'_>, raw: &str) -> Result<Error> {
         }
         None => "it has no manifest yet (another node may still be taking it)",
     };
-    Ok(Error::NotReady(format!(
-        "snapshot {raw} is not ready: {why}; retry when it is ready"
-    )))
+    Ok(SnapshotError::NotReady {
+        id: raw.to_owned(),
+        why: why.to_owned(),
+    }
+    .into())
 }
 
 /// A volume this driver made already under `name` from snapshot `raw`, as its record holds
@@ -147,12 +145,11 @@ pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> 
     if restoring.is_empty() {
         return Ok(());
     }
-    Err(Error::FailedPrecondition(format!(
-        "snapshot {text} is being restored into {}: delete it after those volumes are filled \
-         (their first NodeStage) or deleted; a mark whose volume went with its node can be \
-         removed by hand",
-        restoring.join(", ")
-    )))
+    Err(SnapshotError::BeingRestored {
+        id: text,
+        into: restoring.join(", "),
+    }
+    .into())
 }
 
 /// The restore marks in `marks`, each as `<volume id> on node <node> (<path>)`. Only a
@@ -214,9 +211,7 @@ pub async fn mark(ctx: &Context<'_>, restore: &Restore, volume_id: &str) -> Resu
         let dir = SnapshotDir::open(root, rel, &shown)?;
         let Some(dir) = dir.filter(|d| matches!(d.owner(&owner, None), Ok(Owner::Ours(Some(_)))))
         else {
-            return Err(Error::NotFound(format!(
-                "volume_content_source.snapshot.snapshot_id: snapshot {owner} does not exist"
-            )));
+            return Err(SnapshotError::RestoreSourceNotFound { id: owner }.into());
         };
         let marks = dir.make_subdir(MARKS)?;
         marks.write_atomic(&name, text.as_bytes())

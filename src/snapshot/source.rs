@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SnapshotError};
 use crate::locks::VolumeGuard;
 use crate::os::FsType;
 use crate::pool::VolumeRecord;
@@ -48,9 +48,10 @@ pub(super) async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option
 }
 
 fn not_found(raw: &str) -> Error {
-    Error::NotFound(format!(
-        "source_volume_id: volume {raw} does not exist on this node"
-    ))
+    SnapshotError::SourceNotFound {
+        volume: raw.to_owned(),
+    }
+    .into()
 }
 
 /// The block volume's record, when its content is there to be copied: not being deleted,
@@ -64,15 +65,16 @@ fn snapshottable_record(b: &BlockBackend, raw: &str) -> Result<VolumeRecord> {
         .cloned()
         .ok_or_else(|| not_found(raw))?;
     if rec.deleting {
-        return Err(Error::FailedPrecondition(format!(
-            "source_volume_id: volume {raw} is being deleted"
-        )));
+        return Err(SnapshotError::SourceDeleting {
+            volume: raw.to_owned(),
+        }
+        .into());
     }
     if crate::volume::block::clone_source::of_record(&rec)?.is_some() && !clone::done(b, raw)? {
-        return Err(Error::FailedPrecondition(format!(
-            "source_volume_id: volume {raw} is a clone or restore not filled yet (its first \
-             NodeStage fills it); take its snapshot after that"
-        )));
+        return Err(SnapshotError::SourceNotFilled {
+            volume: raw.to_owned(),
+        }
+        .into());
     }
     Ok(rec)
 }
@@ -87,10 +89,11 @@ fn block_source(
 ) -> Result<From> {
     let mut vol = b.locate(vid).map_err(|e| {
         if vid.layout == IdLayout::Stripe {
-            Error::FailedPrecondition(format!(
-                "source_volume_id: stripe volume {raw} has no device while it is not staged \
-                 (its md array runs only then): take its snapshot while a pod uses it ({e})"
-            ))
+            SnapshotError::StripeNotStaged {
+                volume: raw.to_owned(),
+                cause: e.to_string(),
+            }
+            .into()
         } else {
             e
         }
@@ -107,10 +110,11 @@ fn block_source(
         },
         (true, None) => match clone::in_use(b, vid) {
             Some(uses) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "source_volume_id: volume {raw} is in use ({uses}) but not mounted where its \
-                     files can be read; retry when it is staged or unused"
-                )))
+                return Err(SnapshotError::InUseUnmounted {
+                    volume: raw.to_owned(),
+                    uses,
+                }
+                .into())
             }
             None => From::Unmounted {
                 dev: vol.device.path.clone(),
@@ -119,11 +123,11 @@ fn block_source(
         },
         (false, _) => {
             if let Some(uses) = clone::in_use(b, vid) {
-                return Err(Error::FailedPrecondition(format!(
-                    "source_volume_id: volume {raw} is used as a raw block device ({uses}): it \
-                     has no filesystem to freeze, so a copy of it taken now would be no state \
-                     it ever had; take the snapshot while no pod uses it"
-                )));
+                return Err(SnapshotError::RawInUse {
+                    volume: raw.to_owned(),
+                    uses,
+                }
+                .into());
             }
             From::Device {
                 path: vol.device.path.clone(),

@@ -16,7 +16,7 @@ use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
 use super::manifest::{Manifest, FILE as MANIFEST};
-use crate::error::{Error, Result, StoreError};
+use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::os::safepath::fd_path;
 
 /// The file in a snapshot's directory naming the snapshot it belongs to: written before
@@ -308,11 +308,10 @@ impl SnapshotDir {
             Owner::Foreign(_) => {}
         }
         if !self.is_empty()? {
-            return Err(Error::AlreadyExists(format!(
-                "name: {} already exists on the store and is no snapshot of this driver; nothing \
-                 was written: use another name, or move that directory away",
-                self.shown
-            )));
+            return Err(StoreError::NotOurs {
+                path: self.shown.clone(),
+            }
+            .into());
         }
         self.write_atomic(ID_FILE, format!("{id}\n{name}\n").as_bytes())
     }
@@ -350,13 +349,17 @@ impl SnapshotDir {
 /// source of a restore. NotFound, FailedPrecondition (foreign or damaged) or Unavailable
 /// (not ready) otherwise.
 pub fn open_ready(root: &Path, rel: &str, id: &str, shown: &str) -> Result<SnapshotDir> {
-    let dir = SnapshotDir::open(root, rel, shown)?
-        .ok_or_else(|| Error::NotFound(format!("snapshot {id} does not exist at {shown}")))?;
+    let dir = SnapshotDir::open(root, rel, shown)?.ok_or_else(|| SnapshotError::NotInStore {
+        id: id.to_owned(),
+        path: shown.to_owned(),
+    })?;
     match dir.owner(id, None)? {
         Owner::Ours(Some(_)) => Ok(dir),
-        Owner::Ours(None) => Err(Error::NotReady(format!(
-            "snapshot {id} at {shown} has no manifest: it is not ready; retry when it is"
-        ))),
+        Owner::Ours(None) => Err(SnapshotError::NoManifest {
+            id: id.to_owned(),
+            path: shown.to_owned(),
+        }
+        .into()),
         Owner::Damaged(why) => Err(StoreError::Damaged {
             path: shown.to_owned(),
             id: id.to_owned(),

@@ -34,7 +34,7 @@ use super::{key, store_record, Context, Record};
 use crate::copy::delta::Changes;
 use crate::copy::walk::Entry;
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
-use crate::error::{Error, Result, StoreError};
+use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::locks::VolumeGuard;
 use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
@@ -187,11 +187,8 @@ impl Job {
                     let shown = root.join(&rel);
                     let dir = fsops::open_dir(&root, &rel)
                         .map_err(|e| fs_error(shown.display().to_string(), e))?
-                        .ok_or_else(|| {
-                            Error::NotFound(format!(
-                                "source_volume_id: the directory {} is gone",
-                                shown.display()
-                            ))
+                        .ok_or_else(|| SnapshotError::SourceDirGone {
+                            path: shown.display().to_string(),
                         })?;
                     let entries = j.copy_files(dir.as_fd(), &shown, false)?;
                     j.manifest(Content::Files, None, &entries, None)
@@ -299,12 +296,12 @@ impl Job {
             let seconds = frozen_at.elapsed().as_secs_f64();
             match got {
                 Ok(done) => done.map(|(entries, changes)| (entries, changes, seconds)),
-                Err(_) => Err(Error::Aborted(format!(
-                    "snapshot {}: what changed in {} during the copy could not be copied within the freeze limit of {:.1} s, so the filesystem was thawed and nothing was kept as a snapshot; retry when its writers are quieter, or raise --snapshot-freeze-limit",
-                    self.rec.name,
-                    at.display(),
-                    limit.as_secs_f64()
-                ))),
+                Err(_) => Err(SnapshotError::FreezeOverran {
+                    name: self.rec.name.clone(),
+                    at: at.display().to_string(),
+                    limit_secs: limit.as_secs_f64(),
+                }
+                .into()),
             }
         })
     }
@@ -320,10 +317,11 @@ impl Job {
         let st =
             nix::sys::stat::fstat(dev.as_fd()).map_err(|e| Error::io("stat", path, e.into()))?;
         if st.st_rdev != nix::sys::stat::makedev(major.into(), minor.into()) {
-            return Err(Error::Aborted(format!(
-                "{} is no longer the source volume's device; retry",
-                path.display()
-            )));
+            return Err(SnapshotError::SourceMoved {
+                path: path.display().to_string(),
+                what: "device",
+            }
+            .into());
         }
         let image_path = PathBuf::from(self.store.dir.shown(IMAGE));
         // Made anew each run: the device may have been written between two runs.
@@ -403,10 +401,11 @@ fn open_mount_of(at: &Path, (major, minor): (u32, u32)) -> Result<OwnedFd> {
     let root = open_dir(at)?;
     let st = nix::sys::stat::fstat(root.as_fd()).map_err(|e| Error::io("stat", at, e.into()))?;
     if st.st_dev != nix::sys::stat::makedev(major.into(), minor.into()) {
-        return Err(Error::Aborted(format!(
-            "{} is no longer the source volume's mount; retry",
-            at.display()
-        )));
+        return Err(SnapshotError::SourceMoved {
+            path: at.display().to_string(),
+            what: "mount",
+        }
+        .into());
     }
     Ok(root)
 }
@@ -421,9 +420,12 @@ fn open_dir(path: &Path) -> Result<OwnedFd> {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Aborted(format!("the snapshot's copy stopped: {e}; retry")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        Error::from(SnapshotError::Stopped {
+            what: "the snapshot's copy".into(),
+            cause: e.to_string(),
+        })
+    })?
 }
 
 /// The snapshot's directory removed from its store, the manifest first (a snapshot half

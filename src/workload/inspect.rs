@@ -179,49 +179,17 @@ fn request_remedy(driver: &str) -> String {
     )
 }
 
+const NVIDIA_FS: &str = "pod.nvidia_fs";
+
 fn nvidia_fs(view: &ContainerView, node: &NodeNvfs, driver: &str) -> Check {
-    const ID: &str = "pod.nvidia_fs";
     let have: Vec<&DeviceNode> = view.devices.iter().filter(|d| is_nvfs(&d.path)).collect();
-    let names = |v: &[&DeviceNode]| {
-        v.iter()
-            .map(|d| d.path.as_str())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let loaded = match node {
-        NodeNvfs::Devices(d) => !d.is_empty(),
-        NodeNvfs::Loaded(l) => *l,
-    };
-    if !loaded {
-        return Check::warn(
-            ID,
-            "the node has no nvidia-fs devices: cuFile here can only take the compat path",
-            format!(
-                "nvidia_fs is not loaded on the node; {} has {}",
-                view.label,
-                if have.is_empty() {
-                    "none".to_string()
-                } else {
-                    names(&have)
-                }
-            ),
-            "load nvidia_fs on the node (the GPU Operator's gds.enabled, or the nvidia-fs \
-             package); until then reads go through host memory (POSIX) where compat mode is \
-             allowed and fail where it is not",
-        );
+    if !node.loaded() {
+        return nvidia_fs_not_loaded(view, &have);
     }
-    let missing: Vec<String> = match node {
-        NodeNvfs::Devices(d) => d
-            .iter()
-            .map(|n| format!("/dev/{n}"))
-            .filter(|p| !have.iter().any(|h| &h.path == p))
-            .collect(),
-        NodeNvfs::Loaded(_) if have.is_empty() => vec!["/dev/nvidia-fs*".to_string()],
-        NodeNvfs::Loaded(_) => Vec::new(),
-    };
+    let missing = missing_nvfs(node, &have);
     if !missing.is_empty() {
         return Check::fail(
-            ID,
+            NVIDIA_FS,
             "the container lacks the node's nvidia-fs devices: cuFile falls back to compat or fails",
             format!("missing in {}: {}", view.label, missing.join(" ")),
             request_remedy(driver),
@@ -234,21 +202,73 @@ fn nvidia_fs(view: &ContainerView, node: &NodeNvfs, driver: &str) -> Check {
         .collect();
     if !read_only.is_empty() {
         return Check::fail(
-            ID,
+            NVIDIA_FS,
             "the container may not open its nvidia-fs devices read-write",
-            format!("not read-write: {}", names(&read_only)),
+            format!("not read-write: {}", device_paths(&read_only)),
             "nvidia-fs maps its buffers shared and writable: the device cgroup must allow rw \
              (the driver's device plugin grants rw)",
         );
     }
     Check::pass(
-        ID,
+        NVIDIA_FS,
         format!(
             "the container has the node's nvidia-fs devices ({})",
-            names(&have)
+            device_paths(&have)
         ),
         "read-write",
     )
+}
+
+impl NodeNvfs {
+    /// Whether nvidia_fs is loaded on the node.
+    fn loaded(&self) -> bool {
+        match self {
+            NodeNvfs::Devices(d) => !d.is_empty(),
+            NodeNvfs::Loaded(l) => *l,
+        }
+    }
+}
+
+fn device_paths(nodes: &[&DeviceNode]) -> String {
+    nodes
+        .iter()
+        .map(|d| d.path.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The finding when nvidia_fs is not loaded on the node; `have`: the container's nodes.
+fn nvidia_fs_not_loaded(view: &ContainerView, have: &[&DeviceNode]) -> Check {
+    Check::warn(
+        NVIDIA_FS,
+        "the node has no nvidia-fs devices: cuFile here can only take the compat path",
+        format!(
+            "nvidia_fs is not loaded on the node; {} has {}",
+            view.label,
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                device_paths(have)
+            }
+        ),
+        "load nvidia_fs on the node (the GPU Operator's gds.enabled, or the nvidia-fs \
+         package); until then reads go through host memory (POSIX) where compat mode is \
+         allowed and fail where it is not",
+    )
+}
+
+/// The node's nvidia-fs nodes the container lacks (from inside, where the node's are not
+/// known: any, when it has none).
+fn missing_nvfs(node: &NodeNvfs, have: &[&DeviceNode]) -> Vec<String> {
+    match node {
+        NodeNvfs::Devices(d) => d
+            .iter()
+            .map(|n| format!("/dev/{n}"))
+            .filter(|p| !have.iter().any(|h| &h.path == p))
+            .collect(),
+        NodeNvfs::Loaded(_) if have.is_empty() => vec!["/dev/nvidia-fs*".to_string()],
+        NodeNvfs::Loaded(_) => Vec::new(),
+    }
 }
 
 fn host_devices(view: &ContainerView) -> Check {

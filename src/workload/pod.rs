@@ -140,9 +140,34 @@ fn granted(rules: &[Rule], kind: &str, major: i64, minor: i64, access: char) -> 
         .is_some_and(|r| r.allow)
 }
 
+/// A mount of the spec: where the container sees it, its host source, whether read-only.
+struct Mount {
+    destination: PathBuf,
+    source: PathBuf,
+    read_only: bool,
+}
+
 fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
     let rules = rules(spec);
-    let devices = spec["linux"]["devices"]
+    let mounts = mounts(spec);
+    let udev = udev_data(&mounts);
+    ContainerView {
+        label,
+        devices: device_nodes(spec, &rules),
+        all_devices_allowed: allows_every_device(&rules),
+        host_dev_mounted: mounts
+            .iter()
+            .any(|m| m.destination == Path::new("/dev") && m.source == Path::new("/dev")),
+        sys_admin: has_sys_admin(spec),
+        udev_mount: udev.as_ref().map(|(_, read_only)| *read_only),
+        cufile: cufile_view(&env_of(spec), &mounts),
+        volumes: csi_volumes(&mounts, udev.as_ref().map(|(dir, _)| dir.as_path()), src),
+    }
+}
+
+/// The spec's device nodes, each with whether the device cgroup rules grant it read-write.
+fn device_nodes(spec: &Value, rules: &[Rule]) -> Vec<DeviceNode> {
+    spec["linux"]["devices"]
         .as_array()
         .into_iter()
         .flatten()
@@ -153,36 +178,57 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
             Some(DeviceNode {
                 path,
                 read_write: Some(
-                    granted(&rules, kind, major, minor, 'r')
-                        && granted(&rules, kind, major, minor, 'w'),
+                    granted(rules, kind, major, minor, 'r')
+                        && granted(rules, kind, major, minor, 'w'),
                 ),
             })
         })
-        .collect();
-    let all_devices_allowed = rules
+        .collect()
+}
+
+/// Whether a rule allows every device, as a privileged container's device cgroup does.
+fn allows_every_device(rules: &[Rule]) -> bool {
+    rules
         .iter()
-        .any(|r| r.allow && r.kind.as_deref().is_none_or(|k| k == "a") && r.major.is_none());
-    let mounts: Vec<(PathBuf, PathBuf, bool)> = spec["mounts"]
+        .any(|r| r.allow && r.kind.as_deref().is_none_or(|k| k == "a") && r.major.is_none())
+}
+
+/// The spec's mounts that name a destination.
+fn mounts(spec: &Value) -> Vec<Mount> {
+    spec["mounts"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|m| {
-            let dest = PathBuf::from(m["destination"].as_str()?);
-            let source = PathBuf::from(m["source"].as_str().unwrap_or_default());
-            let ro = m["options"]
-                .as_array()
-                .is_some_and(|o| o.iter().any(|x| x.as_str() == Some("ro")));
-            Some((dest, source, ro))
+            Some(Mount {
+                destination: PathBuf::from(m["destination"].as_str()?),
+                source: PathBuf::from(m["source"].as_str().unwrap_or_default()),
+                read_only: m["options"]
+                    .as_array()
+                    .is_some_and(|o| o.iter().any(|x| x.as_str() == Some("ro"))),
+            })
         })
-        .collect();
-    let bind_of = |dest: &Path| mounts.iter().find(|(d, _, _)| d == dest);
-    let host_dev_mounted = mounts
-        .iter()
-        .any(|(d, s, _)| d == Path::new("/dev") && s == Path::new("/dev"));
-    let udev = bind_of(Path::new("/run/udev/data"))
-        .map(|(_, s, ro)| (s.clone(), *ro))
-        .or_else(|| bind_of(Path::new("/run/udev")).map(|(_, s, ro)| (s.join("data"), *ro)));
-    let env: BTreeMap<String, String> = spec["process"]["env"]
+        .collect()
+}
+
+/// The first mount at `destination`.
+fn mount_at<'m>(mounts: &'m [Mount], destination: &Path) -> Option<&'m Mount> {
+    mounts.iter().find(|m| m.destination == destination)
+}
+
+/// The udev database's directory on the host and whether it is mounted read-only: a bind of
+/// `/run/udev/data`, else of the whole `/run/udev`.
+fn udev_data(mounts: &[Mount]) -> Option<(PathBuf, bool)> {
+    mount_at(mounts, Path::new("/run/udev/data"))
+        .map(|m| (m.source.clone(), m.read_only))
+        .or_else(|| {
+            mount_at(mounts, Path::new("/run/udev")).map(|m| (m.source.join("data"), m.read_only))
+        })
+}
+
+/// The process's environment, `KEY=value` entries by key.
+fn env_of(spec: &Value) -> BTreeMap<String, String> {
+    spec["process"]["env"]
         .as_array()
         .into_iter()
         .flatten()
@@ -191,70 +237,75 @@ fn view_of(spec: &Value, label: String, src: &Sources) -> ContainerView {
                 .split_once('=')
                 .map(|(k, v)| (k.into(), v.into()))
         })
-        .collect();
-    let sys_admin = spec["process"]["capabilities"]["effective"]
-        .as_array()
-        .is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some("CAP_SYS_ADMIN")));
+        .collect()
+}
 
-    let (cufile_path, from_env) = match env.get(super::allocate::CUFILE_ENV) {
+fn has_sys_admin(spec: &Value) -> bool {
+    spec["process"]["capabilities"]["effective"]
+        .as_array()
+        .is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some("CAP_SYS_ADMIN")))
+}
+
+/// The cufile.json libcufile will read, with the text of the node's file mounted there.
+fn cufile_view(env: &BTreeMap<String, String>, mounts: &[Mount]) -> CufileView {
+    let (path, from_env) = match env.get(super::allocate::CUFILE_ENV) {
         Some(p) => (PathBuf::from(p), true),
         None => (PathBuf::from("/etc/cufile.json"), false),
     };
-    let cufile_content = match bind_of(&cufile_path) {
-        Some((_, source, _)) => std::fs::read_to_string(source)
-            .map_err(|e| format!("its source {} on the node: {e}", source.display())),
+    let content = match mount_at(mounts, &path) {
+        Some(m) => std::fs::read_to_string(&m.source)
+            .map_err(|e| format!("its source {} on the node: {e}", m.source.display())),
         None => Err(
             "not mounted into the container (the image's own file, if any, is not \
                      the node's)"
                 .to_string(),
         ),
     };
+    CufileView {
+        path,
+        from_env,
+        content,
+    }
+}
 
+/// This driver's volumes among the mounts, with their devices' udev entries as read from
+/// `udev_dir` (the host's udev database the container sees).
+fn csi_volumes(mounts: &[Mount], udev_dir: Option<&Path>, src: &Sources) -> Vec<VolumeView> {
     let csi_root = src.kubelet_dir.join("pods");
-    let volumes = mounts
+    mounts
         .iter()
-        .filter_map(|(dest, source, _)| {
-            let (pv, handle) = csi_volume(source, &csi_root, src.driver_name)?;
-            let md = std::fs::metadata(source).ok();
-            let block_device = md
-                .map(|m| {
-                    (
-                        nix::sys::stat::major(m.dev()) as u32,
-                        nix::sys::stat::minor(m.dev()) as u32,
-                    )
-                })
-                .filter(|(major, _)| *major != 0);
-            let udev_entry = block_device.map(|(a, b)| match &udev {
-                Some((dir, _)) => {
-                    let entry = dir.join(format!("b{a}:{b}"));
-                    std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))
-                }
-                None => Err("no udev database mounted".into()),
-            });
+        .filter_map(|m| {
+            let (pv, handle) = csi_volume(&m.source, &csi_root, src.driver_name)?;
+            let block_device = block_device_of(&m.source);
             Some(VolumeView {
-                destination: dest.clone(),
+                destination: m.destination.clone(),
                 name: pv,
                 block_device,
-                udev_entry,
-                compat_mark: src.compat_marks.map(|m| m.get(&handle).cloned()),
+                udev_entry: block_device.map(|device| udev_entry(udev_dir, device)),
+                compat_mark: src.compat_marks.map(|marks| marks.get(&handle).cloned()),
             })
         })
-        .collect();
+        .collect()
+}
 
-    ContainerView {
-        label,
-        devices,
-        all_devices_allowed,
-        host_dev_mounted,
-        sys_admin,
-        udev_mount: udev.map(|(_, ro)| ro),
-        cufile: CufileView {
-            path: cufile_path,
-            from_env,
-            content: cufile_content,
-        },
-        volumes,
-    }
+/// The block device (major, minor) under `path`'s filesystem; None when unreadable or not
+/// a block device's (major 0: NFS, tmpfs).
+fn block_device_of(path: &Path) -> Option<(u32, u32)> {
+    let md = std::fs::metadata(path).ok()?;
+    let device = (
+        nix::sys::stat::major(md.dev()) as u32,
+        nix::sys::stat::minor(md.dev()) as u32,
+    );
+    (device.0 != 0).then_some(device)
+}
+
+/// The udev database entry of block device `major:minor`, or why it cannot be read.
+fn udev_entry(udev_dir: Option<&Path>, (major, minor): (u32, u32)) -> Result<String, String> {
+    let Some(dir) = udev_dir else {
+        return Err("no udev database mounted".into());
+    };
+    let entry = dir.join(format!("b{major}:{minor}"));
+    std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))
 }
 
 /// The PV name and volume id when `source` is a kubelet CSI mount of this driver's
@@ -275,29 +326,12 @@ fn csi_volume(source: &Path, pods: &Path, driver: &str) -> Option<(String, Strin
 /// `gds-csi doctor --pod`: the findings of each of the pod's containers; 0 when none
 /// failed, 1 when one did, 2 when the pod cannot be looked at.
 pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
-    let out = |text: String| {
-        // A closed stdout (`| head`) is not worth a panic.
-        let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
-    };
     let marks = crate::gds::gate::read_compat_marks(&args.state_dir);
     if let Err(e) = &marks {
         eprintln!("gds-csi doctor --pod: the driver's compat marks: {e}");
     }
-    let views = parse_pod(pod).and_then(|(namespace, name)| {
-        let src = Sources {
-            bundles: &args.runtime_state_dir,
-            kubelet_dir: &args.kubelet_dir,
-            driver_name: &args.driver.name,
-            compat_marks: marks.as_ref().ok(),
-        };
-        container_views(&src, &namespace, &name)
-    });
-    let nvfs = super::allocate::nvfs_devices(&args.host_dev).map_err(|e| {
-        format!(
-            "listing the node's nvidia-fs devices in {}: {e}",
-            args.host_dev.display()
-        )
-    });
+    let views = pod_views(args, pod, marks.as_ref().ok());
+    let nvfs = node_nvfs_devices(&args.host_dev);
     let (views, nvfs) = match (views, nvfs) {
         (Ok(v), Ok(n)) => (v, NodeNvfs::Devices(n)),
         (Err(e), _) | (_, Err(e)) => {
@@ -316,24 +350,62 @@ pub fn doctor(args: &DoctorArgs, pod: &str) -> i32 {
         .collect();
     let ready = reports.iter().all(|(_, r)| r.ready());
     if args.json {
-        let list: Vec<Value> = reports
-            .iter()
-            .map(|(label, r)| serde_json::json!({"container": label, "ready": r.ready(), "findings": r.checks}))
-            .collect();
-        out(serde_json::to_string_pretty(
-            &serde_json::json!({"pod": pod, "ready": ready, "containers": list}),
-        )
-        .unwrap_or_default()
-            + "\n");
+        write_stdout(&reports_json(pod, ready, &reports));
     } else {
         for (label, r) in &reports {
-            out(format!(
+            write_stdout(&format!(
                 "{label}: what cuFile in this container will see\n{}\n",
                 super::inspect::findings_text(r)
             ));
         }
     }
     i32::from(!ready)
+}
+
+/// The views of the containers of `pod` (`namespace/name`), on this node.
+fn pod_views(
+    args: &DoctorArgs,
+    pod: &str,
+    compat_marks: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<ContainerView>, String> {
+    let (namespace, name) = parse_pod(pod)?;
+    let src = Sources {
+        bundles: &args.runtime_state_dir,
+        kubelet_dir: &args.kubelet_dir,
+        driver_name: &args.driver.name,
+        compat_marks,
+    };
+    container_views(&src, &namespace, &name)
+}
+
+/// The node's nvidia-fs device names, from the host's `/dev`.
+fn node_nvfs_devices(host_dev: &Path) -> Result<Vec<String>, String> {
+    super::allocate::nvfs_devices(host_dev).map_err(|e| {
+        format!(
+            "listing the node's nvidia-fs devices in {}: {e}",
+            host_dev.display()
+        )
+    })
+}
+
+/// The pod's reports as one JSON document, newline-terminated.
+fn reports_json(pod: &str, ready: bool, reports: &[(String, Report)]) -> String {
+    let list: Vec<Value> = reports
+        .iter()
+        .map(|(label, r)| {
+            serde_json::json!({"container": label, "ready": r.ready(), "findings": r.checks})
+        })
+        .collect();
+    serde_json::to_string_pretty(
+        &serde_json::json!({"pod": pod, "ready": ready, "containers": list}),
+    )
+    .unwrap_or_default()
+        + "\n"
+}
+
+fn write_stdout(text: &str) {
+    // A closed stdout (`| head`) is not worth a panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
 }
 
 #[cfg(test)]

@@ -185,58 +185,104 @@ pub fn main(args: &WorkloadReadArgs, exe: &Path, probe_prefix: &[String]) -> i32
         &args.driver.name,
     ));
     let compat_allowed = super::inspect::compat_allowed(&view);
-    let outcome = gds_check::run_probe(
+    let read = gds_check::run_probe(
         exe,
         probe_prefix,
         &probe_args(args, &view.cufile.path),
         args.timeout,
     );
-    let compat_check = (compat_allowed == Some(false)
-        && outcome.status == ProbeStatus::Completed
-        && outcome.mode == GdsMode::Unavailable)
+    let read_with_compat_allowed = (compat_allowed == Some(false) && found_no_gds_path(&read))
         .then(|| compat_retry(&view, args, exe, probe_prefix))
         .flatten();
-    let compat_works = compat_check.as_ref().map(|o| {
-        o.status == ProbeStatus::Completed
-            && o.mode == GdsMode::Compat
-            && o.read.as_ref().is_some_and(|r| r.ok())
-    });
-    let taken = path_taken(outcome.status, outcome.mode, compat_works);
-    let read_ok = outcome.status == ProbeStatus::Completed
-        && match outcome.mode {
-            GdsMode::TrueGds => true,
-            GdsMode::Compat => compat_allowed != Some(false) && !args.require_gds,
-            _ => false,
-        };
-    let ok = read_ok && report.ready();
+    let compat_works = read_with_compat_allowed
+        .as_ref()
+        .map(read_went_through_compat);
+    let result = ReadResult {
+        path: &args.path,
+        ok: read_ok(&read, compat_allowed, args.require_gds) && report.ready(),
+        taken: path_taken(read.status, read.mode, compat_works),
+        compat_allowed,
+        report,
+        read,
+        read_with_compat_allowed,
+    };
     let text = if args.json {
+        result.json()
+    } else {
+        result.text()
+    };
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    i32::from(!result.ok)
+}
+
+/// The probe ran and found no GDS path (with compat mode off, no path at all).
+fn found_no_gds_path(read: &gds_check::ProbeOutcome) -> bool {
+    read.status == ProbeStatus::Completed && read.mode == GdsMode::Unavailable
+}
+
+/// The read with compat allowed worked, through compat.
+fn read_went_through_compat(read: &gds_check::ProbeOutcome) -> bool {
+    read.status == ProbeStatus::Completed
+        && read.mode == GdsMode::Compat
+        && read.read.as_ref().is_some_and(|r| r.ok())
+}
+
+/// The read worked on a path this container accepts: GDS, or compat where cufile.json
+/// allows it and `--require-gds` is not given.
+fn read_ok(
+    read: &gds_check::ProbeOutcome,
+    compat_allowed: Option<bool>,
+    require_gds: bool,
+) -> bool {
+    read.status == ProbeStatus::Completed
+        && match read.mode {
+            GdsMode::TrueGds => true,
+            GdsMode::Compat => compat_allowed != Some(false) && !require_gds,
+            _ => false,
+        }
+}
+
+/// What `main` reports: the reads, the path taken and the findings.
+struct ReadResult<'a> {
+    path: &'a Path,
+    ok: bool,
+    taken: &'static str,
+    compat_allowed: Option<bool>,
+    report: Report,
+    read: gds_check::ProbeOutcome,
+    read_with_compat_allowed: Option<gds_check::ProbeOutcome>,
+}
+
+impl ReadResult<'_> {
+    fn json(&self) -> String {
         serde_json::to_string_pretty(&json!({
-            "ok": ok,
-            "path": args.path,
-            "cufile_path": taken.split(' ').next(),
-            "cufile_path_detail": taken,
-            "compat_allowed": compat_allowed,
-            "findings": report.checks,
-            "read": outcome,
-            "read_with_compat_allowed": compat_check,
+            "ok": self.ok,
+            "path": self.path,
+            "cufile_path": self.taken.split(' ').next(),
+            "cufile_path_detail": self.taken,
+            "compat_allowed": self.compat_allowed,
+            "findings": self.report.checks,
+            "read": self.read,
+            "read_with_compat_allowed": self.read_with_compat_allowed,
         }))
         .unwrap_or_default()
             + "\n"
-    } else {
+    }
+
+    fn text(&self) -> String {
         let mut out = format!(
-            "{}: cuFile path: {taken}\n  {}\n",
-            args.path.display(),
-            outcome.summary()
+            "{}: cuFile path: {}\n  {}\n",
+            self.path.display(),
+            self.taken,
+            self.read.summary()
         );
-        if let Some(o) = &compat_check {
+        if let Some(o) = &self.read_with_compat_allowed {
             out += &format!("  with compat allowed: {}\n", o.summary());
         }
         out += "\n";
-        out += &super::inspect::findings_text(&report);
+        out += &super::inspect::findings_text(&self.report);
         out
-    };
-    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
-    i32::from(!ok)
+    }
 }
 
 #[cfg(test)]

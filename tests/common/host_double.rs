@@ -301,7 +301,7 @@ impl Host for HostDouble {
             return real.probe_signatures(device).await;
         }
         if self.probe_fails.lock().unwrap().iter().any(|d| d == device) {
-            // What RealHost's probe_failed returns (src/os/host.rs).
+            // What RealHost's probe_failed returns (src/os/host/real.rs).
             return Err(HostError::ProbeFailed {
                 device: device.to_owned(),
                 why: "I/O error, test double".into(),

@@ -398,7 +398,7 @@ check "the same filesystem, not a new mkfs (superblock UUID and creation time un
   [ "$(superblock)" = "$first_superblock" ]
 
 # --- a clone (issue 15): a claim whose dataSource is `data` holds the writer's file -------
-# A clone is copied only from a source nothing has staged (src/volume/block/clone.rs): the reader
+# A clone is copied only from a source nothing has staged (src/volume/block/clone/): the reader
 # is deleted first and its volume unstaged.
 "$KUBECTL" delete pod reader >/dev/null
 check "the reader's volume is unstaged" wait_for 60 unstaged

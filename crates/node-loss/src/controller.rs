@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use crate::claim::{pod_uses_claim, template, PVC_PROTECTION};
 use crate::clock::{Clock, NodeState};
 use crate::metrics::{Metrics, NodeAction, NodeLabel, OutcomeLabel, StateLabel};
-use crate::volumes::{LocalVolume, Selector, Skip};
+use crate::volumes::{ClaimRef, LocalVolume, Selector, Skip};
 
 pub const COMPONENT: &str = "gds-csi-node-loss";
 
@@ -55,6 +55,8 @@ pub enum Error {
     Timeout(String, Duration),
     #[error("{0}: {1}")]
     Api(String, #[source] kube::Error),
+    #[error("{0}: {1}")]
+    Encode(String, #[source] serde_json::Error),
 }
 
 type Result<T> = std::result::Result<T, Error>;
@@ -129,41 +131,8 @@ impl Controller {
 
     async fn pass_inner(&mut self) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let listed = self
-            .api("list nodes", nodes.list_metadata(&ListParams::default()))
-            .await;
-        let present: BTreeSet<String> = match listed {
-            Ok(list) => list
-                .items
-                .into_iter()
-                .filter_map(|n| n.metadata.name)
-                .collect(),
-            Err(e) => {
-                // Absence seen with a gap proves nothing: start every clock again.
-                if !self.announced.is_empty() {
-                    warn!(error = %e, "could not list Nodes: every missing node's grace period starts again");
-                }
-                self.clock.reset();
-                return Err(e);
-            }
-        };
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pvs = self
-            .api("list persistentvolumes", pvs.list(&ListParams::default()))
-            .await?;
-        let mut by_node: BTreeMap<String, Vec<LocalVolume>> = BTreeMap::new();
-        for pv in &pvs.items {
-            match self.cfg.selector.select(pv) {
-                Ok(v) => by_node.entry(v.node.clone()).or_default().push(v),
-                Err(Skip::Ambiguous(why)) => {
-                    let name = pv.metadata.name.clone().unwrap_or_default();
-                    if self.warned.insert(name.clone()) {
-                        warn!(pv = %name, %why, "left alone: cannot tell which node holds this volume");
-                    }
-                }
-                Err(_) => {}
-            }
-        }
+        let present = self.present_nodes(&nodes).await?;
+        let by_node = self.volumes_by_node().await?;
         let wanted: BTreeSet<String> = by_node.keys().cloned().collect();
         let states = self
             .clock
@@ -188,36 +157,96 @@ impl Controller {
                     }
                 }
                 NodeState::Lost(gone) => {
-                    self.announced.insert(node.clone());
-                    // The list may be stale or partial: act only on a 404 for this node now.
-                    let exists = self
-                        .api(format!("get node {node}"), nodes.get_metadata_opt(node))
+                    self.node_lost(&nodes, node, volumes, gone, &mut still_lost)
                         .await?;
-                    if exists.is_some() {
-                        info!(%node, "node is back (seen by a direct read); nothing changed");
-                        continue;
-                    }
-                    for v in volumes {
-                        still_lost.insert(v.pv_uid.clone());
-                        let outcome = match self.cfg.action {
-                            Action::Report => self.report(v, gone).await.map(|()| Progress::Done),
-                            Action::Recreate => self.recreate(v, gone).await,
-                        };
-                        match outcome {
-                            Ok(Progress::Done) => {}
-                            Ok(Progress::Waiting(why)) => {
-                                info!(pv = %v.pv_name, %node, %why, "claim re-creation waiting")
-                            }
-                            Err(e) => {
-                                warn!(pv = %v.pv_name, %node, error = %e, "node loss action failed; retried next pass")
-                            }
-                        }
-                    }
                 }
             }
         }
         self.announced.retain(|n| wanted.contains(n));
         self.reported.retain(|uid| still_lost.contains(uid));
+        Ok(())
+    }
+
+    /// The names of the Nodes the API lists now.
+    async fn present_nodes(&mut self, nodes: &Api<Node>) -> Result<BTreeSet<String>> {
+        let listed = self
+            .api("list nodes", nodes.list_metadata(&ListParams::default()))
+            .await;
+        match listed {
+            Ok(list) => Ok(list
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect()),
+            Err(e) => {
+                // Absence seen with a gap proves nothing: start every clock again.
+                if !self.announced.is_empty() {
+                    warn!(error = %e, "could not list Nodes: every missing node's grace period starts again");
+                }
+                self.clock.reset();
+                Err(e)
+            }
+        }
+    }
+
+    /// Our volumes, by the node whose drives hold them; a PV whose node is ambiguous is
+    /// left alone (and logged once).
+    async fn volumes_by_node(&mut self) -> Result<BTreeMap<String, Vec<LocalVolume>>> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pvs = self
+            .api("list persistentvolumes", pvs.list(&ListParams::default()))
+            .await?;
+        let mut by_node: BTreeMap<String, Vec<LocalVolume>> = BTreeMap::new();
+        for pv in &pvs.items {
+            match self.cfg.selector.select(pv) {
+                Ok(v) => by_node.entry(v.node.clone()).or_default().push(v),
+                Err(Skip::Ambiguous(why)) => {
+                    let name = pv.metadata.name.clone().unwrap_or_default();
+                    if self.warned.insert(name.clone()) {
+                        warn!(pv = %name, %why, "left alone: cannot tell which node holds this volume");
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(by_node)
+    }
+
+    /// A node past its grace period: the action on each of its volumes, once a direct
+    /// read confirms the node is gone. The uids of the volumes acted on go in `still_lost`.
+    async fn node_lost(
+        &mut self,
+        nodes: &Api<Node>,
+        node: &str,
+        volumes: &[LocalVolume],
+        gone: Duration,
+        still_lost: &mut HashSet<String>,
+    ) -> Result<()> {
+        self.announced.insert(node.to_owned());
+        // The list may be stale or partial: act only on a 404 for this node now.
+        let exists = self
+            .api(format!("get node {node}"), nodes.get_metadata_opt(node))
+            .await?;
+        if exists.is_some() {
+            info!(%node, "node is back (seen by a direct read); nothing changed");
+            return Ok(());
+        }
+        for v in volumes {
+            still_lost.insert(v.pv_uid.clone());
+            let outcome = match self.cfg.action {
+                Action::Report => self.report(v, gone).await.map(|()| Progress::Done),
+                Action::Recreate => self.recreate(v, gone).await,
+            };
+            match outcome {
+                Ok(Progress::Done) => {}
+                Ok(Progress::Waiting(why)) => {
+                    info!(pv = %v.pv_name, %node, %why, "claim re-creation waiting")
+                }
+                Err(e) => {
+                    warn!(pv = %v.pv_name, %node, error = %e, "node loss action failed; retried next pass")
+                }
+            }
+        }
         Ok(())
     }
 
@@ -334,98 +363,142 @@ impl Controller {
             .cloned();
 
         if let (Some(c), Some(old)) = (&v.claim, self.bound_claim(v).await?) {
-            let pvc_api: Api<PersistentVolumeClaim> =
-                Api::namespaced(self.client.clone(), &c.namespace);
             if saved.is_none() {
-                let text = serde_json::to_string(&template(&old)).expect("a claim serializes");
-                let patch = json!({"metadata": {"annotations": {&key: &text}}});
-                self.api(
-                    format!("annotate pv {} with its claim", v.pv_name),
-                    pv_api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
-                )
-                .await?;
-                info!(pv = %v.pv_name, claim = %format!("{}/{}", c.namespace, c.name), "saved the claim's template on its PV");
-                saved = Some(text);
+                saved = Some(self.save_template(v, c, &old, &key).await?);
             }
             if old.metadata.deletion_timestamp.is_none() {
-                let message = format!(
-                    "{}; action recreate: deleting this claim to create it again unbound",
-                    self.message(v, gone)
-                );
-                self.event(&claim_ref(&old), "Warning", "NodeLost", &message)
-                    .await?;
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(c.uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match self
-                    .api(
-                        format!("delete claim {}/{}", c.namespace, c.name),
-                        pvc_api.delete(&c.name, &dp),
-                    )
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(Error::Api(_, kube::Error::Api(s))) if s.is_not_found() => {}
-                    Err(e) => return Err(e),
-                }
-                warn!(pv = %v.pv_name, node = %v.node, claim = %format!("{}/{}", c.namespace, c.name),
-                    "node lost: deleted the claim bound to its volume");
+                self.delete_bound_claim(v, c, &old, gone).await?;
             }
-            // Deleted at once unless a finalizer holds it.
-            let Some(old) = self.bound_claim(v).await? else {
-                return self.recreate_claim_and_delete_pv(v, saved.as_deref()).await;
-            };
-            let finalizers = old.metadata.finalizers.clone().unwrap_or_default();
-            if !finalizers.iter().any(|f| f == PVC_PROTECTION) {
-                return Ok(Progress::Waiting(format!(
-                    "claim {}/{} is held by finalizers {finalizers:?}",
-                    c.namespace, c.name
-                )));
-            }
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &c.namespace);
-            let pods = self
-                .api(
-                    format!("list pods in {}", c.namespace),
-                    pods.list(&ListParams::default()),
-                )
-                .await?;
-            if let Some(p) = pods.items.iter().find(|p| pod_uses_claim(p, &c.name)) {
-                return Ok(Progress::Waiting(format!(
-                    "pod {}/{} (node {}) still uses claim {}; the pod garbage collector removes pods of deleted nodes",
-                    c.namespace,
-                    p.metadata.name.as_deref().unwrap_or(""),
-                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
-                    c.name
-                )));
-            }
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != PVC_PROTECTION).collect();
-            // resourceVersion makes the patch conditional: a claim changed since the read
-            // (a pod added, a finalizer) is a conflict, retried next pass.
-            let patch = json!({"metadata": {
-                "resourceVersion": old.metadata.resource_version,
-                "finalizers": rest,
-            }});
-            self.api(
-                format!(
-                    "remove {PVC_PROTECTION} from claim {}/{}",
-                    c.namespace, c.name
-                ),
-                pvc_api.patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch)),
-            )
-            .await?;
-            info!(claim = %format!("{}/{}", c.namespace, c.name), "no pod uses the deleted claim: removed its {PVC_PROTECTION} finalizer");
-            if self.bound_claim(v).await?.is_some() {
-                return Ok(Progress::Waiting(format!(
-                    "claim {}/{} is still being deleted",
-                    c.namespace, c.name
-                )));
+            if let Progress::Waiting(why) = self.release_deleted_claim(v, c).await? {
+                return Ok(Progress::Waiting(why));
             }
         }
         self.recreate_claim_and_delete_pv(v, saved.as_deref()).await
+    }
+
+    /// Step 1: the template of claim `old` written on the PV under annotation `key`;
+    /// answers the text written.
+    async fn save_template(
+        &self,
+        v: &LocalVolume,
+        c: &ClaimRef,
+        old: &PersistentVolumeClaim,
+        key: &str,
+    ) -> Result<String> {
+        let text = serde_json::to_string(&template(old))
+            .map_err(|e| Error::Encode(format!("serialize claim {}/{}", c.namespace, c.name), e))?;
+        let patch = json!({"metadata": {"annotations": {key: &text}}});
+        let pv_api: Api<PersistentVolume> = Api::all(self.client.clone());
+        self.api(
+            format!("annotate pv {} with its claim", v.pv_name),
+            pv_api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+        info!(pv = %v.pv_name, claim = %format!("{}/{}", c.namespace, c.name), "saved the claim's template on its PV");
+        Ok(text)
+    }
+
+    /// Step 2's start: an Event on the claim, then its deletion, conditional on its uid.
+    async fn delete_bound_claim(
+        &self,
+        v: &LocalVolume,
+        c: &ClaimRef,
+        old: &PersistentVolumeClaim,
+        gone: Duration,
+    ) -> Result<()> {
+        let message = format!(
+            "{}; action recreate: deleting this claim to create it again unbound",
+            self.message(v, gone)
+        );
+        self.event(&claim_ref(old), "Warning", "NodeLost", &message)
+            .await?;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(c.uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let pvc_api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &c.namespace);
+        match self
+            .api(
+                format!("delete claim {}/{}", c.namespace, c.name),
+                pvc_api.delete(&c.name, &dp),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(Error::Api(_, kube::Error::Api(s))) if s.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        warn!(pv = %v.pv_name, node = %v.node, claim = %format!("{}/{}", c.namespace, c.name),
+            "node lost: deleted the claim bound to its volume");
+        Ok(())
+    }
+
+    /// Step 2's end: the deleted claim gone. Its pvc-protection finalizer is removed once
+    /// no pod uses it; Done once the claim is gone, else what it waits for.
+    async fn release_deleted_claim(&self, v: &LocalVolume, c: &ClaimRef) -> Result<Progress> {
+        // Deleted at once unless a finalizer holds it.
+        let Some(old) = self.bound_claim(v).await? else {
+            return Ok(Progress::Done);
+        };
+        let finalizers = old.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == PVC_PROTECTION) {
+            return Ok(Progress::Waiting(format!(
+                "claim {}/{} is held by finalizers {finalizers:?}",
+                c.namespace, c.name
+            )));
+        }
+        if let Some(why) = self.pod_using_claim(c).await? {
+            return Ok(Progress::Waiting(why));
+        }
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != PVC_PROTECTION).collect();
+        // resourceVersion makes the patch conditional: a claim changed since the read
+        // (a pod added, a finalizer) is a conflict, retried next pass.
+        let patch = json!({"metadata": {
+            "resourceVersion": old.metadata.resource_version,
+            "finalizers": rest,
+        }});
+        let pvc_api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &c.namespace);
+        self.api(
+            format!(
+                "remove {PVC_PROTECTION} from claim {}/{}",
+                c.namespace, c.name
+            ),
+            pvc_api.patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+        info!(claim = %format!("{}/{}", c.namespace, c.name), "no pod uses the deleted claim: removed its {PVC_PROTECTION} finalizer");
+        if self.bound_claim(v).await?.is_some() {
+            return Ok(Progress::Waiting(format!(
+                "claim {}/{} is still being deleted",
+                c.namespace, c.name
+            )));
+        }
+        Ok(Progress::Done)
+    }
+
+    /// What a pod still using claim `c` keeps it waiting for; None when no pod uses it.
+    async fn pod_using_claim(&self, c: &ClaimRef) -> Result<Option<String>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &c.namespace);
+        let pods = self
+            .api(
+                format!("list pods in {}", c.namespace),
+                pods.list(&ListParams::default()),
+            )
+            .await?;
+        Ok(pods.items.iter().find(|p| pod_uses_claim(p, &c.name)).map(|p| {
+            format!(
+                "pod {}/{} (node {}) still uses claim {}; the pod garbage collector removes pods of deleted nodes",
+                c.namespace,
+                p.metadata.name.as_deref().unwrap_or(""),
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
+                c.name
+            )
+        }))
     }
 
     fn template_annotation(&self) -> String {
@@ -439,50 +512,8 @@ impl Controller {
     ) -> Result<Progress> {
         match (saved, &v.claim) {
             (Some(text), Some(c)) => {
-                let new: PersistentVolumeClaim = match serde_json::from_str(text) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        return Ok(Progress::Waiting(format!(
-                            "the saved claim on PV {} does not parse ({e}); re-create {}/{} by hand and delete the PV",
-                            v.pv_name, c.namespace, c.name
-                        )))
-                    }
-                };
-                let api: Api<PersistentVolumeClaim> =
-                    Api::namespaced(self.client.clone(), &c.namespace);
-                match self
-                    .api(
-                        format!("create claim {}/{}", c.namespace, c.name),
-                        api.create(&PostParams::default(), &new),
-                    )
-                    .await
-                {
-                    Ok(created) => {
-                        let message = format!(
-                            "re-created unbound: its volume {} was on node {}, deleted for good",
-                            v.pv_name, v.node
-                        );
-                        self.event(
-                            &claim_ref(&created),
-                            "Normal",
-                            "NodeLostRecreated",
-                            &message,
-                        )
-                        .await?;
-                        warn!(claim = %format!("{}/{}", c.namespace, c.name), pv = %v.pv_name, node = %v.node,
-                            "node lost: re-created the claim unbound");
-                        self.metrics
-                            .recreated
-                            .get_or_create(&NodeLabel {
-                                node: v.node.clone(),
-                            })
-                            .inc();
-                    }
-                    // Already re-created (by an earlier pass, or a StatefulSet for its pod).
-                    Err(Error::Api(_, kube::Error::Api(s))) if s.is_already_exists() => {
-                        info!(claim = %format!("{}/{}", c.namespace, c.name), "a claim of that name exists already: not created again");
-                    }
-                    Err(e) => return Err(e),
+                if let Progress::Waiting(why) = self.recreate_claim(v, c, text).await? {
+                    return Ok(Progress::Waiting(why));
                 }
             }
             (None, Some(c)) => {
@@ -492,6 +523,56 @@ impl Controller {
             _ => info!(pv = %v.pv_name, "PV bound to no claim: deleting it"),
         }
         self.delete_pv(v).await?;
+        Ok(Progress::Done)
+    }
+
+    /// Step 3: claim `c` created again, unbound, from its saved template `text`; Waiting
+    /// when the template does not parse, which only a person can sort out.
+    async fn recreate_claim(&self, v: &LocalVolume, c: &ClaimRef, text: &str) -> Result<Progress> {
+        let new: PersistentVolumeClaim = match serde_json::from_str(text) {
+            Ok(t) => t,
+            Err(e) => {
+                return Ok(Progress::Waiting(format!(
+                    "the saved claim on PV {} does not parse ({e}); re-create {}/{} by hand and delete the PV",
+                    v.pv_name, c.namespace, c.name
+                )))
+            }
+        };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        match self
+            .api(
+                format!("create claim {}/{}", c.namespace, c.name),
+                api.create(&PostParams::default(), &new),
+            )
+            .await
+        {
+            Ok(created) => {
+                let message = format!(
+                    "re-created unbound: its volume {} was on node {}, deleted for good",
+                    v.pv_name, v.node
+                );
+                self.event(
+                    &claim_ref(&created),
+                    "Normal",
+                    "NodeLostRecreated",
+                    &message,
+                )
+                .await?;
+                warn!(claim = %format!("{}/{}", c.namespace, c.name), pv = %v.pv_name, node = %v.node,
+                    "node lost: re-created the claim unbound");
+                self.metrics
+                    .recreated
+                    .get_or_create(&NodeLabel {
+                        node: v.node.clone(),
+                    })
+                    .inc();
+            }
+            // Already re-created (by an earlier pass, or a StatefulSet for its pod).
+            Err(Error::Api(_, kube::Error::Api(s))) if s.is_already_exists() => {
+                info!(claim = %format!("{}/{}", c.namespace, c.name), "a claim of that name exists already: not created again");
+            }
+            Err(e) => return Err(e),
+        }
         Ok(Progress::Done)
     }
 

@@ -212,16 +212,7 @@ async fn fill(
     let copy = Copy {
         target: (target_root, id.dir.clone()),
         source: (source_root, src.dir.clone()),
-        req: CopyRequest {
-            source: PathBuf::from(&label),
-            target: PathBuf::from(id.source()),
-            label,
-            streams: crate::copy::STREAMS,
-            chunk: crate::copy::CHUNK,
-            verify: verify_of(req),
-            live: false,
-            target_reused: false,
-        },
+        req: copy_request(req, id, label),
         digests,
         origin: source.to_owned(),
     };
@@ -230,6 +221,20 @@ async fn fill(
         .run(&key(&id_text), &progress, b.store.clone_wait, job)
         .await?;
     record_done(b, &id_text, rec)
+}
+
+/// The copy of source `label` into clone `id`'s directory, as its progress shows them.
+fn copy_request(req: &CreateVolume<'_>, id: &NfsVolumeId, label: String) -> CopyRequest {
+    CopyRequest {
+        source: PathBuf::from(&label),
+        target: PathBuf::from(id.source()),
+        label,
+        streams: crate::copy::STREAMS,
+        chunk: crate::copy::CHUNK,
+        verify: verify_of(req),
+        live: false,
+        target_reused: false,
+    }
 }
 
 /// The copy completed and was verified: the record stops saying `filling`.

@@ -49,18 +49,9 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
         registered_drivers(paths).map(|m| m.into_iter().map(|m| m.name).collect());
     let mut problems = Vec::new();
     let mut remedies = BTreeSet::new();
-    if let Some(st) = md.array_state.as_deref() {
-        if matches!(st, "broken" | "inactive" | "clear" | "suspended") {
-            problems.push(Problem {
-                short: format!("{} is {st}", md.name),
-                detail: format!("{} array_state is {st}", md.name),
-            });
-            remedies.insert(format!(
-                "the array lost a member or is not running: see `mdadm --detail /dev/{}`; \
-                 bring the member's drive back (a stripe volume's NodeStage reassembles it)",
-                md.name
-            ));
-        }
+    if let Some((problem, remedy)) = array_not_running(md) {
+        problems.push(problem);
+        remedies.insert(remedy);
     }
     if md.members.is_empty() {
         problems.push(Problem {
@@ -79,17 +70,49 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
             remedies.insert(r);
         }
     }
+    verdict(md, array_evidence(md, &ev), problems, remedies)
+}
+
+/// The problem and its fix when the array's state says it is not running.
+fn array_not_running(md: &MdArray) -> Option<(Problem, String)> {
+    let st = md.array_state.as_deref()?;
+    if !matches!(st, "broken" | "inactive" | "clear" | "suspended") {
+        return None;
+    }
+    let problem = Problem {
+        short: format!("{} is {st}", md.name),
+        detail: format!("{} array_state is {st}", md.name),
+    };
+    let remedy = format!(
+        "the array lost a member or is not running: see `mdadm --detail /dev/{}`; \
+         bring the member's drive back (a stripe volume's NodeStage reassembles it)",
+        md.name
+    );
+    Some((problem, remedy))
+}
+
+/// The array and its members as the check's evidence shows them.
+fn array_evidence(md: &MdArray, members: &[String]) -> String {
     let state = md.array_state.as_deref().unwrap_or("unknown");
-    let evidence = format!(
+    format!(
         "{} ({}, array_state {state}): {}",
         md.name,
         md.level,
-        if ev.is_empty() {
+        if members.is_empty() {
             "no members".into()
         } else {
-            ev.join("; ")
+            members.join("; ")
         }
-    );
+    )
+}
+
+/// Pass when nothing keeps the array from GDS, else a failure naming every problem.
+fn verdict(
+    md: &MdArray,
+    evidence: String,
+    problems: Vec<Problem>,
+    remedies: BTreeSet<String>,
+) -> Check {
     if problems.is_empty() {
         return Check::pass(
             ID,
@@ -108,11 +131,11 @@ pub(super) fn md_members_check(paths: &HostPaths, md: &MdArray) -> Check {
     )
 }
 
+/// How a member reads, what is wrong with it, and the fix.
+type Judgement = (String, Option<Problem>, Option<String>);
+
 /// One member: how it reads, what is wrong with it, and the fix.
-fn judge_member(
-    m: &MdMember,
-    registered: Option<&[String]>,
-) -> (String, Option<Problem>, Option<String>) {
+fn judge_member(m: &MdMember, registered: Option<&[String]>) -> Judgement {
     let mut desc = format!("{} ({}", m.name, m.majmin.as_deref().unwrap_or("no dev"));
     if let Some(p) = &m.parent {
         desc += &format!(", partition of {p}");
@@ -120,74 +143,97 @@ fn judge_member(
     if let Some(st) = &m.state {
         desc += &format!(", state {st}");
     }
-    if st_faulty(m) {
-        desc += ")";
-        let why = Problem {
-            short: format!("member {} faulty", m.name),
-            detail: format!("member {} is faulty", m.name),
-        };
-        let fix = "replace or bring back the faulty member (`mdadm --detail` names it)";
-        return (desc, Some(why), Some(fix.into()));
-    }
-    if !m.nvme {
-        desc += ", not NVMe)";
-        let why = Problem {
-            short: format!("member {} not NVMe", m.name),
-            detail: format!(
-                "member {} is not on an NVMe namespace: nvidia-fs has no DMA path for it, and \
-                 cuFile disables GDS for the whole RAID group",
-                m.name
-            ),
-        };
-        let fix = "build the RAID0 from NVMe namespaces or their partitions only";
-        return (desc, Some(why), Some(fix.into()));
-    }
+    // Each verdict reads on from the description so far, and closes it.
+    let (rest, problem, remedy) = if st_faulty(m) {
+        faulty(m)
+    } else if !m.nvme {
+        not_nvme(m)
+    } else {
+        judge_transport(m, registered)
+    };
+    (desc + &rest, problem, remedy)
+}
+
+fn faulty(m: &MdMember) -> Judgement {
+    let why = Problem {
+        short: format!("member {} faulty", m.name),
+        detail: format!("member {} is faulty", m.name),
+    };
+    let fix = "replace or bring back the faulty member (`mdadm --detail` names it)";
+    (")".into(), Some(why), Some(fix.into()))
+}
+
+fn not_nvme(m: &MdMember) -> Judgement {
+    let why = Problem {
+        short: format!("member {} not NVMe", m.name),
+        detail: format!(
+            "member {} is not on an NVMe namespace: nvidia-fs has no DMA path for it, and \
+             cuFile disables GDS for the whole RAID group",
+            m.name
+        ),
+    };
+    let fix = "build the RAID0 from NVMe namespaces or their partitions only";
+    (", not NVMe)".into(), Some(why), Some(fix.into()))
+}
+
+/// An NVMe member: its transport must have a driver nvidia-fs registered.
+fn judge_transport(m: &MdMember, registered: Option<&[String]>) -> Judgement {
     let transport = m.transport.as_deref().unwrap_or("unknown");
     let Some(driver) = nvfs_driver(transport) else {
-        desc += &format!(", NVMe over {transport})");
-        let why = Problem {
-            short: format!("member {} is NVMe over {transport}", m.name),
-            detail: format!(
-                "member {} is NVMe over {transport}: nvidia-fs registers DMA ops for nvme \
-                 (PCIe) and nvme_rdma only",
-                m.name
-            ),
-        };
-        return (
-            desc,
-            Some(why),
-            Some("use NVMe over PCIe or RDMA members".into()),
-        );
+        return transport_without_dma(m, transport);
     };
     match registered {
-        Some(r) if r.iter().any(|n| n == driver) => {
-            desc += &format!(", NVMe over {transport}, driver {driver} registered)");
-            (desc, None, None)
-        }
-        Some(_) => {
-            desc += &format!(", NVMe over {transport}, driver {driver} NOT registered)");
-            let why = Problem {
-                short: format!(
-                    "member {}'s driver {driver} not registered with nvidia_fs",
-                    m.name
-                ),
-                detail: format!(
-                    "member {}: its driver {driver} is not registered with nvidia_fs \
-                     (/proc/driver/nvidia-fs/modules, read with a nvidia-fs node open)",
-                    m.name
-                ),
-            };
-            let fix = format!(
-                "load a GDS-enabled {driver} driver after nvidia_fs (MLNX_OFED/DOCA builds \
-                 one), so that nvidia-fs lists `{driver}` in /proc/driver/nvidia-fs/modules"
-            );
-            (desc, Some(why), Some(fix))
-        }
-        None => {
-            desc += &format!(", NVMe over {transport}, driver {driver}: registration unread)");
-            (desc, None, None)
-        }
+        Some(r) if r.iter().any(|n| n == driver) => (
+            format!(", NVMe over {transport}, driver {driver} registered)"),
+            None,
+            None,
+        ),
+        Some(_) => driver_not_registered(m, transport, driver),
+        None => (
+            format!(", NVMe over {transport}, driver {driver}: registration unread)"),
+            None,
+            None,
+        ),
     }
+}
+
+fn transport_without_dma(m: &MdMember, transport: &str) -> Judgement {
+    let why = Problem {
+        short: format!("member {} is NVMe over {transport}", m.name),
+        detail: format!(
+            "member {} is NVMe over {transport}: nvidia-fs registers DMA ops for nvme \
+             (PCIe) and nvme_rdma only",
+            m.name
+        ),
+    };
+    (
+        format!(", NVMe over {transport})"),
+        Some(why),
+        Some("use NVMe over PCIe or RDMA members".into()),
+    )
+}
+
+fn driver_not_registered(m: &MdMember, transport: &str, driver: &str) -> Judgement {
+    let why = Problem {
+        short: format!(
+            "member {}'s driver {driver} not registered with nvidia_fs",
+            m.name
+        ),
+        detail: format!(
+            "member {}: its driver {driver} is not registered with nvidia_fs \
+             (/proc/driver/nvidia-fs/modules, read with a nvidia-fs node open)",
+            m.name
+        ),
+    };
+    let fix = format!(
+        "load a GDS-enabled {driver} driver after nvidia_fs (MLNX_OFED/DOCA builds \
+         one), so that nvidia-fs lists `{driver}` in /proc/driver/nvidia-fs/modules"
+    );
+    (
+        format!(", NVMe over {transport}, driver {driver} NOT registered)"),
+        Some(why),
+        Some(fix),
+    )
 }
 
 fn st_faulty(m: &MdMember) -> bool {

@@ -9,6 +9,8 @@
 //! read under the lock is the one the carve changes (it reads it again, still under the
 //! lock), so two creates never carve the same extent.
 
+use std::path::PathBuf;
+
 use tracing::{info, warn};
 
 use super::guard::{settled, DeviceGuard};
@@ -16,7 +18,7 @@ use super::{csi_error, read_label, Partitioned};
 use crate::error::{Error, Result};
 use crate::faults::{self, KillPoint};
 use crate::gpt::{self, label, volume, OnDisk, SizeRange};
-use crate::os::Host;
+use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, PartitionRecord, PoolDevice, VolumeRecord};
 use crate::volume::id::{BlockVolumeId, IdLayout};
 
@@ -119,8 +121,31 @@ impl Partitioned {
                 refuse(refused, d, "foreign", why);
             }
         }
+        let labels = self.our_labels(&locked, refused)?;
+        if let Some((path, _)) = volume::choose(&labels, size) {
+            let at = locked.iter().position(|(d, _, _)| d.path == path);
+            return Ok(at.map(|i| locked.swap_remove(i)).map(|(d, _, g)| (d, g)));
+        }
+        locked.retain(|(d, on, _)| *on == OnDisk::Blank && super::blank_capacity(d).1 >= size);
+        locked.sort_by_key(|(d, _, _)| (d.size_bytes, d.id.clone()));
+        let mounts = host.mount_table()?;
+        for (dev, _, guard) in locked {
+            if self.label_blank(host, &dev, &mounts, refused).await? {
+                return Ok(Some((dev, guard)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The labels of the locked devices that carry ours, with the partitions held on
+    /// each; one whose GPT entries are all used is added to `refused`.
+    fn our_labels(
+        &self,
+        locked: &[(PoolDevice, OnDisk, DeviceGuard)],
+        refused: &mut Vec<String>,
+    ) -> Result<Vec<(PathBuf, gpt::Label, gpt::Held)>> {
         let mut labels = Vec::new();
-        for (d, on, _) in &locked {
+        for (d, on, _) in locked {
             if let OnDisk::Ours { label, .. } = on {
                 let held = volume::held_on(&d.path, label, &self.held(&d.id)).map_err(csi_error)?;
                 if label.free_slot(&held).is_none() {
@@ -133,49 +158,52 @@ impl Partitioned {
                 labels.push((d.path.clone(), label.clone(), held));
             }
         }
-        if let Some((path, _)) = volume::choose(&labels, size) {
-            let at = locked.iter().position(|(d, _, _)| d.path == path);
-            return Ok(at.map(|i| locked.swap_remove(i)).map(|(d, _, g)| (d, g)));
+        Ok(labels)
+    }
+
+    /// Writes a new label on blank device `dev`, locked by the caller; false when it
+    /// cannot be carved (in use, carrying signatures, taken by the whole-device layout,
+    /// or the write refused), its reason logged, counted and added to `refused`.
+    async fn label_blank(
+        &self,
+        host: &dyn Host,
+        dev: &PoolDevice,
+        mounts: &[MountEntry],
+        refused: &mut Vec<String>,
+    ) -> Result<bool> {
+        if let Some(u) = self.pool.uses(dev, mounts).first() {
+            refuse(refused, dev, "in_use", &format!("in use: {u}"));
+            return Ok(false);
         }
-        locked.retain(|(d, on, _)| *on == OnDisk::Blank && super::blank_capacity(d).1 >= size);
-        locked.sort_by_key(|(d, _, _)| (d.size_bytes, d.id.clone()));
-        let mounts = host.mount_table()?;
-        for (dev, _, guard) in locked {
-            if let Some(u) = self.pool.uses(&dev, &mounts).first() {
-                refuse(refused, &dev, "in_use", &format!("in use: {u}"));
-                continue;
+        let sigs = host.probe_signatures(&dev.path).await?;
+        let Some(proof) = label::Blank::from_signature_probe(&dev.path, &sigs) else {
+            let why = format!("carries {}", crate::pool::describe_signatures(&sigs));
+            refuse(refused, dev, "signatures", &why);
+            return Ok(false);
+        };
+        // Taken from the whole-device layout before the write (never both).
+        let why = "a gds-csi partition table (layout: partition)".to_owned();
+        let before = match self.pool.reserve_for_carving(&dev.id, why) {
+            Ok(before) => before,
+            Err(e) => {
+                refuse(refused, dev, "whole_device", &e.to_string());
+                return Ok(false);
             }
-            let sigs = host.probe_signatures(&dev.path).await?;
-            let Some(proof) = label::Blank::from_signature_probe(&dev.path, &sigs) else {
-                let why = format!("carries {}", crate::pool::describe_signatures(&sigs));
-                refuse(refused, &dev, "signatures", &why);
-                continue;
-            };
-            // Taken from the whole-device layout before the write (never both).
-            let why = "a gds-csi partition table (layout: partition)".to_owned();
-            let before = match self.pool.reserve_for_carving(&dev.id, why) {
-                Ok(before) => before,
-                Err(e) => {
-                    refuse(refused, &dev, "whole_device", &e.to_string());
-                    continue;
-                }
-            };
-            let path = dev.path.clone();
-            let write = move || label::create(&path, proof.clone());
-            match settled(&dev.path, "writing a new label", self.label_deadline, write).await {
-                Ok(_) => {}
-                // Still pending in the kernel: it may yet land (the mark stays).
-                Err(e @ Error::Aborted(_)) => return Err(e),
-                Err(e) => {
-                    self.pool.set_foreign(&dev.id, before);
-                    refuse(refused, &dev, "label_refused", &e.to_string());
-                    continue;
-                }
+        };
+        let path = dev.path.clone();
+        let write = move || label::create(&path, proof.clone());
+        match settled(&dev.path, "writing a new label", self.label_deadline, write).await {
+            Ok(_) => {}
+            // Still pending in the kernel: it may yet land (the mark stays).
+            Err(e @ Error::Aborted(_)) => return Err(e),
+            Err(e) => {
+                self.pool.set_foreign(&dev.id, before);
+                refuse(refused, dev, "label_refused", &e.to_string());
+                return Ok(false);
             }
-            info!(device = %dev.path.display(), "new gds-csi partition table");
-            return Ok(Some((dev, guard)));
         }
-        Ok(None)
+        info!(device = %dev.path.display(), "new gds-csi partition table");
+        Ok(true)
     }
 
     /// A device carrying our label is no free whole device, also once its last

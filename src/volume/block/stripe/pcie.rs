@@ -172,18 +172,61 @@ mod tests {
         }
     }
 
+    /// The PCIe switch GPU0 and nvme0 sit behind.
+    const SWITCH: &str = "devices/pci0000:00/0000:00:01.0/0000:01:00.0";
+
     /// Two sockets: GPU0 and nvme0 behind one switch on host bridge pci0000:00 (NUMA 0),
     /// nvme1 on another root port of that bridge, nvme2 on pci0000:40 (NUMA 0), nvme3 on
     /// pci0000:80 (NUMA 1). Links as the kernel makes them: `bus/pci/devices/<bdf>` and
     /// `dev/block/<maj:min>` point into `devices/`.
-    #[test]
-    fn drives_are_ranked_by_the_pcie_path_to_the_nearest_gpu() {
-        let t = tempfile::tempdir().unwrap();
-        let s = t.path();
-        let sw = "devices/pci0000:00/0000:00:01.0/0000:01:00.0";
-        let gpu = format!("{sw}/0000:02:00.0/0000:03:00.0");
+    fn two_socket_sysfs(s: &Path) {
+        mk(s, "bus/pci/devices", &[]);
+        mk(s, "dev/block", &[]);
+        gpu_and_lookalikes(s);
+        nvme_drives_and_a_loop_device(s);
+    }
+
+    /// GPU0, and beside it another vendor's 3D controller and an NVIDIA bridge, which are
+    /// not GPUs.
+    fn gpu_and_lookalikes(s: &Path) {
+        let gpu = format!("{SWITCH}/0000:02:00.0/0000:03:00.0");
+        mk(
+            s,
+            &gpu,
+            &[
+                ("vendor", "0x10de\n"),
+                ("class", "0x030200\n"),
+                ("numa_node", "0\n"),
+            ],
+        );
+        mk(
+            s,
+            "devices/pci0000:00/0000:00:03.0",
+            &[("vendor", "0x1af4\n"), ("class", "0x030200\n")],
+        );
+        mk(
+            s,
+            "devices/pci0000:00/0000:00:04.0",
+            &[("vendor", "0x10de\n"), ("class", "0x060400\n")],
+        );
+        for bdf in ["0000:00:03.0", "0000:00:04.0"] {
+            symlink(
+                s.join(format!("devices/pci0000:00/{bdf}")),
+                s.join("bus/pci/devices").join(bdf),
+            )
+            .unwrap();
+        }
+        symlink(s.join(&gpu), s.join("bus/pci/devices/0000:03:00.0")).unwrap();
+    }
+
+    /// nvme0-3 as `259:0`-`259:3`, and loop3 (`7:3`) with no PCI path.
+    fn nvme_drives_and_a_loop_device(s: &Path) {
         let places = [
-            ("nvme0", format!("{sw}/0000:02:04.0/0000:05:00.0"), "259:0"),
+            (
+                "nvme0",
+                format!("{SWITCH}/0000:02:04.0/0000:05:00.0"),
+                "259:0",
+            ),
             (
                 "nvme1",
                 "devices/pci0000:00/0000:00:02.0/0000:06:00.0".into(),
@@ -200,36 +243,6 @@ mod tests {
                 "259:3",
             ),
         ];
-        mk(
-            s,
-            &gpu,
-            &[
-                ("vendor", "0x10de\n"),
-                ("class", "0x030200\n"),
-                ("numa_node", "0\n"),
-            ],
-        );
-        // Another vendor's 3D controller and an NVIDIA bridge are not GPUs.
-        mk(
-            s,
-            "devices/pci0000:00/0000:00:03.0",
-            &[("vendor", "0x1af4\n"), ("class", "0x030200\n")],
-        );
-        mk(
-            s,
-            "devices/pci0000:00/0000:00:04.0",
-            &[("vendor", "0x10de\n"), ("class", "0x060400\n")],
-        );
-        mk(s, "bus/pci/devices", &[]);
-        mk(s, "dev/block", &[]);
-        for bdf in ["0000:00:03.0", "0000:00:04.0"] {
-            symlink(
-                s.join(format!("devices/pci0000:00/{bdf}")),
-                s.join("bus/pci/devices").join(bdf),
-            )
-            .unwrap();
-        }
-        symlink(s.join(&gpu), s.join("bus/pci/devices/0000:03:00.0")).unwrap();
         for (name, func, num) in &places {
             let numa = if func.contains("pci0000:80") {
                 "1\n"
@@ -247,22 +260,33 @@ mod tests {
             s.join("dev/block/7:3"),
         )
         .unwrap();
+    }
+
+    /// A pool drive whose disk is `major:minor`: all `drive_place` reads of it.
+    fn pool_device(major: u32, minor: u32) -> crate::pool::PoolDevice {
+        crate::pool::PoolDevice {
+            id: "d".into(),
+            key: "path:/dev/d".into(),
+            path: "/dev/d".into(),
+            size_bytes: 1 << 30,
+            major,
+            minor,
+            identity: None,
+            source: crate::pool::inventory::Source::Listed,
+        }
+    }
+
+    #[test]
+    fn drives_are_ranked_by_the_pcie_path_to_the_nearest_gpu() {
+        let t = tempfile::tempdir().unwrap();
+        let s = t.path();
+        two_socket_sysfs(s);
 
         let found = gpus(s);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].chain.last().unwrap(), "0000:03:00.0");
         let of = |minor: u32, major: u32| {
-            let dev = crate::pool::PoolDevice {
-                id: "d".into(),
-                key: "path:/dev/d".into(),
-                path: "/dev/d".into(),
-                size_bytes: 1 << 30,
-                major,
-                minor,
-                identity: None,
-                source: crate::pool::inventory::Source::Listed,
-            };
-            nearness(drive_place(s, &dev).as_ref(), &found).name()
+            nearness(drive_place(s, &pool_device(major, minor)).as_ref(), &found).name()
         };
         assert_eq!(of(0, 259), "PXB");
         assert_eq!(of(1, 259), "PHB");
@@ -272,23 +296,7 @@ mod tests {
         assert_eq!(of(9, 259), "unknown");
         // No GPU at all: every drive is unknown, and the order of choice stays as before.
         assert_eq!(
-            nearness(
-                drive_place(
-                    s,
-                    &crate::pool::PoolDevice {
-                        id: "d".into(),
-                        key: "k".into(),
-                        path: "/dev/d".into(),
-                        size_bytes: 1,
-                        major: 259,
-                        minor: 0,
-                        identity: None,
-                        source: crate::pool::inventory::Source::Listed,
-                    }
-                )
-                .as_ref(),
-                &[]
-            ),
+            nearness(drive_place(s, &pool_device(259, 0)).as_ref(), &[]),
             Nearness::Unknown
         );
     }

@@ -7,6 +7,9 @@ use tonic::{Code, Status};
 
 use crate::os::error::HostError;
 
+mod snapshot;
+pub use snapshot::{SnapshotError, StoreError};
+
 /// A failed external command (mkfs, mount, blkid, ...).
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -413,71 +416,6 @@ impl MountError {
     }
 }
 
-/// A snapshot store's contents that the driver refuses to act on: anything in a store may
-/// have been put there by someone else (src/snapshot/store.rs). Messages name the path and
-/// what is wrong with it, never what a file read from the store holds.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error(
-        "{path} on the snapshot store is a symlink or not a {kind}; nothing was read, written \
-         or followed through it: remove it"
-    )]
-    NotPlain { path: String, kind: &'static str },
-    #[error(
-        "{path} is no directory of snapshot {id} ({why}); nothing was read from it or changed"
-    )]
-    Foreign {
-        path: String,
-        id: String,
-        why: &'static str,
-    },
-    #[error(
-        "snapshot {id} at {path} cannot be restored: {why}; it is listed as not ready (the \
-         node that took it takes it again at its next CreateSnapshot)"
-    )]
-    Damaged {
-        path: String,
-        id: String,
-        why: &'static str,
-    },
-    #[error(
-        "snapshot {id}: {path} on the store no longer has the SHA-256 the snapshot recorded \
-         ({recorded}; now {found}): its bytes were changed after it was taken; nothing was \
-         restored and the volume stays empty: restore the store's copy, or use another snapshot"
-    )]
-    Corrupt {
-        id: String,
-        path: String,
-        recorded: String,
-        found: String,
-    },
-    #[error(
-        "snapshot {id}: {path} holds another snapshot's data ({why}); use another snapshot name"
-    )]
-    NameTaken {
-        path: String,
-        id: String,
-        why: &'static str,
-    },
-    #[error("the snapshot store {store} is full ({cause}) while copying {path}: it needs about {needed} bytes more for this snapshot; free space there or use another store")]
-    Full {
-        store: String,
-        path: String,
-        cause: &'static str,
-        needed: u64,
-    },
-}
-
-impl StoreError {
-    fn code(&self) -> Code {
-        match self {
-            StoreError::NameTaken { .. } => Code::AlreadyExists,
-            StoreError::Full { .. } => Code::ResourceExhausted,
-            _ => Code::FailedPrecondition,
-        }
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request itself is wrong: names the field and what to send instead.
@@ -524,6 +462,8 @@ pub enum Error {
     Allocation(#[from] AllocationError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] crate::os::error::HostError),
@@ -573,6 +513,7 @@ fn code(err: &Error) -> Code {
         Error::Clone(e) => e.code(),
         Error::Allocation(e) => e.code(),
         Error::Store(e) => e.code(),
+        Error::Snapshot(e) => e.code(),
         Error::Shared(inner) => code(inner),
     }
 }

@@ -1,0 +1,188 @@
+//! What the driver does to the host, behind one small trait.
+//!
+//! The trait and the values it speaks in are here; `real` holds the implementation on
+//! the real host.
+
+mod real;
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::path::Path;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use super::device_io::{hold_when_free, HOLD_PATIENCE};
+use super::mkfs::StripeGeometry;
+use super::mountinfo::MountEntry;
+use super::safepath::Anchored;
+use crate::error::{Error, Result};
+
+pub use real::RealHost;
+
+/// Filesystems GDS can use on a block device (gds-facts.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub const SUPPORTED: &'static str = "ext4, xfs";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+
+    /// Options the driver always mounts with. GDS needs ext4's `data=ordered` to be
+    /// explicit: the implicit default is not accepted by NVIDIA's own checks.
+    pub fn required_mount_options(self) -> &'static [&'static str] {
+        match self {
+            FsType::Ext4 => &["data=ordered"],
+            FsType::Xfs => &[],
+        }
+    }
+}
+
+/// One on-disk signature (filesystem, partition table, RAID member, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Signature {
+    pub kind: String,
+    pub uuid: Option<String>,
+    pub offset: Option<String>,
+    pub seen_by: &'static str,
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(uuid) = &self.uuid {
+            write!(f, " uuid={uuid}")?;
+        }
+        if let Some(offset) = &self.offset {
+            write!(f, " at {offset}")?;
+        }
+        write!(f, " ({})", self.seen_by)
+    }
+}
+
+/// An exclusive hold on a block device for one destructive step (probe again, then mkfs
+/// or erase); released when dropped. See [`Host::hold_device`].
+#[must_use]
+pub struct DeviceHold {
+    _lock: Option<nix::fcntl::Flock<File>>,
+}
+
+impl DeviceHold {
+    /// The hold of a host that has no real device to lock (a test double).
+    pub fn nothing_to_lock() -> Self {
+        DeviceHold { _lock: None }
+    }
+}
+
+#[async_trait]
+pub trait Host: Send + Sync + 'static {
+    fn mount_table(&self) -> Result<Vec<MountEntry>>;
+    /// Every signature on the device. An error means "unknown", never "empty".
+    async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>>;
+    /// Takes the device for a destructive step: fails when another program holds it
+    /// (util-linux's lock, a mount, md/dm, or an exclusive open such as a running mkfs),
+    /// and keeps cooperating programs out until the hold is dropped.
+    fn hold_device(&self, device: &Path) -> Result<DeviceHold>;
+    /// mkfs with the filesystem's UUID, aligned to `stripe` when the device is an md array.
+    async fn mkfs(
+        &self,
+        device: &Path,
+        fs: FsType,
+        uuid: &str,
+        stripe: Option<StripeGeometry>,
+    ) -> Result<()>;
+    async fn wipe_signatures(&self, device: &Path) -> Result<()>;
+    /// Grows the filesystem on `device`, mounted at `mount_point`, online to fill the
+    /// device: `resize2fs <device>` (ext4), `xfs_growfs <mount_point>` (xfs). Done
+    /// already when it fills the device.
+    async fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: FsType) -> Result<()>;
+    /// Makes every block of the device read back as zeros (the erase on delete).
+    async fn zero_device(&self, device: &Path) -> Result<()>;
+    /// Mounts `device` onto `target`, which is pinned (`safepath::open`) when it is a
+    /// caller's path: the real host mounts onto the descriptor, doubles use `path()`.
+    async fn mount(
+        &self,
+        device: &Path,
+        target: &Anchored,
+        fs: FsType,
+        options: &[String],
+    ) -> Result<()>;
+    async fn bind_mount(
+        &self,
+        source: &Anchored,
+        target: &Anchored,
+        options: &[String],
+    ) -> Result<()>;
+    /// Unmounts the topmost mount at `target`; nothing mounted there is success.
+    async fn unmount(&self, target: &Anchored) -> Result<()>;
+    /// `umount -f` or `umount -l` of a mount whose plain unmount hung (an NFS server
+    /// gone, see mounts/unmount.rs).
+    async fn unmount_forced(&self, target: &Path, how: ForceUnmount) -> Result<()>;
+    /// `mount -t nfs -o <options> <source> <target>` under the mount deadline. `source`
+    /// is `server:/path`, already checked.
+    async fn mount_nfs(&self, source: &str, target: &Path, options: &[String]) -> Result<()>;
+    /// Creates a directory of the driver's own (below its state dir) with its parents.
+    fn create_dir_all(&self, path: &Path) -> Result<()>;
+    /// What `path` is, following symlinks; `None` when nothing is there.
+    fn stat(&self, path: &Path) -> Result<Option<FileKind>>;
+    /// The usage of the filesystem mounted at `path`. Blocking: on NFS it asks the
+    /// server, so callers run it under a deadline.
+    fn statvfs(&self, path: &Path) -> Result<FsUsage>;
+    /// `mdadm <args>` under the command deadline, its output whatever its exit status
+    /// (the md port, `crate::md`, builds the arguments and reads the answer). Hosts
+    /// without md refuse.
+    async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
+        let _ = args;
+        Err(Error::FailedPrecondition(
+            "this host port runs no mdadm (stripe volumes need md RAID0)".into(),
+        ))
+    }
+}
+
+/// What a path is, as [`Host::stat`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Dir,
+    File,
+    BlockDevice,
+    Other,
+}
+
+/// A filesystem's size and use (statvfs(3)), in bytes and inodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Free to unprivileged users.
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub available_inodes: u64,
+}
+
+/// How a hung unmount is escalated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceUnmount {
+    /// MNT_FORCE: the filesystem aborts pending requests first (NFS: its RPCs).
+    Force,
+    /// MNT_DETACH: detached from the tree now, released once no longer busy.
+    Lazy,
+}
