@@ -64,9 +64,9 @@ impl Jobs {
     async fn collect(&self, key: &str, mut slot: Slot) -> Result<()> {
         let outcome = match slot.wait_for(Option::is_some).await {
             Ok(done) => done.clone().unwrap_or(Ok(())),
-            Err(_) => Err(Arc::new(Error::Aborted(format!(
-                "job {key} ended without an outcome; retry"
-            )))),
+            Err(_) => Err(Arc::new(Error::JobLost {
+                key: key.to_owned(),
+            })),
         };
         // Collected: the next call decides afresh from the device.
         let mut slots = self.slots();
@@ -133,7 +133,11 @@ mod tests {
         let (release, gate) = tokio::sync::oneshot::channel::<()>();
         let failing = jobs.run("erase:v", "erase", async move {
             gate.await.ok();
-            Err(Error::FailedPrecondition("device in use".into()))
+            Err(crate::os::error::HostError::DeviceInUse {
+                device: "/dev/x".into(),
+                name: "x".into(),
+            }
+            .into())
         });
         // Given up while the job runs; the job still runs to its end.
         assert!(tokio::time::timeout(Duration::from_millis(50), failing)

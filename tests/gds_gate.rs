@@ -929,7 +929,7 @@ impl LaidOut<'_> {
             ),
             (Some(ids), Err(e)) => {
                 assert!(
-                    matches!(e, gds_csi::error::Error::FailedPrecondition(_)),
+                    matches!(e, gds_csi::error::Error::GdsRequired { .. }),
                     "{name}: not FAILED_PRECONDITION: {e:?}"
                 );
                 let msg = e.to_string();

@@ -56,9 +56,10 @@ async fn required_refuses_and_names_every_failed_check() {
         .check_publish(&staged("vol-1"), Policy::Required)
         .await
         .unwrap_err();
-    let Error::FailedPrecondition(msg) = &err else {
+    let Error::GdsRequired { .. } = &err else {
         panic!("{err:?}")
     };
+    let msg = err.to_string();
     let lines: Vec<&str> = msg.lines().skip(1).collect();
     for id in [
         "nvidia_fs.storage_driver",
@@ -91,11 +92,12 @@ async fn nvidia_fs_absent_fails_module_devices_and_driver() {
     let t = Tree::new(dir.path());
     t.gpu_node().nvme_volume(Path::new(MP), true);
     let g = gate(&t, "compat", Duration::from_secs(60));
-    let Err(Error::FailedPrecondition(msg)) =
+    let Err(err @ Error::GdsRequired { .. }) =
         g.check_publish(&staged("vol-1"), Policy::Required).await
     else {
         panic!("required must refuse without nvidia_fs")
     };
+    let msg = err.to_string();
     for id in [
         "nvidia_fs.module",
         "nvidia_fs.devices",

@@ -652,8 +652,13 @@ async fn an_unmount_that_timed_out_is_forced_and_no_more() {
 async fn a_busy_unmount_is_reported_not_forced() {
     let h = harness().await;
     let (volume, target, _) = published(&h, "vol-busy").await;
-    *h.host.unmount_fails.lock().unwrap() =
-        Some(|| gds_csi::error::Error::FailedPrecondition("umount: target is busy".into()));
+    *h.host.unmount_fails.lock().unwrap() = Some(|| {
+        gds_csi::os::error::HostError::TaskFailed {
+            what: "umount".into(),
+            why: "target is busy".into(),
+        }
+        .into()
+    });
     let err = unpublish(&h, &volume, &target).await.unwrap_err();
     assert!(err.message().contains("target is busy"), "{err:?}");
     assert_eq!(h.host.calls_of("umount"), vec![format!("umount {target}")]);

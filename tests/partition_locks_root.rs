@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::frozen::FrozenDevice;
+use gds_csi::error::{Error, LayoutError};
 use gds_csi::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost};
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
@@ -279,7 +280,11 @@ async fn a_label_write_blocked_in_the_kernel_answers_at_its_deadline() {
         .unwrap_err();
     let took = began.elapsed();
     let msg = err.to_string();
-    assert!(matches!(err, gds_csi::error::Error::Aborted(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Layout(LayoutError::Overran { .. })),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), tonic::Code::Aborted);
     assert!(msg.contains("did not finish within 2s"), "{msg}");
     assert!(
         took < deadline + Duration::from_secs(3),
@@ -287,9 +292,10 @@ async fn a_label_write_blocked_in_the_kernel_answers_at_its_deadline() {
     );
     let began = Instant::now();
     let again = p.allocate(host.as_ref(), &req("third", 8 * MIB)).await;
-    let Err(gds_csi::error::Error::Aborted(why)) = &again else {
+    let Err(refused @ Error::Layout(LayoutError::DeviceStuck { .. })) = &again else {
         panic!("the device must be refused while the write is blocked: {again:?}")
     };
+    let why = refused.to_string();
     assert!(why.contains("an earlier label write"), "{why}");
     assert!(began.elapsed() < Duration::from_secs(1), "refused at once");
 
@@ -301,7 +307,7 @@ async fn a_label_write_blocked_in_the_kernel_answers_at_its_deadline() {
                 retried = Some(v);
                 break;
             }
-            Err(gds_csi::error::Error::Aborted(_)) => {
+            Err(Error::Layout(LayoutError::DeviceStuck { .. } | LayoutError::Overran { .. })) => {
                 tokio::time::sleep(Duration::from_millis(200)).await
             }
             Err(e) => panic!("retry after the thaw: {e}"),

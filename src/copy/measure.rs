@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::walk::{self, Kind};
-use crate::error::{Error, Result};
+use crate::error::{CloneError, Error, Result};
 use crate::jobs::Jobs;
 
 /// The block size every entry is rounded to.
@@ -109,8 +109,7 @@ impl Measures {
             let measured =
                 tokio::task::spawn_blocking(move || measure_counting(&root, &rel, &w.seen)).await;
             lock(&me.walks).remove(&k);
-            let measured = measured
-                .map_err(|e| Error::Aborted(format!("the measuring task failed: {e}")))??;
+            let measured = measured.map_err(|e| CloneError::MeasureStopped(e.to_string()))??;
             let mut results = lock(&me.results);
             results.retain(|_, (ended, _)| ended.elapsed() < RESULT_KEPT);
             results.insert(k, (Instant::now(), measured));
@@ -129,9 +128,10 @@ impl Measures {
                 // the one stored when it ended (gone only if it was pruned meanwhile).
                 match lock(&self.results).get(key) {
                     Some((_, m)) => Ok(*m),
-                    None => Err(Error::Aborted(format!(
-                        "the measure of {what} was dropped before it was taken; retry"
-                    ))),
+                    None => Err(CloneError::MeasureDropped {
+                        what: what.to_owned(),
+                    }
+                    .into()),
                 }
             }
         }

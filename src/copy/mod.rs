@@ -429,7 +429,11 @@ mod tests {
         );
         // The retry brings work that must not start: it joins the running copy.
         release.send(()).unwrap();
-        let never = async { Err(Error::Aborted("started twice".into())) };
+        let never = async {
+            Err(Error::JobLost {
+                key: "started twice".into(),
+            })
+        };
         cloner
             .run("clone:v", &p, Duration::from_secs(5), never)
             .await

@@ -150,12 +150,13 @@ fn is_the_device(file: &File, dev: &DeviceAt, what: &str) -> Result<()> {
     if block && st.st_rdev == makedev(dev.major.into(), dev.minor.into()) {
         return Ok(());
     }
-    Err(Error::FailedPrecondition(format!(
-        "{} is no longer the {what} volume's device {}:{}; nothing was copied: retry",
-        dev.path.display(),
-        dev.major,
-        dev.minor
-    )))
+    Err(CopyError::DeviceMoved {
+        path: dev.path.clone(),
+        what: what.to_owned(),
+        major: dev.major,
+        minor: dev.minor,
+    }
+    .into())
 }
 
 /// Copies `req.source`'s first `req.bytes` onto `req.target` (blocking), resuming from
@@ -200,12 +201,13 @@ pub fn copy_device(req: &RawCopyRequest, progress: &Progress) -> Result<()> {
 fn check_both_hold(req: &RawCopyRequest, src: &Opened, dst: &Opened) -> Result<()> {
     for (dev, what) in [(src, "source"), (dst, "clone")] {
         if dev.size < req.bytes {
-            return Err(Error::FailedPrecondition(format!(
-                "the {what} device {} holds {} bytes, fewer than the {} to copy",
-                dev.path.display(),
-                dev.size,
-                req.bytes
-            )));
+            return Err(CopyError::DeviceTooSmall {
+                what,
+                path: dev.path.clone(),
+                size: dev.size,
+                bytes: req.bytes,
+            }
+            .into());
         }
     }
     Ok(())
@@ -289,7 +291,7 @@ fn zero_past_source(dst: &Opened, bytes: u64) -> Result<()> {
     kernel::zero_extent(&dst.direct, &dst.path, what, tail, ZERO_CHUNK_DEADLINE).map_err(
         |e| match e {
             crate::gpt::Error::Io { source, .. } => Error::io(what, &dst.path, source),
-            e => Error::FailedPrecondition(e.to_string()),
+            e => Error::Label(e),
         },
     )
 }

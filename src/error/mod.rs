@@ -7,7 +7,13 @@ use tonic::{Code, Status};
 
 use crate::os::error::HostError;
 
+mod clone;
+mod expand;
+mod layout;
 mod snapshot;
+pub use clone::{CloneError, CopyError};
+pub use expand::ExpandError;
+pub use layout::LayoutError;
 pub use snapshot::{SnapshotError, StoreError};
 
 /// A failed external command (mkfs, mount, blkid, ...).
@@ -28,8 +34,9 @@ pub enum CommandError {
     },
 }
 
-/// A volume's state or place on this node stands in the way, by cause. All are
-/// FailedPrecondition: the call can succeed once the named thing is fixed.
+/// A volume's state or place on this node stands in the way, by cause. FailedPrecondition
+/// (the call can succeed once the named thing is fixed), but NotFound for a volume this
+/// node does not hold.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     /// The device's identity could not be read to compare it with the record.
@@ -107,6 +114,13 @@ pub enum VolumeError {
         from: String,
         now: String,
     },
+    /// A node call for a volume of another node.
+    #[error("volume {volume} lives on node {node}, not on this node ({this})")]
+    NotOnThisNode {
+        volume: String,
+        node: String,
+        this: String,
+    },
     #[error(
         "volume {volume} lives on node {node}; its node's controller deletes it (this is {this})"
     )]
@@ -144,156 +158,6 @@ pub enum VolumeError {
     TaskFailed { what: String, why: String },
 }
 
-/// A clone that cannot be made or filled as asked, by cause (its source, its state, its
-/// kind). `volume` is the clone, `origin` its source volume; `field` names the request
-/// field where the request is at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum CloneError {
-    #[error("{field}: source volume {origin} does not exist")]
-    SourceMissing { field: &'static str, origin: String },
-    #[error("clone source {origin} is no block volume")]
-    NotABlockSource { origin: String },
-    #[error(
-        "{field}: the source lives on node {node}; its clone can be made only there, not on {this}"
-    )]
-    SourceOnOtherNode {
-        field: &'static str,
-        node: String,
-        this: String,
-    },
-    #[error("{field}: source volume {origin} is being deleted")]
-    SourceDeleting { field: &'static str, origin: String },
-    #[error("{field}: source volume {origin} is a clone not filled yet; stage it once first")]
-    SourceNotFilled { field: &'static str, origin: String },
-    #[error(
-        "capacity_range: the source volume {origin} is {bytes} bytes, more than the clone's \
-         limit of {limit} bytes; ask for at least {bytes} bytes"
-    )]
-    LimitBelowSource {
-        origin: String,
-        bytes: u64,
-        limit: u64,
-    },
-    /// A raw block source in use has no filesystem to freeze for a consistent copy.
-    #[error(
-        "{field}: source volume {origin} is in use ({at}) with raw block access; a clone is \
-         the source as it is at CreateVolume, and a raw block volume in use has no filesystem \
-         to freeze for a consistent copy: stop what uses it (its pods) and retry, or clone \
-         from a filesystem volume"
-    )]
-    RawSourceInUse {
-        field: &'static str,
-        origin: String,
-        at: String,
-    },
-    /// A stripe clone's array runs only while it is staged: it is filled at its first
-    /// NodeStage, from a source nothing uses then.
-    #[error(
-        "volume_content_source.volume.volume_id: source volume {origin} is in use (mounted at \
-         {}); a stripe clone is copied only from a source nothing has staged: stop what uses \
-         it (its pods) and retry",
-        at.display()
-    )]
-    StripeSourceInUse { origin: String, at: PathBuf },
-    #[error(
-        "volume {origin} is the source of clone(s) not filled yet: {clones}; a clone copies \
-         its source at its first NodeStage: stage each once (start its pod), or delete it, \
-         then retry"
-    )]
-    UnfilledClones { origin: String, clones: String },
-    #[error("volume {volume}: its clone copy is still running; retry when it has ended")]
-    CopyRunning { volume: String },
-    #[error(
-        "volume {volume} is a clone of {label}, which is on NFS, and {}: run this node's plugin \
-         with the NFS backend to fill it; nothing was formatted or mounted",
-        VolumeError::NfsDisabled
-    )]
-    NfsSourceDisabled { volume: String, label: String },
-    #[error(
-        "volume {volume} is a raw block clone of {label}, an NFS directory, which has no device \
-         to copy; delete it"
-    )]
-    RawCloneOfNfs { volume: String, label: String },
-    #[error(
-        "snapshot {label} holds a raw block volume's bytes: a volume restored from it is used \
-         with block access (Kubernetes: volumeMode: Block)"
-    )]
-    ImageNeedsBlock { label: String },
-    #[error(
-        "the source volume {origin} is {bytes} bytes now, more than its clone {volume} of \
-         {volume_bytes} bytes (was it expanded since the clone was made?); the clone cannot \
-         hold it: delete the clone and clone again"
-    )]
-    SourceGrew {
-        origin: String,
-        bytes: u64,
-        volume: String,
-        volume_bytes: u64,
-    },
-    #[error("{} is no longer the source volume's mount; retry", at.display())]
-    SourceMountGone { at: PathBuf },
-    /// The copy's blocking task ended without an answer (panicked or cancelled).
-    #[error("the copy stopped: {0}; retry")]
-    CopyStopped(String),
-}
-
-impl CloneError {
-    fn code(&self) -> Code {
-        match self {
-            CloneError::SourceMissing { .. } | CloneError::NotABlockSource { .. } => Code::NotFound,
-            CloneError::SourceOnOtherNode { .. } => Code::ResourceExhausted,
-            CloneError::LimitBelowSource { .. } => Code::OutOfRange,
-            CloneError::CopyStopped(_) => Code::Aborted,
-            _ => Code::FailedPrecondition,
-        }
-    }
-}
-
-/// A clone's copy that cannot go on, by cause: the clone metric's `cause` label is chosen
-/// from the variant (`metrics::clone::Cause`), never from the message.
-#[derive(Debug, thiserror::Error)]
-pub enum CopyError {
-    /// Verification found the copy unlike its source.
-    #[error("the copy of {copy} differs from its source{at}; the volume stays unpublished")]
-    Differs {
-        /// What was copied, as shown to the operator.
-        copy: String,
-        /// Where: `: <what differs>` or ` at byte N`.
-        at: String,
-    },
-    /// A device or volume of the copy is in use, so the copy could not be consistent.
-    #[error("{what} is in use ({uses}); {fix}")]
-    InUse {
-        what: String,
-        uses: String,
-        fix: &'static str,
-    },
-    /// The NFS source stopped answering (mounted soft); the next NodeStage resumes.
-    #[error(
-        "reading {label} failed: the NFS server did not answer (the source is mounted soft: a \
-         read fails after about {soft_seconds} s without an answer; {error}); nothing was \
-         published; the next NodeStage resumes the copy at {percent}% ({copied_gib:.2} of \
-         {total_gib:.2} GiB) once the server answers"
-    )]
-    SourceTimeout {
-        label: String,
-        soft_seconds: u64,
-        error: String,
-        percent: u64,
-        copied_gib: f64,
-        total_gib: f64,
-    },
-}
-
-impl CopyError {
-    fn code(&self) -> Code {
-        match self {
-            CopyError::SourceTimeout { .. } => Code::Unavailable,
-            CopyError::Differs { .. } | CopyError::InUse { .. } => Code::FailedPrecondition,
-        }
-    }
-}
-
 /// CreateVolume's allocation that cannot be made, by cause.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocationError {
@@ -304,6 +168,46 @@ pub enum AllocationError {
     NameTakenOtherSize { name: String, bytes: u64 },
     #[error("volume {name:?} exists with other parameters or fsType; use another name")]
     NameTakenOtherParameters { name: String },
+    /// An NFS volume's name or directory taken by a request unlike this one.
+    #[error(
+        "volume {name:?} exists with other parameters, mount options or content source; use \
+         another name"
+    )]
+    NameTakenOtherSource { name: String },
+    #[error("directory {dir} already belongs to volume {owner:?}")]
+    DirectoryTaken { dir: String, owner: String },
+    #[error(
+        "volume {name:?} exists with another layout, capacity, fsType or parameters; use \
+         another name or the same request"
+    )]
+    NameTakenOtherLayout { name: String },
+    #[error(
+        "capacity_range: limit_bytes {limit} is below the smallest {fs} the node's mkfs makes \
+         ({min} bytes, {} MiB); raise the limit to at least that, or ask for ext4",
+        min.div_ceil(1 << 20)
+    )]
+    LimitBelowFsMinimum {
+        limit: u64,
+        fs: &'static str,
+        min: u64,
+    },
+    /// The smallest filesystem the node's mkfs makes could not be read (a dry run).
+    #[error("cannot make a scratch file to read the smallest {fs} from its mkfs: {why}")]
+    NoScratchFile { fs: &'static str, why: String },
+    #[error("cannot read the smallest {fs} from {program}: {why}")]
+    DryRunFailed {
+        fs: &'static str,
+        program: String,
+        why: String,
+    },
+    #[error(
+        "the installed mkfs for {fs} refuses even a {gib} GiB device in a dry run; check the \
+         node image"
+    )]
+    MkfsRefusesAll { fs: &'static str, gib: u64 },
+    /// CreateVolume whose topology requires another node than this controller's.
+    #[error("accessibility_requirements: this controller allocates on node {node} only")]
+    NotThisNode { node: String },
     /// No device of the pool could ever hold the range.
     #[error(
         "capacity_range: no device in node {node}'s pool has {range} (volumes are whole \
@@ -339,11 +243,20 @@ pub enum AllocationError {
 impl AllocationError {
     fn code(&self) -> Code {
         match self {
-            AllocationError::RaisedToFsMinimum { .. } => Code::OutOfRange,
+            AllocationError::RaisedToFsMinimum { .. }
+            | AllocationError::LimitBelowFsMinimum { .. } => Code::OutOfRange,
+            AllocationError::NoScratchFile { .. }
+            | AllocationError::DryRunFailed { .. }
+            | AllocationError::MkfsRefusesAll { .. } => Code::FailedPrecondition,
             AllocationError::NameTakenOtherSize { .. }
-            | AllocationError::NameTakenOtherParameters { .. } => Code::AlreadyExists,
+            | AllocationError::NameTakenOtherParameters { .. }
+            | AllocationError::NameTakenOtherSource { .. }
+            | AllocationError::NameTakenOtherLayout { .. }
+            | AllocationError::DirectoryTaken { .. } => Code::AlreadyExists,
             AllocationError::NoDeviceFits { .. } => Code::OutOfRange,
-            AllocationError::NoneFree { .. } => Code::ResourceExhausted,
+            AllocationError::NoneFree { .. } | AllocationError::NotThisNode { .. } => {
+                Code::ResourceExhausted
+            }
         }
     }
 }
@@ -403,6 +316,20 @@ pub enum MountError {
         path.display()
     )]
     ReadonlyDiffers { path: PathBuf, current: bool },
+    /// NodeGetVolumeStats of a path that holds nothing of this volume.
+    #[error("volume {volume} is not published or staged at {}", path.display())]
+    NotMountedAt { volume: String, path: PathBuf },
+    /// A volume_path the allowed roots refuse: no volume is ever there.
+    #[error("volume {volume} is not published or staged at {path:?} ({field}: {reason})")]
+    PathRefused {
+        volume: String,
+        path: String,
+        field: &'static str,
+        reason: String,
+    },
+    /// A statvfs of this path still blocked on an unanswering server.
+    #[error("an earlier statvfs of {} has not returned yet", path.display())]
+    StatvfsPending { path: PathBuf },
 }
 
 impl MountError {
@@ -411,6 +338,7 @@ impl MountError {
             MountError::TargetTaken { .. } | MountError::ReadonlyDiffers { .. } => {
                 Code::AlreadyExists
             }
+            MountError::NotMountedAt { .. } | MountError::PathRefused { .. } => Code::NotFound,
             _ => Code::FailedPrecondition,
         }
     }
@@ -423,21 +351,10 @@ pub enum Error {
     InvalidArgument { field: &'static str, reason: String },
     #[error("volume {0} does not exist on this node")]
     VolumeNotFound(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    FailedPrecondition(String),
     #[error("an operation on {0} is already in progress; retry later")]
     Busy(String),
-    /// The call cannot go on as asked (a stale pagination token, say); start over.
-    #[error("{0}")]
-    Aborted(String),
-    #[error("{0}")]
-    ResourceExhausted(String),
-    #[error("{0}")]
-    OutOfRange(String),
+    /// Work this call waits for is still running (a copy, a walk, the pool's first
+    /// scan): how far it got; the retry takes its result.
     #[error("{0}")]
     NotReady(String),
     #[error(transparent)]
@@ -464,9 +381,32 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Expand(#[from] ExpandError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A partition label's error (src/gpt/), as the label code words it.
+    #[error(transparent)]
+    Label(crate::gpt::Error),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] crate::os::error::HostError),
+    /// A long job's task ended without leaving an outcome (src/jobs.rs).
+    #[error("job {key} ended without an outcome; retry")]
+    JobLost { key: String },
+    /// The GDS gate refused a volume its class requires GDS for (src/gds/gate/policy.rs).
+    #[error(
+        "GDS is not available for volume {volume} (gdsPolicy=required; use preferred to \
+         publish anyway in compat mode); {failed} check(s) failed:\n{lines}"
+    )]
+    GdsRequired {
+        volume: String,
+        failed: usize,
+        lines: String,
+    },
+    /// A list call's starting_token that this driver did not issue (CSI: ABORTED).
+    #[error("starting_token {token:?} was not issued by this driver; list again from the start")]
+    ForeignToken { token: String },
     /// The outcome of a long job that more than one call waited for (src/jobs.rs).
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
@@ -476,6 +416,19 @@ impl Error {
     /// The gRPC code this error is answered with.
     pub fn code(&self) -> Code {
         code(self)
+    }
+
+    /// No volume of the asked capacity range can be carved or chosen, whatever the pool
+    /// holds now: the range is at fault (OutOfRange), not the node's free space.
+    pub fn is_range_unsatisfiable(&self) -> bool {
+        matches!(
+            self,
+            Error::Allocation(AllocationError::NoDeviceFits { .. })
+                | Error::Label(crate::gpt::Error::OutOfRange(_))
+                | Error::Layout(
+                    LayoutError::TooLarge { .. } | LayoutError::StripeBeyondLimit { .. }
+                )
+        )
     }
 
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
@@ -497,23 +450,25 @@ impl Error {
 fn code(err: &Error) -> Code {
     match err {
         Error::InvalidArgument { .. } => Code::InvalidArgument,
-        Error::VolumeNotFound(_) | Error::NotFound(_) => Code::NotFound,
-        Error::AlreadyExists(_) => Code::AlreadyExists,
-        Error::FailedPrecondition(_) => Code::FailedPrecondition,
-        Error::Busy(_) | Error::Aborted(_) => Code::Aborted,
-        Error::ResourceExhausted(_) => Code::ResourceExhausted,
-        Error::OutOfRange(_) => Code::OutOfRange,
+        Error::VolumeNotFound(_) => Code::NotFound,
+        Error::Busy(_) => Code::Aborted,
         Error::NotReady(_) => Code::Unavailable,
         Error::Command(CommandError::Timeout { .. }) => Code::DeadlineExceeded,
         Error::Command(_) | Error::Io { .. } | Error::State { .. } => Code::Internal,
         Error::Host(e) => host_code(e),
         Error::Mount(e) => e.code(),
+        Error::Volume(VolumeError::NotOnThisNode { .. }) => Code::NotFound,
         Error::Volume(_) => Code::FailedPrecondition,
         Error::Copy(e) => e.code(),
         Error::Clone(e) => e.code(),
         Error::Allocation(e) => e.code(),
         Error::Store(e) => e.code(),
         Error::Snapshot(e) => e.code(),
+        Error::Expand(e) => e.code(),
+        Error::Layout(e) => e.code(),
+        Error::Label(e) => layout::label_code(e),
+        Error::JobLost { .. } | Error::ForeignToken { .. } => Code::Aborted,
+        Error::GdsRequired { .. } => Code::FailedPrecondition,
         Error::Shared(inner) => code(inner),
     }
 }
@@ -524,7 +479,25 @@ fn host_code(err: &HostError) -> Code {
         HostError::ProbeFailed { .. } | HostError::DeviceInUse { .. } => Code::FailedPrecondition,
         // Held for a moment by another program: the CO retries.
         HostError::DeviceLocked { .. } | HostError::EraseInterrupted(_) => Code::Aborted,
-        HostError::TaskFailed { .. } => Code::FailedPrecondition,
+        HostError::MountInFlight { .. } => Code::Aborted,
+        HostError::TaskFailed { .. }
+        | HostError::GrowNeedsCapability { .. }
+        | HostError::NoMdadm => Code::FailedPrecondition,
+    }
+}
+
+/// A label error that is an I/O failure is answered as one (Internal); every other by
+/// its cause.
+impl From<crate::gpt::Error> for Error {
+    fn from(e: crate::gpt::Error) -> Self {
+        match e {
+            crate::gpt::Error::Io { device, source, .. } => Error::Io {
+                context: "partition layout",
+                path: device,
+                source,
+            },
+            other => Error::Label(other),
+        }
     }
 }
 

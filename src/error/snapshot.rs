@@ -106,6 +106,15 @@ pub enum SnapshotError {
     NameOnAnotherStore { name: String, id: String },
     #[error("snapshot {id} does not exist")]
     NotFound { id: String },
+    #[error(
+        "this driver instance keeps no snapshots: run it with a state dir (`gds-csi serve` \
+         does)"
+    )]
+    NotKept,
+    #[error("snapshot {id} has no tree/ at {path}")]
+    NoTree { id: String, path: String },
+    #[error("snapshot {id} has no image at {path}")]
+    NoImage { id: String, path: String },
     #[error("snapshot {id} does not exist at {path}")]
     NotInStore { id: String, path: String },
     #[error("volume_content_source.snapshot.snapshot_id: snapshot {id} does not exist")]
@@ -174,7 +183,10 @@ impl SnapshotError {
                 Code::Unavailable
             }
             NameOfAnotherVolume { .. } | NameOnAnotherStore { .. } => Code::AlreadyExists,
+            NotKept => Code::FailedPrecondition,
             NotFound { .. }
+            | NoTree { .. }
+            | NoImage { .. }
             | NotInStore { .. }
             | RestoreSourceNotFound { .. }
             | SourceNotFound { .. }

@@ -29,7 +29,7 @@ pub mod sysfs;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, LayoutError, Result};
 use crate::os::Host;
 
 pub use parse::{parse_export, Examined};
@@ -88,22 +88,19 @@ async fn mdadm(host: &dyn Host, args: &[OsString]) -> Result<std::process::Outpu
         Err(Error::Command(crate::error::CommandError::Spawn { source, .. }))
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            Err(Error::FailedPrecondition(
-                "mdadm is not installed where the driver runs; stripe volumes need it \
-                 (Debian package mdadm in the driver image)"
-                    .into(),
-            ))
+            Err(LayoutError::MdadmMissing.into())
         }
         other => other,
     }
 }
 
 fn failed(what: &str, out: &std::process::Output) -> Error {
-    Error::FailedPrecondition(format!(
-        "mdadm {what} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    ))
+    LayoutError::MdadmFailed {
+        what: what.to_owned(),
+        status: out.status.to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    }
+    .into()
 }
 
 /// The md superblock on `device`: None when mdadm finds none; any other failure is an

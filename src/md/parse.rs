@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+use crate::error::{LayoutError, Result};
 
 /// Every `KEY=value` line (values may contain '='; other lines are skipped).
 pub fn parse_export(text: &str) -> BTreeMap<String, String> {
@@ -31,17 +31,18 @@ impl Examined {
     pub fn from_export(text: &str) -> Result<Self> {
         let kv = parse_export(text);
         let get = |k: &str| {
-            kv.get(k).cloned().ok_or_else(|| {
-                Error::FailedPrecondition(format!(
-                    "mdadm --examine --export printed no {k}: {text:?}"
-                ))
-            })
+            kv.get(k)
+                .cloned()
+                .ok_or_else(|| LayoutError::MdadmExportLacks {
+                    key: k.to_owned(),
+                    text: text.to_owned(),
+                })
         };
         let devices = get("MD_DEVICES")?;
         Ok(Examined {
             level: get("MD_LEVEL")?,
-            devices: devices.parse().map_err(|_| {
-                Error::FailedPrecondition(format!("mdadm MD_DEVICES {devices:?} is no number"))
+            devices: devices.parse().map_err(|_| LayoutError::MdadmBadDevices {
+                devices: devices.clone(),
             })?,
             name: get("MD_NAME")?,
             uuid: get("MD_UUID")?,

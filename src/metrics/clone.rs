@@ -156,8 +156,10 @@ mod tests {
         });
         assert_eq!(Cause::of(&in_use), Cause::InUse);
         // The old text matches would have called these a verify failure and an in-use one.
-        let worded =
-            Error::FailedPrecondition("the copy differs from its source; x is in use ".into());
+        let worded = Error::State {
+            path: "/x".into(),
+            reason: "the copy differs from its source; x is in use ".into(),
+        };
         assert_eq!(Cause::of(&worded), Cause::Other);
         let timeout = CopyError::SourceTimeout {
             label: "192.0.2.1:/e/a".into(),

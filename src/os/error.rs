@@ -34,4 +34,23 @@ pub enum HostError {
     /// The erase task ended without an answer (panicked or cancelled).
     #[error("the erase task ended abnormally: {0}")]
     EraseInterrupted(String),
+    /// A mount syscall an earlier call made on this path has not returned.
+    #[error(
+        "a mount or unmount of {} made by an earlier call is still running in the kernel (it \
+         outlived --mount-timeout, or its call was cancelled); retry once it has finished, and \
+         check dmesg and the device if it never does",
+        path.display()
+    )]
+    MountInFlight { path: PathBuf },
+    /// resize2fs of a mounted ext4 failed in a process without CAP_SYS_RESOURCE (linux
+    /// fs/ext4/resize.c ext4_resize_begin answers EPERM without it).
+    #[error(
+        "{why}; growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process lacks \
+         (linux fs/ext4/resize.c ext4_resize_begin answers EPERM without it): run the node \
+         plugin privileged"
+    )]
+    GrowNeedsCapability { why: String },
+    /// A host port with no md (stripe volumes need it).
+    #[error("this host port runs no mdadm (stripe volumes need md RAID0)")]
+    NoMdadm,
 }

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
 use crate::error::{Error, Result};
+use crate::os::error::HostError;
 
 /// Paths with a mount syscall in flight. Process-wide like the mount table it guards.
 static PATHS: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(Mutex::default);
@@ -25,12 +26,10 @@ fn paths() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
 }
 
 fn busy(path: &Path) -> Error {
-    Error::Aborted(format!(
-        "a mount or unmount of {} made by an earlier call is still running in the kernel \
-         (it outlived --mount-timeout, or its call was cancelled); retry once it has \
-         finished, and check dmesg and the device if it never does",
-        path.display()
-    ))
+    HostError::MountInFlight {
+        path: path.to_owned(),
+    }
+    .into()
 }
 
 /// Held by the thread that makes the syscall; leaves the path when dropped.
@@ -69,8 +68,9 @@ mod tests {
     fn a_path_is_busy_until_its_syscall_is_left() {
         let p = Path::new("/var/lib/kubelet/plugins/x/inflight-unit-test");
         let held = InFlight::enter(p).unwrap();
-        assert!(matches!(check(p), Err(Error::Aborted(_))));
-        assert!(matches!(InFlight::enter(p), Err(Error::Aborted(_))));
+        let in_flight = |e: &Error| matches!(e, Error::Host(HostError::MountInFlight { .. }));
+        assert!(check(p).as_ref().is_err_and(in_flight));
+        assert!(InFlight::enter(p).as_ref().is_err_and(in_flight));
         assert!(
             check(&p.with_file_name("other")).is_ok(),
             "other paths are free"

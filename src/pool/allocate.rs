@@ -59,7 +59,7 @@ impl Pool {
             if let Some(id) = self.claim(req, &dev, &now)? {
                 faults::reached(KillPoint::AfterAllocate);
                 info!(volume_id = %id, device = %dev.path.display(), "allocated");
-                return self.existing(req)?.ok_or(Error::NotFound(id));
+                return self.existing(req)?.ok_or(Error::VolumeNotFound(id));
             }
         }
         if changed {

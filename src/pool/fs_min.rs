@@ -17,7 +17,7 @@ use std::time::Duration;
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use tokio::sync::OnceCell;
 
-use crate::error::{Error, Result};
+use crate::error::{AllocationError, Error, Result};
 use crate::os::{mkfs, runner, FsType, StripeGeometry};
 
 /// Search step and floor: mkfs sizes are in 4 KiB blocks at most.
@@ -50,18 +50,16 @@ pub async fn min_bytes(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64
 }
 
 async fn search(fs: FsType, stripe: Option<StripeGeometry>) -> Result<u64> {
-    let scratch = Scratch::new().map_err(|e| {
-        Error::FailedPrecondition(format!(
-            "cannot make a scratch file to read the smallest {} from its mkfs: {e}",
-            fs.as_str()
-        ))
+    let scratch = Scratch::new().map_err(|e| AllocationError::NoScratchFile {
+        fs: fs.as_str(),
+        why: e.to_string(),
     })?;
     if !accepts(fs, stripe, &scratch, CEILING).await? {
-        return Err(Error::FailedPrecondition(format!(
-            "the installed mkfs for {} refuses even a {} GiB device in a dry run; check the node image",
-            fs.as_str(),
-            CEILING >> 30
-        )));
+        return Err(AllocationError::MkfsRefusesAll {
+            fs: fs.as_str(),
+            gib: CEILING >> 30,
+        }
+        .into());
     }
     // Invariant: `hi` accepted, `lo` refused (or the floor).
     let (mut lo, mut hi) = (0u64, CEILING / STEP);
@@ -123,11 +121,10 @@ async fn accepts(
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let out = runner::run_raw(program, &args, DRY_RUN_TIMEOUT)
         .await
-        .map_err(|e| {
-            Error::FailedPrecondition(format!(
-                "cannot read the smallest {} from {program}: {e}",
-                fs.as_str()
-            ))
+        .map_err(|e| AllocationError::DryRunFailed {
+            fs: fs.as_str(),
+            program: program.to_string(),
+            why: e.to_string(),
         })?;
     Ok(out.status.success())
 }
@@ -136,12 +133,12 @@ async fn accepts(
 /// OutOfRange when `limit_bytes` forbids a device that mkfs would accept.
 pub fn fit(fs: FsType, min: u64, required: u64, limit: u64) -> Result<u64> {
     if limit > 0 && limit < min {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: limit_bytes {limit} is below the smallest {} the node's mkfs makes \
-             ({min} bytes, {} MiB); raise the limit to at least that, or ask for ext4",
-            fs.as_str(),
-            min.div_ceil(1 << 20)
-        )));
+        return Err(AllocationError::LimitBelowFsMinimum {
+            limit,
+            fs: fs.as_str(),
+            min,
+        }
+        .into());
     }
     Ok(required.max(min))
 }
@@ -157,7 +154,10 @@ mod tests {
         assert_eq!(fit(FsType::Xfs, min, 400 << 20, 0).unwrap(), 400 << 20);
         assert_eq!(fit(FsType::Xfs, min, 0, 1 << 30).unwrap(), min);
         let e = fit(FsType::Xfs, min, 100 << 20, 200 << 20).unwrap_err();
-        assert!(matches!(e, Error::OutOfRange(_)));
+        assert!(matches!(
+            e,
+            Error::Allocation(AllocationError::LimitBelowFsMinimum { .. })
+        ));
         assert!(e.to_string().contains("limit_bytes") && e.to_string().contains("xfs"));
     }
 }

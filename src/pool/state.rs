@@ -367,7 +367,7 @@ mod tests {
             .unwrap();
         let failed: Result<()> = store.update(|s| {
             s.remove("v1");
-            Err(Error::NotFound("x".into()))
+            Err(Error::VolumeNotFound("x".into()))
         });
         assert!(failed.is_err());
         assert_eq!(store.snapshot().len(), 1);

@@ -9,7 +9,7 @@ use super::{
     host_path, nfs, volume_ref, Capability, Expand, NfsCapability, NfsVolumeId, VolumeRef,
 };
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{Error, MountError, Result};
 use crate::volume::id::BlockVolumeId;
 
 /// A node request about a volume of one backend, or about an id this driver never issued.
@@ -187,9 +187,13 @@ fn volume_path(volume: &str, raw: &str, roots: &[PathBuf]) -> Result<PathBuf> {
         return Err(Error::invalid("volume_path", "required"));
     }
     host_path("volume_path", raw, roots).map_err(|e| match e {
-        Error::InvalidArgument { field, reason } => Error::NotFound(format!(
-            "volume {volume} is not published or staged at {raw:?} ({field}: {reason})"
-        )),
+        Error::InvalidArgument { field, reason } => MountError::PathRefused {
+            volume: volume.to_owned(),
+            path: raw.to_owned(),
+            field,
+            reason,
+        }
+        .into(),
         other => other,
     })
 }

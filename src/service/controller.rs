@@ -6,7 +6,7 @@ use super::{Call, Driver};
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SnapshotError};
 use crate::request::{self, VolumeRef};
 use crate::volume::VolumeBackend;
 
@@ -37,8 +37,9 @@ impl ControllerService {
         if let Some(raw) = &create.snapshot_of {
             let ctx = d.snapshot_context()?;
             create.restore = Some(match crate::snapshot::restore::resolve(&ctx, raw).await {
-                Err(e) if e.code() == tonic::Code::NotFound => {
-                    crate::snapshot::restore::made_from(&ctx, &create.name, raw).ok_or(e)?
+                // Gone since: a retry of a CreateVolume that already restored it succeeds.
+                Err(Error::Snapshot(gone @ SnapshotError::RestoreSourceNotFound { .. })) => {
+                    crate::snapshot::restore::made_from(&ctx, &create.name, raw).ok_or(gone)?
                 }
                 resolved => resolved?,
             });
@@ -215,11 +216,12 @@ fn page_start(max_entries: i32, starting_token: &str) -> Result<Option<&str>> {
     }
     match starting_token {
         "" => Ok(None),
-        token => token.strip_prefix(TOKEN_PREFIX).map(Some).ok_or_else(|| {
-            Error::Aborted(format!(
-                "starting_token {token:?} was not issued by this driver; list again from the start"
-            ))
-        }),
+        token => token
+            .strip_prefix(TOKEN_PREFIX)
+            .map(Some)
+            .ok_or_else(|| Error::ForeignToken {
+                token: token.to_owned(),
+            }),
     }
 }
 

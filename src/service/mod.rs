@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{Error, Result, VolumeError};
+use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::gds::gate::GdsGate;
 use crate::locks::VolumeLocks;
 use crate::mounts::Mounter;
@@ -117,13 +117,7 @@ impl Driver {
 
     /// What the snapshot calls reach, or FailedPrecondition when this instance takes none.
     pub fn snapshot_context(&self) -> Result<crate::snapshot::Context<'_>> {
-        let snapshots = self.snapshots.as_ref().ok_or_else(|| {
-            Error::FailedPrecondition(
-                "this driver instance keeps no snapshots: run it with a state dir \
-                 (`gds-csi serve` does)"
-                    .into(),
-            )
-        })?;
+        let snapshots = self.snapshots.as_ref().ok_or(SnapshotError::NotKept)?;
         Ok(crate::snapshot::Context {
             snapshots,
             block: &self.block,

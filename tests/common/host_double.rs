@@ -255,9 +255,11 @@ impl OverRealHost {
         if out.status.success() {
             Ok(())
         } else {
-            Err(Error::FailedPrecondition(
-                String::from_utf8_lossy(&out.stderr).into(),
-            ))
+            Err(HostError::TaskFailed {
+                what: "mount --bind".into(),
+                why: String::from_utf8_lossy(&out.stderr).into(),
+            }
+            .into())
         }
     }
 }
@@ -438,9 +440,11 @@ impl Host for HostDouble {
             return Ok(());
         }
         if how == ForceUnmount::Force && self.server_gone.load(Ordering::SeqCst) {
-            return Err(Error::FailedPrecondition(
-                "umount.nfs4: device is busy".into(),
-            ));
+            return Err(HostError::TaskFailed {
+                what: "umount.nfs4".into(),
+                why: "device is busy".into(),
+            }
+            .into());
         }
         self.remove_top(target);
         Ok(())

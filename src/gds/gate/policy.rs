@@ -87,10 +87,11 @@ pub fn judge(policy: Policy, volume_id: &str, report: &Report) -> Result<Verdict
     let failed = report.failures().len();
     let lines = failure_lines(report) + &volume_warnings(report);
     match policy {
-        Policy::Required => Err(Error::FailedPrecondition(format!(
-            "GDS is not available for volume {volume_id} ({PARAM}=required; use preferred to \
-             publish anyway in compat mode); {failed} check(s) failed:\n{lines}"
-        ))),
+        Policy::Required => Err(Error::GdsRequired {
+            volume: volume_id.to_owned(),
+            failed,
+            lines,
+        }),
         _ => Ok(Verdict::Compat(format!(
             "GDS in compat mode ({PARAM}=preferred): {failed} check(s) failed: {}",
             lines.replace('\n', "; ")
@@ -164,10 +165,11 @@ mod tests {
 
     #[test]
     fn required_refuses_naming_each_failure_and_preferred_says_why() {
-        let Err(Error::FailedPrecondition(msg)) = judge(Policy::Required, "vol-1", &failing())
+        let Err(err @ Error::GdsRequired { .. }) = judge(Policy::Required, "vol-1", &failing())
         else {
             panic!("required must refuse a failed report")
         };
+        let msg = err.to_string();
         let lines: Vec<&str> = msg.lines().collect();
         assert!(lines[0].contains("vol-1") && lines[0].contains("2 check(s) failed"));
         assert_eq!(

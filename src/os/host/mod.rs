@@ -16,7 +16,8 @@ pub use super::device_io::{hold_when_free, HOLD_PATIENCE};
 use super::mkfs::StripeGeometry;
 use super::mountinfo::MountEntry;
 use super::safepath::Anchored;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::os::error::HostError;
 
 pub use real::RealHost;
 
@@ -151,9 +152,7 @@ pub trait Host: Send + Sync + 'static {
     /// without md refuse.
     async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
         let _ = args;
-        Err(Error::FailedPrecondition(
-            "this host port runs no mdadm (stripe volumes need md RAID0)".into(),
-        ))
+        Err(HostError::NoMdadm.into())
     }
 }
 

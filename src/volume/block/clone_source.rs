@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{CopyError, Error, Result, VolumeError};
+use crate::error::{CloneError, CopyError, Error, Result, SnapshotError};
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
 use crate::pool::VolumeRecord;
 use crate::request::snapshot::{Content, SnapshotId, Store, TREE};
@@ -103,9 +103,11 @@ pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
         VolumeRef::Block(_) => Source::Block(raw.clone()),
         VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
         VolumeRef::Unknown(_) => {
-            return Err(Error::NotFound(format!(
-                "{FIELD}: source volume {raw} does not exist"
-            )))
+            return Err(CloneError::SourceMissing {
+                field: FIELD,
+                origin: raw.clone(),
+            }
+            .into())
         }
     }))
 }
@@ -125,9 +127,10 @@ pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
             VolumeRef::Block(_) => Source::Block(raw.clone()),
             VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
             VolumeRef::Unknown(_) => {
-                return Err(Error::NotFound(format!(
-                    "clone source {raw} is no volume of this driver"
-                )))
+                return Err(CloneError::NotOurVolume {
+                    origin: raw.clone(),
+                }
+                .into())
             }
         }));
     }
@@ -148,12 +151,8 @@ pub async fn check_nfs(
     label: &str,
     limit: u64,
 ) -> Result<u64> {
-    let nfs = nfs.ok_or_else(|| {
-        Error::FailedPrecondition(format!(
-            "the clone's source {label} is on NFS and {}: run the driver with the NFS backend \
-             (`gds-csi serve` enables it) to clone from NFS",
-            VolumeError::NfsDisabled
-        ))
+    let nfs = nfs.ok_or_else(|| CloneError::NfsSourceNoBackend {
+        label: label.to_owned(),
     })?;
     let root = nfs.export_root(id).await?;
     let shown = root.join(&id.dir);
@@ -169,25 +168,31 @@ pub async fn check_nfs(
             };
             match inner {
                 Error::Io { source, path, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    let label = label.to_owned();
                     if *path == shown {
-                        Error::NotFound(format!("{FIELD}: the source {label} does not exist"))
+                        CloneError::SourceAbsent {
+                            field: FIELD,
+                            label,
+                        }
+                        .into()
                     } else {
                         // An entry removed while the walk went by: measure again.
-                        Error::Aborted(format!(
-                            "the source {label} changed while it was measured ({inner}); retry"
-                        ))
+                        let why = inner.to_string();
+                        CloneError::SourceChanged { label, why }.into()
                     }
                 }
                 _ => e,
             }
         })?;
     if limit != 0 && limit < m.needed_bytes {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: the source {label} holds {} bytes in {} entries and needs a volume \
-             of at least {} bytes (its files in 4 KiB blocks plus a sixteenth for the \
-             filesystem), more than the clone's limit of {limit} bytes; ask for at least {} bytes",
-            m.data_bytes, m.entries, m.needed_bytes, m.needed_bytes
-        )));
+        return Err(CloneError::LimitBelowFiles {
+            label: label.to_owned(),
+            data_bytes: m.data_bytes,
+            entries: m.entries,
+            needed: m.needed_bytes,
+            limit,
+        }
+        .into());
     }
     Ok(m.needed_bytes)
 }
@@ -239,15 +244,21 @@ pub enum SourceMount {
     Nfs { id: NfsVolumeId, label: String },
 }
 
+fn no_tree(id: &SnapshotId) -> Error {
+    SnapshotError::NoTree {
+        id: id.to_string(),
+        path: id.location(),
+    }
+    .into()
+}
+
 impl SourceMount {
     pub async fn mount(&self, host: &dyn Host, at: &Anchored) -> Result<()> {
         match self {
             SourceMount::Device { dev, fs } => host.mount(dev, at, *fs, &["ro".to_owned()]).await,
             SourceMount::Tree { id } => {
                 let dir = local_snapshot(id)?;
-                let tree = dir.subdir(TREE)?.ok_or_else(|| {
-                    Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
-                })?;
+                let tree = dir.subdir(TREE)?.ok_or_else(|| no_tree(id))?;
                 // The bind's source is the descriptor itself (`/proc/self/fd/N`), never a
                 // path looked up again.
                 let from = Anchored::unpinned(tree.path());
@@ -282,12 +293,10 @@ impl SourceMount {
         };
         // A real directory of the proven snapshot; the copy opens it by name with
         // O_NOFOLLOW from here on.
-        dir.subdir(TREE)?.ok_or_else(|| {
-            Error::NotFound(format!("snapshot {id} has no {TREE}/ at {}", id.location()))
-        })?;
+        dir.subdir(TREE)?.ok_or_else(|| no_tree(id))?;
         match dir.owner(&id.to_string(), None)? {
             Owner::Ours(m) => Ok((root, m)),
-            _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
+            _ => Err(SnapshotError::NotFound { id: id.to_string() }.into()),
         }
     }
 

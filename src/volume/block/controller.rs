@@ -67,10 +67,10 @@ pub async fn create(
     let fs_type = fs_type(req)?;
     if let Some(topo) = req.accessibility {
         if !topo.requisite.is_empty() && !topo.requisite.iter().any(|t| b.serves(t)) {
-            return Err(Error::ResourceExhausted(format!(
-                "accessibility_requirements: this controller allocates on node {} only",
-                b.node.node_id
-            )));
+            return Err(AllocationError::NotThisNode {
+                node: b.node.node_id.clone(),
+            }
+            .into());
         }
     }
     // A device that the node's mkfs refuses would never stage: round up or refuse here.
@@ -105,7 +105,7 @@ pub async fn create(
         .allocate(b.mounter.host.as_ref(), &alloc)
         .await
         .map_err(|e| match e {
-            e if e.code() == tonic::Code::OutOfRange && required_bytes > req.required_bytes => {
+            e if e.is_range_unsatisfiable() && required_bytes > req.required_bytes => {
                 AllocationError::RaisedToFsMinimum {
                     inner: Box::new(e),
                     min,

@@ -19,9 +19,9 @@ use std::path::Path;
 
 use tracing::info;
 
-use super::partition::{csi_error, guard};
+use super::partition::guard;
 use super::{BlockBackend, Located};
-use crate::error::{Error, Result};
+use crate::error::{Error, ExpandError, MountError, Result};
 use crate::gpt::{self, volume, SizeRange, ALIGN};
 use crate::os::{blockdev, mountinfo, FileKind, FsType};
 use crate::volume::id::{BlockVolumeId, IdLayout};
@@ -36,11 +36,12 @@ pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Resul
         // IsFinalError, IsInfeasibleError; pkg/controller/expand_and_recover.go
         // callResizeOnPlugin) leaves the claim's status alone, so the owner's resizer
         // decides it.
-        return Err(Error::Aborted(format!(
-            "volume {id} lives on node {}, not on this node ({}); that node's driver \
-             expands it",
-            id.node_id, b.node.node_id
-        )));
+        return Err(ExpandError::OtherNode {
+            volume: id.to_string(),
+            node: id.node_id.clone(),
+            this: b.node.node_id.clone(),
+        }
+        .into());
     }
     let capacity = match id.layout {
         // Not located: a stripe's device is its array, running only while staged.
@@ -59,14 +60,13 @@ pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Resul
 fn whole_device(vol: &Located, req: &Expand) -> Result<u64> {
     let size = vol.device.size_bytes;
     if req.required > size {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: volume {} is the whole device {} of {size} bytes and cannot grow \
-             to {} bytes; whole-device volumes have the size of their device: use a \
-             StorageClass with `layout: partition` for volumes that can grow",
-            vol.id,
-            vol.device.path.display(),
-            req.required
-        )));
+        return Err(ExpandError::WholeDevice {
+            volume: vol.id.to_string(),
+            device: vol.device.path.clone(),
+            size,
+            required: req.required,
+        }
+        .into());
     }
     never_shrinks(vol, size, req)?;
     Ok(size)
@@ -78,13 +78,13 @@ fn stripe_fixed(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Ex
     let rec = b.record(&id.to_string())?;
     let size = rec.capacity_bytes;
     if req.required > size || (req.limit != 0 && size > req.limit) {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: volume {id} is a stripe (layout: stripe) of {size} bytes and \
-             cannot change size to {} bytes (limit {}); stripe volumes do not grow yet: \
-             create a larger volume and copy the data, or use a StorageClass with \
-             `layout: partition` for volumes that can grow",
-            req.required, req.limit
-        )));
+        return Err(ExpandError::StripeFixed {
+            volume: id.to_string(),
+            size,
+            required: req.required,
+            limit: req.limit,
+        }
+        .into());
     }
     Ok(Expanded {
         capacity: size,
@@ -94,11 +94,12 @@ fn stripe_fixed(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Ex
 
 fn never_shrinks(vol: &Located, size: u64, req: &Expand) -> Result<()> {
     if req.limit != 0 && size > req.limit {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: volume {} has {size} bytes, more than limit_bytes {}; volumes \
-             never shrink",
-            vol.id, req.limit
-        )));
+        return Err(ExpandError::WouldShrink {
+            volume: vol.id.to_string(),
+            size,
+            limit: req.limit,
+        }
+        .into());
     }
     Ok(())
 }
@@ -118,13 +119,11 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
         required: req.required,
         limit: req.limit,
     };
-    let size = range.size(ALIGN).map_err(csi_error)?;
+    let size = range.size(ALIGN)?;
     let parent = b.partitioned.pool.device(&located.record.device_id);
-    let parent = parent.ok_or_else(|| {
-        Error::FailedPrecondition(format!(
-            "pool device {} of volume {raw} is not in the pool; reattach it and retry",
-            located.record.device_id
-        ))
+    let parent = parent.ok_or_else(|| ExpandError::DeviceNotInPool {
+        device_id: located.record.device_id.clone(),
+        volume: raw.clone(),
     })?;
     let guid = partuuid(&located)?;
     let path = parent.path.clone();
@@ -143,7 +142,7 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
     .await?;
     let carved = grown.map_err(|e| match e {
         gpt::Error::Blocked { .. } => blocked(b, &raw, &located.record.device_id, e),
-        other => csi_error(other),
+        other => Error::from(other),
     })?;
     info!(
         volume_id = raw,
@@ -162,14 +161,20 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
 }
 
 fn partuuid(vol: &Located) -> Result<uuid::Uuid> {
-    let part = vol.record.partition.as_ref().ok_or_else(|| {
-        Error::FailedPrecondition(format!(
-            "volume {} has no partition recorded yet; retry CreateVolume first",
-            vol.id
-        ))
-    })?;
-    uuid::Uuid::parse_str(&part.partuuid)
-        .map_err(|e| Error::FailedPrecondition(format!("volume {}: bad PARTUUID: {e}", vol.id)))
+    let part = vol
+        .record
+        .partition
+        .as_ref()
+        .ok_or_else(|| ExpandError::NoPartitionRecorded {
+            volume: vol.id.to_string(),
+        })?;
+    uuid::Uuid::parse_str(&part.partuuid).map_err(|e| {
+        ExpandError::BadPartuuid {
+            volume: vol.id.to_string(),
+            why: e.to_string(),
+        }
+        .into()
+    })
 }
 
 /// OutOfRange naming the volume whose partition is in the way (partitions are named by
@@ -182,11 +187,12 @@ fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error
         let named = msg.contains(&format!("{:?}", parsed.allocation));
         (r.device_id == device_id && id != raw && named).then(|| id.clone())
     });
-    let who = neighbour.map_or(String::new(), |n| format!(" (volume {n})"));
-    Error::OutOfRange(format!(
-        "capacity_range: volume {raw} cannot grow in place: {msg}{who}; ask for at most \
-         that size, or delete the neighbouring volume"
-    ))
+    ExpandError::Blocked {
+        volume: raw.to_owned(),
+        why: msg,
+        neighbour: neighbour.map_or(String::new(), |n| format!(" (volume {n})")),
+    }
+    .into()
 }
 
 /// Makes the record say `size` (a grow the record missed is adopted); returns it.
@@ -215,19 +221,17 @@ pub async fn node_expand(
     let dev = &vol.device;
     let mounts = b.mounter.mount_table()?;
     let entry = mountinfo::at(&mounts, path).filter(|m| blockdev::carries(m, dev.major, dev.minor));
-    let entry = entry.ok_or_else(|| {
-        Error::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            vol.id,
-            path.display()
-        ))
+    let entry = entry.ok_or_else(|| MountError::NotMountedAt {
+        volume: vol.id.to_string(),
+        path: path.to_owned(),
     })?;
     if req.required > dev.size_bytes {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: the device of volume {} has {} bytes, less than required_bytes \
-             {}; ControllerExpandVolume grows it first",
-            vol.id, dev.size_bytes, req.required
-        )));
+        return Err(ExpandError::DeviceSmaller {
+            volume: vol.id.to_string(),
+            size: dev.size_bytes,
+            required: req.required,
+        }
+        .into());
     }
     let host = b.mounter.host.as_ref();
     let is_dir = matches!(host.stat(path), Ok(Some(FileKind::Dir)));

@@ -160,10 +160,12 @@ impl BlockBackend {
     pub fn locate(&self, id: &BlockVolumeId) -> Result<Located> {
         let raw = id.to_string();
         if id.node_id != self.node.node_id {
-            return Err(Error::NotFound(format!(
-                "volume {raw} lives on node {}, not on this node ({})",
-                id.node_id, self.node.node_id
-            )));
+            return Err(VolumeError::NotOnThisNode {
+                volume: raw,
+                node: id.node_id.clone(),
+                this: self.node.node_id.clone(),
+            }
+            .into());
         }
         let record = self.record(&raw)?;
         let mounts = self.mounter.mount_table()?;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::BlockBackend;
 use crate::csi::{self, volume_usage::Unit, VolumeCondition, VolumeUsage};
-use crate::error::{Error, Result};
+use crate::error::{MountError, Result};
 use crate::os::{blockdev, mountinfo, FileKind};
 use crate::volume::id::BlockVolumeId;
 
@@ -24,11 +24,11 @@ pub fn stats(
 ) -> Result<csi::NodeGetVolumeStatsResponse> {
     let located = b.locate(id)?;
     if !b.mounter.exists_beneath(path)? {
-        return Err(Error::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            located.id,
-            path.display()
-        )));
+        return Err(MountError::NotMountedAt {
+            volume: located.id.to_string(),
+            path: path.to_owned(),
+        }
+        .into());
     }
     let mounts = b.mounter.mount_table()?;
     let dev = &located.device;

@@ -30,7 +30,7 @@ use tracing::info;
 use super::{fs_error, fsops, NfsBackend, NfsRecord, NfsVolumeId};
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Verify};
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{CloneError, Error, Result};
 use crate::request::snapshot::{Content, Restore};
 use crate::request::{self, CreateVolume, VolumeRef};
 
@@ -59,10 +59,13 @@ pub async fn check_source(
     source: &str,
     target: &NfsVolumeId,
 ) -> Result<(NfsVolumeId, u64)> {
-    let not_found = || Error::NotFound(format!("{FIELD}: source volume {source} does not exist"));
+    let not_found = || CloneError::SourceMissing {
+        field: FIELD,
+        origin: source.to_owned(),
+    };
     let src = match request::volume_ref(source)? {
         VolumeRef::Nfs(id) => id,
-        _ => return Err(not_found()),
+        _ => return Err(not_found().into()),
     };
     if src.export_source() == target.export_source() && nested(&src.dir, &target.dir) {
         return Err(Error::invalid(
@@ -77,14 +80,15 @@ pub async fn check_source(
     }
     let capacity = match b.store.registry.get(source) {
         Some(rec) if rec.filling => {
-            return Err(Error::FailedPrecondition(format!(
-                "{FIELD}: source volume {source} is a clone whose copy has not finished; \
-                 retry when its own CreateVolume has succeeded"
-            )))
+            return Err(CloneError::SourceCopying {
+                field: FIELD,
+                origin: source.to_owned(),
+            }
+            .into())
         }
         Some(rec) => rec.capacity_bytes,
         None if b.dir_exists(&src).await? => 0,
-        None => return Err(not_found()),
+        None => return Err(not_found().into()),
     };
     Ok((src, capacity))
 }
@@ -98,11 +102,12 @@ fn nested(a: &str, b: &str) -> bool {
 /// The clone's smallest size: the source's recorded capacity, which must fit `limit`.
 pub fn capacity(req: &CreateVolume<'_>, source: &str, source_bytes: u64) -> Result<u64> {
     if req.limit_bytes != 0 && req.limit_bytes < source_bytes {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: the source volume {source} is {source_bytes} bytes, more than the \
-             clone's limit_bytes of {} bytes; ask for at least {source_bytes} bytes",
-            req.limit_bytes
-        )));
+        return Err(CloneError::LimitBelowSource {
+            origin: source.to_owned(),
+            bytes: source_bytes,
+            limit: req.limit_bytes,
+        }
+        .into());
     }
     Ok(req.required_bytes.max(source_bytes))
 }
@@ -246,9 +251,10 @@ fn record_done(b: &NfsBackend, id_text: &str, rec: NfsRecord) -> Result<NfsRecor
     let recorded = b.store.registry.modify(id_text, |r| *r = done.clone())?;
     forget_progress(b, id_text);
     if !recorded {
-        return Err(Error::Aborted(format!(
-            "volume {id_text} was deleted while its copy ran; retry to copy it again"
-        )));
+        return Err(CloneError::DeletedWhileCopying {
+            volume: id_text.to_owned(),
+        }
+        .into());
     }
     info!(volume_id = %id_text, source = ?done.clone_source, "NFS clone copied and verified");
     Ok(done)
@@ -270,11 +276,7 @@ async fn refuse_foreign_content(
     if empty {
         return Ok(());
     }
-    Err(Error::AlreadyExists(format!(
-        "directory {} already exists with content that no volume of this driver records; \
-         a clone fills only a new directory: remove or rename it, or use another name",
-        id.source()
-    )))
+    Err(CloneError::TargetDirTaken { dir: id.source() }.into())
 }
 
 fn verify_of(req: &CreateVolume<'_>) -> Verify {
@@ -308,7 +310,7 @@ impl Copy {
         let p = Arc::clone(&progress);
         let outcome = tokio::task::spawn_blocking(move || self.copy(&p))
             .await
-            .map_err(|e| Error::Aborted(format!("the copy stopped: {e}; retry")))
+            .map_err(|e| Error::from(CloneError::CopyStopped(e.to_string())))
             .and_then(|r| r);
         match &outcome {
             Ok(()) => crate::metrics::clone::finished(&volume, progress.elapsed()),
@@ -324,16 +326,14 @@ impl Copy {
         fsops::ensure_dir(troot, trel).map_err(|e| fs_error(shown(&self.req.target), e))?;
         let dst = fsops::open_dir(troot, trel)
             .map_err(|e| fs_error(shown(&self.req.target), e))?
-            .ok_or_else(|| {
-                Error::Aborted(format!("{} vanished; retry", shown(&self.req.target)))
+            .ok_or_else(|| CloneError::TargetVanished {
+                target: shown(&self.req.target),
             })?;
         let src = fsops::open_dir(sroot, srel)
             .map_err(|e| fs_error(shown(&self.req.source), e))?
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "{FIELD}: the source directory {} is gone",
-                    self.req.label
-                ))
+            .ok_or_else(|| CloneError::SourceDirGone {
+                field: FIELD,
+                label: self.req.label.clone(),
             })?;
         copy_tree_at(src.as_fd(), dst.as_fd(), &self.req, progress)?;
         // Bytes changed on the store after the snapshot was taken are refused: the
@@ -375,9 +375,10 @@ pub async fn delete_filling(b: &NfsBackend, id: &NfsVolumeId) -> Result<bool> {
         .await
         .is_err()
     {
-        return Err(Error::FailedPrecondition(format!(
-            "volume {id_text}: its clone copy is still running; retry when it has ended"
-        )));
+        return Err(CloneError::CopyRunning {
+            volume: id_text.to_owned(),
+        }
+        .into());
     }
     let root = b.export_root(id).await?;
     let rel = id.dir.clone();

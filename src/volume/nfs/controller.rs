@@ -7,7 +7,7 @@ use tracing::info;
 
 use super::{clone, fsops, NfsBackend, NfsRecord, NfsVolumeId, OnDelete};
 use crate::csi;
-use crate::error::{Error, Result};
+use crate::error::{AllocationError, Error, Result};
 use crate::request::{nfs, nfs_options, CreateVolume, NfsParams, Transport};
 use crate::volume::{Expand, Expanded};
 
@@ -62,24 +62,25 @@ fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> R
             || rec.parameters != req.params.stored
             || rec.clone_source != req.clone_of.clone().or(req.snapshot_of.clone())
         {
-            return Err(Error::AlreadyExists(format!(
-                "volume {name:?} exists with other parameters, mount options or content \
-                 source; use another name"
-            )));
+            return Err(AllocationError::NameTakenOtherSource {
+                name: name.to_string(),
+            }
+            .into());
         }
         if !fits(rec.capacity_bytes, req.required_bytes, req.limit_bytes) {
-            return Err(Error::AlreadyExists(format!(
-                "volume {name:?} exists with capacity {} bytes, outside the requested range",
-                rec.capacity_bytes
-            )));
+            return Err(AllocationError::NameTakenOtherSize {
+                name: name.to_string(),
+                bytes: rec.capacity_bytes,
+            }
+            .into());
         }
     }
     if let Some(other) = b.store.registry.get(&id_text).filter(|r| &r.name != name) {
-        return Err(Error::AlreadyExists(format!(
-            "directory {} already belongs to volume {:?}",
-            id.source(),
-            other.name
-        )));
+        return Err(AllocationError::DirectoryTaken {
+            dir: id.source(),
+            owner: other.name,
+        }
+        .into());
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::{LazyLock, Mutex};
 
 use super::{transport_mismatch, NfsBackend, NfsVolumeId};
 use crate::csi::{self, VolumeCondition};
-use crate::error::{Error, Result};
+use crate::error::{MountError, Result};
 use crate::os::mountinfo;
 
 fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
@@ -26,10 +26,11 @@ pub async fn stats(
     path: &Path,
 ) -> Result<csi::NodeGetVolumeStatsResponse> {
     if !b.mounter.exists_beneath(path)? {
-        return Err(Error::NotFound(format!(
-            "volume {id} is not published or staged at {}",
-            path.display()
-        )));
+        return Err(MountError::NotMountedAt {
+            volume: id.to_string(),
+            path: path.to_owned(),
+        }
+        .into());
     }
     let mounts = b.mounter.mount_table()?;
     let Some(entry) = mountinfo::at(&mounts, path)
@@ -87,10 +88,10 @@ impl Drop for Leave {
 /// blocking thread stuck until the pool is exhausted and every other call waits behind it.
 async fn statvfs_once(b: &NfsBackend, path: &Path) -> Result<crate::os::FsUsage> {
     if !in_flight().insert(path.to_owned()) {
-        return Err(Error::FailedPrecondition(format!(
-            "an earlier statvfs of {} has not returned yet",
-            path.display()
-        )));
+        return Err(MountError::StatvfsPending {
+            path: path.to_owned(),
+        }
+        .into());
     }
     let leave = Leave(path.to_owned());
     let (host, owned) = (std::sync::Arc::clone(&b.mounter.host), path.to_owned());

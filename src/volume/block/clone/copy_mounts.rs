@@ -120,7 +120,6 @@ fn is_busy(e: &Error) -> bool {
 pub(crate) fn pin(dir: &std::path::Path, name: &str) -> Result<Anchored> {
     let path = dir.join(name);
     let root = dir.parent().unwrap_or(dir).to_owned();
-    safepath::open("clone directory", &[root], &path, Create::Dir, None)?.ok_or_else(|| {
-        Error::FailedPrecondition(format!("{} could not be created", path.display()))
-    })
+    safepath::open("clone directory", &[root], &path, Create::Dir, None)?
+        .ok_or_else(|| CloneError::WorkDirNotMade { path }.into())
 }

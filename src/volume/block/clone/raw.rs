@@ -12,7 +12,7 @@ use super::stage::refuse_in_use;
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
 use crate::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::copy::Progress;
-use crate::error::{CloneError, Error, Result};
+use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
 use crate::request::snapshot::SnapshotId;
 use crate::request::{self, VolumeRef};
@@ -198,7 +198,12 @@ async fn open_image_at(
             // Checked on what was mounted: the server resolved the path itself.
             let id = SnapshotId::parse(label);
             let opened = id
-                .ok_or_else(|| Error::NotFound(format!("snapshot {label} does not exist")))
+                .ok_or_else(|| {
+                    SnapshotError::NotFound {
+                        id: label.to_owned(),
+                    }
+                    .into()
+                })
                 .and_then(|id| open_image(&id, Some(m.path())));
             (opened, Some((m, from)))
         }
@@ -223,5 +228,11 @@ fn open_image(id: &SnapshotId, mounted: Option<&Path>) -> Result<std::fs::File> 
         Some(at) => crate::snapshot::store::open_ready(at, "", &id.to_string(), &id.location())?,
     };
     dir.open_file(crate::request::snapshot::IMAGE)?
-        .ok_or_else(|| Error::NotFound(format!("snapshot {id} has no image at {}", id.location())))
+        .ok_or_else(|| {
+            SnapshotError::NoImage {
+                id: id.to_string(),
+                path: id.location(),
+            }
+            .into()
+        })
 }

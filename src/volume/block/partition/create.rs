@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use tracing::{info, warn};
 
 use super::guard::{settled, DeviceGuard};
-use super::{csi_error, read_label, Partitioned};
-use crate::error::{Error, Result};
+use super::{read_label, Partitioned};
+use crate::error::{Error, LayoutError, Result};
 use crate::faults::{self, KillPoint};
 use crate::gpt::{self, label, volume, OnDisk, SizeRange};
 use crate::os::{Host, MountEntry};
@@ -47,7 +47,7 @@ impl Partitioned {
             required: req.required_bytes,
             limit: req.limit_bytes,
         };
-        let size = range.size(gpt::ALIGN).map_err(csi_error)?;
+        let size = range.size(gpt::ALIGN)?;
         let (dev, mut guard) = self.place(host, size).await?;
         let raw = self.claim(req, &dev, size)?;
         // A create of the same name that claimed first (on another device) wins: carve
@@ -76,15 +76,15 @@ impl Partitioned {
                 busy
             };
             if busy.is_empty() {
-                let mut msg = format!(
+                let mut why = format!(
                     "no pool device on node {} has a free extent of {size} bytes, and no \
                      blank device is big enough; delete a volume or add devices",
                     self.pool.node_id()
                 );
                 if !refused.is_empty() {
-                    msg.push_str(&format!("; not carvable: {}", refused.join("; ")));
+                    why.push_str(&format!("; not carvable: {}", refused.join("; ")));
                 }
-                return Err(Error::ResourceExhausted(msg));
+                return Err(LayoutError::NoRoom { why }.into());
             }
             // Nothing free fits: wait until the busy devices are done, then pick again.
             for id in busy {
@@ -147,7 +147,7 @@ impl Partitioned {
         let mut labels = Vec::new();
         for (d, on, _) in locked {
             if let OnDisk::Ours { label, .. } = on {
-                let held = volume::held_on(&d.path, label, &self.held(&d.id)).map_err(csi_error)?;
+                let held = volume::held_on(&d.path, label, &self.held(&d.id))?;
                 if label.free_slot(&held).is_none() {
                     let why = format!(
                         "all {} of its GPT partition entries are used",
@@ -195,7 +195,7 @@ impl Partitioned {
         match settled(&dev.path, "writing a new label", self.label_deadline, write).await {
             Ok(_) => {}
             // Still pending in the kernel: it may yet land (the mark stays).
-            Err(e @ Error::Aborted(_)) => return Err(e),
+            Err(Error::Layout(e)) if e.is_pending() => return Err(e.into()),
             Err(e) => {
                 self.pool.set_foreign(&dev.id, before);
                 refuse(refused, dev, "label_refused", &e.to_string());
@@ -256,7 +256,7 @@ impl Partitioned {
     /// retry joins, and the record names the partition only once it is done.
     async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
         let rec = self.record(raw)?;
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
         let dev = self.parent(&rec)?;
         self.repair_label(&dev.path).await?;
         let (path, name, size) = (dev.path.clone(), id.allocation.clone(), rec.capacity_bytes);
@@ -274,7 +274,7 @@ impl Partitioned {
         let rec = self.pool.state.update(|s| {
             let r = s
                 .get_mut(raw)
-                .ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+                .ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
             r.partition = Some(part);
             Ok(r.clone())
         })?;
@@ -313,8 +313,8 @@ impl Partitioned {
             });
             zeroed
                 .await
-                .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
-                .map_err(csi_error)
+                .map_err(|e| LayoutError::ZeroTaskFailed { why: e.to_string() })?
+                .map_err(Error::from)
         };
         self.pool.jobs.run(&key, "partition-zero", job).await
     }

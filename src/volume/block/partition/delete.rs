@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::guard::settled;
-use super::{as_device, csi_error, Partitioned, ZERO_CHUNK_DEADLINE};
-use crate::error::{Error, Result};
+use super::{as_device, Partitioned, ZERO_CHUNK_DEADLINE};
+use crate::error::{LayoutError, Result};
 use crate::faults::{self, KillPoint};
 use crate::gpt::{self, volume, Carved};
 use crate::os::{Host, MountEntry, Signature};
@@ -123,13 +123,15 @@ impl Partitioned {
         carved: &Carved,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        let dev = as_device(parent, rec, carved).ok_or_else(|| {
-            Error::FailedPrecondition(format!("{} is gone", carved.node.display()))
+        let dev = as_device(parent, rec, carved).ok_or_else(|| LayoutError::PartitionGone {
+            node: carved.node.clone(),
         })?;
         if let Some(u) = self.pool.uses(&dev, mounts).first() {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {volume_id} is still in use: {u}; unpublish and unstage it first"
-            )));
+            return Err(LayoutError::PartitionInUse {
+                volume: volume_id.to_owned(),
+                uses: u.to_string(),
+            }
+            .into());
         }
         self.pool.state.update(|s| {
             if let Some(r) = s.get_mut(volume_id) {
@@ -169,7 +171,7 @@ pub(crate) async fn erase_partition(
 ) -> Result<()> {
     let sigs = host.probe_signatures(node).await?;
     if let Some(why) = refuse(&sigs) {
-        return Err(Error::FailedPrecondition(why));
+        return Err(LayoutError::NotOurs { why }.into());
     }
     if !sigs.is_empty() {
         host.wipe_signatures(node).await?;
@@ -181,8 +183,7 @@ pub(crate) async fn erase_partition(
         gpt::kernel::zero_offloaded(&owned, ZERO_CHUNK_DEADLINE)
     })
     .await
-    .map_err(|e| Error::FailedPrecondition(format!("zero-out task failed: {e}")))?
-    .map_err(csi_error)?;
+    .map_err(|e| LayoutError::ZeroTaskFailed { why: e.to_string() })??;
     if offloaded == gpt::Erased::Unsupported {
         host.zero_device(node).await?;
     }

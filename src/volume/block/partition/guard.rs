@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, LayoutError, Result};
 use crate::gpt;
 
 /// Each label write or BLKPG call (a few sectors, or one ioctl) must finish within this.
@@ -61,12 +61,11 @@ fn stuck() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
 }
 
 fn refused(device: &Path, what: &str) -> Error {
-    Error::Aborted(format!(
-        "{what} on {}: an earlier label write or partition-table ioctl on this device \
-         outlived its deadline and is still blocked in the kernel; the device is refused \
-         until it returns (retry later; check dmesg and the drive's health if it never does)",
-        device.display()
-    ))
+    LayoutError::DeviceStuck {
+        what: what.to_owned(),
+        device: device.to_owned(),
+    }
+    .into()
 }
 
 /// One call's fate, shared by the caller and its thread: whichever learns second of
@@ -100,11 +99,12 @@ fn timed_out(fate: &Shared, device: &Path, what: &str, after: Duration) -> Error
         f.timed_out = true;
         stuck().insert(device.to_owned());
     }
-    Error::Aborted(format!(
-        "{what} on {} did not finish within {after:?} and is still blocked in the kernel; \
-         the device is refused until it returns (retry later; check dmesg and the drive)",
-        device.display()
-    ))
+    LayoutError::Overran {
+        what: what.to_owned(),
+        device: device.to_owned(),
+        after,
+    }
+    .into()
 }
 
 /// One lock per device path, held by the thread of each label call while it runs.
@@ -193,10 +193,8 @@ fn finish<T>(
 ) -> Result<T> {
     match got {
         None => Err(timed_out(fate, device, what, deadline)),
-        Some(None) => Err(Error::FailedPrecondition(format!(
-            "{what}: its thread died"
-        ))),
-        Some(Some(r)) => r.map_err(super::csi_error),
+        Some(None) => Err(LayoutError::ThreadDied { what }.into()),
+        Some(Some(r)) => r.map_err(Error::from),
     }
 }
 
@@ -258,7 +256,13 @@ fn spawn(what: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
         .name("gds-csi-label".into())
         .spawn(f)
         .map(drop)
-        .map_err(|e| Error::FailedPrecondition(format!("{what}: no thread: {e}")))
+        .map_err(|e| {
+            LayoutError::NoThread {
+                what: what.to_owned(),
+                why: e.to_string(),
+            }
+            .into()
+        })
 }
 
 #[cfg(test)]
@@ -293,7 +297,7 @@ mod tests {
             "answered at the deadline"
         );
         assert!(
-            matches!(&err, Error::Aborted(m) if m.contains("100ms")),
+            matches!(&err, Error::Layout(LayoutError::Overran { .. }) if err.to_string().contains("100ms")),
             "{err}"
         );
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -303,7 +307,11 @@ mod tests {
             Ok(())
         })
         .await;
-        assert!(matches!(&again, Err(Error::Aborted(m)) if m.contains("still blocked")));
+        assert!(matches!(
+            &again,
+            Err(Error::Layout(LayoutError::DeviceStuck { .. }))
+        ));
+        assert_eq!(again.unwrap_err().code(), tonic::Code::Aborted);
         assert!(
             !ran.load(std::sync::atomic::Ordering::SeqCst),
             "refused before running"
@@ -332,13 +340,16 @@ mod tests {
             Ok(())
         })
         .unwrap_err();
-        assert!(matches!(err, Error::Aborted(_)), "{err}");
+        assert!(
+            matches!(err, Error::Layout(LayoutError::Overran { .. })),
+            "{err}"
+        );
         std::thread::sleep(Duration::from_millis(600));
         assert!(!stuck().contains(&d), "freed when it returned");
         let e = bounded_sync(&d, "w", Duration::from_secs(5), || -> gpt::Result<()> {
             Err(gpt::Error::NotFound("3".into()))
         });
-        assert!(matches!(e, Err(Error::NotFound(_))));
+        assert!(matches!(e, Err(Error::Label(gpt::Error::NotFound(_)))));
     }
 
     /// A caller dropped mid-write (a cancelled gRPC call) frees its device lock, but the

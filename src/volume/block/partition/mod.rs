@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
 use super::layout::{Capacity, Layout};
-use crate::error::{Error, Result};
+use crate::error::{AllocationError, Error, LayoutError, Result};
 use crate::gpt::{self, label, volume, Carved, Held, OnDisk};
 use crate::os::{blockdev, Host, MountEntry};
 use crate::pool::inventory::Source;
@@ -50,25 +50,6 @@ pub struct Partitioned {
     locks: DeviceLocks,
     /// Each label write or BLKPG call must finish within this.
     label_deadline: Duration,
-}
-
-/// A partition error as the CSI code its cause calls for.
-pub fn csi_error(e: gpt::Error) -> Error {
-    let m = e.to_string();
-    match e {
-        gpt::Error::OutOfRange(_) => Error::OutOfRange(m),
-        gpt::Error::NoSpace { .. } | gpt::Error::NoEntry { .. } | gpt::Error::Blocked { .. } => {
-            Error::ResourceExhausted(m)
-        }
-        gpt::Error::NotFound(_) => Error::NotFound(m),
-        gpt::Error::NameTaken { .. } => Error::AlreadyExists(m),
-        gpt::Error::Io { device, source, .. } => Error::Io {
-            context: "partition layout",
-            path: device,
-            source,
-        },
-        _ => Error::FailedPrecondition(m),
-    }
 }
 
 /// Whether a state key names a volume carved from labels (partition or stripe layout).
@@ -174,11 +155,10 @@ impl Partitioned {
             Some(p) if fits && rec.fs_type == req.fs_type && rec.parameters == req.parameters => {
                 Ok(Some((p, rec.clone())))
             }
-            _ => Err(Error::AlreadyExists(format!(
-                "volume {:?} exists with another layout, capacity, fsType or parameters; \
-                 use another name or the same request",
-                req.name
-            ))),
+            _ => Err(AllocationError::NameTakenOtherLayout {
+                name: req.name.clone(),
+            }
+            .into()),
         }
     }
 
@@ -190,11 +170,12 @@ impl Partitioned {
 
     fn parent(&self, rec: &VolumeRecord) -> Result<PoolDevice> {
         self.pool.device(&rec.device_id).ok_or_else(|| {
-            Error::FailedPrecondition(format!(
-                "pool device {} ({}) holding the volume's partition is not in the pool; \
-                 reattach it and retry",
-                rec.device_id, rec.device_key
-            ))
+            LayoutError::DeviceNotInPool {
+                device_id: rec.device_id.clone(),
+                device_key: rec.device_key.clone(),
+                holding: "the volume's partition",
+            }
+            .into()
         })
     }
 
@@ -222,7 +203,7 @@ impl Partitioned {
     /// took it out of the label. A label that lacks it otherwise was changed by another
     /// tool: refused (FailedPrecondition naming the change), the record kept.
     fn carved(&self, raw: &str, rec: &VolumeRecord, parent: &Path) -> Result<Option<Carved>> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.into()))?;
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.into()))?;
         let Some(p) = &rec.partition else {
             // Claimed, maybe carved, crash before the record said so: by name.
             // No label of ours: nothing was carved for it (nothing to erase).
@@ -243,7 +224,7 @@ impl Partitioned {
         if p.erased {
             return match self.locate_bounded(parent, want.partuuid) {
                 Ok(c) => Ok(Some(c)),
-                Err(Error::NotFound(_)) => Ok(None),
+                Err(Error::Label(gpt::Error::NotFound(_))) => Ok(None),
                 Err(e) => Err(e),
             };
         }
@@ -428,7 +409,7 @@ mod tests {
 
     #[test]
     fn partition_errors_become_the_csi_codes_their_causes_call_for() {
-        let code = |e: gpt::Error| tonic::Status::from(csi_error(e)).code();
+        let code = |e: gpt::Error| tonic::Status::from(Error::from(e)).code();
         use tonic::Code;
         assert_eq!(code(gpt::Error::OutOfRange("x".into())), Code::OutOfRange);
         let no_space = gpt::Error::NoSpace {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::{stripe_of, Striped, DATA_OFFSET};
-use crate::error::{Error, Result};
+use crate::error::{Error, LayoutError, Result};
 use crate::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
@@ -65,10 +65,10 @@ impl Striped {
                     self.create(host, &raw, &rec, &members, &name).await?;
                     let first = md::examine(host, &nodes[0]).await?;
                     let uuid = first.map(|e| e.uuid).ok_or_else(|| {
-                        Error::FailedPrecondition(format!(
-                            "mdadm --create for volume {raw} left no superblock on {}",
-                            nodes[0].display()
-                        ))
+                        LayoutError::NoSuperblockAfterCreate {
+                            volume: raw.clone(),
+                            member: nodes[0].clone(),
+                        }
                     })?;
                     return self.running_after(&raw, &self.record_uuid(&raw, &uuid)?);
                 }
@@ -118,9 +118,11 @@ impl Striped {
         md::sysfs::find(self.pool.host_sys(), uuid)
             .map(|r| r.node)
             .ok_or_else(|| {
-                Error::FailedPrecondition(format!(
-                    "the md array {uuid} of volume {raw} is not running after mdadm said so"
-                ))
+                LayoutError::ArrayNotRunning {
+                    uuid: uuid.to_owned(),
+                    volume: raw.to_owned(),
+                }
+                .into()
             })
     }
 
@@ -134,22 +136,22 @@ impl Striped {
         name: &str,
     ) -> Result<()> {
         if rec.formatted {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {raw} was formatted but has no recorded md array; its members are \
-                 left as they are: inspect them by hand"
-            )));
+            return Err(LayoutError::FormattedWithoutArray {
+                volume: raw.to_owned(),
+            }
+            .into());
         }
         for m in members {
             let sigs = host.probe_signatures(&m.node).await?;
             if m.examined.is_some() || !sigs.is_empty() {
-                return Err(Error::FailedPrecondition(format!(
-                    "stripe member {} ({}, drive {}) of volume {raw} is not blank ({}); \
-                     the array is not created over it",
-                    m.index,
-                    m.node.display(),
-                    m.drive.display(),
-                    crate::pool::describe_signatures(&sigs)
-                )));
+                return Err(LayoutError::MemberNotBlank {
+                    index: m.index,
+                    node: m.node.clone(),
+                    drive: m.drive.clone(),
+                    volume: raw.to_owned(),
+                    found: crate::pool::describe_signatures(&sigs),
+                }
+                .into());
             }
         }
         let stripe = stripe_of(raw, rec)?;
@@ -192,14 +194,14 @@ impl Striped {
                 .iter()
                 .find(|(_, c)| Some(c.partuuid.to_string()).as_deref() == partuuid);
             let Some((parent, carved)) = hit else {
-                return Err(Error::FailedPrecondition(format!(
-                    "stripe member {index} of volume {raw} (partition {}) on drive {} ({}) \
-                     is missing; reattach the drive; the array is never re-created over \
-                     the remaining members",
-                    partuuid.unwrap_or("never carved"),
-                    m.device_id,
-                    m.device_key
-                )));
+                return Err(LayoutError::MemberMissing {
+                    index,
+                    volume: raw.to_owned(),
+                    partition: partuuid.unwrap_or("never carved").to_owned(),
+                    device_id: m.device_id.clone(),
+                    device_key: m.device_key.clone(),
+                }
+                .into());
             };
             if must_be_free {
                 self.member_free(raw, parent, carved, mounts)?;
@@ -224,10 +226,13 @@ impl Striped {
         let dev = super::member_as_device(parent, carved)?;
         match self.pool.uses(&dev, mounts).first() {
             None => Ok(()),
-            Some(u) => Err(Error::FailedPrecondition(format!(
-                "stripe member {} of volume {raw} is in use: {u}; it is left as it is",
-                carved.node.display()
-            ))),
+            Some(u) => Err(LayoutError::MemberInUse {
+                member: carved.node.clone(),
+                volume: raw.to_owned(),
+                uses: u.to_string(),
+                fix: "it is left as it is",
+            }
+            .into()),
         }
     }
 
@@ -260,13 +265,14 @@ fn every_member_ours(raw: &str, members: &[Member], uuid: &str) -> Result<()> {
             .as_ref()
             .is_some_and(|e| md::same_uuid(&e.uuid, uuid));
         if !ours {
-            return Err(Error::FailedPrecondition(format!(
-                "stripe member {} ({}, drive {}) of volume {raw} does not carry the md \
-                 superblock of its array {uuid}; nothing was assembled or re-created",
-                m.index,
-                m.node.display(),
-                m.drive.display()
-            )));
+            return Err(LayoutError::MemberNotOfArray {
+                index: m.index,
+                node: m.node.clone(),
+                drive: m.drive.clone(),
+                volume: raw.to_owned(),
+                uuid: uuid.to_owned(),
+            }
+            .into());
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use tracing::info;
 
 use super::{controllers, member_name, pcie, stripe_of, Striped, DATA_OFFSET};
-use crate::error::{Error, Result};
+use crate::error::{AllocationError, Error, LayoutError, Result};
 use crate::gpt::{label, volume, OnDisk};
 use crate::os::Host;
 use crate::pool::{
@@ -95,7 +95,7 @@ impl Striped {
                 match self.pick(host, free, n, member).await? {
                     Ok(chosen) => return Ok(chosen),
                     Err(short) if busy.is_empty() => {
-                        return Err(Error::ResourceExhausted(short));
+                        return Err(LayoutError::NoRoom { why: short }.into());
                     }
                     Err(_) => busy,
                 }
@@ -226,7 +226,7 @@ impl Striped {
         match self.settled(&dev.path, "writing a new label", write).await {
             Ok(_) => {}
             // Still pending in the kernel: it may yet land (the mark stays).
-            Err(e @ Error::Aborted(_)) => return Err(e),
+            Err(Error::Layout(e)) if e.is_pending() => return Err(e.into()),
             Err(e) => {
                 self.pool.set_foreign(&dev.id, before);
                 return Err(e);
@@ -251,11 +251,10 @@ impl Striped {
         {
             return Ok(Some(id.clone()));
         }
-        Err(Error::AlreadyExists(format!(
-            "volume {:?} exists with another layout, capacity, fsType or parameters; \
-             use another name or the same request",
-            req.name
-        )))
+        Err(AllocationError::NameTakenOtherLayout {
+            name: req.name.clone(),
+        }
+        .into())
     }
 
     /// Records the volume with its members' devices before anything is carved.
@@ -315,7 +314,7 @@ impl Striped {
     /// Carves (or finds) every member not yet recorded as carved; the caller holds the
     /// members' device locks.
     async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
         let rec = self.record(raw)?;
         let stripe = stripe_of(raw, &rec)?;
         for (i, m) in stripe.members.iter().enumerate() {
@@ -341,7 +340,7 @@ impl Striped {
             };
             self.pool.state.update(|s| {
                 let r = s.get_mut(raw).and_then(|r| r.stripe.as_mut());
-                let r = r.ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+                let r = r.ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
                 r.members[i].partition = Some(part);
                 Ok(())
             })?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::{member_as_device, stripe_of, Striped};
-use crate::error::{Error, Result};
+use crate::error::{LayoutError, Result};
 use crate::gpt::{self, volume};
 use crate::md;
 use crate::os::{Host, MountEntry, Signature};
@@ -117,15 +117,20 @@ impl Striped {
         let Some(array) = md::sysfs::find(self.pool.host_sys(), uuid) else {
             return Ok(());
         };
-        let (major, minor) = crate::os::blockdev::devnum_of(&array.node)
-            .map_err(|e| Error::FailedPrecondition(format!("md array {e}")))?;
+        let (major, minor) = crate::os::blockdev::devnum_of(&array.node).map_err(|e| {
+            LayoutError::NoDeviceNumber {
+                what: "md array",
+                why: e.to_string(),
+            }
+        })?;
         let used = crate::os::blockdev::uses(mounts, self.pool.host_sys(), major, minor);
         if let Some(u) = used.first() {
-            return Err(Error::FailedPrecondition(format!(
-                "the md array {} of volume {volume_id} is in use: {u}; unpublish and \
-                 unstage the volume first",
-                array.node.display()
-            )));
+            return Err(LayoutError::ArrayInUse {
+                array: array.node.clone(),
+                volume: volume_id.to_owned(),
+                uses: u.to_string(),
+            }
+            .into());
         }
         md::stop(host, &array.node).await
     }
@@ -145,16 +150,18 @@ impl Striped {
                 .uses(&member_as_device(parent, carved)?, mounts)
                 .first()
             {
-                return Err(Error::FailedPrecondition(format!(
-                    "stripe member {} of volume {volume_id} is in use: {u}; unstage the \
-                     volume (which stops its array) first",
-                    carved.node.display()
-                )));
+                return Err(LayoutError::MemberInUse {
+                    member: carved.node.clone(),
+                    volume: volume_id.to_owned(),
+                    uses: u.to_string(),
+                    fix: "unstage the volume (which stops its array) first",
+                }
+                .into());
             }
             let sigs = host.probe_signatures(&carved.node).await?;
             if !member_erasable(&sigs, stripe.array_uuid.as_deref()) {
                 let why = foreign(volume_id, parent, carved, &sigs);
-                return Err(Error::FailedPrecondition(why));
+                return Err(LayoutError::NotOurs { why }.into());
             }
         }
         Ok(())

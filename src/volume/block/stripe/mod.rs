@@ -30,7 +30,7 @@ use tracing::warn;
 
 use super::layout::{Capacity, Layout};
 use super::partition::{self as part_layout, Partitioned};
-use crate::error::{Error, Result};
+use crate::error::{Error, LayoutError, Result};
 use crate::gpt::{self, volume, OnDisk};
 use crate::md;
 use crate::os::{Host, MountEntry};
@@ -73,11 +73,12 @@ impl Striped {
 
     fn member_device(&self, m: &StripeMember) -> Result<PoolDevice> {
         self.pool.device(&m.device_id).ok_or_else(|| {
-            Error::FailedPrecondition(format!(
-                "pool device {} ({}) holding a stripe member is not in the pool; \
-                 reattach it and retry",
-                m.device_id, m.device_key
-            ))
+            LayoutError::DeviceNotInPool {
+                device_id: m.device_id.clone(),
+                device_key: m.device_key.clone(),
+                holding: "a stripe member",
+            }
+            .into()
         })
     }
 
@@ -118,19 +119,18 @@ impl Striped {
         rec: &VolumeRecord,
         mounts: &[MountEntry],
     ) -> Result<Vec<(PoolDevice, gpt::Carved)>> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::NotFound(raw.to_owned()))?;
+        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
         let stripe = stripe_of(raw, rec)?;
         let mut out = Vec::new();
         for (i, m) in stripe.members.iter().enumerate() {
             let parent = self
                 .pool
                 .fresh_device(&m.device_id, mounts)
-                .ok_or_else(|| {
-                    Error::FailedPrecondition(format!(
-                        "stripe member {i} of volume {raw} is on pool device {} ({}), which \
-                     is not attached; reattach it and retry",
-                        m.device_id, m.device_key
-                    ))
+                .ok_or_else(|| LayoutError::MemberDetached {
+                    index: i,
+                    volume: raw.to_owned(),
+                    device_id: m.device_id.clone(),
+                    device_key: m.device_key.clone(),
                 })?;
             // A recorded member the label lacks is gone only once its delete zeroed it;
             // otherwise another tool changed the label (an entry, a PARTUUID, a foreign
@@ -160,7 +160,7 @@ impl Striped {
             let Some(guid) = guid else { continue };
             match self.parts.locate_bounded(&parent.path, guid) {
                 Ok(c) => out.push((parent, c)),
-                Err(Error::NotFound(_)) => {}
+                Err(Error::Label(gpt::Error::NotFound(_))) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -177,8 +177,11 @@ pub(crate) fn stripe_of<'a>(raw: &str, rec: &'a VolumeRecord) -> Result<&'a Stri
 
 /// The member partition as a device (for the in-use check).
 pub(crate) fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Result<PoolDevice> {
-    let (major, minor) = crate::os::blockdev::devnum_of(&carved.node)
-        .map_err(|e| Error::FailedPrecondition(format!("stripe member {e}")))?;
+    let (major, minor) =
+        crate::os::blockdev::devnum_of(&carved.node).map_err(|e| LayoutError::NoDeviceNumber {
+            what: "stripe member",
+            why: e.to_string(),
+        })?;
     Ok(PoolDevice {
         path: carved.node.clone(),
         size_bytes: carved.span.len,

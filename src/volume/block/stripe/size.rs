@@ -1,7 +1,7 @@
 //! A stripe volume's sizes: each member is the md data offset plus an equal share of the
 //! capacity, rounded up to the chunk and 1 MiB (both powers of two, so to the larger).
 
-use crate::error::{Error, Result};
+use crate::error::{LayoutError, Result};
 use crate::gpt::ALIGN;
 use crate::request::StripeParams;
 
@@ -21,17 +21,19 @@ pub fn member_size(required: u64, limit: u64, geo: StripeParams) -> Result<u64> 
     let share = required.div_ceil(n).max(1);
     let data = share
         .checked_next_multiple_of(unit)
-        .ok_or_else(|| Error::OutOfRange(format!("required_bytes {required} is too large")))?;
+        .ok_or(LayoutError::TooLarge { required })?;
     let capacity = data
         .checked_mul(n)
-        .ok_or_else(|| Error::OutOfRange(format!("required_bytes {required} is too large")))?;
+        .ok_or(LayoutError::TooLarge { required })?;
     if limit != 0 && capacity > limit {
-        return Err(Error::OutOfRange(format!(
-            "capacity_range: {n} members of a multiple of {unit} bytes (the stripeChunk \
-             and 1 MiB) give {capacity} bytes for required_bytes {required}, beyond \
-             limit_bytes {limit}; ask for a multiple of {} bytes or raise limit_bytes",
-            unit * n
-        )));
+        return Err(LayoutError::StripeBeyondLimit {
+            members: n,
+            unit,
+            capacity,
+            required,
+            limit,
+        }
+        .into());
     }
     Ok(data + DATA_OFFSET)
 }
@@ -53,6 +55,7 @@ pub fn maximum(largest: &[u64], geo: StripeParams) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     const MIB: u64 = 1 << 20;
 
@@ -83,7 +86,10 @@ mod tests {
         // Exact when required == limit and a multiple of N units.
         assert_eq!(member_size(8 * MIB, 8 * MIB, geo(2, 64)).unwrap(), 5 * MIB);
         match member_size(3 * MIB, 3 * MIB, geo(2, 64)) {
-            Err(Error::OutOfRange(m)) => assert!(m.contains("limit_bytes"), "{m}"),
+            Err(e @ Error::Layout(LayoutError::StripeBeyondLimit { .. })) => {
+                assert!(e.to_string().contains("limit_bytes"), "{e}");
+                assert_eq!(e.code(), tonic::Code::OutOfRange);
+            }
             other => panic!("{other:?}"),
         }
         assert!(member_size(u64::MAX, 0, geo(2, 64)).is_err());
