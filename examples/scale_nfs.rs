@@ -78,7 +78,7 @@ impl Instance {
         let driver = Arc::new(driver);
         driver.initialise().await?;
         let socket = dir.join("csi.sock");
-        let listener = server::bind(&socket, 0o600)?;
+        let listener = gds_csi::os::socket::bind(&socket, 0o600)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(server::serve(listener, driver, Mode::All, async {
             let _ = stopped.await;

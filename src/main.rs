@@ -127,7 +127,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let started = Instant::now();
     let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
     let driver = Arc::new(build_driver(&args)?);
-    let listener = server::bind_after(
+    let listener = gds_csi::os::socket::bind_after(
         &socket,
         args.socket_mode,
         args.state_lock_wait.saturating_sub(started.elapsed()),

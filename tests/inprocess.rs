@@ -463,7 +463,7 @@ async fn a_late_delete_retry_never_touches_the_devices_next_volume() {
 async fn a_live_socket_is_refused_and_keeps_serving() {
     let h = harness(1).await;
     let socket = h.dir.path().join("csi.sock");
-    let err = gds_csi::service::server::bind(&socket, 0o600).unwrap_err();
+    let err = gds_csi::os::socket::bind(&socket, 0o600).unwrap_err();
     assert!(
         err.to_string().contains(&socket.display().to_string()),
         "{err}"
@@ -483,7 +483,7 @@ async fn a_live_socket_is_refused_and_keeps_serving() {
     let stale = h.dir.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
-    gds_csi::service::server::bind(&stale, 0o600).expect("a stale socket is removed and rebound");
+    gds_csi::os::socket::bind(&stale, 0o600).expect("a stale socket is removed and rebound");
 }
 
 /// A clone's source must hold what it will hold for good: a clone not filled yet (its copy

@@ -399,7 +399,7 @@ pub fn create(device: &Path, proof: Blank) -> Result<Label> {
             bytes.len()
         )));
     }
-    let shown = super::kernel::list(device)?;
+    let shown = super::kernel::sysfs::list(device)?;
     if let Some(p) = shown.first() {
         return Err(not_blank(format!("the kernel shows partition {}", p.name)));
     }

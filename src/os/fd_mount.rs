@@ -1,6 +1,13 @@
 //! Mounts onto a pinned descriptor: `mount(2)` through `/proc/self/fd/N` for filesystems,
 //! and the new mount API (`open_tree`, `mount_setattr`, `move_mount`) for bind mounts, so a
 //! bind appears with its final attributes at once. The targets come from [`super::safepath`].
+//!
+//! In this process, since mount(8) would resolve the path again. mount(2) goes through the
+//! sys-mount crate, handed `/proc/self/fd/...` paths (it passes them to the kernel as they
+//! are). The bind stays on raw syscalls: sys-mount wraps only mount(2)/umount2(2), and a
+//! bind through mount(2) would appear with the source's attributes first and take
+//! `ro`/`nosuid`/... only from a second MS_REMOUNT|MS_BIND call, a window in which a
+//! read-only publish is writable.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -8,14 +8,51 @@
 //! devices by default", mke2fs.conf `set_raid_stripe = disk`) stops taking the stripe width
 //! on flash, which an NVMe array is, so what a volume gets would depend on the node's
 //! e2fsprogs. Explicit `-E stride=,stripe_width=` (xfs `-d su=,sw=`) gives every node the
-//! geometry the issue asks for. (That commit's reason, the ext4 allocator's cost when it
+//! same geometry. (That commit's reason, the ext4 allocator's cost when it
 //! aligns to a stripe on flash, is still to be measured on a real node.)
 
 use std::ffi::OsString;
 use std::path::Path;
 
-use super::host::FsType;
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
+
+/// Filesystems GDS can use on a block device (gds-facts.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub const SUPPORTED: &'static str = "ext4, xfs";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+
+    /// Options the driver always mounts with. GDS needs ext4's `data=ordered` to be
+    /// explicit: the implicit default is not accepted by NVIDIA's own checks.
+    pub fn required_mount_options(self) -> &'static [&'static str] {
+        match self {
+            FsType::Ext4 => &["data=ordered"],
+            FsType::Xfs => &[],
+        }
+    }
+}
 
 /// The filesystem block the stripe geometry is counted in (ext4's `-b`, xfs's default).
 pub const FS_BLOCK: u64 = 4096;

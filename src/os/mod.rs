@@ -13,13 +13,13 @@ pub mod mountinfo;
 pub mod runner;
 pub mod safepath;
 mod signatures;
+pub mod socket;
 
 pub use blockdev::DeviceUse;
+pub use device_io::{hold_when_free, HOLD_PATIENCE};
 pub use error::HostError;
-pub use host::{
-    hold_when_free, DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, RealHost, Signature,
-    HOLD_PATIENCE,
-};
-pub use mkfs::StripeGeometry;
+pub use host::{DeviceHold, FileKind, ForceUnmount, FsUsage, Host, RealHost};
+pub use mkfs::{FsType, StripeGeometry};
 pub use mountinfo::MountEntry;
 pub use safepath::Anchored;
+pub use signatures::Signature;

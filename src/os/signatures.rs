@@ -1,9 +1,29 @@
 //! What the two signature probes print, parsed: `blkid -p -o export` and `wipefs -n -J`.
 //! A device is blank only when both ran and both found nothing (see `Host::probe_signatures`).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::host::Signature;
+/// One on-disk signature (filesystem, partition table, RAID member, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Signature {
+    pub kind: String,
+    pub uuid: Option<String>,
+    pub offset: Option<String>,
+    pub seen_by: &'static str,
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(uuid) = &self.uuid {
+            write!(f, " uuid={uuid}")?;
+        }
+        if let Some(offset) = &self.offset {
+            write!(f, " at {offset}")?;
+        }
+        write!(f, " ({})", self.seen_by)
+    }
+}
 
 /// `blkid -p -o export`: KEY=VALUE lines for every superblock and partition table.
 pub(super) fn parse_blkid_export(text: &str) -> Vec<Signature> {

@@ -101,7 +101,7 @@ pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
     let state = ctx.block.pool.state.snapshot();
     if let Some((volume_id, rec)) = state.by_name(name) {
         let params = &rec.parameters;
-        let from = params.get(crate::volume::block::clone::SOURCE_KEY);
+        let from = params.get(crate::volume::block::clone_source::SOURCE_KEY);
         if from.map(String::as_str) != Some(raw)
             || !crate::volume::block::clone::done(ctx.block, volume_id).ok()?
         {

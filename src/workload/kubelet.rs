@@ -135,7 +135,7 @@ fn serve(shared: &Arc<Shared>, resource: Resource) -> Result<Served, String> {
         .plugin_dir
         .join(resource.socket_name(&shared.config.driver_name));
     // Owner only: the kubelet (root) is the one client.
-    let listener = crate::service::server::bind(&socket, 0o600)
+    let listener = crate::os::socket::bind(&socket, 0o600)
         .map_err(|e| format!("serving {}: {e}", socket.display()))?;
     let socket_id = file_id(&socket);
     {

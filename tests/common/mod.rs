@@ -32,7 +32,7 @@ pub const SIZE: u64 = 64 << 20;
 pub async fn serve_in_process(driver: Arc<Driver>, dir: &Path) -> Clients {
     driver.initialise().await.unwrap();
     let socket = dir.join("csi.sock");
-    let listener = gds_csi::service::server::bind(&socket, 0o600).unwrap();
+    let listener = gds_csi::os::socket::bind(&socket, 0o600).unwrap();
     tokio::spawn(gds_csi::service::server::serve(
         listener,
         driver,

@@ -10,7 +10,7 @@
 
 mod blkpg;
 mod erase;
-mod sysfs;
+pub(super) mod sysfs;
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};

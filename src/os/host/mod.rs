@@ -10,74 +10,15 @@ use std::fs::File;
 use std::path::Path;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
-pub use super::device_io::{hold_when_free, HOLD_PATIENCE};
-use super::mkfs::StripeGeometry;
+use super::mkfs::{FsType, StripeGeometry};
 use super::mountinfo::MountEntry;
 use super::safepath::Anchored;
+use super::signatures::Signature;
 use crate::error::Result;
 use crate::os::error::HostError;
 
 pub use real::RealHost;
-
-/// Filesystems GDS can use on a block device (gds-facts.md section 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FsType {
-    Ext4,
-    Xfs,
-}
-
-impl FsType {
-    pub const SUPPORTED: &'static str = "ext4, xfs";
-
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "ext4" => Some(FsType::Ext4),
-            "xfs" => Some(FsType::Xfs),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FsType::Ext4 => "ext4",
-            FsType::Xfs => "xfs",
-        }
-    }
-
-    /// Options the driver always mounts with. GDS needs ext4's `data=ordered` to be
-    /// explicit: the implicit default is not accepted by NVIDIA's own checks.
-    pub fn required_mount_options(self) -> &'static [&'static str] {
-        match self {
-            FsType::Ext4 => &["data=ordered"],
-            FsType::Xfs => &[],
-        }
-    }
-}
-
-/// One on-disk signature (filesystem, partition table, RAID member, ...).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Signature {
-    pub kind: String,
-    pub uuid: Option<String>,
-    pub offset: Option<String>,
-    pub seen_by: &'static str,
-}
-
-impl std::fmt::Display for Signature {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.kind)?;
-        if let Some(uuid) = &self.uuid {
-            write!(f, " uuid={uuid}")?;
-        }
-        if let Some(offset) = &self.offset {
-            write!(f, " at {offset}")?;
-        }
-        write!(f, " ({})", self.seen_by)
-    }
-}
 
 /// An exclusive hold on a block device for one destructive step (probe again, then mkfs
 /// or erase); released when dropped. See [`Host::hold_device`].

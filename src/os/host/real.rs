@@ -212,7 +212,7 @@ impl Host for RealHost {
         let (device, target) = (device.to_owned(), target.try_clone()?);
         self.blocking(what, &at, move || {
             let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            safepath::mount_fs(&device, &target, fs.as_str(), &all)
+            crate::os::fd_mount::mount_fs(&device, &target, fs.as_str(), &all)
         })
         .await
     }
@@ -229,7 +229,7 @@ impl Host for RealHost {
         let at = target.path().to_owned();
         self.blocking(what, &at, move || {
             let options: Vec<&str> = options.iter().map(String::as_str).collect();
-            safepath::bind(&source, &target, &options)
+            crate::os::fd_mount::bind(&source, &target, &options)
         })
         .await
     }
@@ -372,7 +372,7 @@ fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::host::hold_when_free;
+    use crate::os::hold_when_free;
     use std::fs::File;
 
     fn host() -> RealHost {

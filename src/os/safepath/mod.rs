@@ -40,14 +40,6 @@ use resolve::open_in;
 pub use mark::PUBLISHED_BY;
 pub use resolve::open;
 
-// Mounts onto pinned paths, in this process (mount(8) would resolve the path again).
-// mount(2) and umount2(2) go through the sys-mount crate, handed `/proc/self/fd/...`
-// paths (it passes them to the kernel as they are). The bind mount stays on raw syscalls:
-// sys-mount wraps only mount(2)/umount2(2), and a bind through mount(2) would appear with
-// the source's attributes first and take `ro`/`nosuid`/... only from a second
-// MS_REMOUNT|MS_BIND call, a window in which a read-only publish is writable; the new
-// mount API (`fd_mount`) applies them before the mount is attached.
-pub use super::fd_mount::{bind, mount_fs, split_options};
 pub use unmount::unmount;
 
 /// What to do when the final component does not exist.

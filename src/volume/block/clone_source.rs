@@ -87,6 +87,9 @@ impl Source {
 
 /// The record's parameter of a restored volume: what its snapshot holds (`Content`).
 pub const SNAPSHOT_CONTENT_KEY: &str = "snapshotContent";
+/// The record's parameter naming the source volume or snapshot (set by CreateVolume only:
+/// a class cannot name it, unknown parameters are refused).
+pub const SOURCE_KEY: &str = "cloneSource";
 
 /// The source a CreateVolume asks for, if any (`request` refused asking for two).
 pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
@@ -114,7 +117,7 @@ pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
 
 /// The source a clone's record names (`cloneSource`, or the class's dataset).
 pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
-    if let Some(raw) = rec.parameters.get(super::clone::SOURCE_KEY) {
+    if let Some(raw) = rec.parameters.get(SOURCE_KEY) {
         if let Some(id) = SnapshotId::parse(raw) {
             let content = rec
                 .parameters

@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use super::{done, is_raw_clone, ACCESS_KEY, RAW, SOURCE_KEY};
-use crate::error::{CloneError, Error, Result};
+use crate::error::{CloneError, CopyError, Error, Result};
+use crate::os::MountEntry;
 use crate::request::{self, Access, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
-use crate::volume::block::BlockBackend;
+use crate::volume::block::{BlockBackend, Located};
 use crate::volume::id::BlockVolumeId;
 
 const SOURCE_FIELD: &str = "volume_content_source.volume.volume_id";
@@ -256,6 +257,34 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
         _ if block => Ok(Access::Block),
         _ => Ok(Access::Mount),
     }
+}
+
+/// The volume's device is mounted nowhere but (after a killed driver) in the copy's
+/// private `dir`, if it has one.
+pub(super) fn refuse_in_use(
+    b: &BlockBackend,
+    vol: &Located,
+    dir: Option<&std::path::Path>,
+    mounts: &[MountEntry],
+    what: &str,
+) -> Result<()> {
+    let uses = b.pool.uses(&vol.device, mounts);
+    let private = |at: &std::path::Path| dir.is_some_and(|d| at.starts_with(d));
+    let elsewhere: Vec<String> = uses
+        .iter()
+        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if private(at)))
+        .map(|u| u.to_string())
+        .collect();
+    if elsewhere.is_empty() {
+        return Ok(());
+    }
+    Err(CopyError::InUse {
+        what: format!("the {what} volume {}", vol.id),
+        uses: elsewhere.join(", "),
+        fix: "a clone is copied only from and into volumes nothing has staged, so the copy \
+              is consistent: stop what uses it; the kubelet's retry then copies",
+    }
+    .into())
 }
 
 #[cfg(test)]

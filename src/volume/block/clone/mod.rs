@@ -44,9 +44,7 @@ pub(crate) use copy_mounts::{clean_copy_dir, pin, take_down, unmount_retrying};
 pub use mounted::fill_from_mounted_source;
 pub use stage::{pending, run, Pending};
 
-/// The record's parameter naming the source volume (set by CreateVolume only: a class
-/// cannot name it, unknown parameters are refused).
-pub const SOURCE_KEY: &str = "cloneSource";
+use super::clone_source::SOURCE_KEY;
 /// The record's parameter of a raw block clone (`block`), set with `SOURCE_KEY`; absent
 /// for a filesystem clone.
 pub const ACCESS_KEY: &str = "cloneAccess";

@@ -5,9 +5,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::check::refuse_in_use;
 use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::files::open_dir;
-use super::stage::refuse_in_use;
 use super::{
     copy_dir, copy_request, count_outcome, done, is_raw_clone, on_blocking_pool, progress_path,
     record_not_filled, short, STAGE_WAIT,

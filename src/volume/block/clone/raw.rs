@@ -7,8 +7,8 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::check::refuse_in_use;
 use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
-use super::stage::refuse_in_use;
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
 use crate::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::copy::Progress;

@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
+use super::check::refuse_in_use;
 use super::copy_mounts::take_down_idle_leftovers;
 use super::files::fill;
 use super::raw::raw_fill;
 use super::{copy_dir, copy_request, done, is_raw_clone, progress_path, STAGE_WAIT};
 use crate::copy::{Progress, Saved};
-use crate::error::{CloneError, CopyError, Error, Result};
+use crate::error::{CloneError, Error, Result};
 use crate::os::{FsType, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
 use crate::volume::block::clone_source::{self, Source, SourceMount};
@@ -204,32 +205,4 @@ fn block_source(
         dev: src.device.path.clone(),
         fs: src.record.fs_type,
     }))
-}
-
-/// The volume's device is mounted nowhere but (after a killed driver) in the copy's
-/// private `dir`, if it has one.
-pub(super) fn refuse_in_use(
-    b: &BlockBackend,
-    vol: &Located,
-    dir: Option<&std::path::Path>,
-    mounts: &[MountEntry],
-    what: &str,
-) -> Result<()> {
-    let uses = b.pool.uses(&vol.device, mounts);
-    let private = |at: &std::path::Path| dir.is_some_and(|d| at.starts_with(d));
-    let elsewhere: Vec<String> = uses
-        .iter()
-        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if private(at)))
-        .map(|u| u.to_string())
-        .collect();
-    if elsewhere.is_empty() {
-        return Ok(());
-    }
-    Err(CopyError::InUse {
-        what: format!("the {what} volume {}", vol.id),
-        uses: elsewhere.join(", "),
-        fix: "a clone is copied only from and into volumes nothing has staged, so the copy \
-              is consistent: stop what uses it; the kubelet's retry then copies",
-    }
-    .into())
 }
