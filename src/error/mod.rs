@@ -7,13 +7,17 @@ use tonic::{Code, Status};
 
 use crate::os::error::HostError;
 
+mod allocation;
 mod clone;
 mod expand;
 mod layout;
+mod mount;
 mod snapshot;
+pub use allocation::AllocationError;
 pub use clone::{CloneError, CopyError};
 pub use expand::ExpandError;
 pub use layout::LayoutError;
+pub use mount::MountError;
 pub use snapshot::{SnapshotError, StoreError};
 
 /// A failed external command (mkfs, mount, blkid, ...).
@@ -156,192 +160,6 @@ pub enum VolumeError {
     UnsafeExportPath { what: String, path: String },
     #[error("{what}: {why}")]
     TaskFailed { what: String, why: String },
-}
-
-/// CreateVolume's allocation that cannot be made, by cause.
-#[derive(Debug, thiserror::Error)]
-pub enum AllocationError {
-    #[error(
-        "volume {name:?} exists with capacity {bytes} bytes, outside the requested range; use \
-         another name or the same capacity_range"
-    )]
-    NameTakenOtherSize { name: String, bytes: u64 },
-    #[error("volume {name:?} exists with other parameters or fsType; use another name")]
-    NameTakenOtherParameters { name: String },
-    /// An NFS volume's name or directory taken by a request unlike this one.
-    #[error(
-        "volume {name:?} exists with other parameters, mount options or content source; use \
-         another name"
-    )]
-    NameTakenOtherSource { name: String },
-    #[error("directory {dir} already belongs to volume {owner:?}")]
-    DirectoryTaken { dir: String, owner: String },
-    #[error(
-        "volume {name:?} exists with another layout, capacity, fsType or parameters; use \
-         another name or the same request"
-    )]
-    NameTakenOtherLayout { name: String },
-    #[error(
-        "capacity_range: limit_bytes {limit} is below the smallest {fs} the node's mkfs makes \
-         ({min} bytes, {} MiB); raise the limit to at least that, or ask for ext4",
-        min.div_ceil(1 << 20)
-    )]
-    LimitBelowFsMinimum {
-        limit: u64,
-        fs: &'static str,
-        min: u64,
-    },
-    /// The smallest filesystem the node's mkfs makes could not be read (a dry run).
-    #[error("cannot make a scratch file to read the smallest {fs} from its mkfs: {why}")]
-    NoScratchFile { fs: &'static str, why: String },
-    #[error("cannot read the smallest {fs} from {program}: {why}")]
-    DryRunFailed {
-        fs: &'static str,
-        program: String,
-        why: String,
-    },
-    #[error(
-        "the installed mkfs for {fs} refuses even a {gib} GiB device in a dry run; check the \
-         node image"
-    )]
-    MkfsRefusesAll { fs: &'static str, gib: u64 },
-    /// CreateVolume whose topology requires another node than this controller's.
-    #[error("accessibility_requirements: this controller allocates on node {node} only")]
-    NotThisNode { node: String },
-    /// No device of the pool could ever hold the range.
-    #[error(
-        "capacity_range: no device in node {node}'s pool has {range} (volumes are whole \
-         devices; device sizes: [{sizes}])"
-    )]
-    NoDeviceFits {
-        node: String,
-        range: String,
-        sizes: String,
-    },
-    /// Devices fit, but none is free and clean now.
-    #[error(
-        "no free clean device with {range} on node {node}; free one by deleting a volume or \
-         add devices{}",
-        if refused.is_empty() { String::new() } else { format!("; not allocatable: {}", refused.join("; ")) }
-    )]
-    NoneFree {
-        node: String,
-        range: String,
-        refused: Vec<String>,
-    },
-    /// Nothing fits once the request was raised to the smallest filesystem mkfs makes.
-    #[error(
-        "{inner}; the request was raised to {min} bytes, the smallest {fs} the node's mkfs makes"
-    )]
-    RaisedToFsMinimum {
-        inner: Box<Error>,
-        min: u64,
-        fs: &'static str,
-    },
-}
-
-impl AllocationError {
-    fn code(&self) -> Code {
-        match self {
-            AllocationError::RaisedToFsMinimum { .. }
-            | AllocationError::LimitBelowFsMinimum { .. } => Code::OutOfRange,
-            AllocationError::NoScratchFile { .. }
-            | AllocationError::DryRunFailed { .. }
-            | AllocationError::MkfsRefusesAll { .. } => Code::FailedPrecondition,
-            AllocationError::NameTakenOtherSize { .. }
-            | AllocationError::NameTakenOtherParameters { .. }
-            | AllocationError::NameTakenOtherSource { .. }
-            | AllocationError::NameTakenOtherLayout { .. }
-            | AllocationError::DirectoryTaken { .. } => Code::AlreadyExists,
-            AllocationError::NoDeviceFits { .. } => Code::OutOfRange,
-            AllocationError::NoneFree { .. } | AllocationError::NotThisNode { .. } => {
-                Code::ResourceExhausted
-            }
-        }
-    }
-}
-
-/// What stands in the way of a mount, an unmount or a publish, by cause.
-#[derive(Debug, thiserror::Error)]
-pub enum MountError {
-    #[error(
-        "{field} {} is not empty; a volume is mounted only onto an empty directory, which \
-         would otherwise hide what it holds",
-        path.display()
-    )]
-    DirNotEmpty { field: &'static str, path: PathBuf },
-    #[error(
-        "target_path {} exists and is not an empty file; a raw block volume is published only \
-         onto a new or empty file, which would otherwise be hidden",
-        path.display()
-    )]
-    TargetNotEmptyFile { path: PathBuf },
-    /// Something other than this volume is mounted where it is to be unmounted.
-    #[error(
-        "{} holds another mount ({fs_type} {device}), not volume {volume}; not unmounting it",
-        path.display()
-    )]
-    Foreign {
-        path: PathBuf,
-        fs_type: String,
-        /// The mount source (a device, a server path), or `?`.
-        device: String,
-        volume: String,
-    },
-    #[error("{} is still mounted after repeated unmounts", path.display())]
-    StillMounted { path: PathBuf },
-    #[error(
-        "staging path {} already has another filesystem mounted ({fs_type} {device}); unmount \
-         it first",
-        path.display()
-    )]
-    StagingTaken {
-        path: PathBuf,
-        fs_type: String,
-        /// The mount source (a device, a server path), or `?`.
-        device: String,
-    },
-    #[error("{} is not mounted {from}after mount succeeded", path.display())]
-    MissingAfterMount { path: PathBuf, from: String },
-    #[error("volume {volume} is not staged at {}; call NodeStageVolume first", staging.display())]
-    NotStaged { volume: String, staging: PathBuf },
-    #[error("volume {volume} is SINGLE_NODE_SINGLE_WRITER and already published at {}", at.display())]
-    SingleWriter { volume: String, at: PathBuf },
-    /// Publish: the target holds something else.
-    #[error("target path {} already has another mount ({fs_type})", path.display())]
-    TargetTaken { path: PathBuf, fs_type: String },
-    /// Publish: the target holds this volume with the other read-only flag.
-    #[error(
-        "{} is already published with readonly={current}; unpublish it before changing readonly",
-        path.display()
-    )]
-    ReadonlyDiffers { path: PathBuf, current: bool },
-    /// NodeGetVolumeStats of a path that holds nothing of this volume.
-    #[error("volume {volume} is not published or staged at {}", path.display())]
-    NotMountedAt { volume: String, path: PathBuf },
-    /// A volume_path the allowed roots refuse: no volume is ever there.
-    #[error("volume {volume} is not published or staged at {path:?} ({field}: {reason})")]
-    PathRefused {
-        volume: String,
-        path: String,
-        field: &'static str,
-        reason: String,
-    },
-    /// A statvfs of this path still blocked on an unanswering server.
-    #[error("an earlier statvfs of {} has not returned yet", path.display())]
-    StatvfsPending { path: PathBuf },
-}
-
-impl MountError {
-    fn code(&self) -> Code {
-        match self {
-            MountError::TargetTaken { .. } | MountError::ReadonlyDiffers { .. } => {
-                Code::AlreadyExists
-            }
-            MountError::NotMountedAt { .. } | MountError::PathRefused { .. } => Code::NotFound,
-            _ => Code::FailedPrecondition,
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
