@@ -385,9 +385,11 @@ async fn a_raw_clone_holds_its_source_as_it_was_at_create_volume() {
     assert!(
         matches!(&clone.content_source, Some(VolumeContentSource { r#type: Some(Type::Volume(v)) }) if v.volume_id == source)
     );
-    let recorded = &rig.state()["volumes"][&id]["parameters"];
-    assert_eq!(recorded["cloneSource"], source.as_str());
-    assert_eq!(recorded["cloneAccess"], "block");
+    let recorded = &rig.state()["volumes"][&id];
+    assert_eq!(recorded["source"]["of"]["volume"], source.as_str());
+    assert_eq!(recorded["source"]["rawBlock"], true);
+    // The source is the record's, not a parameter the volume context would carry.
+    assert_eq!(recorded["parameters"].get("cloneSource"), None);
     // A repeated CreateVolume answers the same clone.
     let again = requests::create_volume(&mut c, raw_clone_req("clone", &source)).await;
     assert_eq!(again.volume_id, id);

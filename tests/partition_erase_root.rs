@@ -178,6 +178,7 @@ fn alloc_req(name: &str, bytes: u64) -> gds_csi::pool::AllocationRequest {
         limit_bytes: 0,
         fs_type: gds_csi::os::FsType::Ext4,
         parameters: [("layout".to_string(), "partition".to_string())].into(),
+        source: None,
     }
 }
 

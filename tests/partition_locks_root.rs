@@ -97,6 +97,7 @@ fn req(name: &str, bytes: u64) -> AllocationRequest {
         limit_bytes: 0,
         fs_type: FsType::Ext4,
         parameters: BTreeMap::from([("layout".into(), "partition".into())]),
+        source: None,
     }
 }
 

@@ -190,6 +190,7 @@ async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
                 limit_bytes: 0,
                 fs_type: FsType::Ext4,
                 parameters: [("layout".to_string(), "partition".to_string())].into(),
+                source: None,
             },
         )
         .await

@@ -368,6 +368,7 @@ fn stripe_req(name: &str, count: &str, bytes: u64) -> AllocationRequest {
             ("layout".into(), "stripe".into()),
             ("stripeCount".into(), count.into()),
         ]),
+        source: None,
     }
 }
 

@@ -144,6 +144,7 @@ impl Pool {
                 device_identity: now.identity.clone(),
                 partition: None,
                 stripe: None,
+                source: req.source.clone(),
             };
             state.insert(id.to_string(), record);
             Ok(Some(id.to_string()))
@@ -162,7 +163,7 @@ impl Pool {
             }
             .into());
         }
-        if rec.fs_type != req.fs_type || rec.parameters != req.parameters {
+        if !req.made(rec) {
             return Err(AllocationError::NameTakenOtherParameters {
                 name: req.name.clone(),
             }

@@ -4,6 +4,7 @@ mod allocate;
 pub mod fs_min;
 mod gauges;
 pub mod inventory;
+pub mod source;
 pub mod state;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
 
 pub use inventory::{Excluded, Observed, PoolDevice};
+pub use source::{Content, RecordedSource, SourceOf};
 pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
 use crate::error::{Result, VolumeError};
@@ -49,11 +51,20 @@ pub struct AllocationRequest {
     pub limit_bytes: u64,
     pub fs_type: FsType,
     pub parameters: BTreeMap<String, String>,
+    /// The volume or snapshot the volume is filled from.
+    pub source: Option<RecordedSource>,
 }
 
 impl AllocationRequest {
     pub(crate) fn fits(&self, size: u64) -> bool {
         size >= self.required_bytes && (self.limit_bytes == 0 || size <= self.limit_bytes)
+    }
+
+    /// Whether `rec` was made by this request: the same filesystem, parameters and source.
+    pub(crate) fn made(&self, rec: &VolumeRecord) -> bool {
+        rec.fs_type == self.fs_type
+            && rec.parameters == self.parameters
+            && rec.source == self.source
     }
 }
 
@@ -499,6 +510,7 @@ mod tests {
             device_identity: None,
             partition: None,
             stripe: None,
+            source: None,
         }
     }
 

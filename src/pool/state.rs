@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::source::RecordedSource;
 use crate::error::{Error, Result};
 use crate::os::FsType;
 use crate::state_dir::records::RecordFiles;
@@ -18,7 +19,11 @@ const MARKER_FILE: &str = "volumes.json";
 /// One file per volume record.
 const RECORDS_DIR: &str = "volumes";
 const LEGACY_VERSION: u32 = 1;
-const VERSION: u32 = 2;
+/// Records that kept a volume's source among its parameters; read and migrated.
+const PARAMETER_SOURCE_VERSION: u32 = 2;
+/// An older driver refuses a marker of a newer version, so none reads a record whose
+/// source it would not see (and fill a clone as a blank volume).
+const VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -51,6 +56,21 @@ pub struct VolumeRecord {
     /// every other layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<StripeRecord>,
+    /// The volume or snapshot this volume is filled from (`None`: it starts empty, or
+    /// from its class's dataset, a class parameter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RecordedSource>,
+}
+
+impl VolumeRecord {
+    /// A record of an older version brought to this one's form: true when it changed.
+    fn migrate(&mut self) -> bool {
+        if self.source.is_some() {
+            return false;
+        }
+        self.source = super::source::take_legacy(&mut self.parameters);
+        self.source.is_some()
+    }
 }
 
 /// A stripe volume: its members in array order and, once created, the array's UUID.
@@ -266,11 +286,21 @@ impl StateStore {
             // The whole-file format: its records move to their own files, then the file
             // becomes the marker (a crash between the two repeats the move).
             Some(m) if m.version == LEGACY_VERSION => {
-                files.write_all(&m.volumes)?;
-                volumes.extend(m.volumes.clone());
+                let mut moved = m.volumes;
+                moved.values_mut().for_each(|r| {
+                    r.migrate();
+                });
+                files.write_all(&moved)?;
+                volumes.extend(moved);
                 write_marker(&marker_path)?;
             }
-            Some(m) if m.version == VERSION => {}
+            // The marker first: from then on no older driver reads the records; a crash
+            // before every record is rewritten migrates the rest at the next start.
+            Some(m) if m.version == PARAMETER_SOURCE_VERSION => {
+                write_marker(&marker_path)?;
+                migrate_all(&files, &mut volumes)?;
+            }
+            Some(m) if m.version == VERSION => migrate_all(&files, &mut volumes)?,
             Some(m) => {
                 return Err(Error::State {
                     path: marker_path,
@@ -321,6 +351,15 @@ impl StateStore {
     }
 }
 
+/// Rewrites the records still in an older form.
+fn migrate_all(files: &RecordFiles, volumes: &mut BTreeMap<String, VolumeRecord>) -> Result<()> {
+    let changed: BTreeMap<String, VolumeRecord> = volumes
+        .iter_mut()
+        .filter_map(|(id, r)| r.migrate().then(|| (id.clone(), r.clone())))
+        .collect();
+    files.write_all(&changed)
+}
+
 fn write_marker(path: &Path) -> Result<()> {
     let marker = Marker {
         version: VERSION,
@@ -352,6 +391,7 @@ mod tests {
             device_identity: None,
             partition: None,
             stripe: None,
+            source: None,
         }
     }
 
@@ -416,7 +456,7 @@ mod tests {
         // An older driver reads `volumes.json` and refuses any version but 1.
         let marker: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.path().join(MARKER_FILE)).unwrap()).unwrap();
-        assert_eq!(marker["version"], 2);
+        assert_eq!(marker["version"], VERSION);
         assert_eq!(marker["volumes"], serde_json::json!({}));
         let again = StateStore::open(dir.path()).unwrap();
         assert_eq!(again.snapshot().get("v2"), Some(&record("b")));
@@ -427,8 +467,52 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(MARKER_FILE), b"{not json").unwrap();
         assert!(StateStore::open(dir.path()).is_err());
-        fs::write(dir.path().join(MARKER_FILE), br#"{"version": 3}"#).unwrap();
+        fs::write(dir.path().join(MARKER_FILE), br#"{"version": 4}"#).unwrap();
         let err = StateStore::open(dir.path()).err().unwrap().to_string();
         assert!(err.contains("newer"), "{err}");
+    }
+
+    #[test]
+    fn a_version_2_state_gets_its_sources_typed_and_older_drivers_refuse_it_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = serde_json::json!({"version": 2, "records": "volumes/"});
+        fs::write(dir.path().join(MARKER_FILE), v2.to_string()).unwrap();
+        let mut clone = record("clone");
+        clone
+            .parameters
+            .insert("cloneSource".into(), "blk:dev-a:1a2b3c4d:n1".into());
+        clone
+            .parameters
+            .insert("cloneAccess".into(), "block".into());
+        clone
+            .parameters
+            .insert("gdsPolicy".into(), "preferred".into());
+        let (files, _) = RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
+        let plain = record("plain");
+        let written = BTreeMap::from([("v1".to_owned(), clone), ("v2".to_owned(), plain.clone())]);
+        files.write_all(&written).unwrap();
+
+        let store = StateStore::open(dir.path()).unwrap();
+        let expect = |r: &VolumeRecord| {
+            let s = r.source.as_ref().unwrap();
+            assert!(s.raw_block && s.is_clone_of("blk:dev-a:1a2b3c4d:n1"));
+            assert_eq!(r.parameters.len(), 1, "{:?}", r.parameters);
+        };
+        expect(store.snapshot().get("v1").unwrap());
+        assert_eq!(store.snapshot().get("v2"), Some(&plain));
+        // On disk too, and the marker now says a version older drivers refuse.
+        let (_, on_disk) =
+            RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
+        expect(&on_disk["v1"]);
+        let marker: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join(MARKER_FILE)).unwrap()).unwrap();
+        assert_eq!(marker["version"], 3);
+        expect(
+            StateStore::open(dir.path())
+                .unwrap()
+                .snapshot()
+                .get("v1")
+                .unwrap(),
+        );
     }
 }

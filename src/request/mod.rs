@@ -194,24 +194,17 @@ pub struct CreateVolume<'a> {
     /// 0 means no limit.
     pub limit_bytes: u64,
     pub accessibility: Option<&'a csi::TopologyRequirement>,
-    /// `volume_content_source.volume`: the volume to fill this one from.
-    pub clone_of: Option<String>,
-    /// `volume_content_source.snapshot`: the snapshot to restore into this one (its id
-    /// as given: one this driver cannot parse is NotFound, as CSI asks).
-    pub snapshot_of: Option<String>,
-    /// The snapshot `snapshot_of` names, read from its store by the service.
+    /// `volume_content_source`: the volume or snapshot to fill this one from.
+    pub source: Option<ContentSource>,
+    /// The snapshot `source` names, read from its store by the service.
     pub restore: Option<snapshot::Restore>,
 }
 
 pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>> {
     let name = name(&req.name)?;
     let params = parameters(&req.parameters)?;
-    let (clone_of, snapshot_of) = match content_source(req.volume_content_source.as_ref())? {
-        None => (None, None),
-        Some(ContentSource::Volume(id)) => (Some(id), None),
-        Some(ContentSource::Snapshot(id)) => (None, Some(id)),
-    };
-    if (clone_of.is_some() || snapshot_of.is_some()) && params.dataset.is_some() {
+    let source = content_source(req.volume_content_source.as_ref())?;
+    if source.is_some() && params.dataset.is_some() {
         return Err(Error::invalid(
             "volume_content_source",
             "the class names a dataset (datasetServer) to fill the volume from: a volume has \
@@ -239,15 +232,36 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
         required_bytes: range.required_bytes as u64,
         limit_bytes: range.limit_bytes as u64,
         accessibility: req.accessibility_requirements.as_ref(),
-        clone_of,
-        snapshot_of,
+        source,
         restore: None,
     })
 }
 
-enum ContentSource {
-    Volume(String),
+/// What `volume_content_source` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    /// A volume to clone: its id as given, and which kind of volume the id says it is.
+    Volume { text: String, id: VolumeRef },
+    /// A snapshot to restore, by its id as given: one this driver cannot parse is
+    /// NotFound, as CSI asks, once the service looks for it.
     Snapshot(String),
+}
+
+impl ContentSource {
+    /// The volume to clone, when the source is one.
+    pub fn volume(&self) -> Option<(&str, &VolumeRef)> {
+        match self {
+            ContentSource::Volume { text, id } => Some((text, id)),
+            ContentSource::Snapshot(_) => None,
+        }
+    }
+
+    /// The id as given.
+    pub fn text(&self) -> &str {
+        match self {
+            ContentSource::Volume { text, .. } | ContentSource::Snapshot(text) => text,
+        }
+    }
 }
 
 /// The volume a clone is filled from, or the snapshot a volume is restored from.
@@ -265,7 +279,10 @@ fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<Conte
         )),
         Some(Type::Volume(v)) => {
             volume_id::check_well_formed("volume_content_source.volume.volume_id", &v.volume_id)?;
-            Ok(Some(ContentSource::Volume(v.volume_id.clone())))
+            Ok(Some(ContentSource::Volume {
+                text: v.volume_id.clone(),
+                id: volume_ref(&v.volume_id)?,
+            }))
         }
         Some(Type::Snapshot(s)) if s.snapshot_id.is_empty() => Err(Error::invalid(
             "volume_content_source.snapshot.snapshot_id",

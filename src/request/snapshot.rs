@@ -15,6 +15,8 @@ use super::nfs::path_component_ok;
 use super::nfs_id::NfsVolumeId;
 use crate::csi;
 use crate::error::{Error, Result};
+pub use crate::pool::source::Content;
+use crate::pool::SourceOf;
 use crate::volume::id::MAX_VOLUME_ID_LEN;
 
 pub const PARAM_STORE_DIR: &str = "storeDir";
@@ -42,37 +44,6 @@ const STORE: DirKeys = DirKeys {
     what: "a snapshot class's store",
     path_optional: true,
 };
-
-/// What a snapshot holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Content {
-    /// A file tree (`tree/`): a filesystem volume's files, or an NFS volume's.
-    Files,
-    /// A raw block volume's bytes (`device.img`).
-    Device,
-    /// A volume that held nothing: no filesystem and only zeros.
-    Empty,
-}
-
-impl Content {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Content::Files => "files",
-            Content::Device => "device",
-            Content::Empty => "empty",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Content> {
-        Some(match text {
-            "files" => Content::Files,
-            "device" => Content::Device,
-            "empty" => Content::Empty,
-            _ => return None,
-        })
-    }
-}
 
 /// A ready snapshot a CreateVolume restores, as its manifest says (the service reads
 /// it from the store before the backend allocates).
@@ -220,16 +191,15 @@ impl SnapshotId {
 }
 
 /// A volume's content source as CSI answers it: a snapshot's id or a volume's.
-pub fn content_source(source: &str) -> csi::VolumeContentSource {
+pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
-    let t = if SnapshotId::parse(source).is_some() {
-        Type::Snapshot(SnapshotSource {
-            snapshot_id: source.to_owned(),
-        })
-    } else {
-        Type::Volume(VolumeSource {
-            volume_id: source.to_owned(),
-        })
+    let t = match source {
+        SourceOf::Snapshot { id, .. } => Type::Snapshot(SnapshotSource {
+            snapshot_id: id.clone(),
+        }),
+        SourceOf::Volume(id) => Type::Volume(VolumeSource {
+            volume_id: id.clone(),
+        }),
     };
     csi::VolumeContentSource { r#type: Some(t) }
 }

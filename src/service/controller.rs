@@ -7,7 +7,7 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result, SnapshotError};
-use crate::request::{self, VolumeRef};
+use crate::request::{self, ContentSource, VolumeRef};
 use crate::volume::VolumeBackend;
 
 pub struct ControllerService {
@@ -34,7 +34,13 @@ impl ControllerService {
         d.check_ready()?;
         let mut create = request::create_volume(&req)?;
         let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
-        if let Some(raw) = &create.snapshot_of {
+        // A clone's source neither staged nor unstaged while its clone is checked and
+        // recorded (each would pass its checks before the other records).
+        let _source = match create.source.as_ref().and_then(ContentSource::volume) {
+            Some((text, _)) => Some(d.locks.try_lock(text)?),
+            None => None,
+        };
+        if let Some(ContentSource::Snapshot(raw)) = &create.source {
             let ctx = d.snapshot_context()?;
             create.restore = Some(match crate::snapshot::restore::resolve(&ctx, raw).await {
                 // Gone since: a retry of a CreateVolume that already restored it succeeds.
@@ -45,11 +51,11 @@ impl ControllerService {
             });
         }
         if request::is_nfs(&req.parameters) {
-            if let Some(source) = &create.clone_of {
+            if let Some((_, id)) = create.source.as_ref().and_then(ContentSource::volume) {
                 // CSI spec, CreateVolume errors: a source that does not exist is NOT_FOUND,
                 // one the plugin cannot use is INVALID_ARGUMENT. NFS sources: volume/nfs/clone.rs.
-                match request::volume_ref(source)? {
-                    VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw)),
+                match id {
+                    VolumeRef::Unknown(raw) => return Err(Error::VolumeNotFound(raw.clone())),
                     VolumeRef::Block(_) => {
                         return Err(Error::invalid(
                             "volume_content_source.volume.volume_id",

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use super::store::{Owner, SnapshotDir};
 use super::Context;
 use crate::error::{Error, Result, SnapshotError, StoreError};
+use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore, SnapshotId};
 use crate::state_dir::short_hash;
 
@@ -99,19 +100,18 @@ pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
         digests: Vec::new(),
     };
     let state = ctx.block.pool.state.snapshot();
+    let restored = |source: Option<&SourceOf>| match source {
+        Some(SourceOf::Snapshot { id, content }) if id == raw => Some(*content),
+        _ => None,
+    };
     if let Some((volume_id, rec)) = state.by_name(name) {
-        let params = &rec.parameters;
-        let from = params.get(crate::volume::block::clone_source::SOURCE_KEY);
-        if from.map(String::as_str) != Some(raw)
-            || !crate::volume::block::clone::done(ctx.block, volume_id).ok()?
-        {
-            return None;
-        }
-        let content = params.get(crate::volume::block::clone_source::SNAPSHOT_CONTENT_KEY)?;
-        return Content::parse(content).map(restore);
+        let content = restored(rec.source.as_ref().map(|s| &s.of))?;
+        let filled = crate::volume::block::clone::done(ctx.block, volume_id).ok()?;
+        return filled.then(|| restore(content));
     }
     let (_, rec) = ctx.nfs?.store.registry.by_name(name)?;
-    (rec.clone_source.as_deref() == Some(raw) && !rec.filling).then(|| restore(Content::Files))
+    let content = restored(rec.source.as_ref())?;
+    (!rec.filling).then(|| restore(content))
 }
 
 /// DeleteSnapshot of a snapshot a volume is being restored from, on this node or on

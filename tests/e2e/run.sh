@@ -173,7 +173,7 @@ check "the clone is another volume than its source" distinct_clone
 clone_source() {
   python3 -c 'import glob, json, sys
 records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/*.json")]
-print(next(r["record"] for r in records if r["id"] == sys.argv[2])["parameters"].get("cloneSource", ""))' \
+print((next(r["record"] for r in records if r["id"] == sys.argv[2]).get("source") or {}).get("of", {}).get("volume", ""))' \
     "$WORK/node-a/state/volumes" "$clone_handle"
 }
 check "node-a's driver recorded the clone's source as the source claim's volume" [ "$(clone_source)" = "$src_handle" ]

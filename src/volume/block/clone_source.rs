@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{CloneError, CopyError, Error, Result, SnapshotError};
 use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
-use crate::pool::VolumeRecord;
+use crate::pool::{SourceOf, VolumeRecord};
 use crate::request::snapshot::{Content, SnapshotId, Store, TREE};
-use crate::request::{self, nfs_options, CreateVolume, NfsVolumeId, VolumeRef};
+use crate::request::{self, nfs_options, ContentSource, CreateVolume, NfsVolumeId, VolumeRef};
 use crate::volume::nfs::NfsBackend;
 
 const FIELD: &str = "volume_content_source.volume.volume_id";
@@ -85,12 +85,6 @@ impl Source {
     }
 }
 
-/// The record's parameter of a restored volume: what its snapshot holds (`Content`).
-pub const SNAPSHOT_CONTENT_KEY: &str = "snapshotContent";
-/// The record's parameter naming the source volume or snapshot (set by CreateVolume only:
-/// a class cannot name it, unknown parameters are refused).
-pub const SOURCE_KEY: &str = "cloneSource";
-
 /// The source a CreateVolume asks for, if any (`request` refused asking for two).
 pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
     if let Some(id) = &req.params.dataset {
@@ -99,48 +93,47 @@ pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
     if let Some(r) = &req.restore {
         return Source::snapshot(&r.id, &r.text, r.content).map(Some);
     }
-    let Some(raw) = &req.clone_of else {
-        return Ok(None);
-    };
-    Ok(Some(match request::volume_ref(raw)? {
-        VolumeRef::Block(_) => Source::Block(raw.clone()),
-        VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
-        VolumeRef::Unknown(_) => {
-            return Err(CloneError::SourceMissing {
-                field: FIELD,
-                origin: raw.clone(),
-            }
-            .into())
-        }
-    }))
+    match req.source.as_ref().and_then(ContentSource::volume) {
+        Some((text, id)) => of_volume(text, id, || CloneError::SourceMissing {
+            field: FIELD,
+            origin: text.to_owned(),
+        })
+        .map(Some),
+        None => Ok(None),
+    }
 }
 
-/// The source a clone's record names (`cloneSource`, or the class's dataset).
+fn of_volume(text: &str, id: &VolumeRef, unknown: impl FnOnce() -> CloneError) -> Result<Source> {
+    Ok(match id {
+        VolumeRef::Block(_) => Source::Block(text.to_owned()),
+        VolumeRef::Nfs(id) => Source::nfs_volume(text, id.clone()),
+        VolumeRef::Unknown(_) => return Err(unknown().into()),
+    })
+}
+
+/// The source a clone's record names (its recorded source, or the class's dataset).
 pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
-    if let Some(raw) = rec.parameters.get(SOURCE_KEY) {
-        if let Some(id) = SnapshotId::parse(raw) {
-            let content = rec
-                .parameters
-                .get(SNAPSHOT_CONTENT_KEY)
-                .and_then(|c| Content::parse(c))
-                .unwrap_or(Content::Files);
-            return Source::snapshot(&id, raw, content).map(Some);
+    match rec.source.as_ref().map(|s| &s.of) {
+        Some(SourceOf::Snapshot { id: text, content }) => {
+            let id = SnapshotId::parse(text).ok_or_else(|| CloneError::NotOurVolume {
+                origin: text.clone(),
+            })?;
+            Source::snapshot(&id, text, *content).map(Some)
         }
-        return Ok(Some(match request::volume_ref(raw)? {
-            VolumeRef::Block(_) => Source::Block(raw.clone()),
-            VolumeRef::Nfs(id) => Source::nfs_volume(raw, id),
-            VolumeRef::Unknown(_) => {
-                return Err(CloneError::NotOurVolume {
-                    origin: raw.clone(),
-                }
-                .into())
-            }
-        }));
+        Some(SourceOf::Volume(text)) => {
+            let id = request::volume_ref(text)?;
+            of_volume(text, &id, || CloneError::NotOurVolume {
+                origin: text.clone(),
+            })
+            .map(Some)
+        }
+        None => {
+            let stored = rec.parameters.iter().map(|(k, v)| (k.clone(), v.clone()));
+            Ok(request::dataset::parse(&stored.collect())?
+                .as_ref()
+                .map(Source::dataset))
+        }
     }
-    let stored = rec.parameters.iter().map(|(k, v)| (k.clone(), v.clone()));
-    Ok(request::dataset::parse(&stored.collect())?
-        .as_ref()
-        .map(Source::dataset))
 }
 
 /// CreateVolume of a clone of an NFS directory: its tree measured through the

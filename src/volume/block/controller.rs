@@ -80,20 +80,21 @@ pub async fn create(
     };
     let min = fs_min::min_bytes(fs_type, geometry).await?;
     let mut required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
-    let mut parameters = req.params.stored.clone();
     // A clone: at least what its source needs (a block source on its node),
     // refused before anything is allocated when the limit cannot hold it.
     let clone = crate::volume::block::clone::check_clone(b, req, nfs).await?;
+    let mut source = None;
     if let Some((size, recorded)) = clone {
         required_bytes = required_bytes.max(size);
-        parameters.extend(recorded);
+        source = recorded;
     }
     let alloc = AllocationRequest {
         name: req.name.clone(),
         required_bytes,
         limit_bytes: req.limit_bytes,
         fs_type,
-        parameters,
+        parameters: req.params.stored.clone(),
+        source,
     };
     let kind = match req.params.layout {
         request::LayoutKind::Device => IdLayout::Device,

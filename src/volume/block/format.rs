@@ -153,6 +153,7 @@ mod tests {
             device_identity: None,
             partition: None,
             stripe: None,
+            source: None,
         }
     }
 

@@ -31,6 +31,7 @@ use super::{fs_error, fsops, NfsBackend, NfsRecord, NfsVolumeId};
 use crate::copy::{copy_tree_at, CopyRequest, Progress, Verify};
 use crate::csi;
 use crate::error::{CloneError, Error, Result};
+use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore};
 use crate::request::{self, CreateVolume, VolumeRef};
 
@@ -124,7 +125,8 @@ pub async fn create(
         return Ok(rec);
     }
     let (src, source_bytes) = check_source(b, source, id).await?;
-    fill(b, req, id, source, Some(src), source_bytes, Vec::new()).await
+    let of = SourceOf::Volume(source.to_owned());
+    fill(b, req, id, of, Some(src), source_bytes, Vec::new()).await
 }
 
 /// Copied already (check_existing compared name, parameters and source): the same
@@ -170,7 +172,11 @@ pub async fn restore(
         (Content::Files, Some(tree)) => Some(tree),
     };
     let digests = restore.digests.clone();
-    fill(b, req, id, &restore.text, src, restore.size_bytes, digests).await
+    let of = SourceOf::Snapshot {
+        id: restore.text.clone(),
+        content: restore.content,
+    };
+    fill(b, req, id, of, src, restore.size_bytes, digests).await
 }
 
 /// Records the volume `filling`, copies `src` (None: nothing to copy) into its
@@ -179,14 +185,15 @@ async fn fill(
     b: &NfsBackend,
     req: &CreateVolume<'_>,
     id: &NfsVolumeId,
-    source: &str,
+    source: SourceOf,
     src: Option<NfsVolumeId>,
     source_bytes: u64,
     digests: Vec<(String, String)>,
 ) -> Result<NfsRecord> {
     let id_text = id.to_string();
     let existing = b.store.registry.get(&id_text);
-    let capacity = capacity(req, source, source_bytes)?;
+    let origin = source.id().to_owned();
+    let capacity = capacity(req, &origin, source_bytes)?;
     let target_root = b.export_root(id).await?;
     if existing.is_none() {
         refuse_foreign_content(b, &target_root, id).await?;
@@ -195,7 +202,7 @@ async fn fill(
         name: req.name.clone(),
         capacity_bytes: existing.map_or(capacity, |r| r.capacity_bytes.max(capacity)),
         parameters: req.params.stored.clone(),
-        clone_source: Some(source.to_owned()),
+        source: Some(source),
         filling: true,
     };
     // Recorded before the directory exists: a crash from here on leaves a record that a
@@ -219,7 +226,7 @@ async fn fill(
         source: (source_root, src.dir.clone()),
         req: copy_request(req, id, label),
         digests,
-        origin: source.to_owned(),
+        origin,
     };
     let job = copy.run(Arc::clone(&progress), id_text.clone());
     b.clones
@@ -256,7 +263,7 @@ fn record_done(b: &NfsBackend, id_text: &str, rec: NfsRecord) -> Result<NfsRecor
         }
         .into());
     }
-    info!(volume_id = %id_text, source = ?done.clone_source, "NFS clone copied and verified");
+    info!(volume_id = %id_text, source = ?done.source, "NFS clone copied and verified");
     Ok(done)
 }
 
@@ -395,16 +402,14 @@ pub async fn delete_filling(b: &NfsBackend, id: &NfsVolumeId) -> Result<bool> {
 
 /// The content source a clone's (or restored volume's) Volume answers with.
 pub fn content_source(rec: &NfsRecord) -> Option<csi::VolumeContentSource> {
-    rec.clone_source
-        .as_deref()
-        .map(request::snapshot::content_source)
+    rec.source.as_ref().map(request::snapshot::content_source)
 }
 
 /// NFS volumes of this driver being filled from `source` now.
 pub fn filling_from(b: &NfsBackend, source: &str) -> Vec<String> {
     b.store
         .registry
-        .ids_where(|r| r.filling && r.clone_source.as_deref() == Some(source))
+        .ids_where(|r| r.filling && r.source.as_ref().is_some_and(|s| s.id() == source))
 }
 
 #[cfg(test)]

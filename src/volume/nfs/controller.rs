@@ -8,7 +8,8 @@ use tracing::info;
 use super::{clone, fsops, NfsBackend, NfsRecord, NfsVolumeId, OnDelete};
 use crate::csi;
 use crate::error::{AllocationError, Error, Result};
-use crate::request::{nfs, nfs_options, CreateVolume, NfsParams, Transport};
+use crate::pool::SourceOf;
+use crate::request::{nfs, nfs_options, ContentSource, CreateVolume, NfsParams, Transport};
 use crate::volume::{Expand, Expanded};
 
 fn fits(capacity: u64, required: u64, limit: u64) -> bool {
@@ -60,7 +61,7 @@ fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> R
     if let Some((existing, rec)) = b.store.registry.by_name(name) {
         if existing != id_text
             || rec.parameters != req.params.stored
-            || rec.clone_source != req.clone_of.clone().or(req.snapshot_of.clone())
+            || rec.source.as_ref().map(SourceOf::id) != req.source.as_ref().map(ContentSource::text)
         {
             return Err(AllocationError::NameTakenOtherSource {
                 name: name.to_string(),
@@ -91,7 +92,7 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
     let id = requested_id(req)?;
     let id_text = id.to_string();
     check_existing(b, req, &id)?;
-    if let Some(source) = &req.clone_of {
+    if let Some((source, _)) = req.source.as_ref().and_then(ContentSource::volume) {
         let rec = clone::create(b, req, &id, source).await?;
         return Ok(volume_of(b, &id_text, &rec, Some(&id)));
     }

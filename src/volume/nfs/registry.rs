@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::pool::SourceOf;
 use crate::state_dir::records::RecordFiles;
 
 /// Where the records were kept in one file; moved to their own files at start-up and
@@ -24,9 +25,15 @@ pub struct NfsRecord {
     /// What CreateVolume asked for (`required_bytes`); not enforced on the server.
     pub capacity_bytes: u64,
     pub parameters: BTreeMap<String, String>,
-    /// The volume this one is a clone of (`volume_content_source.volume`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clone_source: Option<String>,
+    /// The volume this one is a clone of, or the snapshot it is restored from. Older
+    /// records kept the id alone, as `clone_source`.
+    #[serde(
+        default,
+        alias = "clone_source",
+        deserialize_with = "SourceOf::deserialize_either",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub source: Option<SourceOf>,
     /// A clone whose copy has not completed and been verified yet: never answered as a
     /// volume, left out of ListVolumes; DeleteVolume removes its directory whatever
     /// `onDelete` says (a half copy holds no one's data).
@@ -183,7 +190,7 @@ mod tests {
             name: "v".into(),
             capacity_bytes: 5,
             parameters: BTreeMap::new(),
-            clone_source: None,
+            source: None,
             filling: false,
         };
         r.put("nfs:x", &rec).unwrap();

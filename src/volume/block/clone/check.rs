@@ -1,11 +1,10 @@
 //! CreateVolume of a clone: its source checked and its kind told before anything is
 //! allocated; DeleteVolume of a source refused while a clone of it is not filled.
 
-use std::collections::BTreeMap;
-
-use super::{done, is_raw_clone, ACCESS_KEY, RAW, SOURCE_KEY};
+use super::{done, is_raw_clone};
 use crate::error::{CloneError, CopyError, Error, Result};
 use crate::os::MountEntry;
+use crate::pool::{RecordedSource, SourceOf};
 use crate::request::{self, Access, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
@@ -151,7 +150,7 @@ pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<String>>
     let state = b.pool.state.snapshot();
     let mut out = Vec::new();
     for (id, rec) in state.iter() {
-        let names = rec.parameters.get(SOURCE_KEY).map(String::as_str) == Some(source);
+        let names = rec.source.as_ref().is_some_and(|s| s.id() == source);
         if names && !rec.deleting && !done(b, id)? {
             out.push(id.clone());
         }
@@ -174,19 +173,18 @@ pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
-/// limit before anything is allocated, and the record parameters that name a claim's
-/// source and a raw block clone's kind (a class's dataset is in the class's own
-/// parameters).
+/// limit before anything is allocated, and the source to record with the volume (none
+/// for a class's dataset, which is in the class's own parameters).
 pub async fn check_clone(
     b: &BlockBackend,
     req: &request::CreateVolume<'_>,
     nfs: Option<&crate::volume::nfs::NfsBackend>,
-) -> Result<Option<(u64, BTreeMap<String, String>)>> {
+) -> Result<Option<(u64, Option<RecordedSource>)>> {
     let Some(source) = clone_source::requested(req)? else {
         return Ok(None);
     };
     let access = clone_access(req, &source)?;
-    let mut recorded = BTreeMap::new();
+    let mut recorded = None;
     let size = match (&source, &req.restore) {
         // A snapshot's manifest says how large a volume it needs.
         (_, Some(restore)) => {
@@ -198,11 +196,10 @@ pub async fn check_clone(
                 }
                 .into());
             }
-            recorded.insert(SOURCE_KEY.to_owned(), restore.text.clone());
-            recorded.insert(
-                clone_source::SNAPSHOT_CONTENT_KEY.to_owned(),
-                restore.content.as_str().to_owned(),
-            );
+            recorded = Some(SourceOf::Snapshot {
+                id: restore.text.clone(),
+                content: restore.content,
+            });
             restore.size_bytes
         }
         (Source::Block(raw), None) => {
@@ -216,12 +213,13 @@ pub async fn check_clone(
             unreachable!("only a snapshot restores from a directory, an image or nothing")
         }
     };
-    if let Some(claim_source) = &req.clone_of {
-        recorded.insert(SOURCE_KEY.to_owned(), claim_source.clone());
+    if let Some((text, _)) = req.source.as_ref().and_then(request::ContentSource::volume) {
+        recorded = Some(SourceOf::Volume(text.to_owned()));
     }
-    if access == Access::Block {
-        recorded.insert(ACCESS_KEY.to_owned(), RAW.to_owned());
-    }
+    let recorded = recorded.map(|of| RecordedSource {
+        of,
+        raw_block: access == Access::Block,
+    });
     Ok(Some((size, recorded)))
 }
 

@@ -1,7 +1,7 @@
 //! Block → block clones on one node: CreateVolume checks the source and records it in
-//! the clone's volume record (`cloneSource`, and `cloneAccess: block` for a raw block
-//! clone, written with the allocation, so no crash leaves a clone without its source or
-//! its kind); the first NodeStage fills the volume before anything can publish it.
+//! the clone's volume record (`pool::RecordedSource`, with whether the clone is a raw
+//! block one, written with the allocation, so no crash leaves a clone without its source
+//! or its kind); the first NodeStage fills the volume before anything can publish it.
 //!
 //! Two kinds, as the clone's access type asks (Kubernetes' external-provisioner clones a
 //! claim only from one of the same volumeMode, and CreateVolume refuses what it can tell
@@ -44,16 +44,10 @@ pub(crate) use copy_mounts::{clean_copy_dir, pin, take_down, unmount_retrying};
 pub use mounted::fill_from_mounted_source;
 pub use stage::{pending, run, Pending};
 
-use super::clone_source::SOURCE_KEY;
-/// The record's parameter of a raw block clone (`block`), set with `SOURCE_KEY`; absent
-/// for a filesystem clone.
-pub const ACCESS_KEY: &str = "cloneAccess";
-const RAW: &str = "block";
-
 /// Whether the record is a raw block clone's: its source's bytes, no filesystem of its
 /// own.
 pub fn is_raw_clone(rec: &crate::pool::VolumeRecord) -> bool {
-    rec.parameters.get(ACCESS_KEY).map(String::as_str) == Some(RAW)
+    rec.source.as_ref().is_some_and(|s| s.raw_block)
 }
 /// How long a NodeStage waits for the copy before answering Unavailable with the
 /// progress (the kubelet gives up on a call after 2 minutes and retries).
@@ -141,7 +135,7 @@ pub fn forget(b: &BlockBackend, id: &str) {
 /// The content source a clone's (or restored volume's) Volume answers with (CSI:
 /// returned when it was asked).
 pub fn content_source(rec: &crate::pool::VolumeRecord) -> Option<crate::csi::VolumeContentSource> {
-    rec.parameters
-        .get(SOURCE_KEY)
-        .map(|id| request::snapshot::content_source(id))
+    rec.source
+        .as_ref()
+        .map(|s| request::snapshot::content_source(&s.of))
 }

@@ -239,6 +239,7 @@ impl Partitioned {
                 device_identity: None,
                 partition: None,
                 stripe: None,
+                source: req.source.clone(),
             };
             state.insert(id.to_string(), record);
             Ok(id.to_string())

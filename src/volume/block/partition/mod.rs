@@ -152,9 +152,7 @@ impl Partitioned {
         let parsed = BlockVolumeId::parse(id).filter(|i| i.layout == IdLayout::Partition);
         let fits = req.fits(rec.capacity_bytes);
         match parsed {
-            Some(p) if fits && rec.fs_type == req.fs_type && rec.parameters == req.parameters => {
-                Ok(Some((p, rec.clone())))
-            }
+            Some(p) if fits && req.made(rec) => Ok(Some((p, rec.clone()))),
             _ => Err(AllocationError::NameTakenOtherLayout {
                 name: req.name.clone(),
             }

@@ -244,11 +244,7 @@ impl Striped {
             return Ok(None);
         };
         let stripe = BlockVolumeId::parse(id).is_some_and(|i| i.layout == IdLayout::Stripe);
-        if stripe
-            && req.fits(rec.capacity_bytes)
-            && rec.fs_type == req.fs_type
-            && rec.parameters == req.parameters
-        {
+        if stripe && req.fits(rec.capacity_bytes) && req.made(rec) {
             return Ok(Some(id.clone()));
         }
         Err(AllocationError::NameTakenOtherLayout {
@@ -305,6 +301,7 @@ impl Striped {
                     members,
                     array_uuid: None,
                 }),
+                source: req.source.clone(),
             };
             state.insert(id.to_string(), record);
             Ok(id.to_string())
