@@ -132,6 +132,18 @@ impl Harness {
             .await
             .map(|_| ())
     }
+    async fn unstage(&self, id: &str, name: &str) -> std::result::Result<(), tonic::Status> {
+        let req = NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: self.staging(name).display().to_string(),
+        };
+        self.clients
+            .node
+            .clone()
+            .node_unstage_volume(req)
+            .await
+            .map(|_| ())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -423,15 +435,7 @@ async fn a_late_delete_retry_never_touches_the_devices_next_volume() {
     let h = harness(1).await;
     let old = h.create("old").await.unwrap();
     h.stage(&old.volume_id, "old").await.unwrap();
-    h.clients
-        .node
-        .clone()
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: old.volume_id.clone(),
-            staging_target_path: h.staging("old").display().to_string(),
-        })
-        .await
-        .unwrap();
+    h.unstage(&old.volume_id, "old").await.unwrap();
     h.delete(&old.volume_id).await.unwrap();
 
     // The one device goes to the next volume, under a new allocation.
@@ -486,12 +490,8 @@ async fn a_live_socket_is_refused_and_keeps_serving() {
     gds_csi::os::socket::bind(&stale, 0o600).expect("a stale socket is removed and rebound");
 }
 
-/// A clone's source must hold what it will hold for good: a clone not filled yet (its copy
-/// is made at its own first NodeStage) cannot be cloned, and the refusal allocates nothing.
-#[tokio::test]
-async fn a_clone_not_filled_yet_cannot_be_cloned() {
-    let h = harness(3).await;
-    let clone_of = |name: &str, source: &str| CreateVolumeRequest {
+fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
+    CreateVolumeRequest {
         name: name.into(),
         volume_capabilities: vec![cap()],
         volume_content_source: Some(VolumeContentSource {
@@ -502,7 +502,52 @@ async fn a_clone_not_filled_yet_cannot_be_cloned() {
             )),
         }),
         ..Default::default()
-    };
+    }
+}
+
+/// A clone's CreateVolume while its source's NodeStage is under way (both would pass
+/// their checks before either records): Aborted at once, nothing allocated; once the
+/// stage is done the clone is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clone_waits_for_no_stage_of_its_source_and_races_none() {
+    let h = Arc::new(harness(2).await);
+    let a = h.create("a").await.unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    for d in &h.devices {
+        h.host
+            .hang_mkfs
+            .lock()
+            .unwrap()
+            .insert(d.clone(), gate.clone());
+    }
+    let h2 = h.clone();
+    let id_a = a.volume_id.clone();
+    let staging = tokio::spawn(async move { h2.stage(&id_a, "a").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!staging.is_finished(), "mkfs of a is hung");
+    let before = h.listed().await;
+    let started = Instant::now();
+    let err = h
+        .send_create(clone_req("b", &a.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(h.listed().await, before, "the refusal allocated a volume");
+    gate.add_permits(1);
+    staging.await.unwrap().unwrap();
+    h.host.hang_mkfs.lock().unwrap().clear();
+    h.unstage(&a.volume_id, "a").await.unwrap();
+    let b = h.send_create(clone_req("b", &a.volume_id)).await.unwrap();
+    assert_ne!(b.volume_id, a.volume_id);
+}
+
+/// A clone's source must hold what it will hold for good: a clone not filled yet (its copy
+/// is made at its own first NodeStage) cannot be cloned, and the refusal allocates nothing.
+#[tokio::test]
+async fn a_clone_not_filled_yet_cannot_be_cloned() {
+    let h = harness(3).await;
+    let clone_of = clone_req;
     let a = h.create("a").await.unwrap();
     let b = h.send_create(clone_of("b", &a.volume_id)).await.unwrap();
     let before = h.listed().await;

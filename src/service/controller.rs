@@ -7,6 +7,7 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result, SnapshotError};
+use crate::locks::LockKey;
 use crate::request::{self, ContentSource, VolumeRef};
 use crate::volume::VolumeBackend;
 
@@ -33,11 +34,11 @@ impl ControllerService {
         let d = &self.driver;
         d.check_ready()?;
         let mut create = request::create_volume(&req)?;
-        let _guard = d.locks.try_lock(&format!("name:{}", create.name))?;
+        let _guard = d.locks.try_lock(LockKey::VolumeName(&create.name))?;
         // A clone's source neither staged nor unstaged while its clone is checked and
         // recorded (each would pass its checks before the other records).
         let _source = match create.source.as_ref().and_then(ContentSource::volume) {
-            Some((text, _)) => Some(d.locks.try_lock(text)?),
+            Some((text, _)) => Some(d.locks.try_lock(LockKey::Volume(text))?),
             None => None,
         };
         if let Some(ContentSource::Snapshot(raw)) = &create.source {
@@ -83,7 +84,7 @@ impl ControllerService {
     async fn delete(&self, req: DeleteVolumeRequest) -> Result<()> {
         let d = &self.driver;
         let volume = request::volume_ref(&req.volume_id)?;
-        let _guard = d.locks.try_lock(&req.volume_id)?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&req.volume_id))?;
         match &volume {
             VolumeRef::Block(id) => {
                 d.block.delete(id).await?;
@@ -105,7 +106,7 @@ impl ControllerService {
         let volume = request::volume_ref(&req.volume_id)?;
         let cap = req.volume_capability.as_ref();
         let expand = request::expand(req.capacity_range.as_ref(), true, cap)?;
-        let _guard = d.locks.try_lock(&req.volume_id)?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&req.volume_id))?;
         let done = match &volume {
             VolumeRef::Block(id) => d.block.expand(id, &expand).await?,
             VolumeRef::Nfs(id) => d.nfs()?.expand(id, &expand).await?,
@@ -325,6 +326,10 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let req = request::snapshot::create_snapshot(request.get_ref())?;
         let ctx = self.driver.snapshot_context()?;
+        let _guard = self
+            .driver
+            .locks
+            .try_lock(LockKey::SnapshotName(&req.name))?;
         let snapshot = crate::snapshot::create(&ctx, &req).await?;
         Ok(Response::new(CreateSnapshotResponse {
             snapshot: Some(snapshot),
@@ -336,7 +341,13 @@ impl Controller for ControllerService {
         request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
         let ctx = self.driver.snapshot_context()?;
-        crate::snapshot::delete(&ctx, &request.get_ref().snapshot_id).await?;
+        let id = &request.get_ref().snapshot_id;
+        let name = ctx.snapshots.by_id(id)?.map(|r| r.name);
+        let _guard = match &name {
+            Some(name) => Some(self.driver.locks.try_lock(LockKey::SnapshotName(name))?),
+            None => None,
+        };
+        crate::snapshot::delete(&ctx, id).await?;
         Ok(Response::new(DeleteSnapshotResponse {}))
     }
 

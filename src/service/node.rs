@@ -8,6 +8,7 @@ use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::Result;
+use crate::locks::LockKey;
 use crate::request::node::{ForVolume, NodeExpand, Stats, TakeDown};
 use crate::request::{self, VolumeRef};
 use crate::volume::VolumeBackend;
@@ -20,7 +21,7 @@ impl NodeService {
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<()> {
         let d = &self.driver;
         let stage = request::node::node_stage(&req, &d.allowed_roots)?;
-        let _guard = d.locks.try_lock(&stage.raw())?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&stage.raw()))?;
         match &stage {
             ForVolume::Block(id, req) => {
                 d.block.stage(id, req).await?;
@@ -38,7 +39,7 @@ impl NodeService {
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<()> {
         let d = &self.driver;
         let TakeDown { volume, path } = request::node::node_unstage(&req, &d.allowed_roots)?;
-        let _guard = d.locks.try_lock(&volume.raw())?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&volume.raw()))?;
         match &volume {
             VolumeRef::Block(id) => d.block.unstage(id, &path).await,
             VolumeRef::Nfs(id) => d.nfs_take_down(id, TakeDownOf::Staging, &path).await,
@@ -49,7 +50,7 @@ impl NodeService {
     async fn publish(&self, req: NodePublishVolumeRequest) -> Result<()> {
         let d = &self.driver;
         let publish = request::node::node_publish(&req, &d.allowed_roots)?;
-        let _guard = d.locks.try_lock(&publish.raw())?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&publish.raw()))?;
         match &publish {
             ForVolume::Block(id, req) => d.block.publish(id, req).await,
             ForVolume::Nfs(id, req) => d.nfs()?.publish(id, req).await,
@@ -60,7 +61,7 @@ impl NodeService {
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<()> {
         let d = &self.driver;
         let TakeDown { volume, path } = request::node::node_unpublish(&req, &d.allowed_roots)?;
-        let _guard = d.locks.try_lock(&volume.raw())?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&volume.raw()))?;
         match &volume {
             VolumeRef::Block(id) => d.block.unpublish(id, &path).await,
             VolumeRef::Nfs(id) => d.nfs_take_down(id, TakeDownOf::Target, &path).await,
@@ -90,7 +91,7 @@ impl NodeService {
             path,
             expand,
         } = request::node::node_expand(&req, &d.allowed_roots)?;
-        let _guard = d.locks.try_lock(&volume.raw())?;
+        let _guard = d.locks.try_lock(LockKey::Volume(&volume.raw()))?;
         let capacity = match &volume {
             VolumeRef::Block(id) => d.block.node_expand(id, &path, &expand).await?,
             VolumeRef::Nfs(id) => d.nfs()?.node_expand(id, &path, &expand).await?,

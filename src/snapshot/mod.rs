@@ -185,6 +185,11 @@ impl Snapshots {
     }
 
     /// Every record, by id.
+    /// This node's record of the snapshot `id`, when this node took it.
+    pub fn by_id(&self, id: &str) -> Result<Option<Record>> {
+        Ok(self.records()?.into_iter().find(|r| r.id == id))
+    }
+
     pub fn records(&self) -> Result<Vec<Record>> {
         let entries =
             std::fs::read_dir(&self.records).map_err(|e| Error::io("read", &self.records, e))?;
@@ -260,10 +265,9 @@ fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
     }
 }
 
-/// CreateSnapshot: the record made once (same name: same source and store, else
-/// AlreadyExists), then the copy started or joined.
+/// CreateSnapshot, under the guard of its name: the record made once (same name: same
+/// source and store, else AlreadyExists), then the copy started or joined.
 pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snapshot> {
-    let _name = ctx.locks.try_lock(&key(&req.name))?;
     let id = req.id.to_string();
     let rec = match ctx.snapshots.record(&req.name)? {
         Some(r) if r.source_volume_id != req.source_volume_id => {
@@ -423,7 +427,8 @@ pub async fn get(ctx: &Context<'_>, snapshot_id: &str) -> Result<csi::Snapshot> 
         })
 }
 
-/// DeleteSnapshot: refused while it is being taken or a volume restores from it; its
+/// DeleteSnapshot, under the guard of its name when this node took it: refused while it
+/// is being taken or a volume restores from it; its
 /// directory removed from the store, then this node's record. An id this driver never
 /// issued, or a snapshot gone already, is success.
 pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
@@ -433,15 +438,7 @@ pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
     let Some(id) = SnapshotId::parse(snapshot_id) else {
         return Ok(());
     };
-    let rec = ctx
-        .snapshots
-        .records()?
-        .into_iter()
-        .find(|r| r.id == snapshot_id);
-    let _name = match &rec {
-        Some(r) => Some(ctx.locks.try_lock(&key(&r.name))?),
-        None => None,
-    };
+    let rec = ctx.snapshots.by_id(snapshot_id)?;
     if let Some(r) = &rec {
         if ctx.snapshots.copies.jobs.is_running(&key(&r.name)) {
             return Err(SnapshotError::BeingTaken {

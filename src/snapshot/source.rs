@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::Context;
 use crate::error::{Error, Result, SnapshotError};
+use crate::locks::LockKey;
 use crate::locks::VolumeGuard;
 use crate::os::FsType;
 use crate::pool::VolumeRecord;
@@ -42,7 +43,7 @@ pub(super) async fn source(ctx: &Context<'_>, raw: &str) -> Result<(From, Option
         }
         _ => return Err(not_found(raw)),
     };
-    let guard = ctx.locks.try_lock(raw)?;
+    let guard = ctx.locks.try_lock(LockKey::Volume(raw))?;
     let rec = snapshottable_record(ctx.block, raw)?;
     Ok((block_source(ctx.block, raw, &vid, &rec)?, Some(guard)))
 }
