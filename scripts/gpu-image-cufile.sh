@@ -3,7 +3,7 @@
 # against a GPU node's driver: the gate's probe (`gds-probe --run`, strict, then compat allowed)
 # on an ext4 volume mounted data=ordered on a loop device, once with the image's library and
 # once with the host's, in the same run. Run as root on the GPU machine; results in
-# docs/gds-checks.md.
+# docs/gds-lab-notes.md.
 #
 # CARRY: a folder with gds-probe (release build of crates/gds-check) and the wheel's lib/
 #        (libcufile.so.0, libcufile_rdma.so.1), e.g. made by `scripts/gpu-image-cufile.sh --pack DIR`.

@@ -2,7 +2,7 @@
 # `gds-csi workload-read` on a real GPU machine, through the files the driver's device
 # plugin hands a container (run as root). Used on an H200 with libcufile and
 # /etc/cufile.json, no nvidia_fs, no udev daemon and no kubelet; results in
-# docs/gds-checks.md ("A workload container's read").
+# docs/gds-lab-notes.md ("A workload container's read").
 #
 # For each resource (gds-compat, then gds): `examples/workload_allocate` prints the
 # plugin's Allocate answer (the resource's cufile.json made from the node's, the udev

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GDS gate and `gds-csi doctor` on a real GPU node (run as root). Used on an H200 with
-# libcufile and /etc/cufile.json, no nvidia_fs and no udev daemon; results in docs/gds-checks.md.
+# libcufile and /etc/cufile.json, no nvidia_fs and no udev daemon; results in docs/gds-lab-notes.md.
 #
 # Steps: three 1 GiB loop devices as the pool; `gds-csi serve` on a unix socket; the client
 # (tests/gds_gate.rs `h200_flow`) creates, stages (mkfs.ext4, mount data=ordered) and publishes a
