@@ -1,7 +1,7 @@
 # gds-csi image: `docker build -t <registry>/gds-csi:0.1.0 .`
 #
 # Stage 1: build the release binary from the locked dependency set, with the default
-# features only: never `--features fault-injection` (test-only kill points, src/faults.rs).
+# features only: never `--features fault-injection` (test-only kill points, src/runtime/faults.rs).
 FROM rust:bookworm AS build
 WORKDIR /src
 # protoc comes from the protoc-bin-vendored build dependency; no system

@@ -78,8 +78,8 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         for dev in &self.0 {
-            for p in gds_csi::gpt::kernel::list(dev).unwrap_or_default() {
-                let _ = gds_csi::gpt::kernel::delete(dev, p.number);
+            for p in gds_csi::disk::gpt::kernel::list(dev).unwrap_or_default() {
+                let _ = gds_csi::disk::gpt::kernel::delete(dev, p.number);
             }
             let _ = run("losetup", &["-d", dev.to_str().unwrap()]);
         }

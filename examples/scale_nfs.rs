@@ -25,9 +25,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::config::Mode;
 use gds_csi::csi::Clients;
 use gds_csi::pool::{Pool, PoolConfig};
+use gds_csi::runtime::config::Mode;
 use gds_csi::service::{server, Driver};
 use gds_csi::volume::nfs::NfsStore;
 use host_double::HostDouble;

@@ -13,9 +13,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gds_csi::config::DEFAULT_DRIVER_NAME;
-use gds_csi::workload::allocate::{container_response, nvfs_devices, Pieces};
-use gds_csi::workload::{Config, Resource, Shared};
+use gds_csi::gds::workload::allocate::{container_response, nvfs_devices, Pieces};
+use gds_csi::gds::workload::{Config, Resource, Shared};
+use gds_csi::runtime::config::DEFAULT_DRIVER_NAME;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -131,7 +131,7 @@ cleanup_dir_and_loops() {
     done
   fi
   if [ -n "$dir" ]; then
-    # A plain loop device keeps its partitions after losetup -d (src/gpt/mod.rs):
+    # A plain loop device keeps its partitions after losetup -d (src/disk/gpt/mod.rs):
     # drop them first, so the next user of the device finds it clean.
     losetup --list --noheadings -O NAME,BACK-FILE | awk -v d="$dir/" 'index($2, d) == 1 {print $1}' |
       while read -r dev; do

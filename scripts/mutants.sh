@@ -19,8 +19,8 @@ MAX=${MUTANTS_MAX:-8}
 # The driver's files (globs survive module splits) and the tests that exercise them: unit tests
 # plus the in-process and root tests that drive allocation, staging and identity.
 # The data-safety lines: the format decision, allocation, mountinfo matching and the mount
-# logic on it (src/mounts), path validation and volume-id parsing (src/request, src/volume/id.rs).
-DRIVER_FILES=('src/volume/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/mounts/**'
+# logic on it (src/volume/mounts), path validation and volume-id parsing (src/request, src/volume/id.rs).
+DRIVER_FILES=('src/volume/block/**' 'src/pool/**' src/os/mountinfo.rs 'src/volume/mounts/**'
   'src/request/**' src/volume/id.rs)
 DRIVER_TESTS=(--lib --test inprocess --test nfs_inprocess --test security --test node_paths
   --test device_identity --test allocation_root --test block_root --test volume_conditions_root

@@ -32,7 +32,7 @@ suite() {
 suite "cargo fmt --check" cargo fmt --all -- --check
 # Every target with every feature (the kill points and tests/faults.rs need fault-injection),
 # then the code that only the product's features build (the binary, the library, and
-# what only compiles without fault-injection: src/faults.rs's no-op, tests/kill_points_off.rs),
+# what only compiles without fault-injection: src/runtime/faults.rs's no-op, tests/kill_points_off.rs),
 # which reuses the first pass's dependencies.
 suite "cargo clippy -D warnings (--all-features)" cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 suite "cargo clippy -D warnings (the product's features)" cargo clippy --workspace --lib --bins --test kill_points_off --quiet -- -D warnings

@@ -8,12 +8,12 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
-use gds_csi::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::gds::gate::{GateConfig, GdsGate};
 use gds_csi::metrics::host_timing::TimedHost;
 use gds_csi::metrics::PoolGauges;
 use gds_csi::os::RealHost;
 use gds_csi::pool::{Pool, PoolConfig};
+use gds_csi::runtime::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::service::server;
 use gds_csi::service::Driver;
 
@@ -119,13 +119,13 @@ fn on_signal(asked: Arc<AtomicBool>) -> Result<impl std::future::Future<Output =
 async fn serve(args: ServeArgs) -> Result<(), String> {
     args.validate()?;
     #[cfg(feature = "fault-injection")]
-    gds_csi::faults::arm(args.fault_kill_at);
+    gds_csi::runtime::faults::arm(args.fault_kill_at);
     let socket = args.socket_path()?;
     raise_nofile_limit();
     // Before anything reads the state: one process per state dir. A predecessor still
     // exiting is waited for; the socket check below then gets what is left of the wait.
     let started = Instant::now();
-    let _state_lock = gds_csi::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
+    let _state_lock = gds_csi::runtime::state_dir::lock(&args.state_dir, args.state_lock_wait)?;
     let driver = Arc::new(build_driver(&args)?);
     let listener = gds_csi::os::socket::bind_after(
         &socket,
@@ -170,7 +170,7 @@ fn spawn_initialisation(driver: &Arc<Driver>) {
 
 /// Watches the node's GDS readiness for its topology labels (a node with a GDS gate).
 fn spawn_readiness_watch(args: &ServeArgs, driver: &Driver) {
-    if args.mode != gds_csi::config::Mode::Controller {
+    if args.mode != gds_csi::runtime::config::Mode::Controller {
         if let Some(gate) = driver.gds_gate.clone() {
             gds_csi::gds::readiness::spawn(
                 gate,
@@ -184,15 +184,15 @@ fn spawn_readiness_watch(args: &ServeArgs, driver: &Driver) {
 }
 
 /// The GDS device plugin, when `--gds-device-plugin` asks for it.
-fn spawn_device_plugin(args: &ServeArgs) -> Option<gds_csi::workload::Running> {
+fn spawn_device_plugin(args: &ServeArgs) -> Option<gds_csi::gds::workload::Running> {
     args.gds_device_plugin.then(|| {
-        gds_csi::workload::spawn(gds_csi::workload::Config {
+        gds_csi::gds::workload::spawn(gds_csi::gds::workload::Config {
             driver_name: args.driver.name.clone(),
             plugin_dir: args.device_plugin_dir.clone(),
             host_dev: args.host_dev.clone(),
             udev_data_dir: args.gds.udev_data_dir.clone(),
             cufile_json: args.gds.cufile_json.clone(),
-            out_dir: gds_csi::workload::out_dir(&args.state_dir),
+            out_dir: gds_csi::gds::workload::out_dir(&args.state_dir),
             shares: args.gds_device_shares,
             interval: WORKLOAD_INTERVAL,
             kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
@@ -210,7 +210,7 @@ async fn main() -> ExitCode {
         }
         Command::Doctor(args) => {
             let code = match &args.pod {
-                Some(pod) => gds_csi::workload::pod::doctor(&args, pod),
+                Some(pod) => gds_csi::gds::workload::pod::doctor(&args, pod),
                 None => gds_csi::gds::doctor::main(&args),
             };
             return ExitCode::from(code as u8);
@@ -218,7 +218,7 @@ async fn main() -> ExitCode {
         Command::WorkloadRead(args) => {
             let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
             let prefix = gds_csi::gds::doctor::probe_prefix();
-            return ExitCode::from(gds_csi::workload::read::main(&args, &exe, &prefix) as u8);
+            return ExitCode::from(gds_csi::gds::workload::read::main(&args, &exe, &prefix) as u8);
         }
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);

@@ -75,7 +75,7 @@ async fn clients_wait_for_probe_ready_not_the_socket() {
         .arg(rig.dir.path())
         .arg("--pool-device")
         .arg(&rig.loops[0])
-        .env_remove(gds_csi::faults::ENV)
+        .env_remove(gds_csi::runtime::faults::ENV)
         .env("PATH", rig.tools.path_env())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

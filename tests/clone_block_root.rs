@@ -286,7 +286,7 @@ fn device_of(rig: &Rig, id: &str) -> String {
     key.strip_prefix("path:").unwrap().to_owned()
 }
 
-/// The clone's private directory name (src/state_dir/mod.rs `short`, as src/volume/block/clone/ names it).
+/// The clone's private directory name (src/runtime/state_dir/mod.rs `short`, as src/volume/block/clone/ names it).
 fn short(id: &str) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(id.as_bytes())[..8]

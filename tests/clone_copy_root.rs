@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{digest_file, is_root, run, LoopDevice};
-use gds_csi::copy::{copy_tree, CopyRequest, Progress, Saved, Verify};
+use gds_csi::volume::copy::{copy_tree, CopyRequest, Progress, Saved, Verify};
 
 /// An ext4 filesystem on a loop device over a sparse image, mounted; torn down on drop.
 struct Fs {
@@ -544,8 +544,8 @@ fn throughput_against_cp_a() {
                     ..request(
                         &src.mnt,
                         &dst.mnt,
-                        gds_csi::copy::CHUNK,
-                        gds_csi::copy::STREAMS,
+                        gds_csi::volume::copy::CHUNK,
+                        gds_csi::volume::copy::STREAMS,
                     )
                 };
                 copy_tree(&req, &p).unwrap();

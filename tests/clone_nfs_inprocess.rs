@@ -210,7 +210,7 @@ fn fill(dir: &Path) {
 }
 
 /// 3 MiB + 5 bytes of files: 3 MiB + 4 KiB in blocks, plus root and sub: 3 MiB + 12 KiB,
-/// × 16/15, rounded up to 4 KiB (src/copy/measure.rs).
+/// × 16/15, rounded up to 4 KiB (src/volume/copy/measure.rs).
 const DATA: u64 = (3 << 20) + 5;
 const NEEDED: u64 = (((3u64 << 20) + (12 << 10)) * 16)
     .div_ceil(15)

@@ -16,13 +16,13 @@ use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
-use gds_csi::workload::api::device_plugin_client::DevicePluginClient;
-use gds_csi::workload::api::registration_server::{Registration, RegistrationServer};
-use gds_csi::workload::api::{
+use gds_csi::gds::workload::api::device_plugin_client::DevicePluginClient;
+use gds_csi::gds::workload::api::registration_server::{Registration, RegistrationServer};
+use gds_csi::gds::workload::api::{
     AllocateRequest, ContainerAllocateRequest, DevicePluginOptions, Empty, ListAndWatchResponse,
     RegisterRequest,
 };
-use gds_csi::workload::{self, Config};
+use gds_csi::gds::workload::{self, Config};
 
 const DRIVER: &str = "d.example";
 const SHARES: u32 = 8;
@@ -122,7 +122,7 @@ async fn allocate(
     dir: &Path,
     resource: &str,
     containers: &[&[&str]],
-) -> Result<gds_csi::workload::api::AllocateResponse, Status> {
+) -> Result<gds_csi::gds::workload::api::AllocateResponse, Status> {
     let socket = dir.join(format!("{DRIVER}-{resource}.sock"));
     let mut plugin = DevicePluginClient::new(dial(&socket).await.unwrap());
     plugin

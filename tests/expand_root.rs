@@ -12,7 +12,7 @@ use std::path::Path;
 use gds_csi::csi::volume_capability::{AccessType, MountVolume};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::gpt::{kernel, Held};
+use gds_csi::disk::gpt::{kernel, Held};
 use tonic::Code;
 
 mod common;
@@ -410,7 +410,7 @@ async fn a_crash_between_label_and_record_converges_on_retry() {
         .unwrap()
         .parse()
         .unwrap();
-    gds_csi::gpt::volume::grow(&dev, &partuuid, 64 * MIB, &Held::default()).unwrap();
+    gds_csi::disk::gpt::volume::grow(&dev, &partuuid, 64 * MIB, &Held::default()).unwrap();
 
     let mut c = rig.0.start().await;
     let err = requests::stage(&mut c, &id, &staging, mount_cap("ext4"))

@@ -1,6 +1,6 @@
 //! Crash recovery at every step (root, real loop devices, the real binary).
 //!
-//! For each kill point of `src/faults.rs`, a volume goes through its whole life
+//! For each kill point of `src/runtime/faults.rs`, a volume goes through its whole life
 //! (create, stage, write, publish, write, unpublish, unstage, restage, republish,
 //! verify, unpublish, unstage, delete). The step that reaches the kill point runs
 //! on a driver started with `GDS_CSI_FAULT_KILL_AT=<point>`; the driver must die
@@ -28,7 +28,7 @@ use common::{blkid_code, digest_file, killed_by_sigkill, mounts_at, requests, Ri
 use gds_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::faults::KillPoint;
+use gds_csi::runtime::faults::KillPoint;
 use sha2::{Digest, Sha256};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,7 +351,7 @@ async fn scenario(point: KillPoint) -> String {
         } else {
             rig.kill9();
             let mut armed = rig
-                .start_with(&[(gds_csi::faults::ENV, point.as_str())], &[])
+                .start_with(&[(gds_csi::runtime::faults::ENV, point.as_str())], &[])
                 .await;
             let err = do_step(&mut armed, &mut ctx, step)
                 .await

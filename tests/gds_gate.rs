@@ -971,8 +971,8 @@ fn doctor_args(
     tree: &Tree,
     vol: &Path,
     lib: &Path,
-) -> gds_csi::config::DoctorArgs {
-    gds_csi::config::DoctorArgs {
+) -> gds_csi::runtime::config::DoctorArgs {
+    gds_csi::runtime::config::DoctorArgs {
         backend,
         path: Some(vol.to_owned()),
         json: false,
@@ -983,11 +983,11 @@ fn doctor_args(
         pod: None,
         runtime_state_dir: "/nonexistent".into(),
         kubelet_dir: "/nonexistent".into(),
-        driver: gds_csi::config::DriverName {
+        driver: gds_csi::runtime::config::DriverName {
             name: "gds.csi.gds-csi.io".into(),
         },
         state_dir: "/nonexistent".into(),
-        gds: gds_csi::config::GdsArgs {
+        gds: gds_csi::runtime::config::GdsArgs {
             cufile_json: tree.paths.cufile_json.clone(),
             udev_data_dir: tree.paths.udev_data_dir.clone(),
             udev_rules_dirs: tree.paths.udev_rules_dirs.clone(),

@@ -15,7 +15,7 @@ use common::requests::{
     create_volume_id, delete_request, publish, single_writer_mount, stage, unpublish, unstage,
 };
 use common::Rig;
-use gds_csi::faults::{KillPoint, ENV};
+use gds_csi::runtime::faults::{KillPoint, ENV};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_product_binary_ignores_the_kill_switch() {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gds_csi::csi::*;
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
 use tonic::Code;
 
 use common::frozen::FrozenDevice;

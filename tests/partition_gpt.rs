@@ -12,9 +12,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use gds_csi::gpt::format::{self as gpt, Label, TYPE_GUID};
-use gds_csi::gpt::label::{read_image, write_image, OnDisk};
-use gds_csi::gpt::ALIGN;
+use gds_csi::disk::gpt::format::{self as gpt, Label, TYPE_GUID};
+use gds_csi::disk::gpt::label::{read_image, write_image, OnDisk};
+use gds_csi::disk::gpt::ALIGN;
 
 const SIZE: u64 = 64 << 20;
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::frozen::FrozenDevice;
+use gds_csi::disk::gpt::kernel;
 use gds_csi::error::{Error, LayoutError};
-use gds_csi::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost};
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
 use gds_csi::volume::block::layout::Layout;

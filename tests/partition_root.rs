@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use gds_csi::gpt::label::{self, Blank, OnDisk};
-use gds_csi::gpt::{kernel, Error, Held, Label, ALIGN};
+use gds_csi::disk::gpt::label::{self, Blank, OnDisk};
+use gds_csi::disk::gpt::{kernel, Error, Held, Label, ALIGN};
 use gds_csi::os::{Host, RealHost};
 
 const MIB: u64 = ALIGN;
@@ -242,7 +242,8 @@ async fn a_foreign_gpt_is_refused_and_left_byte_identical() {
     let forged = Blank::from_signature_probe::<()>(&l.dev, &[]).unwrap();
     let err = label::create(&l.dev, forged).unwrap_err();
     assert!(matches!(err, Error::NotBlank { .. }), "{err}");
-    let mut ours = Label::new(512, SIZE / 512, gds_csi::gpt::format::new_disk_guid()).unwrap();
+    let mut ours =
+        Label::new(512, SIZE / 512, gds_csi::disk::gpt::format::new_disk_guid()).unwrap();
     ours.allocate("x", MIB).unwrap();
     assert!(matches!(
         label::write(&l.dev, &ours),
@@ -362,7 +363,7 @@ async fn delete_discards_and_zeroes_only_that_partition() {
 async fn resync_leaves_a_partition_it_does_not_know() {
     let Some(l) = Loop::new() else { return };
     carve(&l, &[4]).await;
-    let tail = gds_csi::gpt::Extent {
+    let tail = gds_csi::disk::gpt::Extent {
         start: 100 * MIB,
         len: 4 * MIB,
     };
@@ -432,7 +433,7 @@ async fn a_filesystem_made_over_a_carved_device_is_never_repaired_away() {
 
 #[tokio::test]
 async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
-    use gds_csi::gpt::volume;
+    use gds_csi::disk::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();
@@ -477,7 +478,7 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
 
 #[tokio::test]
 async fn a_4k_sector_device_is_carved_in_4k_sectors() {
-    use gds_csi::gpt::volume;
+    use gds_csi::disk::gpt::volume;
     if !common::is_root() {
         return;
     }
@@ -529,7 +530,7 @@ async fn a_4k_sector_device_is_carved_in_4k_sectors() {
 
 #[tokio::test]
 async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
-    use gds_csi::gpt::volume;
+    use gds_csi::disk::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "probe-me", 8 * MIB, &Held::default()).unwrap();
@@ -543,7 +544,7 @@ async fn the_host_probe_sees_a_new_partition_as_blank_and_a_filesystem_on_it() {
 
 #[tokio::test]
 async fn a_partition_the_kernel_shows_but_the_label_lacks_is_never_carved_over() {
-    use gds_csi::gpt::volume;
+    use gds_csi::disk::gpt::volume;
     let Some(l) = Loop::new() else { return };
     carve(&l, &[]).await;
     let a = volume::carve(&l.dev, "aaaa1111", 8 * MIB, &Held::default()).unwrap();

@@ -1,5 +1,5 @@
 //! Root-only: the partition layout honours systemd's block device locking convention
-//! (<https://systemd.io/BLOCK_DEVICE_LOCKING/>, `src/gpt/wholedisk.rs`) on a real
+//! (<https://systemd.io/BLOCK_DEVICE_LOCKING/>, `src/disk/gpt/wholedisk.rs`) on a real
 //! loop device. A udevd worker probing a partition holds `flock(LOCK_SH)` on the whole
 //! disk and the partition open (systemd 252 src/udev/udevd.c worker_lock_block_device,
 //! then blkid); the kernel refuses BLKPG delete meanwhile (EBUSY). DeleteVolume must wait
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gds_csi::csi::*;
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
 
 mod common;
 use common::{requests, PartRig};
@@ -96,7 +96,7 @@ async fn delete_waits_for_a_udev_probe_instead_of_failing_ebusy() {
 }
 
 /// What udevd's table re-read does to a disk whose label was just written (after the
-/// writer let go of the lock; `src/gpt/wholedisk.rs`): the kernel drops partition
+/// writer let go of the lock; `src/disk/gpt/wholedisk.rs`): the kernel drops partition
 /// `number` and adds it again from the label, at the same place but, as an NVMe's
 /// partitions get, at a new minor. The freed minor is held by a partition of `other`
 /// meanwhile so the new one cannot reuse it. Returns the (old, new) device numbers.
@@ -109,12 +109,12 @@ fn recreate_at_new_minor(disk: &Path, other: &Path, number: u32) -> ((u32, u32),
         .into_iter()
         .find(|p| p.number == number)
         .unwrap();
-    let span = gds_csi::gpt::alloc::Extent {
+    let span = gds_csi::disk::gpt::alloc::Extent {
         start: part.start,
         len: part.len,
     };
     kernel::delete(disk, number).unwrap();
-    let holder = gds_csi::gpt::alloc::Extent {
+    let holder = gds_csi::disk::gpt::alloc::Extent {
         start: MIB,
         len: MIB,
     };
@@ -145,11 +145,11 @@ fn recreate_at_new_minor(disk: &Path, other: &Path, number: u32) -> ((u32, u32),
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
     use gds_csi::error::{Error, VolumeError};
-    use gds_csi::mounts::Mounter;
     use gds_csi::os::{FsType, Host, RealHost};
     use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
     use gds_csi::volume::block::layout::Layout;
     use gds_csi::volume::block::{BlockBackend, NodeIdentity};
+    use gds_csi::volume::mounts::Mounter;
     use std::sync::Arc;
 
     let Some(rig) = PartRig::with_size(2, 64 * MIB) else {
@@ -217,7 +217,7 @@ async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     let part = kernel::list(&disk).unwrap()[0].clone();
     kernel::delete(&disk, number).unwrap();
-    let smaller = gds_csi::gpt::alloc::Extent {
+    let smaller = gds_csi::disk::gpt::alloc::Extent {
         start: part.start,
         len: part.len / 2,
     };

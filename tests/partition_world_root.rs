@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use gds_csi::csi::volume_content_source::{Type, VolumeSource};
 use gds_csi::csi::*;
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
 use tonic::Code;
 
 use common::tools::{run_advice, scribble, sgdisk, zeros_at};

@@ -203,7 +203,7 @@ async fn a_second_driver_on_one_state_dir_refuses_to_start() {
             .arg("--pool-device")
             .arg(&rig.loops[0])
             .arg("--state-lock-wait=300ms")
-            .env_remove(gds_csi::faults::ENV)
+            .env_remove(gds_csi::runtime::faults::ENV)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
             .spawn()

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost, StripeGeometry};
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
 use gds_csi::request::StripeParams;

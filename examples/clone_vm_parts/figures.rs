@@ -36,7 +36,7 @@ fn job_seconds() -> Result<f64> {
     Ok(secs.split_whitespace().next().unwrap_or("").parse()?)
 }
 
-/// The first copy's phases in the driver's log (`src/copy/mod.rs`, `copy finished ...
+/// The first copy's phases in the driver's log (`src/volume/copy/mod.rs`, `copy finished ...
 /// phases=walk 0.31 s, structure 0.22 s, data 7.78 s, ...`): (all of them, the data phase)
 /// in seconds; the copy without the job's mounts and unmounts.
 fn copy_phases() -> Result<(f64, f64)> {

@@ -5,9 +5,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use gds_csi::gpt::format::{self as gpt, Label};
-use gds_csi::gpt::label::{read_image, OnDisk, ReadAt};
-use gds_csi::gpt::ALIGN;
+use gds_csi::disk::gpt::format::{self as gpt, Label};
+use gds_csi::disk::gpt::label::{read_image, OnDisk, ReadAt};
+use gds_csi::disk::gpt::ALIGN;
 use libfuzzer_sys::fuzz_target;
 
 const SIZE: u64 = 16 << 20;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::gpt;
+use crate::disk::gpt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {

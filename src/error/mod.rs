@@ -203,13 +203,13 @@ pub enum Error {
     Expand(#[from] ExpandError),
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// A partition label's error (src/gpt/), as the label code words it.
+    /// A partition label's error (src/disk/gpt/), as the label code words it.
     #[error(transparent)]
-    Label(crate::gpt::Error),
+    Label(crate::disk::gpt::Error),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] crate::os::error::HostError),
-    /// A long job's task ended without leaving an outcome (src/jobs.rs).
+    /// A long job's task ended without leaving an outcome (src/runtime/jobs.rs).
     #[error("job {key} ended without an outcome; retry")]
     JobLost { key: String },
     /// The GDS gate refused a volume its class requires GDS for (src/gds/gate/policy.rs).
@@ -225,7 +225,7 @@ pub enum Error {
     /// A list call's starting_token that this driver did not issue (CSI: ABORTED).
     #[error("starting_token {token:?} was not issued by this driver; list again from the start")]
     ForeignToken { token: String },
-    /// The outcome of a long job that more than one call waited for (src/jobs.rs).
+    /// The outcome of a long job that more than one call waited for (src/runtime/jobs.rs).
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
 }
@@ -242,7 +242,7 @@ impl Error {
         matches!(
             self,
             Error::Allocation(AllocationError::NoDeviceFits { .. })
-                | Error::Label(crate::gpt::Error::OutOfRange(_))
+                | Error::Label(crate::disk::gpt::Error::OutOfRange(_))
                 | Error::Layout(
                     LayoutError::TooLarge { .. } | LayoutError::StripeBeyondLimit { .. }
                 )
@@ -306,10 +306,10 @@ fn host_code(err: &HostError) -> Code {
 
 /// A label error that is an I/O failure is answered as one (Internal); every other by
 /// its cause.
-impl From<crate::gpt::Error> for Error {
-    fn from(e: crate::gpt::Error) -> Self {
+impl From<crate::disk::gpt::Error> for Error {
+    fn from(e: crate::disk::gpt::Error) -> Self {
         match e {
-            crate::gpt::Error::Io { device, source, .. } => Error::Io {
+            crate::disk::gpt::Error::Io { device, source, .. } => Error::Io {
                 context: "partition layout",
                 path: device,
                 source,

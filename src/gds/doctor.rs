@@ -10,8 +10,8 @@ use gds_check::{
 };
 use serde_json::json;
 
-use crate::config::DoctorArgs;
 use crate::gds::gate::{failure_line, node_report};
+use crate::runtime::config::DoctorArgs;
 
 pub struct Diagnosis {
     pub backend: gds_check::Backend,

@@ -7,3 +7,4 @@ pub mod doctor;
 pub mod doctor_pod;
 pub mod gate;
 pub mod readiness;
+pub mod workload;

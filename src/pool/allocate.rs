@@ -5,8 +5,8 @@ use tracing::{info, warn};
 
 use super::{describe_signatures, inventory, AllocationRequest, Pool, PoolDevice, VolumeRecord};
 use crate::error::{AllocationError, Error, Result};
-use crate::faults::{self, KillPoint};
 use crate::os::{Host, MountEntry};
+use crate::runtime::faults::{self, KillPoint};
 use crate::volume::id::BlockVolumeId;
 
 /// Why a free device was passed over at allocation; `changed`: the scan is stale (rescan).

@@ -105,7 +105,7 @@ pub struct Excluded {
 }
 
 pub fn device_id(prefix: &str, key: &str) -> String {
-    format!("{prefix}-{}", crate::state_dir::short_hash(key))
+    format!("{prefix}-{}", crate::runtime::state_dir::short_hash(key))
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {

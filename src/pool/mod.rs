@@ -18,9 +18,9 @@ pub use source::{Content, RecordedSource, SourceOf};
 pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
 
 use crate::error::{Result, VolumeError};
-use crate::faults::{self, KillPoint};
-use crate::jobs::Jobs;
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
+use crate::runtime::faults::{self, KillPoint};
+use crate::runtime::jobs::Jobs;
 
 pub struct PoolConfig {
     pub node_id: String,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::source::RecordedSource;
 use crate::error::{Error, Result};
 use crate::os::FsType;
-use crate::state_dir::records::RecordFiles;
+use crate::runtime::state_dir::records::RecordFiles;
 
 /// The marker of the format (once the file of every record).
 const MARKER_FILE: &str = "volumes.json";
@@ -124,8 +124,8 @@ pub struct PartitionRecord {
 
 impl PartitionRecord {
     /// Where this record says the partition is, as the partition steps take it.
-    pub fn recorded(&self, name: Option<&str>) -> Option<crate::gpt::Recorded> {
-        Some(crate::gpt::Recorded {
+    pub fn recorded(&self, name: Option<&str>) -> Option<crate::disk::gpt::Recorded> {
+        Some(crate::disk::gpt::Recorded {
             partuuid: uuid::Uuid::parse_str(&self.partuuid).ok()?,
             number: self.number,
             span: self.held_span(),
@@ -134,9 +134,9 @@ impl PartitionRecord {
     }
 
     /// The span held on its device, when recorded.
-    pub fn held_span(&self) -> Option<crate::gpt::Extent> {
+    pub fn held_span(&self) -> Option<crate::disk::gpt::Extent> {
         self.span
-            .map(|(start, len)| crate::gpt::Extent { start, len })
+            .map(|(start, len)| crate::disk::gpt::Extent { start, len })
     }
 }
 
@@ -268,7 +268,7 @@ impl StateStore {
     pub fn open(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| Error::io("creating state dir", dir, e))?;
         let marker_path = dir.join(MARKER_FILE);
-        let marker = match crate::state_dir::read_regular(&marker_path)? {
+        let marker = match crate::runtime::state_dir::read_regular(&marker_path)? {
             Some(bytes) => {
                 Some(
                     serde_json::from_slice::<Marker>(&bytes).map_err(|e| Error::State {
@@ -370,7 +370,7 @@ fn write_marker(path: &Path) -> Result<()> {
         path: path.to_owned(),
         reason: format!("cannot be serialised: {e}"),
     })?;
-    crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("writing", path, e))
+    crate::runtime::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("writing", path, e))
 }
 
 #[cfg(test)]

@@ -368,7 +368,10 @@ pub fn dir_name(name: &str) -> String {
         })
         .take(40)
         .collect();
-    format!("{cleaned}{ENCODED}{}", crate::state_dir::short_hash(name))
+    format!(
+        "{cleaned}{ENCODED}{}",
+        crate::runtime::state_dir::short_hash(name)
+    )
 }
 
 /// Whether `dir` is the directory of the snapshot named `name`: its `dir_name`, or the

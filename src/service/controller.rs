@@ -7,8 +7,8 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result, SnapshotError};
-use crate::locks::LockKey;
 use crate::request::{self, ContentSource, VolumeRef};
+use crate::runtime::locks::LockKey;
 use crate::volume::VolumeBackend;
 
 pub struct ControllerService {

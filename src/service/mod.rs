@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::gds::gate::GdsGate;
-use crate::locks::VolumeLocks;
-use crate::mounts::Mounter;
 use crate::os::Host;
 use crate::pool::Pool;
+use crate::runtime::locks::VolumeLocks;
 use crate::snapshot::Snapshots;
 use crate::volume::block::{BlockBackend, NodeIdentity};
+use crate::volume::mounts::Mounter;
 use crate::volume::nfs::{NfsBackend, NfsStore, NfsVolumeId};
 use crate::volume::VolumeBackend;
 

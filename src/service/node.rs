@@ -8,9 +8,9 @@ use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::Result;
-use crate::locks::LockKey;
 use crate::request::node::{ForVolume, NodeExpand, Stats, TakeDown};
 use crate::request::{self, VolumeRef};
+use crate::runtime::locks::LockKey;
 use crate::volume::VolumeBackend;
 
 pub struct NodeService {

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use super::store::{self, SnapshotDir};
 use super::{Manifest, Snapshots};
 use crate::error::{Error, Result, SnapshotError, VolumeError};
-use crate::locks::VolumeLocks;
 use crate::request::snapshot::{SnapshotId, Store};
+use crate::runtime::locks::VolumeLocks;
 use crate::volume::block::BlockBackend;
 use crate::volume::nfs::NfsBackend;
 

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::copy::walk::{Entry, Kind};
 use crate::error::{Error, Result};
 pub use crate::request::snapshot::Content;
+use crate::volume::copy::walk::{Entry, Kind};
 
 pub const FILE: &str = "manifest.json";
 pub use crate::request::snapshot::{IMAGE, TREE};
@@ -90,7 +90,7 @@ impl Manifest {
             };
             let sha256 = if checksums && e.kind == Kind::File {
                 Some(
-                    crate::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
+                    crate::volume::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
                         .map_err(|x| Error::io("checksum", tree.join(&e.rel), x.into()))?,
                 )
             } else {

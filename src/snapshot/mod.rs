@@ -23,12 +23,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::copy::Cloner;
 use crate::csi;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{CreateSnapshot, SnapshotId};
 use crate::request::{self, VolumeRef};
-use crate::state_dir::short_hash;
+use crate::runtime::state_dir::short_hash;
+use crate::volume::copy::Cloner;
 use take::progress_of;
 
 pub use context::Context;
@@ -208,7 +208,7 @@ impl Snapshots {
 }
 
 fn read_record(path: &Path) -> Result<Option<Record>> {
-    let Some(bytes) = crate::state_dir::read_regular(path)? else {
+    let Some(bytes) = crate::runtime::state_dir::read_regular(path)? else {
         return Ok(None);
     };
     serde_json::from_slice(&bytes)
@@ -224,7 +224,7 @@ fn store_record(path: &Path, rec: &Record) -> Result<()> {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
-    crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
+    crate::runtime::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
 }
 
 fn key(name: &str) -> String {

@@ -12,7 +12,7 @@ use super::Context;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore, SnapshotId};
-use crate::state_dir::short_hash;
+use crate::runtime::state_dir::short_hash;
 
 /// The directory of a snapshot's restore marks: one file per block volume that is being
 /// restored from it and not filled yet, whichever node that volume is on.
@@ -221,7 +221,7 @@ pub async fn mark(ctx: &Context<'_>, restore: &Restore, volume_id: &str) -> Resu
     if let Some(parent) = local.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
     }
-    crate::state_dir::write_atomic(&local, restore.text.as_bytes())
+    crate::runtime::state_dir::write_atomic(&local, restore.text.as_bytes())
         .map_err(|e| Error::io("write", &local, e))
 }
 

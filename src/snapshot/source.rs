@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use super::Context;
 use crate::error::{Error, Result, SnapshotError};
-use crate::locks::LockKey;
-use crate::locks::VolumeGuard;
 use crate::os::FsType;
 use crate::pool::VolumeRecord;
 use crate::request::{self, VolumeRef};
+use crate::runtime::locks::LockKey;
+use crate::runtime::locks::VolumeGuard;
 use crate::volume::block::{clone, BlockBackend};
 use crate::volume::id::{BlockVolumeId, IdLayout};
 

@@ -31,15 +31,15 @@ use super::manifest::{Content, Manifest, IMAGE, TREE};
 use super::source::{source, From};
 use super::store::{Owner, SnapshotDir};
 use super::{key, store_record, Context, Record};
-use crate::copy::delta::Changes;
-use crate::copy::walk::Entry;
-use crate::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::error::{Error, Result, SnapshotError, StoreError};
-use crate::locks::VolumeGuard;
 use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
-use crate::state_dir::short_hash;
+use crate::runtime::locks::VolumeGuard;
+use crate::runtime::state_dir::short_hash;
 use crate::volume::block::clone;
+use crate::volume::copy::delta::Changes;
+use crate::volume::copy::walk::Entry;
+use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::volume::nfs::{fs_error, fsops};
 
 /// What the job owns: everything it needs once the call that started it has returned.
@@ -216,8 +216,8 @@ impl Job {
             source: shown.to_owned(),
             target: PathBuf::from(self.store.tree.location()),
             label: self.rec.id.clone(),
-            streams: crate::copy::STREAMS,
-            chunk: crate::copy::CHUNK,
+            streams: crate::volume::copy::STREAMS,
+            chunk: crate::volume::copy::CHUNK,
             verify: self.verify(),
             live,
             target_reused: true,
@@ -280,13 +280,13 @@ impl Job {
             let (src, dst) = (root.as_fd(), dst.as_fd());
             let how = self.verify();
             s.spawn(move || {
-                let _ = tx.send(crate::copy::delta::copy_changes(
+                let _ = tx.send(crate::volume::copy::delta::copy_changes(
                     src,
                     dst,
                     at,
                     before,
                     how,
-                    crate::copy::STREAMS,
+                    crate::volume::copy::STREAMS,
                     progress,
                 ));
             });
@@ -334,7 +334,7 @@ impl Job {
             total_bytes: bytes,
             ..Saved::default()
         })?;
-        let mut buf = vec![0u8; crate::copy::BUFFER];
+        let mut buf = vec![0u8; crate::volume::copy::BUFFER];
         let (mut at, mut written) = (0u64, 0u64);
         while at < bytes {
             let want = ((bytes - at) as usize).min(buf.len());

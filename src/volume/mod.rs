@@ -5,7 +5,9 @@
 //! (the host port, their state, the GDS gate), never the whole driver.
 
 pub mod block;
+pub mod copy;
 pub mod id;
+pub mod mounts;
 pub mod nfs;
 
 use std::path::Path;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
 
 const MIB: u64 = 1 << 20;
 

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use gds_csi::config::Mode;
 use gds_csi::csi::Clients;
+use gds_csi::runtime::config::Mode;
 use gds_csi::service::Driver;
 use sha2::{Digest, Sha256};
 
@@ -61,7 +61,7 @@ pub fn serve_as<'a>(cmd: &'a mut Command, dir: &Path, node_id: &str) -> &'a mut 
         .arg(dir.join("state"))
         .arg("--allowed-path-root")
         .arg(dir)
-        .env_remove(gds_csi::faults::ENV)
+        .env_remove(gds_csi::runtime::faults::ENV)
 }
 
 /// Clients connected to `socket` once Probe answers ready; `None` before that.
@@ -368,7 +368,7 @@ impl PartRig {
 
 impl Drop for PartRig {
     fn drop(&mut self) {
-        use gds_csi::gpt::kernel;
+        use gds_csi::disk::gpt::kernel;
         self.0.kill9();
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let mut mounts = mount_points_under(&mountinfo, self.0.dir.path());

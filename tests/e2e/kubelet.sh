@@ -657,7 +657,7 @@ check "the grown claim's space returns: the carving class's capacity is ${part_c
 [ "$DEPLOY" != chart ] || snapshot_and_restore
 kill "$OTHER_DRIVER_PID"
 
-# --- GPU workloads without privileged mode: the device plugin (src/workload) -------------
+# --- GPU workloads without privileged mode: the device plugin (src/gds/workload) -------------
 # The driver serves a kubelet device plugin with two resources. A pod that lists one in its
 # limits gets, through the kubelet and containerd, /dev/nvidia-fs* (none on this machine),
 # the host's /run/udev/data read-only and the resource's cufile.json read-only, named by
@@ -814,7 +814,7 @@ not_privileged() {
 check "the pod is not privileged (privileged: false, not every capability)" not_privileged
 
 # What cuFile in the pod will see, from its node: gds-csi doctor --pod reads the OCI spec
-# containerd handed runc for the pod's container (src/workload/pod.rs), in the node
+# containerd handed runc for the pod's container (src/gds/workload/pod.rs), in the node
 # plugin as an operator runs it (chart), or as a host process.
 doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit status
   if [ "$DEPLOY" = chart ]; then

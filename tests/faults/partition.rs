@@ -17,8 +17,8 @@ use super::common::tools::blkid_tag;
 use super::common::{killed_by_sigkill, requests, run, PartRig, Rig};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::faults::KillPoint;
-use gds_csi::gpt::kernel;
+use gds_csi::disk::gpt::kernel;
+use gds_csi::runtime::faults::KillPoint;
 
 const MIB: u64 = 1 << 20;
 const DISK: u64 = 96 * MIB;
@@ -223,7 +223,7 @@ async fn neighbour(rig: &Rig, c: &mut Clients) -> String {
 async fn kill_and_retry(rig: &mut Rig, ctx: &mut Ctx, point: KillPoint, step: Step) -> Clients {
     rig.kill9();
     let mut armed = rig
-        .start_with(&[(gds_csi::faults::ENV, point.as_str())], &[])
+        .start_with(&[(gds_csi::runtime::faults::ENV, point.as_str())], &[])
         .await;
     let err = do_step(&mut armed, ctx, step)
         .await

@@ -179,7 +179,7 @@ partition_sanity() {
   done
 }
 # Every label write and BLKPG call holds the disk's BSD lock (systemd's block device
-# locking convention, src/gpt/wholedisk.rs), so udevd neither probes nor re-reads a
+# locking convention, src/disk/gpt/wholedisk.rs), so udevd neither probes nor re-reads a
 # disk while the driver changes it. On 2026-11-30, before that, this run failed 7 of 42
 # specs here (BLKPG EBUSY, partitions missing right after a carve).
 partition_sanity

@@ -94,7 +94,7 @@ impl CompatMarks {
                 path: path.clone(),
                 reason: format!("cannot encode the compat marks: {e}"),
             })?;
-            crate::state_dir::write_atomic(path, &bytes)
+            crate::runtime::state_dir::write_atomic(path, &bytes)
                 .map_err(|e| Error::io("writing", path, e))?;
             next = file.volumes;
         }
@@ -107,7 +107,7 @@ impl CompatMarks {
 /// published in compat mode; none when the file does not exist.
 pub fn read(dir: &Path) -> Result<BTreeMap<String, String>> {
     let path = dir.join(FILE_NAME);
-    match crate::state_dir::read_regular(&path)? {
+    match crate::runtime::state_dir::read_regular(&path)? {
         None => Ok(BTreeMap::new()),
         Some(bytes) => parse(&path, &bytes),
     }

@@ -89,7 +89,7 @@ pub trait Host: Send + Sync + 'static {
     /// server, so callers run it under a deadline.
     fn statvfs(&self, path: &Path) -> Result<FsUsage>;
     /// `mdadm <args>` under the command deadline, its output whatever its exit status
-    /// (the md port, `crate::md`, builds the arguments and reads the answer). Hosts
+    /// (the md port, `crate::disk::md`, builds the arguments and reads the answer). Hosts
     /// without md refuse.
     async fn mdadm(&self, args: &[&OsStr]) -> Result<std::process::Output> {
         let _ = args;

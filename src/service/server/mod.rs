@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::net::UnixListener;
 
-use crate::config::Mode;
 use crate::csi::controller_server::ControllerServer;
 use crate::csi::identity_server::IdentityServer;
 use crate::csi::node_server::NodeServer;
+use crate::runtime::config::Mode;
 use crate::service::controller::ControllerService;
 use crate::service::identity::IdentityService;
 use crate::service::node::NodeService;

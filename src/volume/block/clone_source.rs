@@ -298,7 +298,7 @@ impl SourceMount {
 
     /// A copy's failure, said clearly when the NFS server stopped answering (the soft
     /// mount's ETIMEDOUT): Unavailable, so the kubelet's retry resumes the copy.
-    pub fn explain(&self, e: Error, progress: &crate::copy::Progress) -> Error {
+    pub fn explain(&self, e: Error, progress: &crate::volume::copy::Progress) -> Error {
         let (SourceMount::Nfs { label, .. } | SourceMount::NfsSnapshot { label, .. }) = self else {
             return e;
         };
@@ -366,7 +366,7 @@ pub async fn take_down_nfs(host: &dyn Host, path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{Progress, Saved};
+    use crate::volume::copy::{Progress, Saved};
 
     fn nfs() -> SourceMount {
         let id = NfsVolumeId::parse("nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1").unwrap();

@@ -21,8 +21,8 @@ use tracing::info;
 
 use super::partition::guard;
 use super::{BlockBackend, Located};
+use crate::disk::gpt::{self, volume, SizeRange, ALIGN};
 use crate::error::{Error, ExpandError, MountError, Result};
-use crate::gpt::{self, volume, SizeRange, ALIGN};
 use crate::os::{blockdev, mountinfo, FileKind, FsType};
 use crate::volume::id::{BlockVolumeId, IdLayout};
 use crate::volume::{Expand, Expanded};

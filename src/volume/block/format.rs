@@ -10,9 +10,9 @@ use tracing::info;
 
 use super::{BlockBackend, Located};
 use crate::error::{Error, Result, VolumeError};
-use crate::faults::{self, KillPoint};
 use crate::os::{FsType, Host, Signature};
 use crate::pool::{describe_signatures, VolumeRecord};
+use crate::runtime::faults::{self, KillPoint};
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum FormatDecision {

@@ -32,10 +32,10 @@ pub use layout::{Capacity, Layout};
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::GdsGate;
-use crate::mounts::Mounter;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::Capability;
 use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::volume::mounts::Mounter;
 use crate::volume::{Expand, Expanded, Publish, Stage, VolumeBackend};
 
 /// Which node this is, as the block backend's volumes and topology name it.
@@ -61,7 +61,7 @@ pub struct BlockBackend {
     pub(crate) gate: Option<Arc<GdsGate>>,
     pub(crate) node: NodeIdentity,
     /// Clone copies running or finished.
-    pub(crate) clones: Arc<crate::copy::Cloner>,
+    pub(crate) clones: Arc<crate::volume::copy::Cloner>,
     /// This instance runs the NFS backend too, so a clone may mount an NFS source.
     pub(crate) nfs_sources: bool,
     ready: AtomicBool,

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use super::{fill, BlockBackend, Located};
 use crate::error::{Error, Result, VolumeError};
-use crate::faults::{self, KillPoint};
 use crate::gds::gate::{GateOutcome, MountedVolume, Policy};
-use crate::mounts::already_published;
 use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
 use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
+use crate::runtime::faults::{self, KillPoint};
 use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::volume::mounts::already_published;
 use crate::volume::Publish;
 
 /// NodePublishVolume of a block volume: the pool ready → (raw block access) the fill
@@ -50,7 +50,10 @@ pub async fn publish(
     if cap.single_writer {
         let served = b.mounter.served(&mounts);
         if let Some(other) = published_targets(served, dev, staging).next() {
-            return Err(crate::mounts::single_writer(&vol.id.to_string(), &other));
+            return Err(crate::volume::mounts::single_writer(
+                &vol.id.to_string(),
+                &other,
+            ));
         }
     }
     let mut options = cap.mount_flags.clone();
@@ -103,7 +106,7 @@ async fn bind_filesystem(
     options: &[String],
 ) -> Result<()> {
     let dev = &vol.device;
-    let not_staged = || crate::mounts::not_staged(&vol.id.to_string(), staging);
+    let not_staged = || crate::volume::mounts::not_staged(&vol.id.to_string(), staging);
     // The bind source is pinned too, and the table read after pinning: a staging path
     // swapped before that shows up as another mount there.
     let source = b

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use super::{fill, format, BlockBackend, Located};
 use crate::error::{Error, MountError, Result, VolumeError};
-use crate::faults::{self, KillPoint};
 use crate::os::{mountinfo, DeviceUse, FsType, MountEntry};
 use crate::request::node::Stage;
 use crate::request::{Access, Capability};
+use crate::runtime::faults::{self, KillPoint};
 use crate::volume::id::BlockVolumeId;
 
 /// NodeStageVolume of a block volume, one pipeline over the parsed request: the pool
@@ -93,7 +93,7 @@ async fn restage(
 ) -> Result<()> {
     let dev = &vol.device;
     if !(m.is_device(dev.major, dev.minor) && m.root == "/") {
-        return Err(crate::mounts::staging_taken(staging, m));
+        return Err(crate::volume::mounts::staging_taken(staging, m));
     }
     let verified = verify_staged(b, staging, fs).await;
     if verified.is_err() {

@@ -65,7 +65,7 @@ pub fn stats(
             ..Default::default()
         }]
     } else {
-        crate::mounts::usage_of(&host.statvfs(path)?)
+        crate::volume::mounts::usage_of(&host.statvfs(path)?)
     };
     Ok(csi::NodeGetVolumeStatsResponse {
         usage,

@@ -5,7 +5,7 @@
 //! Both directories are reached through the controller's export mounts
 //! (`NfsBackend::export_root`), each from its own id, so the source and the clone may be
 //! on different exports or servers. They are opened with `openat` walks that never
-//! follow a symlink (`fsops`), and the tree is copied by the engine in `src/copy/`
+//! follow a symlink (`fsops`), and the tree is copied by the engine in `src/volume/copy/`
 //! (symlinks copied as links, hard links, owners, modes, times, holes; verified by
 //! sizes, or by checksums with the class's `verify: checksum`), with its progress in
 //! `<state-dir>/nfs-clones/` so a restarted driver resumes.
@@ -28,12 +28,12 @@ use std::time::Duration;
 use tracing::info;
 
 use super::{fs_error, fsops, NfsBackend, NfsRecord, NfsVolumeId};
-use crate::copy::{copy_tree_at, CopyRequest, Progress, Verify};
 use crate::csi;
 use crate::error::{CloneError, Error, Result};
 use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore};
 use crate::request::{self, CreateVolume, VolumeRef};
+use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Verify};
 
 /// How long CreateVolume waits for the copy before answering Unavailable with the
 /// progress: under the external-provisioner's default `--timeout` of 10 s
@@ -48,7 +48,7 @@ fn key(id: &str) -> String {
 }
 
 fn progress_path(b: &NfsBackend, id: &str) -> PathBuf {
-    let hex = crate::state_dir::short_hash(id);
+    let hex = crate::runtime::state_dir::short_hash(id);
     b.store.clones_dir.join(format!("{hex}.json"))
 }
 
@@ -241,8 +241,8 @@ fn copy_request(req: &CreateVolume<'_>, id: &NfsVolumeId, label: String) -> Copy
         source: PathBuf::from(&label),
         target: PathBuf::from(id.source()),
         label,
-        streams: crate::copy::STREAMS,
-        chunk: crate::copy::CHUNK,
+        streams: crate::volume::copy::STREAMS,
+        chunk: crate::volume::copy::CHUNK,
         verify: verify_of(req),
         live: false,
         target_reused: false,
@@ -347,10 +347,10 @@ impl Copy {
         // directory emptied and the copy forgotten, so a retry copies it all again.
         let target = &self.req.target;
         if let Some((path, recorded, found)) =
-            crate::copy::verify::first_mismatch(dst.as_fd(), target, &self.digests)?
+            crate::volume::copy::verify::first_mismatch(dst.as_fd(), target, &self.digests)?
         {
-            crate::copy::delta::empty(dst.as_fd(), target)?;
-            progress.set(crate::copy::Saved::default())?;
+            crate::volume::copy::delta::empty(dst.as_fd(), target)?;
+            progress.set(crate::volume::copy::Saved::default())?;
             return Err(crate::error::StoreError::Corrupt {
                 id: self.origin.clone(),
                 path,

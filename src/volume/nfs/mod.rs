@@ -26,9 +26,9 @@ use tracing::{info, warn};
 use crate::csi;
 use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds::gate::GdsGate;
-use crate::mounts::Mounter;
 use crate::os::{mountinfo, Anchored, Host, MountEntry};
 use crate::request::{nfs_options, CreateVolume, NfsCapability};
+use crate::volume::mounts::Mounter;
 use crate::volume::{Expand, Expanded, Publish, Stage, VolumeBackend};
 
 pub use crate::request::{MountOptions, NfsParams, NfsVolumeId, OnDelete, Transport};
@@ -79,9 +79,9 @@ pub struct NfsBackend {
     /// The CSI driver name, the prefix of the topology keys of gated volumes.
     pub(crate) driver_name: String,
     /// NFS → NFS clone copies running as jobs (`clone.rs`).
-    pub(crate) clones: Arc<crate::copy::Cloner>,
+    pub(crate) clones: Arc<crate::volume::copy::Cloner>,
     /// Clone sources' trees being measured (a block clone of an NFS directory).
-    pub(crate) measures: Arc<crate::copy::measure::Measures>,
+    pub(crate) measures: Arc<crate::volume::copy::measure::Measures>,
 }
 
 impl NfsBackend {
@@ -118,7 +118,7 @@ impl NfsBackend {
         );
         self.store
             .exports_dir
-            .join(crate::state_dir::short_hash(&key))
+            .join(crate::runtime::state_dir::short_hash(&key))
     }
 
     /// The export mounted (once) under the controller's working dir.

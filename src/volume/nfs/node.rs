@@ -9,9 +9,9 @@ use tracing::{info, warn};
 use super::{is_nfs_from, transport_mismatch, verify_mounted, NfsBackend, NfsVolumeId};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::{MountedVolume, Policy};
-use crate::mounts::{already_published, Mounter};
 use crate::os::{mountinfo, MountEntry};
 use crate::request::{nfs_options, NfsCapability};
+use crate::volume::mounts::{already_published, Mounter};
 use crate::volume::{Publish, Stage};
 
 /// NodeStageVolume: mount `server:/share/dir` at the staging path.
@@ -22,7 +22,7 @@ pub async fn stage(b: &NfsBackend, id: &NfsVolumeId, req: &Stage<NfsCapability>)
     let mounts = b.mounter.mount_table()?;
     if let Some(m) = mountinfo::at(&mounts, staging) {
         if !is_nfs_from(m, &source) {
-            return Err(crate::mounts::staging_taken(staging, m));
+            return Err(crate::volume::mounts::staging_taken(staging, m));
         }
         if let Some(why) = transport_mismatch(m, &opts.transport) {
             return Err(VolumeError::StagedWithoutRdma {
@@ -69,7 +69,7 @@ pub async fn unpublish(mounter: &Mounter, id: &NfsVolumeId, target: &Path) -> Re
 }
 
 fn not_staged(id: &NfsVolumeId, staging: &Path) -> Error {
-    crate::mounts::not_staged(&id.to_string(), staging)
+    crate::volume::mounts::not_staged(&id.to_string(), staging)
 }
 
 /// SINGLE_NODE_SINGLE_WRITER: no other mount of this volume but the staging one at a
@@ -91,7 +91,7 @@ fn check_single_writer(
             && m.mount_point != staging
     });
     match other {
-        Some(other) => Err(crate::mounts::single_writer(
+        Some(other) => Err(crate::volume::mounts::single_writer(
             &id.to_string(),
             &other.mount_point,
         )),

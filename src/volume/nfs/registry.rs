@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::pool::SourceOf;
-use crate::state_dir::records::RecordFiles;
+use crate::runtime::state_dir::records::RecordFiles;
 
 /// Where the records were kept in one file; moved to their own files at start-up and
 /// then removed (what it held can always be found again from the ids).
@@ -66,7 +66,7 @@ impl Registry {
     pub fn open(dir: &Path) -> Result<Self> {
         let (files, mut by_id) = RecordFiles::open::<NfsRecord>(&dir.join(RECORDS_DIR))?;
         let whole = dir.join(WHOLE_FILE);
-        if let Some(bytes) = crate::state_dir::read_regular(&whole)? {
+        if let Some(bytes) = crate::runtime::state_dir::read_regular(&whole)? {
             let old: WholeFile = serde_json::from_slice(&bytes).map_err(|e| Error::State {
                 path: whole.clone(),
                 reason: format!("unreadable ({e})"),

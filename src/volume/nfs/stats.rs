@@ -57,7 +57,7 @@ pub async fn stats(
         },
     };
     Ok(csi::NodeGetVolumeStatsResponse {
-        usage: crate::mounts::usage_of(&st),
+        usage: crate::volume::mounts::usage_of(&st),
         volume_condition: Some(crate::volume::compat_condition(
             b.gate.as_deref(),
             &id.to_string(),

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{copy_dir, STAGE_WAIT};
-use crate::copy::Progress;
 use crate::error::{CloneError, Error, Result};
 use crate::os::safepath::{self, Create};
 use crate::os::{Anchored, Host};
 use crate::volume::block::clone_source;
 use crate::volume::block::BlockBackend;
+use crate::volume::copy::Progress;
 
 /// Before a clone is deleted: a copy still running refuses the delete; mounts a driver
 /// killed mid-copy left in the clone's private directory are taken down (they would

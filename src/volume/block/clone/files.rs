@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::{count_outcome, on_blocking_pool, record_not_filled};
-use crate::copy::{copy_tree, CopyRequest, Progress, Saved};
 use crate::error::{Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host};
 use crate::volume::block::clone_source::SourceMount;
+use crate::volume::copy::{copy_tree, CopyRequest, Progress, Saved};
 
 /// The job: the source mounted read-only and the clone read-write in `dir`, the tree
 /// copied and verified, both unmounted whatever the outcome.
@@ -79,9 +79,9 @@ fn verify_recorded(
     let digests = m.digests();
     let shown = Path::new(&m.snapshot_id);
     if let Some((path, recorded, found)) =
-        crate::copy::verify::first_mismatch(root.as_fd(), shown, &digests)?
+        crate::volume::copy::verify::first_mismatch(root.as_fd(), shown, &digests)?
     {
-        crate::copy::delta::empty(root.as_fd(), target)?;
+        crate::volume::copy::delta::empty(root.as_fd(), target)?;
         progress.set(Saved::default())?;
         return Err(crate::error::StoreError::Corrupt {
             id: m.snapshot_id.clone(),

@@ -29,11 +29,11 @@ mod stage;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::copy::{CopyRequest, Progress, Saved, Verify};
 use crate::error::{CloneError, Result};
 use crate::request;
 use crate::volume::block::clone_source::Source;
 use crate::volume::block::BlockBackend;
+use crate::volume::copy::{CopyRequest, Progress, Saved, Verify};
 
 pub(crate) use check::in_use;
 pub use check::{
@@ -53,7 +53,7 @@ pub fn is_raw_clone(rec: &crate::pool::VolumeRecord) -> bool {
 /// progress (the kubelet gives up on a call after 2 minutes and retries).
 pub const STAGE_WAIT: Duration = Duration::from_secs(100);
 
-use crate::state_dir::short_hash as short;
+use crate::runtime::state_dir::short_hash as short;
 
 fn progress_path(b: &BlockBackend, id: &str) -> PathBuf {
     b.pool
@@ -76,8 +76,8 @@ fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest
         source: PathBuf::new(),
         target: PathBuf::new(),
         label: source.label().to_owned(),
-        streams: crate::copy::STREAMS,
-        chunk: crate::copy::CHUNK,
+        streams: crate::volume::copy::STREAMS,
+        chunk: crate::volume::copy::CHUNK,
         verify: verify_of(rec),
         live: false,
         target_reused: false,

@@ -12,13 +12,13 @@ use super::{
     copy_dir, copy_request, count_outcome, done, is_raw_clone, on_blocking_pool, progress_path,
     record_not_filled, short, STAGE_WAIT,
 };
-use crate::copy::{CopyRequest, Progress};
 use crate::error::{CloneError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host, MountEntry};
 use crate::request::{self, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
+use crate::volume::copy::{CopyRequest, Progress};
 use crate::volume::id::BlockVolumeId;
 
 /// CreateVolume of a filesystem clone whose source is mounted on this node now (a pod
@@ -181,7 +181,8 @@ fn copy_frozen(
         .map_err(|e| Error::io("open", &req.source, e))?;
     let frozen =
         crate::volume::block::freeze::Frozen::freeze(state_dir, name, root, dev, &req.source)?;
-    let copied = crate::copy::copy_tree_at(src.as_fd(), dst.as_fd(), req, progress).map(drop);
+    let copied =
+        crate::volume::copy::copy_tree_at(src.as_fd(), dst.as_fd(), req, progress).map(drop);
     drop(frozen);
     copied
 }

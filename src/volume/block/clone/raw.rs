@@ -10,14 +10,14 @@ use std::sync::Arc;
 use super::check::refuse_in_use;
 use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
-use crate::copy::raw::{DeviceAt, RawCopyRequest};
-use crate::copy::Progress;
 use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
 use crate::request::snapshot::SnapshotId;
 use crate::request::{self, VolumeRef};
 use crate::volume::block::clone_source::{self, ImageAt, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
+use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
+use crate::volume::copy::Progress;
 use crate::volume::id::{BlockVolumeId, IdLayout};
 
 /// The job that fills raw block clone `vol` from `source`: both devices in use nowhere
@@ -57,8 +57,8 @@ pub(super) fn raw_fill(
         // by a volume before may hold anything.
         zero_tail: vol.id.layout == IdLayout::Device,
         label: source.label().to_owned(),
-        streams: crate::copy::STREAMS,
-        chunk: crate::copy::CHUNK,
+        streams: crate::volume::copy::STREAMS,
+        chunk: crate::volume::copy::CHUNK,
         verify: verify_of(&vol.record),
     };
     let (progress, volume) = (Arc::clone(progress), vol.id.to_string());
@@ -107,7 +107,7 @@ async fn copy_source_device(
         from = %req.source.path.display(), to = %req.target.path.display(),
         "copying the source device onto the raw block clone");
     let p = Arc::clone(&progress);
-    let outcome = on_blocking_pool(move || crate::copy::raw::copy_device(&req, &p)).await;
+    let outcome = on_blocking_pool(move || crate::volume::copy::raw::copy_device(&req, &p)).await;
     count_outcome(&volume, &progress, &outcome);
     outcome
 }
@@ -150,8 +150,8 @@ fn image_fill(
             bytes,
             zero_tail,
             label,
-            streams: crate::copy::STREAMS,
-            chunk: crate::copy::CHUNK,
+            streams: crate::volume::copy::STREAMS,
+            chunk: crate::volume::copy::CHUNK,
             verify,
         };
         tracing::info!(volume_id = %volume, source = %req.label, bytes,
@@ -159,7 +159,7 @@ fn image_fill(
         let p = Arc::clone(&progress);
         let copied = on_blocking_pool(move || {
             // The image is read through its descriptor's path while it is open.
-            let copied = crate::copy::raw::copy_device(&req, &p);
+            let copied = crate::volume::copy::raw::copy_device(&req, &p);
             drop(opened);
             copied
         })

@@ -8,12 +8,12 @@ use super::copy_mounts::take_down_idle_leftovers;
 use super::files::fill;
 use super::raw::raw_fill;
 use super::{copy_dir, copy_request, done, is_raw_clone, progress_path, STAGE_WAIT};
-use crate::copy::{Progress, Saved};
 use crate::error::{CloneError, Error, Result};
 use crate::os::{FsType, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
 use crate::volume::block::clone_source::{self, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
+use crate::volume::copy::{Progress, Saved};
 
 /// A clone's copy still to be made, found by [`pending`].
 pub struct Pending {

@@ -10,14 +10,14 @@ use tracing::info;
 
 use super::guard::settled;
 use super::{as_device, Partitioned, ZERO_CHUNK_DEADLINE};
+use crate::disk::gpt::{self, volume, Carved};
 use crate::error::{LayoutError, Result};
-use crate::faults::{self, KillPoint};
-use crate::gpt::{self, volume, Carved};
 use crate::os::{Host, MountEntry, Signature};
 use crate::pool::{PoolDevice, VolumeRecord};
+use crate::runtime::faults::{self, KillPoint};
 
 impl Partitioned {
-    /// The whole delete runs as a job (`crate::jobs`, key `erase:<volume id>`): zeroing a
+    /// The whole delete runs as a job (`crate::runtime::jobs`, key `erase:<volume id>`): zeroing a
     /// big partition takes minutes, longer than a caller may wait, and the job (not the
     /// call) holds the device's lock, so a cancelled DeleteVolume's erase goes on with
     /// the device still held (no create changes its label meanwhile, and the partition

@@ -12,7 +12,7 @@
 //!   time on their threads: a caller that is cancelled (its gRPC call dropped) gives its
 //!   device lock back while its write goes on, and the next write waits for it there.
 //! - [`settled`] / [`settled_sync`]: [`bounded`] around a step that holds the whole
-//!   disk's BSD lock and waits out udevd (`crate::gpt::wholedisk`).
+//!   disk's BSD lock and waits out udevd (`crate::disk::gpt::wholedisk`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 
+use crate::disk::gpt;
 use crate::error::{Error, LayoutError, Result};
-use crate::gpt;
 
 /// Each label write or BLKPG call (a few sectors, or one ioctl) must finish within this.
 pub const LABEL_DEADLINE: Duration = Duration::from_secs(30);

@@ -1,5 +1,5 @@
 //! The partition layout: a volume is a GPT partition carved from a pool
-//! device (`crate::gpt`). Only a label this driver wrote is changed, and a new
+//! device (`crate::disk::gpt`). Only a label this driver wrote is changed, and a new
 //! label goes only on a device the signature probe found blank.
 //!
 //! Concurrency (`guard`): label changes on one device take turns under that device's
@@ -12,7 +12,7 @@
 //! partition is carved, and the partition is named with the volume's allocation id, so
 //! a retried CreateVolume finds or carves the same partition; DeleteVolume erases the
 //! partition, then removes it from the kernel and the label, then drops the record.
-//! Kill points (`crate::faults`) sit between each of those steps.
+//! Kill points (`crate::runtime::faults`) sit between each of those steps.
 
 mod create;
 mod delete;
@@ -31,8 +31,8 @@ use tracing::{info, warn};
 use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
 use super::layout::{Capacity, Layout};
+use crate::disk::gpt::{self, label, volume, Carved, Held, OnDisk};
 use crate::error::{AllocationError, Error, LayoutError, Result};
-use crate::gpt::{self, label, volume, Carved, Held, OnDisk};
 use crate::os::{blockdev, Host, MountEntry};
 use crate::pool::inventory::Source;
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::{stripe_of, Striped, DATA_OFFSET};
+use crate::disk::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::error::{Error, LayoutError, Result};
-use crate::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
 use crate::volume::id::BlockVolumeId;
@@ -220,7 +220,7 @@ impl Striped {
         &self,
         raw: &str,
         parent: &PoolDevice,
-        carved: &crate::gpt::Carved,
+        carved: &crate::disk::gpt::Carved,
         mounts: &[MountEntry],
     ) -> Result<()> {
         let dev = super::member_as_device(parent, carved)?;

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use tracing::info;
 
 use super::{controllers, member_name, pcie, stripe_of, Striped, DATA_OFFSET};
+use crate::disk::gpt::{label, volume, OnDisk};
 use crate::error::{AllocationError, Error, LayoutError, Result};
-use crate::gpt::{label, volume, OnDisk};
 use crate::os::Host;
 use crate::pool::{
     AllocationRequest, PartitionRecord, PoolDevice, StripeMember, StripeRecord, VolumeRecord,

@@ -1,4 +1,4 @@
-//! DeleteVolume of the stripe layout, a job (`crate::jobs`, key `erase:<volume id>`, as
+//! DeleteVolume of the stripe layout, a job (`crate::runtime::jobs`, key `erase:<volume id>`, as
 //! the partition layout's) holding every member's device lock: stop our array if it runs,
 //! check every member (not in use, nothing on it but this array's md superblock) before
 //! any is changed, then erase each through the partition layout's one erase path
@@ -11,9 +11,9 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::{member_as_device, stripe_of, Striped};
+use crate::disk::gpt::{self, volume};
+use crate::disk::md;
 use crate::error::{LayoutError, Result};
-use crate::gpt::{self, volume};
-use crate::md;
 use crate::os::{Host, MountEntry, Signature};
 use crate::pool::{PoolDevice, StripeRecord};
 use crate::volume::block::partition::erase_partition;

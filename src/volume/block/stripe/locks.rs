@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use super::{stripe_of, Striped};
+use crate::disk::gpt;
 use crate::error::Result;
-use crate::gpt;
 use crate::volume::block::partition::guard::{settled, DeviceGuard};
 
 impl Striped {
@@ -41,7 +41,7 @@ impl Striped {
 
     /// Runs an idempotent label step or BLKPG call on `device` the way the partition
     /// layout runs its own: under the whole disk's BSD lock, udevd's moments waited out,
-    /// within the label deadline (`guard::settled`, `crate::gpt::wholedisk`). Seen
+    /// within the label deadline (`guard::settled`, `crate::disk::gpt::wholedisk`). Seen
     /// on the VM rig (kernel 6.1 with systemd-udevd): after a member is written (`mdadm
     /// --zero-superblock`, the zero-out) udevd's probe holds it open briefly, so BLKPG
     /// delete failed with EBUSY and succeeded 3 s later.

@@ -1,7 +1,7 @@
 //! The stripe layout: a volume is md RAID0 over `stripeCount` equal GPT
 //! partitions, each on a distinct pool device behind a distinct NVMe controller
 //! (`controllers`). The members are carved with the partition layout's code
-//! (`crate::gpt`) in its labels, under its per-device locks and with its deadline
+//! (`crate::disk::gpt`) in its labels, under its per-device locks and with its deadline
 //! on each label write and BLKPG call (`guard::settled`); this module chooses the
 //! devices, sizes the members and records them.
 //!
@@ -30,9 +30,9 @@ use tracing::warn;
 
 use super::layout::{Capacity, Layout};
 use super::partition::{self as part_layout, Partitioned};
+use crate::disk::gpt::{self, volume, OnDisk};
+use crate::disk::md;
 use crate::error::{Error, LayoutError, Result};
-use crate::gpt::{self, volume, OnDisk};
-use crate::md;
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, StripeMember, StripeRecord, VolumeRecord};
 use crate::request::{stripe as params, StripeParams};

@@ -1,8 +1,8 @@
 //! A stripe volume's sizes: each member is the md data offset plus an equal share of the
 //! capacity, rounded up to the chunk and 1 MiB (both powers of two, so to the larger).
 
+use crate::disk::gpt::ALIGN;
 use crate::error::{LayoutError, Result};
-use crate::gpt::ALIGN;
 use crate::request::StripeParams;
 
 /// Room at the start of each member for the md 1.2 superblock (4 KiB in) and its bad

@@ -62,7 +62,7 @@ pub fn running(sys: &Path) -> Vec<Running> {
 pub fn find(sys: &Path, uuid: &str) -> Option<Running> {
     running(sys)
         .into_iter()
-        .find(|r| crate::md::same_uuid(&r.uuid, uuid))
+        .find(|r| crate::disk::md::same_uuid(&r.uuid, uuid))
 }
 
 /// The running array, if any, that holds the block device `member` (kernel name).

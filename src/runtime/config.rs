@@ -294,7 +294,7 @@ pub struct ServeArgs {
     pub readiness_interval: Duration,
     /// Serve the kubelet device plugin that gives workload pods what cuFile needs without
     /// privileged mode: resources `<driver-name>/gds` (compat mode off) and
-    /// `<driver-name>/gds-compat` (see src/workload). Node mode only.
+    /// `<driver-name>/gds-compat` (see src/gds/workload). Node mode only.
     #[arg(long, env = "GDS_CSI_GDS_DEVICE_PLUGIN")]
     pub gds_device_plugin: bool,
     /// The kubelet's device plugin directory (its kubelet.sock), as this process sees it.
@@ -307,11 +307,11 @@ pub struct ServeArgs {
     /// How many containers on the node may hold each of the two resources at once.
     #[arg(long, env = "GDS_CSI_GDS_DEVICE_SHARES", default_value_t = 110, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub gds_device_shares: u32,
-    /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/faults.rs). Never deploy it.
+    /// TEST-ONLY: SIGKILL the plugin when it reaches this step (see src/runtime/faults.rs). Never deploy it.
     /// Exists only in a build with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
-    #[arg(long, env = crate::faults::ENV, hide = true, value_parser = crate::faults::KillPoint::parse)]
-    pub fault_kill_at: Option<crate::faults::KillPoint>,
+    #[arg(long, env = crate::runtime::faults::ENV, hide = true, value_parser = crate::runtime::faults::KillPoint::parse)]
+    pub fault_kill_at: Option<crate::runtime::faults::KillPoint>,
 }
 
 impl ServeArgs {

@@ -20,7 +20,7 @@ use serde_json::Value;
 use gds_check::Report;
 
 use super::inspect::{findings, ContainerView, CufileView, DeviceNode, NodeNvfs, VolumeView};
-use crate::config::DoctorArgs;
+use crate::runtime::config::DoctorArgs;
 
 const NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const NAME: &str = "io.kubernetes.cri.sandbox-name";

@@ -83,7 +83,7 @@ MD_EVENTS=0
         assert_eq!(e.dev_uuid, "1a551cdb:cd078105:9e6cabaa:3829edf9");
         assert_eq!(e.name_for("gds-csi"), Some("gdscsi-test"));
         assert_eq!(e.name_for("node-a"), None);
-        assert!(crate::md::same_uuid(
+        assert!(crate::disk::md::same_uuid(
             &e.uuid,
             "002cd3f1-01eb-3f8d-ef68-842e73da9813"
         ));

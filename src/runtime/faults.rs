@@ -5,7 +5,7 @@
 //! the image leave off: without it [`reached`] is an empty inline function and the
 //! environment variable is not read at all (`config.rs` has no such setting then).
 //! With it, armed only by `GDS_CSI_FAULT_KILL_AT=<point>` (or the hidden
-//! `--fault-kill-at`), read once at start-up into [`crate::config::ServeArgs`] and handed
+//! `--fault-kill-at`), read once at start-up into [`crate::runtime::config::ServeArgs`] and handed
 //! to [`arm`]: the plugin kills itself the first time it reaches the point. Unarmed,
 //! [`reached`] costs one atomic load and an `Option` check.
 

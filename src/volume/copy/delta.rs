@@ -208,7 +208,7 @@ fn remove_beneath(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{copy_tree_at, CopyRequest, Saved};
+    use crate::volume::copy::{copy_tree_at, CopyRequest, Saved};
     use std::os::fd::OwnedFd;
 
     fn open(p: &Path) -> OwnedFd {
@@ -244,7 +244,7 @@ mod tests {
             target: dst.to_owned(),
             label: "t".into(),
             streams: 2,
-            chunk: crate::copy::CHUNK,
+            chunk: crate::volume::copy::CHUNK,
             verify: Verify::Sizes,
             live: true,
             target_reused: true,
@@ -331,7 +331,7 @@ mod tests {
             target: d.path().to_owned(),
             label: "t".into(),
             streams: 2,
-            chunk: crate::copy::CHUNK,
+            chunk: crate::volume::copy::CHUNK,
             verify: Verify::Sizes,
             live: false,
             target_reused: reused,
@@ -375,7 +375,7 @@ mod tests {
             target: d.path().to_owned(),
             label: "t".into(),
             streams: 1,
-            chunk: crate::copy::CHUNK,
+            chunk: crate::volume::copy::CHUNK,
             verify: Verify::Sizes,
             live: false,
             target_reused: false,

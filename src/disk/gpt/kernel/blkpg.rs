@@ -4,8 +4,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use crate::gpt::alloc::Extent;
-use crate::gpt::{Error, Result};
+use crate::disk::gpt::alloc::Extent;
+use crate::disk::gpt::{Error, Result};
 
 /// `BLKPG`, `_IO(0x12,105)` in include/uapi/linux/fs.h.
 const BLKPG: libc::c_ulong = 0x1269;

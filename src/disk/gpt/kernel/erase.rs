@@ -8,8 +8,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::gpt::alloc::Extent;
-use crate::gpt::{Error, Result};
+use crate::disk::gpt::alloc::Extent;
+use crate::disk::gpt::{Error, Result};
 
 /// `BLKDISCARD`, `_IO(0x12,119)`: `u64[2] = {start, length}` in bytes.
 const BLKDISCARD: libc::c_ulong = 0x1277;

@@ -16,7 +16,7 @@ use gds_check::{GdsMode, ProbeStatus, Report};
 use serde_json::json;
 
 use super::inspect::{ContainerView, CufileView, DeviceNode, NodeNvfs, VolumeView};
-use crate::config::WorkloadReadArgs;
+use crate::runtime::config::WorkloadReadArgs;
 
 /// The bit of CAP_SYS_ADMIN in /proc/self/status's CapEff (linux/capability.h).
 const CAP_SYS_ADMIN: u32 = 21;

@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn pieces_keep_every_stream_busy_within_one_buffer_and_the_limit() {
-        let buffer = crate::copy::BUFFER as u64;
+        let buffer = crate::volume::copy::BUFFER as u64;
         assert_eq!(buffer, 4 * MIB);
         // Two 32 MiB files and some: one buffer a piece, 22 pieces for 8 streams.
         assert_eq!(piece_len(90 * MIB, 8, 64 * MIB), buffer);

@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::gpt::{Error, Result};
+use crate::disk::gpt::{Error, Result};
 
 /// A partition as the kernel shows it (sysfs), in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,7 +58,7 @@ pub fn write(dir: &Path, node_json: &Path, resource: Resource) -> Result<PathBuf
         return Ok(path);
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    crate::state_dir::write_atomic(&path, text.as_bytes())
+    crate::runtime::state_dir::write_atomic(&path, text.as_bytes())
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     Ok(path)
 }

@@ -24,8 +24,8 @@ use nix::sys::stat::{fstat, makedev, SFlag};
 
 use super::data::{read_full, write_full, AlignedBuf};
 use super::{Progress, Saved, Verify};
+use crate::disk::gpt::{kernel, Extent};
 use crate::error::{CopyError, Error, Result};
-use crate::gpt::{kernel, Extent};
 
 /// Each 1 GiB of the zero-out past the source's bytes must finish within this.
 const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);
@@ -290,7 +290,7 @@ fn zero_past_source(dst: &Opened, bytes: u64) -> Result<()> {
     let what = "zeroing the clone past its source's bytes";
     kernel::zero_extent(&dst.direct, &dst.path, what, tail, ZERO_CHUNK_DEADLINE).map_err(
         |e| match e {
-            crate::gpt::Error::Io { source, .. } => Error::io(what, &dst.path, source),
+            crate::disk::gpt::Error::Io { source, .. } => Error::io(what, &dst.path, source),
             e => Error::Label(e),
         },
     )

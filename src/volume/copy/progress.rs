@@ -49,7 +49,7 @@ pub struct Saved {
 
 impl Saved {
     pub fn load(path: &Path) -> Result<Option<Saved>> {
-        let Some(bytes) = crate::state_dir::read_regular(path)? else {
+        let Some(bytes) = crate::runtime::state_dir::read_regular(path)? else {
             return Ok(None);
         };
         match serde_json::from_slice(&bytes) {
@@ -70,7 +70,8 @@ impl Saved {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
         }
-        crate::state_dir::write_atomic(path, &bytes).map_err(|e| Error::io("write", path, e))
+        crate::runtime::state_dir::write_atomic(path, &bytes)
+            .map_err(|e| Error::io("write", path, e))
     }
 }
 

@@ -1,11 +1,16 @@
 use super::*;
-use crate::gpt::format::{ENTRIES, ENTRIES_BEFORE, MAX_PARTITION_NUMBER};
+use crate::disk::gpt::format::{ENTRIES, ENTRIES_BEFORE, MAX_PARTITION_NUMBER};
 
 const MIB: u64 = ALIGN;
 const GIB: u64 = 1 << 30;
 
 fn label(mib: u64) -> Label {
-    Label::new(512, mib * MIB / 512, crate::gpt::format::new_disk_guid()).unwrap()
+    Label::new(
+        512,
+        mib * MIB / 512,
+        crate::disk::gpt::format::new_disk_guid(),
+    )
+    .unwrap()
 }
 
 fn range(required: u64, limit: u64) -> SizeRange {
@@ -222,7 +227,7 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
 
 #[test]
 fn choose_picks_the_best_hole_across_devices() {
-    use crate::gpt::volume::choose;
+    use crate::disk::gpt::volume::choose;
     use std::path::PathBuf;
     let mut small = label(64);
     small.allocate("x", 58 * MIB).unwrap(); // leaves 4 MiB
@@ -259,10 +264,10 @@ fn a_label_with_every_entry_used_offers_nothing() {
     );
     assert!(err.to_string().contains("255"), "{err}");
     // A label of the earlier format: 128 partitions.
-    let mut before = crate::gpt::Label::with_entries(
+    let mut before = crate::disk::gpt::Label::with_entries(
         512,
         256 * MIB / 512,
-        crate::gpt::format::new_disk_guid(),
+        crate::disk::gpt::format::new_disk_guid(),
         ENTRIES_BEFORE,
     )
     .unwrap();
@@ -282,7 +287,7 @@ fn a_label_with_every_entry_used_offers_nothing() {
     };
     assert_eq!(l.free_slot(&held), None);
     assert!(l.free_extents_clear_of(&held).is_empty());
-    use crate::gpt::volume::choose;
+    use crate::disk::gpt::volume::choose;
     let full = (std::path::PathBuf::from("/dev/full"), l.clone(), held);
     let blank = (
         std::path::PathBuf::from("/dev/b"),
