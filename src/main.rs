@@ -210,7 +210,7 @@ async fn main() -> ExitCode {
         }
         Command::Doctor(args) => {
             let code = match &args.pod {
-                Some(pod) => gds_csi::gds::workload::pod::doctor(&args, pod),
+                Some(pod) => gds_csi::gds::doctor::pod::doctor(&args, pod),
                 None => gds_csi::gds::doctor::main(&args),
             };
             return ExitCode::from(code as u8);
@@ -218,7 +218,7 @@ async fn main() -> ExitCode {
         Command::WorkloadRead(args) => {
             let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
             let prefix = gds_csi::gds::doctor::probe_prefix();
-            return ExitCode::from(gds_csi::gds::workload::read::main(&args, &exe, &prefix) as u8);
+            return ExitCode::from(gds_csi::gds::doctor::read::main(&args, &exe, &prefix) as u8);
         }
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);

@@ -814,7 +814,7 @@ not_privileged() {
 check "the pod is not privileged (privileged: false, not every capability)" not_privileged
 
 # What cuFile in the pod will see, from its node: gds-csi doctor --pod reads the OCI spec
-# containerd handed runc for the pod's container (src/gds/workload/pod.rs), in the node
+# containerd handed runc for the pod's container (src/gds/doctor/pod.rs), in the node
 # plugin as an operator runs it (chart), or as a host process.
 doctor_pod() { # NAMESPACE/NAME: the JSON report on stdout, the doctor's exit status
   if [ "$DEPLOY" = chart ]; then

@@ -14,19 +14,15 @@
 //! `api`: the generated API; `cufile`: the file each resource gets; `allocate`: the answer
 //! to Allocate; `plugin`: the DevicePlugin service; `kubelet`: serving, registering, and
 //! registering again after the kubelet restarts. What a container then holds is checked by
-//! `inspect` (the findings), from the node by `pod` (`gds-csi doctor --pod`) and from inside
-//! by `read` (`gds-csi workload-read`, which also reads a file through cuFile). Of the rest
-//! it uses the state dir's atomic write, the server's socket binding, the mount table reader
-//! and gds-check's cufile.json reader and probe; only `main` uses it.
+//! the doctor (`gds::doctor`: `inspect`, `pod`, `read`). Of the rest it uses the state
+//! dir's atomic write, the server's socket binding, the mount table reader and gds-check's
+//! cufile.json reader; only `main` and the doctor use it.
 
 pub mod allocate;
 pub mod api;
 pub mod cufile;
-pub mod inspect;
 pub mod kubelet;
 pub mod plugin;
-pub mod pod;
-pub mod read;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -30,7 +30,8 @@ pub fn own_view(path: &Path) -> Result<ContainerView, String> {
     let devices = dev_nodes(Path::new("/dev"))
         .map_err(|e| format!("cannot list /dev in this container: {e}"))?;
     let udev = at("/run/udev/data").or_else(|| at("/run/udev"));
-    let (cufile_path, from_env) = match std::env::var_os(super::allocate::CUFILE_ENV) {
+    let (cufile_path, from_env) = match std::env::var_os(crate::gds::workload::allocate::CUFILE_ENV)
+    {
         Some(p) => (PathBuf::from(p), true),
         None => (PathBuf::from("/etc/cufile.json"), false),
     };
@@ -64,7 +65,7 @@ fn dev_nodes(dev: &Path) -> std::io::Result<Vec<DeviceNode>> {
         })
         .map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let read_write = super::allocate::is_nvfs_name(&name).then(|| {
+            let read_write = crate::gds::workload::allocate::is_nvfs_name(&name).then(|| {
                 std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -101,7 +102,8 @@ fn volume_of(path: &Path, mounts: &[crate::os::mountinfo::MountEntry]) -> Option
         .max_by_key(|m| m.mount_point.as_os_str().len())?;
     let block_device = (major != 0).then_some((major, minor));
     let udev_entry = block_device.map(|(a, b)| {
-        let entry = Path::new(super::allocate::CONTAINER_UDEV_DATA).join(format!("b{a}:{b}"));
+        let entry = Path::new(crate::gds::workload::allocate::CONTAINER_UDEV_DATA)
+            .join(format!("b{a}:{b}"));
         std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))
     });
     Some(VolumeView {
@@ -158,7 +160,9 @@ fn compat_retry(
     probe_prefix: &[String],
 ) -> Option<gds_check::ProbeOutcome> {
     let text = view.cufile.content.as_ref().ok()?;
-    let allowed = super::cufile::derive(Some(text), super::Resource::GdsCompat).ok()?;
+    let allowed =
+        crate::gds::workload::cufile::derive(Some(text), crate::gds::workload::Resource::GdsCompat)
+            .ok()?;
     let file = std::env::temp_dir().join(format!("gds-csi-compat-{}.json", std::process::id()));
     std::fs::write(&file, allowed).ok()?;
     let mut a = probe_args(args, &file);

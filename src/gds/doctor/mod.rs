@@ -1,6 +1,15 @@
 //! `gds-csi doctor`: the gate's checks, run by hand on a node, with remedies for an operator
 //! (text) or a machine (`--json`). Exit status 0 only when what was asked about is GDS-ready:
-//! the mounted volume with `--path`, else the node.
+//! the mounted volume with `--path`, else the node. The same doctor for a workload:
+//! `inspect` (what cuFile in one container will see, as findings), `pod` (`doctor --pod`:
+//! those findings from containerd's OCI specs on the node), `read` (`workload-read`: from
+//! inside the container, then a cuFile read naming the path); `environment`: what the
+//! probe needs from the doctor's own process.
+
+pub mod environment;
+pub mod inspect;
+pub mod pod;
+pub mod read;
 
 use std::path::Path;
 
@@ -79,17 +88,15 @@ fn pod_and_node_notes(
     report: &Report,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    let lib_dirs = crate::gds::doctor_pod::loader_dirs();
-    let env = crate::gds::doctor_pod::Env {
+    let lib_dirs = environment::loader_dirs();
+    let env = environment::Env {
         dev: Path::new("/dev"),
         udev_data_dir: &paths.udev_data_dir,
         cufile_json: &paths.cufile_json,
         cufile_library: args.gds.cufile_library.as_deref(),
         lib_dirs: &lib_dirs,
     };
-    notes.extend(crate::gds::doctor_pod::missing_note(
-        &crate::gds::doctor_pod::pieces(&env),
-    ));
+    notes.extend(environment::missing_note(&environment::pieces(&env)));
     if status_of(report, "gpu.driver") == Some(Status::Fail) {
         notes.push("No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot work here.".into());
     }

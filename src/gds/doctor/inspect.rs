@@ -92,7 +92,7 @@ pub const RUNTIME_DEFAULT_DEVICES: [&str; 8] = [
 
 fn is_nvfs(path: &str) -> bool {
     path.strip_prefix("/dev/")
-        .is_some_and(super::allocate::is_nvfs_name)
+        .is_some_and(crate::gds::workload::allocate::is_nvfs_name)
 }
 
 /// `/dev/nvidia<N>`, `/dev/nvidiactl`, `/dev/nvidia-uvm*`, `/dev/nvidia-caps/*`: what the
@@ -157,7 +157,7 @@ fn compat_policy(view: &ContainerView, driver: &str) -> Check {
             in_compat.join("; "),
             format!(
                 "ask for {} instead (compat allowed, as the class's gdsPolicy preferred is), or make the node GDS-ready (gds-csi doctor) so the volume takes the GDS path",
-                super::Resource::GdsCompat.name(driver)
+                crate::gds::workload::Resource::GdsCompat.name(driver)
             ),
         ),
         _ => Check::warn(
@@ -174,8 +174,8 @@ fn request_remedy(driver: &str) -> String {
         "list {} (compat mode off) or {} (compat allowed) in the container's resources.limits: \
          the driver's device plugin then hands it the nvidia-fs nodes, the udev database and a \
          cufile.json",
-        super::Resource::Gds.name(driver),
-        super::Resource::GdsCompat.name(driver)
+        crate::gds::workload::Resource::Gds.name(driver),
+        crate::gds::workload::Resource::GdsCompat.name(driver)
     )
 }
 
@@ -408,7 +408,7 @@ fn cufile(view: &ContainerView, driver: &str) -> Check {
             format!("{named}: force_compat_mode true"),
             format!(
                 "request {} (it turns force_compat_mode off)",
-                super::Resource::Gds.name(driver)
+                crate::gds::workload::Resource::Gds.name(driver)
             ),
         ),
         Ok(cfg) => {

@@ -248,7 +248,7 @@ fn has_sys_admin(spec: &Value) -> bool {
 
 /// The cufile.json libcufile will read, with the text of the node's file mounted there.
 fn cufile_view(env: &BTreeMap<String, String>, mounts: &[Mount]) -> CufileView {
-    let (path, from_env) = match env.get(super::allocate::CUFILE_ENV) {
+    let (path, from_env) = match env.get(crate::gds::workload::allocate::CUFILE_ENV) {
         Some(p) => (PathBuf::from(p), true),
         None => (PathBuf::from("/etc/cufile.json"), false),
     };
@@ -380,7 +380,7 @@ fn pod_views(
 
 /// The node's nvidia-fs device names, from the host's `/dev`.
 fn node_nvfs_devices(host_dev: &Path) -> Result<Vec<String>, String> {
-    super::allocate::nvfs_devices(host_dev).map_err(|e| {
+    crate::gds::workload::allocate::nvfs_devices(host_dev).map_err(|e| {
         format!(
             "listing the node's nvidia-fs devices in {}: {e}",
             host_dev.display()
