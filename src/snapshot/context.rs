@@ -4,13 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use super::store::{self, SnapshotDir};
 use super::{Manifest, Snapshots};
 use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::request::snapshot::{SnapshotId, Store};
 use crate::runtime::locks::VolumeLocks;
 use crate::volume::block::BlockBackend;
 use crate::volume::nfs::NfsBackend;
+use crate::volume::snapshot_store::{self as store, SnapshotDir};
 
 /// What the snapshot calls reach: this node's snapshots, its backends and volume locks.
 pub struct Context<'a> {

@@ -11,10 +11,8 @@
 //! snapshots it took are, for the calls that list them.
 
 mod context;
-pub mod manifest;
 pub mod restore;
 mod source;
-pub mod store;
 mod take;
 
 use std::collections::HashSet;
@@ -31,9 +29,10 @@ use crate::runtime::state_dir::short_hash;
 use crate::volume::copy::Cloner;
 use take::progress_of;
 
+use crate::volume::snapshot_store as store;
+pub use crate::volume::snapshot_store::manifest::{Content, Manifest};
+pub use crate::volume::snapshot_store::SnapshotDir;
 pub use context::Context;
-pub use manifest::{Content, Manifest};
-pub use store::SnapshotDir;
 
 /// How long a CreateSnapshot waits for the copy before answering `ready_to_use: false`:
 /// under the csi-snapshotter's default `--timeout` of 1 minute.

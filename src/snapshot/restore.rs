@@ -7,12 +7,12 @@
 
 use std::path::PathBuf;
 
-use super::store::{Owner, SnapshotDir};
 use super::Context;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore, SnapshotId};
 use crate::runtime::state_dir::short_hash;
+use crate::volume::snapshot_store::{Owner, SnapshotDir};
 
 /// The directory of a snapshot's restore marks: one file per block volume that is being
 /// restored from it and not filled yet, whichever node that volume is on.

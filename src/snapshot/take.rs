@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use super::manifest::{Content, Manifest, IMAGE, TREE};
 use super::source::{source, From};
-use super::store::{Owner, SnapshotDir};
 use super::{key, store_record, Context, Record};
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::os::{FsType, Host};
@@ -41,6 +39,8 @@ use crate::volume::copy::delta::Changes;
 use crate::volume::copy::walk::Entry;
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::volume::nfs::{fs_error, fsops};
+use crate::volume::snapshot_store::manifest::{self, Content, Manifest, IMAGE, TREE};
+use crate::volume::snapshot_store::{self as store, Owner, SnapshotDir};
 
 /// What the job owns: everything it needs once the call that started it has returned.
 struct Job {
@@ -141,7 +141,7 @@ impl Job {
             let needed = progress
                 .total_bytes()
                 .saturating_sub(progress.copied_bytes());
-            super::store::full(e, &store, needed.max(1))
+            store::full(e, &store, needed.max(1))
         });
         match &outcome {
             Ok(()) => crate::metrics::snapshot::taken(started.elapsed().as_secs_f64()),
@@ -361,7 +361,7 @@ impl Job {
         } else {
             Content::Device
         };
-        let mut m = Manifest::new(&self.rec, &self.node_id, content);
+        let mut m = manifest_of(&self.rec, &self.node_id, content);
         m.data_bytes = written;
         Ok(m)
     }
@@ -373,7 +373,7 @@ impl Job {
         entries: &[Entry],
         freeze_seconds: Option<f64>,
     ) -> Result<Manifest> {
-        let mut m = Manifest::new(&self.rec, &self.node_id, content);
+        let mut m = manifest_of(&self.rec, &self.node_id, content);
         m.fs_type = fs.map(|f| f.as_str().to_owned());
         m.freeze_seconds = freeze_seconds;
         m.list(entries, &self.store.tree, self.rec.checksums)?;
@@ -393,6 +393,25 @@ impl Job {
             content = m.content.as_str(), entries = m.entries.len(), data_bytes = m.data_bytes,
             "snapshot ready");
         Ok(())
+    }
+}
+
+/// The manifest of the snapshot `head` records, before its content is listed.
+fn manifest_of(head: &Record, source_node: &str, content: Content) -> Manifest {
+    Manifest {
+        format: manifest::FORMAT,
+        snapshot_id: head.id.clone(),
+        name: head.name.clone(),
+        source_volume_id: head.source_volume_id.clone(),
+        source_node: source_node.to_owned(),
+        created_secs: head.created_secs,
+        created_nanos: head.created_nanos,
+        content,
+        fs_type: None,
+        size_bytes: head.size_bytes,
+        data_bytes: 0,
+        freeze_seconds: None,
+        entries: Vec::new(),
     }
 }
 
@@ -446,7 +465,7 @@ pub(super) async fn remove_snapshot_dir(ctx: &Context<'_>, id: &SnapshotId) -> R
             }
             .into());
         }
-        dir.remove_file(super::manifest::FILE)?;
+        dir.remove_file(manifest::FILE)?;
         drop(dir);
         fsops::remove_tree(root, rel).map_err(|e| fs_error(format!("removing {shown}"), e))
     })

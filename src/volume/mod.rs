@@ -9,6 +9,7 @@ pub mod copy;
 pub mod id;
 pub mod mounts;
 pub mod nfs;
+pub mod snapshot_store;
 
 use std::path::Path;
 

@@ -215,11 +215,11 @@ pub fn private_options(id: &NfsVolumeId) -> Result<nfs_options::MountOptions> {
 }
 
 /// A directory store's snapshot directory, proven to be `id`'s ready snapshot.
-pub fn local_snapshot(id: &SnapshotId) -> Result<crate::snapshot::SnapshotDir> {
+pub fn local_snapshot(id: &SnapshotId) -> Result<crate::volume::snapshot_store::SnapshotDir> {
     let Store::Dir(root) = &id.store else {
         unreachable!("only a directory store's snapshot is opened here")
     };
-    crate::snapshot::store::open_ready(root, &id.dir, &id.to_string(), &id.location())
+    crate::volume::snapshot_store::open_ready(root, &id.dir, &id.to_string(), &id.location())
 }
 
 /// How the copy job mounts its source read-only at `<dir>/source`.
@@ -277,8 +277,14 @@ impl SourceMount {
     /// Where the files to copy are once mounted at `at`, and the snapshot's manifest when
     /// the source is one (read from the directory proven to be that snapshot's: for an NFS
     /// store, on what was mounted, since the server resolved the path, not this node).
-    pub fn files(&self, at: &Path) -> Result<(PathBuf, Option<crate::snapshot::Manifest>)> {
-        use crate::snapshot::store::{open_ready, Owner};
+    pub fn files(
+        &self,
+        at: &Path,
+    ) -> Result<(
+        PathBuf,
+        Option<crate::volume::snapshot_store::manifest::Manifest>,
+    )> {
+        use crate::volume::snapshot_store::{open_ready, Owner};
         let (dir, root, id) = match self {
             SourceMount::Tree { id } => (local_snapshot(id)?, at.to_owned(), id),
             SourceMount::NfsSnapshot { id, .. } => {

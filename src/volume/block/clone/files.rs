@@ -72,7 +72,7 @@ pub(super) fn open_dir(p: &Path) -> Result<OwnedFd> {
 /// and its copy forgotten, so a retry after the store is repaired copies it all again.
 fn verify_recorded(
     target: &Path,
-    m: &crate::snapshot::Manifest,
+    m: &crate::volume::snapshot_store::manifest::Manifest,
     progress: &Progress,
 ) -> Result<()> {
     let root = open_dir(target)?;

@@ -225,7 +225,9 @@ async fn open_image_at(
 fn open_image(id: &SnapshotId, mounted: Option<&Path>) -> Result<std::fs::File> {
     let dir = match mounted {
         None => clone_source::local_snapshot(id)?,
-        Some(at) => crate::snapshot::store::open_ready(at, "", &id.to_string(), &id.location())?,
+        Some(at) => {
+            crate::volume::snapshot_store::open_ready(at, "", &id.to_string(), &id.location())?
+        }
     };
     dir.open_file(crate::request::snapshot::IMAGE)?
         .ok_or_else(|| {

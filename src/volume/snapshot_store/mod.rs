@@ -6,6 +6,10 @@
 //! a symlink or a device where a file or a directory of ours should be is refused, never
 //! followed, and a directory is a snapshot only when its id file and its manifest both name
 //! the snapshot asked for. Messages name paths, never what a file read from the store holds.
+//! Here, below the backends, because a restore's fill reads a snapshot as `snapshot/` takes
+//! one; `manifest`: what a snapshot holds, written last.
+
+pub mod manifest;
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -15,9 +19,9 @@ use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 
-use super::manifest::{Manifest, FILE as MANIFEST};
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::os::safepath::fd_path;
+use manifest::{Manifest, FILE as MANIFEST};
 
 /// The file in a snapshot's directory naming the snapshot it belongs to: written before
 /// anything else goes in (`<id>\n<name>\n`), so only a directory this driver made for this
@@ -281,7 +285,7 @@ impl SnapshotDir {
         if m.snapshot_id != id || name.is_some_and(|n| n != m.name) {
             return Ok(Owner::Damaged("its manifest names another snapshot"));
         }
-        match super::SnapshotId::parse(&m.snapshot_id) {
+        match crate::request::snapshot::SnapshotId::parse(&m.snapshot_id) {
             Some(sid) if crate::request::snapshot::names_dir(&m.name, &sid.dir) => {}
             _ => {
                 return Ok(Owner::Damaged(

@@ -13,7 +13,8 @@ use crate::volume::copy::walk::{Entry, Kind};
 
 pub const FILE: &str = "manifest.json";
 pub use crate::request::snapshot::{IMAGE, TREE};
-const FORMAT: u32 = 1;
+/// The manifest format this driver writes.
+pub const FORMAT: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestEntry {
@@ -50,24 +51,6 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    pub fn new(head: &super::Record, source_node: &str, content: Content) -> Manifest {
-        Manifest {
-            format: FORMAT,
-            snapshot_id: head.id.clone(),
-            name: head.name.clone(),
-            source_volume_id: head.source_volume_id.clone(),
-            source_node: source_node.to_owned(),
-            created_secs: head.created_secs,
-            created_nanos: head.created_nanos,
-            content,
-            fs_type: None,
-            size_bytes: head.size_bytes,
-            data_bytes: 0,
-            freeze_seconds: None,
-            entries: Vec::new(),
-        }
-    }
-
     /// The entries of a file tree (below its root), with each file's SHA-256 read from
     /// the copy in `tree` when `checksums`.
     pub fn list(
