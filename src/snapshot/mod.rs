@@ -176,7 +176,7 @@ impl Snapshots {
         };
         for entry in entries.flatten() {
             let dir = entry.path();
-            crate::volume::block::clone::take_down(host, &dir, "source").await?;
+            crate::volume::mounts::private::take_down(host, &dir, "source").await?;
             let _ = std::fs::remove_dir(dir.join("source"));
             let _ = std::fs::remove_dir(&dir);
         }

@@ -34,10 +34,10 @@ use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
 use crate::runtime::locks::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
-use crate::volume::block::clone;
 use crate::volume::copy::delta::Changes;
 use crate::volume::copy::walk::Entry;
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
+use crate::volume::mounts::private;
 use crate::volume::nfs::{fs_error, fsops};
 use crate::volume::snapshot_store::manifest::{self, Content, Manifest, IMAGE, TREE};
 use crate::volume::snapshot_store::{self as store, Owner, SnapshotDir};
@@ -163,8 +163,8 @@ impl Job {
         let j = Arc::clone(&job);
         let manifest = match from {
             From::Unmounted { dev, fs } => {
-                clone::clean_copy_dir(job.host.as_ref(), &job.work).await?;
-                let at = clone::pin(&job.work, "source")?;
+                private::clean_copy_dir(job.host.as_ref(), &job.work).await?;
+                let at = private::pin(&job.work, "source")?;
                 job.host.mount(&dev, &at, fs, &["ro".to_owned()]).await?;
                 let shown = at.path().to_owned();
                 let copied = blocking(move || {
@@ -173,7 +173,7 @@ impl Job {
                     j.manifest(Content::Files, Some(fs), &entries, None)
                 })
                 .await;
-                let down = clone::unmount_retrying(job.host.as_ref(), &at.without_final()).await;
+                let down = private::unmount_retrying(job.host.as_ref(), &at.without_final()).await;
                 let m = copied?;
                 down?;
                 m
@@ -478,7 +478,7 @@ pub(super) async fn take_down_leftovers(ctx: &Context<'_>, rec: &Record) -> Resu
     if !work.exists() {
         return Ok(());
     }
-    clone::take_down(ctx.block.mounter.host.as_ref(), &work, "source").await?;
+    private::take_down(ctx.block.mounter.host.as_ref(), &work, "source").await?;
     let _ = std::fs::remove_dir(work.join("source"));
     let _ = std::fs::remove_dir(&work);
     Ok(())

@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{CloneError, CopyError, Error, Result, SnapshotError};
-use crate::os::{Anchored, ForceUnmount, FsType, Host, MountEntry};
+use crate::os::{Anchored, FsType, Host};
 use crate::pool::{SourceOf, VolumeRecord};
 use crate::request::snapshot::{Content, SnapshotId, Store, TREE};
 use crate::request::{self, nfs_options, ContentSource, CreateVolume, NfsVolumeId, VolumeRef};
+use crate::volume::mounts::private;
 use crate::volume::nfs::NfsBackend;
 
 const FIELD: &str = "volume_content_source.volume.volume_id";
@@ -266,8 +267,8 @@ impl SourceMount {
                 host.mount_nfs(&source, at.path(), &opts.to_vec()).await?;
                 let verified =
                     crate::volume::nfs::verify_mounted(host, at, &source, &opts.transport).await;
-                if verified.is_err() && mounted_at(host, at.path()).is_some() {
-                    let _ = unmount(host, at).await;
+                if verified.is_err() && private::mounted_at(host, at.path()).is_some() {
+                    let _ = private::unmount(host, at).await;
                 }
                 verified
             }
@@ -330,42 +331,6 @@ fn timed_out(e: &Error) -> bool {
         Error::Io { source, .. } => source.raw_os_error() == Some(libc::ETIMEDOUT),
         Error::Shared(inner) => timed_out(inner),
         _ => false,
-    }
-}
-
-fn mounted_at(host: &dyn Host, at: &Path) -> Option<MountEntry> {
-    let mounts = host.mount_table().ok()?;
-    crate::os::mountinfo::at(&mounts, at).cloned()
-}
-
-/// Unmounts the source; an NFS mount whose server is gone is taken off lazily (its
-/// reads have failed already; nothing of it is written).
-pub async fn unmount(host: &dyn Host, at: &Anchored) -> Result<()> {
-    let nfs = mounted_at(host, at.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
-    match host.unmount(at).await {
-        Err(e) if nfs => {
-            tracing::warn!(at = %at.path().display(), error = %e, "NFS source unmount failed; lazily");
-            host.unmount_forced(at.path(), ForceUnmount::Lazy).await
-        }
-        other => other,
-    }
-}
-
-/// A leftover NFS mount at `path` (a driver killed mid-copy): taken off without a stat of
-/// the mount point, which would wait for a dead server.
-pub async fn take_down_nfs(host: &dyn Host, path: &Path) -> Result<bool> {
-    match mounted_at(host, path) {
-        Some(m) if m.fs_type.starts_with("nfs") => {
-            if host
-                .unmount_forced(path, ForceUnmount::Force)
-                .await
-                .is_err()
-            {
-                host.unmount_forced(path, ForceUnmount::Lazy).await?;
-            }
-            Ok(true)
-        }
-        _ => Ok(false),
     }
 }
 

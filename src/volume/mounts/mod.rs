@@ -3,6 +3,7 @@
 //! what is a volume's own, and removing only what its publish created. A `Mounter` is
 //! the host port and the allowed roots; it knows no backend.
 
+pub mod private;
 pub mod unmount;
 
 use std::path::{Path, PathBuf};

@@ -5,13 +5,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::{count_outcome, on_blocking_pool, record_not_filled};
 use crate::error::{Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host};
 use crate::volume::block::clone_source::SourceMount;
 use crate::volume::copy::{copy_tree, CopyRequest, Progress, Saved};
+use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// The job: the source mounted read-only and the clone read-write in `dir`, the tree
 /// copied and verified, both unmounted whatever the outcome.

@@ -40,7 +40,6 @@ pub use check::{
     check_clone, check_source, clone_access, refuse_unfilled_clones, unfilled_clones_of,
 };
 pub use copy_mounts::unmount_leftovers;
-pub(crate) use copy_mounts::{clean_copy_dir, pin, take_down, unmount_retrying};
 pub use mounted::fill_from_mounted_source;
 pub use stage::{pending, run, Pending};
 

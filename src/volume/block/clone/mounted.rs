@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::check::refuse_in_use;
-use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::files::open_dir;
 use super::{
     copy_dir, copy_request, count_outcome, done, is_raw_clone, on_blocking_pool, progress_path,
@@ -20,6 +19,7 @@ use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{CopyRequest, Progress};
 use crate::volume::id::BlockVolumeId;
+use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// CreateVolume of a filesystem clone whose source is mounted on this node now (a pod
 /// uses it): the clone is filled here, from the source's own mount (a second mount of a

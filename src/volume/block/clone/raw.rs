@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::check::refuse_in_use;
-use super::copy_mounts::{clean_copy_dir, pin, unmount_retrying};
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
 use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
@@ -19,6 +18,7 @@ use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::volume::copy::Progress;
 use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// The job that fills raw block clone `vol` from `source`: both devices in use nowhere
 /// and verified as the volumes' own now, then copied by device number.
