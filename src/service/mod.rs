@@ -124,6 +124,7 @@ impl Driver {
             nfs: self.nfs.as_ref(),
             locks: &self.locks,
             node_id: &self.node_id,
+            host: &self.block.mounter.host,
         })
     }
 

@@ -3,9 +3,11 @@
 //! backend's deadline.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{Manifest, Snapshots};
 use crate::error::{Error, Result, SnapshotError, VolumeError};
+use crate::os::Host;
 use crate::request::snapshot::{SnapshotId, Store};
 use crate::runtime::locks::VolumeLocks;
 use crate::volume::block::BlockBackend;
@@ -19,6 +21,8 @@ pub struct Context<'a> {
     pub nfs: Option<&'a NfsBackend>,
     pub locks: &'a VolumeLocks,
     pub node_id: &'a str,
+    /// The host port the copies mount through (the block backend's, timed).
+    pub host: &'a Arc<dyn Host>,
 }
 
 /// A store that cannot be reached: Unavailable, naming it (the snapshotter retries).

@@ -24,7 +24,6 @@ use serde::{Deserialize, Serialize};
 use crate::csi;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{CreateSnapshot, SnapshotId};
-use crate::request::{self, VolumeRef};
 use crate::runtime::state_dir::short_hash;
 use crate::volume::copy::Cloner;
 use take::progress_of;
@@ -237,33 +236,6 @@ fn now() -> (i64, i32) {
     (t.as_secs() as i64, t.subsec_nanos() as i32)
 }
 
-/// The capacity of the volume a snapshot is taken of (the smallest volume it restores
-/// into); NotFound when it is no volume here.
-fn source_size(ctx: &Context<'_>, source: &str) -> Result<u64> {
-    let not_found = || SnapshotError::SourceNotFound {
-        volume: source.to_owned(),
-    };
-    match request::volume_ref(source) {
-        Ok(VolumeRef::Block(_)) => ctx
-            .block
-            .pool
-            .state
-            .snapshot()
-            .get(source)
-            .map(|r| r.capacity_bytes)
-            .ok_or_else(|| not_found().into()),
-        Ok(VolumeRef::Nfs(_)) => {
-            let nfs = ctx.nfs()?;
-            Ok(nfs
-                .store
-                .registry
-                .get(source)
-                .map_or(0, |r| r.capacity_bytes))
-        }
-        _ => Err(not_found().into()),
-    }
-}
-
 /// CreateSnapshot, under the guard of its name: the record made once (same name: same
 /// source and store, else AlreadyExists), then the copy started or joined.
 pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snapshot> {
@@ -286,7 +258,7 @@ pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snap
         }
         Some(r) => r,
         None => {
-            let size_bytes = source_size(ctx, &req.source_volume_id)?;
+            let size_bytes = source::size(ctx, &req.source_volume_id)?;
             let (created_secs, created_nanos) = now();
             let rec = Record {
                 id,

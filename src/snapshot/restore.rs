@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use super::Context;
 use crate::error::{Error, Result, SnapshotError, StoreError};
-use crate::pool::SourceOf;
 use crate::request::snapshot::{Content, Restore, SnapshotId};
 use crate::runtime::state_dir::short_hash;
 use crate::volume::snapshot_store::{Owner, SnapshotDir};
+use crate::volume::VolumeBackend;
 
 /// The directory of a snapshot's restore marks: one file per block volume that is being
 /// restored from it and not filled yet, whichever node that volume is on.
@@ -99,28 +99,18 @@ pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
         size_bytes: 0,
         digests: Vec::new(),
     };
-    let state = ctx.block.pool.state.snapshot();
-    let restored = |source: Option<&SourceOf>| match source {
-        Some(SourceOf::Snapshot { id, content }) if id == raw => Some(*content),
-        _ => None,
-    };
-    if let Some((volume_id, rec)) = state.by_name(name) {
-        let content = restored(rec.source.as_ref().map(|s| &s.of))?;
-        let filled = crate::volume::block::clone::done(ctx.block, volume_id).ok()?;
-        return filled.then(|| restore(content));
-    }
-    let (_, rec) = ctx.nfs?.store.registry.by_name(name)?;
-    let content = restored(rec.source.as_ref())?;
-    (!rec.filling).then(|| restore(content))
+    let content = ctx.block.restored_from(name, raw);
+    let content = content.or_else(|| ctx.nfs?.restored_from(name, raw))?;
+    Some(restore(content))
 }
 
 /// DeleteSnapshot of a snapshot a volume is being restored from, on this node or on
 /// any other (its mark on the store): FailedPrecondition naming the volumes.
 pub async fn refuse_restoring(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> {
     let text = id.to_string();
-    let mut restoring = crate::volume::block::clone::unfilled_clones_of(ctx.block, &text)?;
+    let mut restoring = ctx.block.filling_from(&text)?;
     if let Some(nfs) = ctx.nfs {
-        restoring.extend(crate::volume::nfs::clone::filling_from(nfs, &text));
+        restoring.extend(nfs.filling_from(&text)?);
     }
     let (owner, shown) = (text.clone(), id.location());
     let marked = ctx

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use super::source::{source, From};
+use super::source::source;
 use super::{key, store_record, Context, Record};
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::os::{FsType, Host};
@@ -41,6 +41,7 @@ use crate::volume::mounts::private;
 use crate::volume::nfs::{fs_error, fsops};
 use crate::volume::snapshot_store::manifest::{self, Content, Manifest, IMAGE, TREE};
 use crate::volume::snapshot_store::{self as store, Owner, SnapshotDir};
+use crate::volume::ContentView;
 
 /// What the job owns: everything it needs once the call that started it has returned.
 struct Job {
@@ -51,7 +52,7 @@ struct Job {
     store: Opened,
     /// The store, for messages.
     store_location: String,
-    from: From,
+    from: ContentView,
     /// Held for the whole copy (see the module's comment).
     guard: Option<VolumeGuard>,
     progress: Arc<Progress>,
@@ -97,7 +98,7 @@ async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result
     let (from, guard) = source(ctx, &rec.source_volume_id).await?;
     let store = prepare_dir(ctx, &id, &rec.name).await?;
     Ok(Job {
-        host: Arc::clone(&ctx.block.mounter.host),
+        host: Arc::clone(ctx.host),
         rec: rec.clone(),
         node_id: ctx.node_id.to_owned(),
         store,
@@ -154,7 +155,7 @@ impl Job {
         let guard = self.guard.take();
         let from = std::mem::replace(
             &mut self.from,
-            From::Tree {
+            ContentView::Tree {
                 root: PathBuf::new(),
                 rel: String::new(),
             },
@@ -162,7 +163,7 @@ impl Job {
         let job = Arc::new(self);
         let j = Arc::clone(&job);
         let manifest = match from {
-            From::Unmounted { dev, fs } => {
+            ContentView::Unmounted { dev, fs } => {
                 private::clean_copy_dir(job.host.as_ref(), &job.work).await?;
                 let at = private::pin(&job.work, "source")?;
                 job.host.mount(&dev, &at, fs, &["ro".to_owned()]).await?;
@@ -178,11 +179,13 @@ impl Job {
                 down?;
                 m
             }
-            From::Mounted { at, dev, fs } => blocking(move || j.copy_mounted(&at, dev, fs)).await?,
-            From::Device { path, dev, bytes } => {
+            ContentView::Mounted { at, dev, fs } => {
+                blocking(move || j.copy_mounted(&at, dev, fs)).await?
+            }
+            ContentView::Device { path, dev, bytes } => {
                 blocking(move || j.copy_device(&path, dev, bytes)).await?
             }
-            From::Tree { root, rel } => {
+            ContentView::Tree { root, rel } => {
                 blocking(move || {
                     let shown = root.join(&rel);
                     let dir = fsops::open_dir(&root, &rel)
@@ -478,7 +481,7 @@ pub(super) async fn take_down_leftovers(ctx: &Context<'_>, rec: &Record) -> Resu
     if !work.exists() {
         return Ok(());
     }
-    private::take_down(ctx.block.mounter.host.as_ref(), &work, "source").await?;
+    private::take_down(ctx.host.as_ref(), &work, "source").await?;
     let _ = std::fs::remove_dir(work.join("source"));
     let _ = std::fs::remove_dir(&work);
     Ok(())

@@ -11,15 +11,38 @@ pub mod mounts;
 pub mod nfs;
 pub mod snapshot_store;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
 use crate::csi;
 use crate::error::Result;
+use crate::os::FsType;
+use crate::pool::Content;
 
 pub use crate::request::node::{Publish, Stage};
 pub use crate::request::Expand;
+
+/// How a volume's content is read for a copy of it taken now (a snapshot's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentView {
+    /// A filesystem volume's device, nothing using it: mounted read-only privately.
+    Unmounted { dev: PathBuf, fs: FsType },
+    /// A filesystem volume mounted at `at` (staged): copied live, then frozen.
+    Mounted {
+        at: PathBuf,
+        dev: (u32, u32),
+        fs: FsType,
+    },
+    /// A volume without a filesystem: its device's first `bytes`.
+    Device {
+        path: PathBuf,
+        dev: (u32, u32),
+        bytes: u64,
+    },
+    /// A directory `rel` below the export mounted at `root` (an NFS volume's).
+    Tree { root: PathBuf, rel: String },
+}
 
 /// ControllerExpandVolume's answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,6 +86,20 @@ pub trait VolumeBackend: Send + Sync {
         path: &Path,
         staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse>;
+
+    /// The volume's capacity in bytes, the smallest volume a copy of it fills; None when
+    /// it is no volume here.
+    fn capacity_of(&self, id: &Self::Id) -> Option<u64>;
+    /// How the volume's content can be read now for a copy of it; a volume whose content
+    /// cannot be read consistently now (being deleted, not filled yet, in use where no
+    /// freeze can help) is refused, saying why.
+    async fn content_view(&self, id: &Self::Id) -> Result<ContentView>;
+    /// This backend's volumes being filled from `source` (a volume or snapshot id) now.
+    fn filling_from(&self, source: &str) -> Result<Vec<String>>;
+    /// What snapshot `snapshot` holds, when the volume named `name` was restored from it
+    /// and holds it whole already (a repeated CreateVolume answers that volume even after
+    /// the snapshot was deleted); None otherwise.
+    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content>;
 }
 
 /// NodeGetVolumeStats: a healthy-looking volume that the GDS gate published in compat

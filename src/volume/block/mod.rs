@@ -5,6 +5,7 @@
 
 pub mod clone;
 pub mod clone_source;
+mod content;
 pub mod controller;
 pub mod device;
 pub mod expand;
@@ -32,11 +33,12 @@ pub use layout::{Capacity, Layout};
 use crate::csi;
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::GdsGate;
+use crate::pool::Content;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::Capability;
 use crate::volume::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::Mounter;
-use crate::volume::{Expand, Expanded, Publish, Stage, VolumeBackend};
+use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
 
 /// Which node this is, as the block backend's volumes and topology name it.
 #[derive(Debug, Clone)]
@@ -287,5 +289,21 @@ impl VolumeBackend for BlockBackend {
         staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
         stats::stats(self, id, path, staging)
+    }
+
+    fn capacity_of(&self, id: &BlockVolumeId) -> Option<u64> {
+        content::capacity_of(self, id)
+    }
+
+    async fn content_view(&self, id: &BlockVolumeId) -> Result<ContentView> {
+        content::view(self, id)
+    }
+
+    fn filling_from(&self, source: &str) -> Result<Vec<String>> {
+        clone::unfilled_clones_of(self, source)
+    }
+
+    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content> {
+        content::restored_from(self, name, snapshot)
     }
 }

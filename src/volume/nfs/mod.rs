@@ -27,9 +27,10 @@ use crate::csi;
 use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds::gate::GdsGate;
 use crate::os::{mountinfo, Anchored, Host, MountEntry};
+use crate::pool::{Content, SourceOf};
 use crate::request::{nfs_options, CreateVolume, NfsCapability};
 use crate::volume::mounts::Mounter;
-use crate::volume::{Expand, Expanded, Publish, Stage, VolumeBackend};
+use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
 
 pub use crate::request::{MountOptions, NfsParams, NfsVolumeId, OnDelete, Transport};
 pub use registry::{NfsRecord, Registry};
@@ -272,6 +273,35 @@ impl VolumeBackend for NfsBackend {
         _staging: Option<&Path>,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
         stats::stats(self, id, path).await
+    }
+
+    /// The capacity CreateVolume recorded; 0 when the record is gone (the registry is
+    /// scratch: the id alone finds the directory).
+    fn capacity_of(&self, id: &NfsVolumeId) -> Option<u64> {
+        let rec = self.store.registry.get(&id.to_string());
+        Some(rec.map_or(0, |r| r.capacity_bytes))
+    }
+
+    async fn content_view(&self, id: &NfsVolumeId) -> Result<ContentView> {
+        let root = self.export_root(id).await?;
+        Ok(ContentView::Tree {
+            root,
+            rel: id.dir.clone(),
+        })
+    }
+
+    fn filling_from(&self, source: &str) -> Result<Vec<String>> {
+        Ok(clone::filling_from(self, source))
+    }
+
+    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content> {
+        let (_, rec) = self.store.registry.by_name(name)?;
+        match rec.source {
+            Some(SourceOf::Snapshot { id, content }) if id == snapshot && !rec.filling => {
+                Some(content)
+            }
+            _ => None,
+        }
     }
 }
 
