@@ -312,6 +312,7 @@ impl StateStore {
             }
             None => write_marker(&marker_path)?,
         }
+        refuse_shared_devices(&volumes, &dir.join(RECORDS_DIR))?;
         let state = State {
             volumes: volumes
                 .into_iter()
@@ -349,6 +350,72 @@ impl StateStore {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
         Ok(out)
     }
+}
+
+/// What a record holds of a device: all of it, or one partition (by PARTUUID, or not
+/// carved yet).
+#[derive(PartialEq, Eq)]
+enum Claim<'a> {
+    Whole,
+    Partition(Option<&'a str>),
+}
+
+fn partuuid(p: &Option<PartitionRecord>) -> Option<&str> {
+    p.as_ref().map(|p| p.partuuid.as_str())
+}
+
+/// A state in which two records hold one device (whole, or the same partition) is refused
+/// at start-up, naming both: serving it would hand one device's data to two volumes (two
+/// drivers once ran on one state dir, or a record was copied by hand).
+fn refuse_shared_devices(volumes: &BTreeMap<String, VolumeRecord>, dir: &Path) -> Result<()> {
+    use crate::volume::id::{BlockVolumeId, IdLayout};
+    let mut seen: BTreeMap<&str, Vec<(&str, Claim<'_>)>> = BTreeMap::new();
+    for (id, r) in volumes {
+        let mut claims = Vec::new();
+        match BlockVolumeId::parse(id).map(|i| i.layout) {
+            Some(IdLayout::Stripe) => {
+                let members = r.stripe.iter().flat_map(|s| &s.members);
+                claims.extend(members.map(|m| {
+                    (
+                        m.device_id.as_str(),
+                        Claim::Partition(partuuid(&m.partition)),
+                    )
+                }));
+            }
+            Some(IdLayout::Partition) => claims.push((
+                r.device_id.as_str(),
+                Claim::Partition(partuuid(&r.partition)),
+            )),
+            Some(IdLayout::Device) => claims.push((r.device_id.as_str(), Claim::Whole)),
+            // Not a block id: nothing is allocated by it.
+            None => {}
+        }
+        for (device, claim) in claims {
+            let on_device = seen.entry(device).or_default();
+            let clash = on_device.iter().find(|(_, other)| {
+                *other == Claim::Whole
+                    || claim == Claim::Whole
+                    || (claim == *other && claim != Claim::Partition(None))
+            });
+            if let Some((other, _)) = clash {
+                return Err(Error::State {
+                    path: dir.to_owned(),
+                    reason: format!(
+                        "records {other} and {id} both hold device {device}{}: one device's \
+                         data would serve two volumes. Stop every driver on this state dir, \
+                         find which volume owns the device (its PV, the data on it), and move \
+                         the other record out of the state dir",
+                        match claim {
+                            Claim::Partition(Some(uuid)) => format!(" (partition {uuid})"),
+                            _ => String::new(),
+                        }
+                    ),
+                });
+            }
+            on_device.push((id, claim));
+        }
+    }
+    Ok(())
 }
 
 /// Rewrites the records still in an older form.
@@ -470,6 +537,32 @@ mod tests {
         fs::write(dir.path().join(MARKER_FILE), br#"{"version": 4}"#).unwrap();
         let err = StateStore::open(dir.path()).err().unwrap().to_string();
         assert!(err.contains("newer"), "{err}");
+    }
+
+    #[test]
+    fn two_records_holding_one_device_are_refused_at_start_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let whole = |n: &str| format!("blk:dev-1:{n}:node-a");
+        store
+            .update(|s| {
+                s.insert(whole("aaaaaaaa"), record("a"));
+                Ok(())
+            })
+            .unwrap();
+        drop(store);
+        StateStore::open(dir.path()).unwrap();
+        // A second driver's allocation of the same device, as its record file.
+        let (files, _) = RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
+        let second = BTreeMap::from([(whole("bbbbbbbb"), record("b"))]);
+        files.write_all(&second).unwrap();
+        let err = StateStore::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.contains(&whole("aaaaaaaa"))
+                && err.contains(&whole("bbbbbbbb"))
+                && err.contains("dev-1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -20,10 +20,14 @@ pub mod records;
 pub const LOCK_FILE: &str = "gds-csi.lock";
 
 /// Held for as long as the process serves; the kernel releases it when the process's
-/// files are closed, a SIGKILL included.
+/// files are closed, a SIGKILL included. Two locks: the lock file names the holder for
+/// messages, and the state directory itself, which cannot be unlinked and made again
+/// under a running driver as a lock file can (`rm gds-csi.lock` would let a second driver
+/// lock a new file of that name and allocate the same devices).
 #[derive(Debug)]
 pub struct StateDirLock {
-    _lock: Flock<File>,
+    _file: Flock<File>,
+    _dir: Flock<File>,
     pub path: PathBuf,
 }
 
@@ -35,50 +39,77 @@ pub fn lock(dir: &Path, wait: Duration) -> std::result::Result<StateDirLock, Str
     fs::create_dir_all(dir).map_err(|e| format!("--state-dir {shown}: cannot create it: {e}"))?;
     let path = dir.join(LOCK_FILE);
     let deadline = Instant::now() + wait;
-    let mut file = open_lock_file(&path)?;
     let mut waiting = false;
     loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                // Only informative (pids are per namespace): the lock is what protects.
-                let _ = lock.set_len(0);
-                let _ = lock.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0);
-                if waiting {
-                    info!(lock = %path.display(), "state dir released by the previous process");
-                }
-                return Ok(StateDirLock { _lock: lock, path });
+        if let Some(locked) = try_lock(dir, &path)? {
+            if waiting {
+                info!(lock = %path.display(), "state dir released by the previous process");
             }
-            Err((f, Errno::EWOULDBLOCK)) => {
-                file = f;
-                if Instant::now() >= deadline {
-                    let holder = fs::read_to_string(&path).unwrap_or_default();
-                    let holder = match holder.trim() {
-                        "" => String::new(),
-                        pid => format!(" (pid {pid}, as that process sees it)"),
-                    };
-                    return Err(format!(
-                        "--state-dir {shown} is in use by another gds-csi process{holder}: \
-                         {} stayed locked for {}. Two drivers on one state dir would overwrite \
-                         each other's allocations; give each driver (each Helm release, each \
-                         driver name) its own --state-dir, or stop the other process",
-                        path.display(),
-                        humantime::format_duration(wait)
-                    ));
-                }
-                if !waiting {
-                    waiting = true;
-                    info!(lock = %path.display(), ?wait, "state dir is locked by another process; waiting for it to exit");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err((_, errno)) => {
-                return Err(format!(
-                    "--state-dir {shown}: locking {}: {errno}",
-                    path.display()
-                ))
-            }
+            return Ok(locked);
         }
+        if Instant::now() >= deadline {
+            return Err(held_message(dir, &path, wait));
+        }
+        if !waiting {
+            waiting = true;
+            info!(lock = %path.display(), ?wait, "state dir is locked by another process; waiting for it to exit");
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Both locks, or None while another process holds either.
+fn try_lock(dir: &Path, path: &Path) -> std::result::Result<Option<StateDirLock>, String> {
+    let failed = |what: &Path, errno: Errno| {
+        format!(
+            "--state-dir {}: locking {}: {errno}",
+            dir.display(),
+            what.display()
+        )
+    };
+    let file = match Flock::lock(open_lock_file(path)?, FlockArg::LockExclusiveNonblock) {
+        Ok(file) => file,
+        Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
+        Err((_, errno)) => return Err(failed(path, errno)),
+    };
+    let dir_lock = match Flock::lock(open_dir(dir)?, FlockArg::LockExclusiveNonblock) {
+        Ok(d) => d,
+        Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
+        Err((_, errno)) => return Err(failed(dir, errno)),
+    };
+    // Only informative (pids are per namespace): the locks are what protect.
+    let _ = file.set_len(0);
+    let _ = file.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0);
+    Ok(Some(StateDirLock {
+        _file: file,
+        _dir: dir_lock,
+        path: path.to_owned(),
+    }))
+}
+
+fn held_message(dir: &Path, path: &Path, wait: Duration) -> String {
+    let holder = fs::read_to_string(path).unwrap_or_default();
+    let holder = match holder.trim() {
+        "" => String::new(),
+        pid => format!(" (pid {pid}, as that process sees it)"),
+    };
+    format!(
+        "--state-dir {} is in use by another gds-csi process{holder}: the directory or {} \
+         stayed locked for {}. Two drivers on one state dir would overwrite each other's \
+         allocations; give each driver (each Helm release, each driver name) its own \
+         --state-dir, or stop the other process",
+        dir.display(),
+        path.display(),
+        humantime::format_duration(wait)
+    )
+}
+
+fn open_dir(dir: &Path) -> std::result::Result<File, String> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(|e| format!("--state-dir {}: opening it: {e}", dir.display()))
 }
 
 fn open_lock_file(path: &Path) -> std::result::Result<File, String> {
@@ -210,6 +241,17 @@ mod tests {
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+        drop(first);
+        lock(dir.path(), Duration::ZERO).unwrap();
+    }
+
+    #[test]
+    fn removing_the_lock_file_lets_no_second_driver_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock(dir.path(), Duration::ZERO).unwrap();
+        fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+        let err = lock(dir.path(), Duration::from_millis(120)).unwrap_err();
+        assert!(err.contains("in use by another gds-csi process"), "{err}");
         drop(first);
         lock(dir.path(), Duration::ZERO).unwrap();
     }
