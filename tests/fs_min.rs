@@ -63,7 +63,58 @@ async fn the_minimum_is_what_the_installed_mkfs_accepts() {
         xfs - 4096
     );
     let ext4 = fs_min::min_bytes(FsType::Ext4, None).await.unwrap();
-    assert!(ext4 > 0 && ext4 < (1 << 20), "ext4 minimum {ext4}");
+    assert!(ext4 > 0 && ext4 < (8 << 20), "ext4 minimum {ext4}");
+}
+
+/// mkfs.ext4 as the driver runs it on a file of `bytes`, then a mount with the options
+/// the driver stages with (`data=ordered`, which needs a journal); true when it mounted.
+fn ext4_stages(bytes: u64) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, at) = (dir.path().join("img"), dir.path().join("mnt"));
+    std::fs::File::create(&img).unwrap().set_len(bytes).unwrap();
+    std::fs::create_dir(&at).unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-m", "0", "-E", "nodiscard"])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(mkfs.success(), "mkfs.ext4 refused {bytes}");
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let mounted = Command::new("mount")
+        .args(["-t", "ext4", "-o", "data=ordered", &dev])
+        .arg(&at)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    if mounted {
+        assert!(Command::new("umount").arg(&at).status().unwrap().success());
+    }
+    assert!(Command::new("losetup")
+        .args(["-d", &dev])
+        .status()
+        .unwrap()
+        .success());
+    mounted
+}
+
+/// The ext4 minimum is a size that stages: mkfs.ext4 formats far smaller filesystems,
+/// but gives them no journal, and `data=ordered` refuses to mount those.
+#[tokio::test]
+async fn the_ext4_minimum_is_the_smallest_size_that_stages() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (loop devices and mount)");
+        return;
+    }
+    let ext4 = fs_min::min_bytes(FsType::Ext4, None).await.unwrap();
+    assert!(ext4_stages(ext4), "{ext4} bytes do not stage");
+    assert!(!ext4_stages(ext4 - 4096), "{} bytes stage too", ext4 - 4096);
+    assert!(!ext4_stages(1 << 20), "1 MiB stages: no case to test");
 }
 
 #[tokio::test]

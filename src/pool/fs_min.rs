@@ -6,7 +6,8 @@
 //! xfsprogs 5.19+ refuses data sections under 300 MiB (mkfs/xfs_mkfs.c: `sb_dblocks <
 //! MEGABYTES(300, ...)` -> "Filesystem must be larger than 300MB", skipped when fstests'
 //! TEST_DIR, TEST_DEV and QA_CHECK_FS are all set: the dry run sees the driver's environment,
-//! as the real mkfs does); e2fsprogs' floor is some 60 KiB.
+//! as the real mkfs does); e2fsprogs formats from some 60 KiB but gives no journal under
+//! 2048 blocks, and an ext4 volume is only a size that gets one (`no_journal`).
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -126,7 +127,18 @@ async fn accepts(
             program: program.to_string(),
             why: e.to_string(),
         })?;
-    Ok(out.status.success())
+    Ok(out.status.success() && !(fs == FsType::Ext4 && no_journal(&out.stderr)))
+}
+
+/// Whether mke2fs said the filesystem gets no journal. The driver mounts ext4 with
+/// `data=ordered` (GDS needs it), which the kernel refuses without a journal
+/// (fs/ext4/super.c `__ext4_fill_super`: "can't mount with data=, fs mounted w/o
+/// journal"), so such a size formats but never stages. e2fsprogs gives no journal to a
+/// filesystem under 2048 blocks (lib/ext2fs/mkjournal.c `ext2fs_default_journal_size`)
+/// and says so on stderr, `-q` or not, dry run included (misc/util.c
+/// `figure_journal_size`, called by misc/mke2fs.c before its `noaction` exit).
+fn no_journal(stderr: &[u8]) -> bool {
+    String::from_utf8_lossy(stderr).contains("too small for a journal")
 }
 
 /// The capacity range with `required_bytes` raised to the filesystem's minimum, or
