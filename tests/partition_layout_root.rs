@@ -251,15 +251,19 @@ async fn an_unknown_layout_is_invalid_argument_naming_the_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_whose_label_is_full_of_entries_passes_the_next_claims_on() {
-    // Room for 255 partitions of 1 MiB: the entries run out before the space.
-    let Some(mut rig) = PartRig::with_size(2, 320 * MIB) else {
+    // Room for 255 partitions of 2 MiB (the smallest ext4 that stages): the entries run
+    // out before the space.
+    let Some(mut rig) = PartRig::with_size(2, 640 * MIB) else {
         return;
     };
     let mut c = rig.start().await;
     let mut on = std::collections::BTreeMap::<String, usize>::new();
     for i in 0..256 {
-        let v = requests::create_volume(&mut c, requests::partition_create(&format!("v{i}"), MIB))
-            .await;
+        let v = requests::create_volume(
+            &mut c,
+            requests::partition_create(&format!("v{i}"), 2 * MIB),
+        )
+        .await;
         let device = v.volume_id.split(':').nth(1).unwrap().to_owned();
         *on.entry(device).or_default() += 1;
     }
@@ -272,6 +276,6 @@ async fn a_device_whose_label_is_full_of_entries_passes_the_next_claims_on() {
     assert!(counts.contains(&255), "{on:?}");
     // GetCapacity counts no space behind a full label.
     let (available, _) = capacity(&mut c).await;
-    assert!(available < 320 * MIB, "{available}");
+    assert!(available < 640 * MIB, "{available}");
     assert!(available > 100 * MIB, "{available}");
 }

@@ -58,12 +58,16 @@ fn changed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_create_or_delete_writes_one_record_whatever_the_volume_count() {
-    let Some(mut rig) = PartRig::with_size(2, 320 * MIB) else {
+    let Some(mut rig) = PartRig::with_size(2, 640 * MIB) else {
         return;
     };
     let mut c = rig.start().await;
     for i in 0..VOLUMES {
-        requests::create_volume(&mut c, requests::partition_create(&format!("v{i}"), MIB)).await;
+        requests::create_volume(
+            &mut c,
+            requests::partition_create(&format!("v{i}"), 2 * MIB),
+        )
+        .await;
     }
     let state = rig.path("state");
     let records = state.join("volumes");
@@ -77,7 +81,7 @@ async fn one_create_or_delete_writes_one_record_whatever_the_volume_count() {
     // File times have a granularity: a change within it would go unseen.
     std::thread::sleep(std::time::Duration::from_millis(20));
     let before = files(&state);
-    let v = requests::create_volume(&mut c, requests::partition_create("one-more", MIB)).await;
+    let v = requests::create_volume(&mut c, requests::partition_create("one-more", 2 * MIB)).await;
     let after = files(&state);
     let diff = changed(&before, &after);
     assert_eq!(diff.len(), 1, "one file changed: {diff:?}");
