@@ -642,6 +642,58 @@ async fn a_filled_clone_left_mounted_in_its_copy_directory_stages() {
     rig.kill9();
 }
 
+/// A clone of a source a pod uses is copied live, and the source frozen only for the pass
+/// over what changed meanwhile: its writers wait for that pass, not for the whole copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_in_use_is_frozen_only_for_the_last_pass_of_its_clone() {
+    // Large enough that copying it takes far longer than freezing a filesystem.
+    let Some(rig) = Rig::with_size(2, 512 << 20) else {
+        return;
+    };
+    let mut rig = rig;
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
+    let mount = requests::single_writer_mount();
+    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
+    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
+    fs::create_dir_all(&s_staging).unwrap();
+    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    let data: Vec<u8> = (0..(320u32 << 20)).map(|i| (i % 251) as u8).collect();
+    fs::write(s_target.join("weights.bin"), &data).unwrap();
+    nix::unistd::sync();
+    let id = requests::create_volume(&mut c, clone_req("clone", &source))
+        .await
+        .volume_id;
+    let text = scrape(&addr);
+    let figure = |name: &str| -> f64 {
+        let prefix = format!("{name}{{volume=\"{id}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&prefix));
+        line.unwrap_or_else(|| panic!("no {prefix}: {text}"))[prefix.len()..]
+            .parse()
+            .unwrap()
+    };
+    let (frozen, copied) = (
+        figure("gds_csi_clone_freeze_seconds"),
+        figure("gds_csi_clone_duration_seconds"),
+    );
+    eprintln!("clone of a source in use: frozen {frozen:.3} s, copy {copied:.3} s");
+    assert!(
+        frozen * 4.0 < copied,
+        "frozen {frozen} s of a {copied} s copy: frozen for the whole copy"
+    );
+    assert!(!rig.path("state/freezes").join(short(&id)).exists());
+    let (staging, target) = (rig.path("staging/clone"), rig.path("pods/p2/clone"));
+    fs::create_dir_all(&staging).unwrap();
+    requests::stage_and_publish(&mut c, &id, &staging, &target, mount.clone()).await;
+    assert!(fs::read(target.join("weights.bin")).unwrap() == data);
+    requests::unpublish(&mut c, &id, &target).await.unwrap();
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+    rig.kill9();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clone_of_a_source_in_use_is_the_source_frozen_at_create_volume() {
     let Some(rig) = Rig::new(2) else { return };

@@ -95,6 +95,17 @@ pub enum CloneError {
     },
     #[error("{} is no longer the source volume's mount; retry", at.display())]
     SourceMountGone { at: PathBuf },
+    #[error(
+        "clone {volume}: what changed in its source at {} during the copy could not be copied \
+         within the freeze limit of {limit_secs:.1} s, so the source was thawed and the clone \
+         is not filled; retry when its writers are quieter, or raise --snapshot-freeze-limit",
+        at.display()
+    )]
+    FreezeOverran {
+        volume: String,
+        at: PathBuf,
+        limit_secs: f64,
+    },
     #[error("clone source {origin} is no volume of this driver")]
     NotOurVolume { origin: String },
     #[error(
@@ -172,7 +183,8 @@ impl CloneError {
             | CloneError::DeletedWhileCopying { .. }
             | CloneError::SourceChanged { .. }
             | CloneError::MeasureStopped(_)
-            | CloneError::MeasureDropped { .. } => Code::Aborted,
+            | CloneError::MeasureDropped { .. }
+            | CloneError::FreezeOverran { .. } => Code::Aborted,
             _ => Code::FailedPrecondition,
         }
     }

@@ -27,6 +27,7 @@ pub struct CloneMetrics {
     pub copied: Family<VolumeLabels, Gauge>,
     pub total: Family<VolumeLabels, Gauge>,
     pub seconds: Family<VolumeLabels, Gauge<f64, AtomicU64>>,
+    pub freeze_seconds: Family<VolumeLabels, Gauge<f64, AtomicU64>>,
     pub failures: Family<CauseLabels, Counter>,
 }
 
@@ -47,6 +48,14 @@ pub fn progress(vol: &str, copied: u64, total: u64) {
 /// The copy ended after `seconds` (this process's part of it).
 pub fn finished(vol: &str, seconds: f64) {
     CLONES.seconds.get_or_create(&volume(vol)).set(seconds);
+}
+
+/// The clone's source, in use, was frozen `seconds` for the copy's last pass.
+pub fn frozen(vol: &str, seconds: f64) {
+    CLONES
+        .freeze_seconds
+        .get_or_create(&volume(vol))
+        .set(seconds);
 }
 
 /// Why a copy failed: the `cause` label.
@@ -113,6 +122,7 @@ pub fn forget(vol: &str) {
     CLONES.copied.remove(&volume(vol));
     CLONES.total.remove(&volume(vol));
     CLONES.seconds.remove(&volume(vol));
+    CLONES.freeze_seconds.remove(&volume(vol));
 }
 
 pub fn register(r: &mut Registry) {
@@ -130,6 +140,11 @@ pub fn register(r: &mut Registry) {
         "gds_csi_clone_duration_seconds",
         "How long a clone's copy took in this driver process, per volume",
         CLONES.seconds.clone(),
+    );
+    r.register(
+        "gds_csi_clone_freeze_seconds",
+        "How long a clone's source in use was frozen for the copy's last pass, per volume",
+        CLONES.freeze_seconds.clone(),
     );
     r.register(
         "gds_csi_clone_failures",

@@ -261,8 +261,9 @@ pub struct ServeArgs {
     /// Deadline for each mount and umount.
     #[arg(long, env = "GDS_CSI_MOUNT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub mount_timeout: Duration,
-    /// The longest a mounted volume's filesystem stays frozen for a snapshot's last pass
-    /// (what changed while it was copied); past it the snapshot fails, thawed at once.
+    /// The longest a mounted volume's filesystem stays frozen for the last pass of a copy
+    /// of it, a snapshot's or a clone's (what changed while it was copied live); past it
+    /// the copy fails, thawed at once.
     #[arg(long, env = "GDS_CSI_SNAPSHOT_FREEZE_LIMIT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub snapshot_freeze_limit: Duration,
     /// How long a snapshot's copy may go without a byte moved before CreateSnapshot answers

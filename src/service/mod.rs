@@ -111,6 +111,7 @@ impl Driver {
     }
 
     pub fn with_snapshots(mut self, snapshots: Snapshots) -> Self {
+        self.block.set_freeze_limit(snapshots.freeze_limit);
         self.snapshots = Some(snapshots);
         self
     }

@@ -38,7 +38,7 @@ pub use context::Context;
 pub const CREATE_WAIT: Duration = Duration::from_secs(20);
 /// The longest a mounted volume's filesystem stays frozen for the last pass, unless
 /// `--snapshot-freeze-limit` says otherwise.
-pub const FREEZE_LIMIT: Duration = Duration::from_secs(5);
+pub const FREEZE_LIMIT: Duration = crate::volume::block::freeze::LIMIT;
 /// How long a copy may go without a byte moved before CreateSnapshot answers Unavailable
 /// naming the store (an NFS store's server that stopped answering), unless
 /// `--snapshot-stall-limit` says otherwise.

@@ -34,7 +34,7 @@ use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
 use crate::runtime::locks::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
-use crate::volume::copy::delta::Changes;
+use crate::volume::block::freeze::{self, LastPass};
 use crate::volume::copy::walk::Entry;
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::volume::mounts::private;
@@ -265,47 +265,26 @@ impl Job {
         dev: (u32, u32),
         before: &[Entry],
         progress: &Progress,
-    ) -> Result<(Vec<Entry>, Changes, f64)> {
+    ) -> Result<LastPass> {
         let dst = self.store.tree.dup()?;
-        let freeze_root = root.try_clone().map_err(|e| Error::io("open", at, e))?;
         let name = format!("snapshot-{}", short_hash(&self.rec.name));
-        let limit = self.freeze_limit;
-        let frozen_at = Instant::now();
-        let frozen = crate::volume::block::freeze::Frozen::freeze(
-            &self.state_dir,
-            &name,
-            freeze_root,
-            dev,
+        let pass = freeze::Pass {
+            state_dir: &self.state_dir,
+            name: &name,
+            root,
             at,
-        )?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::scope(|s| {
-            let (src, dst) = (root.as_fd(), dst.as_fd());
-            let how = self.verify();
-            s.spawn(move || {
-                let _ = tx.send(crate::volume::copy::delta::copy_changes(
-                    src,
-                    dst,
-                    at,
-                    before,
-                    how,
-                    crate::volume::copy::STREAMS,
-                    progress,
-                ));
-            });
-            let got = rx.recv_timeout(limit);
-            // Thawed now, before waiting for a pass that overran to stop.
-            drop(frozen);
-            let seconds = frozen_at.elapsed().as_secs_f64();
-            match got {
-                Ok(done) => done.map(|(entries, changes)| (entries, changes, seconds)),
-                Err(_) => Err(SnapshotError::FreezeOverran {
-                    name: self.rec.name.clone(),
-                    at: at.display().to_string(),
-                    limit_secs: limit.as_secs_f64(),
-                }
-                .into()),
+            dev,
+            dst: dst.as_fd(),
+            verify: self.verify(),
+            limit: self.freeze_limit,
+        };
+        pass.run(before, progress)?.map_err(|freeze::Overran| {
+            SnapshotError::FreezeOverran {
+                name: self.rec.name.clone(),
+                at: at.display().to_string(),
+                limit_secs: self.freeze_limit.as_secs_f64(),
             }
+            .into()
         })
     }
 

@@ -1,16 +1,82 @@
-//! A mounted filesystem frozen (FIFREEZE) for as long as a clone copies it, or for a
-//! snapshot's last pass over what changed while it was copied live, so the copy is one
-//! point in time while a pod keeps it mounted: its writers wait, its readers and the copy
-//! read on. A freeze is always paired with a thaw: the guard thaws when dropped
+//! A mounted filesystem frozen (FIFREEZE) for the last pass of a copy of it (a clone's or
+//! a snapshot's) over what changed while it was copied live, so the copy is one point in
+//! time while a pod keeps it mounted: its writers wait only for that pass, bounded by
+//! `--snapshot-freeze-limit`, its readers and the copy read on. A freeze is always paired with a thaw: the guard thaws when dropped
 //! (the copy's end, its error, a panic, a dropped job), and the freeze is recorded in the
 //! state dir before it is made, so a driver killed meanwhile thaws it at start-up rather
 //! than leaving the pod's writers hung.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::os::MountEntry;
+use crate::volume::copy::delta::Changes;
+use crate::volume::copy::walk::Entry;
+use crate::volume::copy::{Progress, Verify};
+
+/// The longest a mounted volume's filesystem stays frozen for a copy's last pass, unless
+/// `--snapshot-freeze-limit` says otherwise.
+pub const LIMIT: Duration = Duration::from_secs(5);
+
+/// A last pass that did not end within the freeze limit: the filesystem was thawed at the
+/// limit, and the copy is no point in time.
+#[derive(Debug)]
+pub struct Overran;
+
+/// What the last pass did: the new walk, what changed, and the seconds it stayed frozen.
+pub type LastPass = (Vec<Entry>, Changes, f64);
+
+/// Where the last pass runs: the filesystem mounted at `at` (device `dev`, its root open
+/// as `root`), copied live into `dst` as `before` lists it; the freeze is recorded in
+/// `state_dir` as `name`.
+pub struct Pass<'a> {
+    pub state_dir: &'a Path,
+    pub name: &'a str,
+    pub root: &'a OwnedFd,
+    pub at: &'a Path,
+    pub dev: (u32, u32),
+    pub dst: BorrowedFd<'a>,
+    pub verify: Verify,
+    pub limit: Duration,
+}
+
+impl Pass<'_> {
+    /// Freezes the filesystem while what changed since `before` is copied, and thaws it
+    /// when that is done or at the limit, whichever comes first.
+    pub fn run(
+        &self,
+        before: &[Entry],
+        progress: &Progress,
+    ) -> Result<std::result::Result<LastPass, Overran>> {
+        let freeze_root = self
+            .root
+            .try_clone()
+            .map_err(|e| Error::io("open", self.at, e))?;
+        let frozen_at = Instant::now();
+        let frozen = Frozen::freeze(self.state_dir, self.name, freeze_root, self.dev, self.at)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let (src, dst, at, how) = (self.root.as_fd(), self.dst, self.at, self.verify);
+            s.spawn(move || {
+                let streams = crate::volume::copy::STREAMS;
+                let changes = crate::volume::copy::delta::copy_changes(
+                    src, dst, at, before, how, streams, progress,
+                );
+                let _ = tx.send(changes);
+            });
+            let got = rx.recv_timeout(self.limit);
+            // Thawed now, before waiting for a pass that overran to stop.
+            drop(frozen);
+            let seconds = frozen_at.elapsed().as_secs_f64();
+            match got {
+                Ok(done) => done.map(|(entries, changes)| Ok((entries, changes, seconds))),
+                Err(_) => Ok(Err(Overran)),
+            }
+        })
+    }
+}
 
 /// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` (linux/fs.h).
 const FIFREEZE: u32 = 0xC004_5877;

@@ -66,6 +66,8 @@ pub struct BlockBackend {
     pub(crate) clones: Arc<crate::volume::copy::Cloner>,
     /// This instance runs the NFS backend too, so a clone may mount an NFS source.
     pub(crate) nfs_sources: bool,
+    /// The longest a clone's source in use stays frozen for the copy's last pass.
+    pub(crate) freeze_limit: std::time::Duration,
     ready: AtomicBool,
 }
 
@@ -97,6 +99,7 @@ impl BlockBackend {
             node,
             clones: Arc::default(),
             nfs_sources: false,
+            freeze_limit: freeze::LIMIT,
             ready: AtomicBool::new(false),
         }
     }
@@ -108,6 +111,11 @@ impl BlockBackend {
     /// Clones of NFS directories may be filled here (the instance runs the NFS backend).
     pub fn allow_nfs_sources(&mut self) {
         self.nfs_sources = true;
+    }
+
+    /// The longest a clone's source in use stays frozen (`--snapshot-freeze-limit`).
+    pub fn set_freeze_limit(&mut self, limit: std::time::Duration) {
+        self.freeze_limit = limit;
     }
 
     /// Scans the pool and probes free devices; the backend is ready only after this.

@@ -65,8 +65,16 @@ fn copy_dir(b: &BlockBackend, id: &str) -> PathBuf {
     b.pool.state_dir().join("clone-mnt").join(short(id))
 }
 
+/// Whether the clone is filled: its copy recorded done, and no last pass over a source in
+/// use still owed (`mounted`: the live pass records done before the frozen one runs).
 pub(crate) fn done(b: &BlockBackend, id: &str) -> Result<bool> {
-    Ok(Saved::load(&progress_path(b, id))?.is_some_and(|s| s.done))
+    let path = progress_path(b, id);
+    Ok(Saved::load(&path)?.is_some_and(|s| s.done) && !last_pass_owed(&path).exists())
+}
+
+/// Present from before a live copy of a source in use until its frozen last pass is done.
+fn last_pass_owed(progress: &std::path::Path) -> PathBuf {
+    progress.with_extension("last-pass")
 }
 
 /// The file copy of a clone from `source`: paths set by the job once it has mounted both.
@@ -127,6 +135,7 @@ fn count_outcome(volume: &str, progress: &Progress, outcome: &Result<()>) {
 /// Removes a deleted clone's progress record.
 pub fn forget(b: &BlockBackend, id: &str) {
     let _ = std::fs::remove_file(progress_path(b, id));
+    let _ = std::fs::remove_file(last_pass_owed(&progress_path(b, id)));
     b.clones.forget(&format!("clone:{id}"));
     crate::metrics::clone::forget(id);
 }

@@ -7,7 +7,9 @@ use super::check::refuse_in_use;
 use super::copy_mounts::take_down_idle_leftovers;
 use super::files::fill;
 use super::raw::raw_fill;
-use super::{copy_dir, copy_request, done, is_raw_clone, progress_path, STAGE_WAIT};
+use super::{
+    copy_dir, copy_request, done, is_raw_clone, last_pass_owed, progress_path, STAGE_WAIT,
+};
 use crate::error::{CloneError, Error, Result};
 use crate::os::{FsType, MountEntry};
 use crate::request::{self, Access, Capability, VolumeRef};
@@ -130,15 +132,30 @@ pub async fn run(b: &BlockBackend, vol: &mut Located, fs: FsType, pending: Pendi
         });
     };
     b.verify_located(vol)?;
+    let mut req = copy_request(&source, &vol.record);
+    // A live copy from the source in use was left without its frozen last pass: the clone
+    // may hold files the source no longer has, so the copy resumes only over the same walk
+    // and otherwise starts over on an emptied target.
+    let owed = last_pass_owed(progress.path());
+    req.target_reused = owed.exists();
     let job = fill(
         Arc::clone(&b.mounter.host),
         dir,
         from,
         (vol.device.path.clone(), fs),
-        copy_request(&source, &vol.record),
+        req,
         Arc::clone(&progress),
         raw.clone(),
     );
+    let job = async move {
+        job.await?;
+        match std::fs::remove_file(&owed) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io("removing", &owed, e))
+            }
+            _ => Ok(()),
+        }
+    };
     b.clones.run(&key, &progress, STAGE_WAIT, job).await
 }
 
