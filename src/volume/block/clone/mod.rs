@@ -11,9 +11,10 @@
 //!
 //! What is safe to copy from: a source volume that nothing has staged, mounted or
 //! published, copied at the clone's first NodeStage; or a filesystem source staged here,
-//! copied at the clone's CreateVolume from its own mount, frozen for the copy
-//! (`fill_from_mounted_source`; copying what a pod writes meanwhile gives a copy that
-//! never existed). A raw block source in use is refused (no filesystem to freeze); a
+//! copied at the clone's CreateVolume from its own mount, live and then frozen for the
+//! pass over what changed meanwhile (`fill_from_mounted_source`; a copy of what a pod
+//! writes meanwhile, never brought to one point in time, would be a copy that never
+//! existed). A raw block source in use is refused (no filesystem to freeze); a
 //! second mount of a mounted ext4 shares its live superblock. While a file copy runs, the
 //! source is mounted read-only in a private directory of the state dir; a raw copy holds
 //! both devices open exclusively; either way a NodeStage or DeleteVolume of the source
