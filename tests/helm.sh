@@ -515,10 +515,18 @@ for w in pods(conv):
             check({"name": "RUST_LOG", "value": "debug"} in c["env"], f"{name}: logLevel override")
         elif c["name"] != "doctor":
             check(arg(c, "--v=") == ["--v=5"], f"{name}/{c['name']}: sidecars.logLevel override")
+every_metrics_port = ["metrics", "prov-metrics", "resizer-metrics"]
 for docs, label in ((default, "defaults"), (conv, "conventions")):
     svcs = [x for x in kinds(docs, "Service") if x["metadata"]["name"].endswith("-metrics")]
-    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == ["metrics", "prov-metrics"],
-          f"{label}: metrics Service over the driver's and the provisioner's metrics")
+    check(len(svcs) == 1 and [p["targetPort"] for p in svcs[0]["spec"]["ports"]] == every_metrics_port,
+          f"{label}: metrics Service over the driver's, the provisioner's and the resizer's metrics")
+    declared = {p["name"] for w in pods(docs) for c in w["spec"]["template"]["spec"]["containers"]
+                for p in c.get("ports", []) if p["name"].endswith("metrics")}
+    check(declared <= set(every_metrics_port), f"{label}: a metrics port no Service lists: {declared}")
+for m in kinds(conv, "ServiceMonitor"):
+    check([e["port"] for e in m["spec"]["endpoints"]] == every_metrics_port, "the ServiceMonitor scrapes every metrics port")
+for m in kinds(conv, "PodMonitor"):
+    check([e["port"] for e in m["spec"]["podMetricsEndpoints"]] == every_metrics_port, "the PodMonitor scrapes every metrics port")
 check(not kinds(default, "ServiceMonitor") and not kinds(default, "PodMonitor"), "no monitors by default")
 check(len(kinds(conv, "ServiceMonitor")) == 1 and len(kinds(conv, "PodMonitor")) == 1, "ServiceMonitor and PodMonitor when enabled")
 check("seLinuxMount" not in kinds(default, "CSIDriver")[0]["spec"], "seLinuxMount off by default")
