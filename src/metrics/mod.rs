@@ -17,7 +17,8 @@ pub mod clone;
 pub mod host_timing;
 pub mod snapshot;
 pub use collectors::{LayoutCapacity, PoolGauges, PoolSnapshot, StateCounts};
-pub use http::{serve, start};
+pub use gds_csi_metrics_http::serve;
+pub use http::start;
 
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock};
@@ -31,7 +32,7 @@ use prometheus_client::registry::Registry;
 
 use collectors::{BuildInfo, NvfsCollector, PoolCollector};
 
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub use gds_csi_metrics_http::CONTENT_TYPE;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabels {
@@ -233,12 +234,7 @@ pub fn registry(pool: Option<Arc<dyn PoolGauges>>, host_proc: PathBuf) -> Regist
     r
 }
 
-pub fn encode(registry: &Registry) -> String {
-    let mut text = String::new();
-    // Writing to a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    text
-}
+pub use gds_csi_metrics_http::encode;
 
 #[cfg(test)]
 mod tests {

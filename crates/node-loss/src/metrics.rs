@@ -1,23 +1,17 @@
-//! Prometheus metrics and the small HTTP server that serves them (`/metrics`, `/healthz`).
+//! The controller's Prometheus metrics, served (`/metrics`, `/healthz`) by the server the
+//! driver's processes share (crates/metrics-http).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use gds_csi_metrics_http::serve;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
-
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use tracing::info;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeAction {
@@ -79,13 +73,6 @@ impl Metrics {
     }
 }
 
-fn encode(registry: &Registry) -> String {
-    let mut text = String::new();
-    // Writing to a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    text
-}
-
 /// Binds `address` and serves in the background; returns the bound address.
 pub async fn start(address: &str, registry: Registry) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(address).await?;
@@ -93,53 +80,4 @@ pub async fn start(address: &str, registry: Registry) -> std::io::Result<SocketA
     info!(address = %bound, "serving /metrics and /healthz");
     tokio::spawn(serve(listener, Arc::new(registry)));
     Ok(bound)
-}
-
-async fn serve(listener: TcpListener, registry: Arc<Registry>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                warn!(error = %e, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let registry = Arc::clone(&registry);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let registry = Arc::clone(&registry);
-                async move { Ok::<_, Infallible>(respond(&req, &registry)) }
-            });
-            let result = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "metrics: connection ended with an error");
-            }
-        });
-    }
-}
-
-fn respond<B>(req: &Request<B>, registry: &Registry) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
-            (StatusCode::OK, CONTENT_TYPE, encode(registry))
-        }
-        (&Method::GET | &Method::HEAD, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".into()),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "GET /metrics or /healthz\n".into(),
-        ),
-    };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    resp
 }
