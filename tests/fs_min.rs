@@ -107,8 +107,7 @@ fn ext4_stages(bytes: u64) -> bool {
 /// but gives them no journal, and `data=ordered` refuses to mount those.
 #[tokio::test]
 async fn the_ext4_minimum_is_the_smallest_size_that_stages() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root (loop devices and mount)");
+    if !common::is_root() {
         return;
     }
     let ext4 = fs_min::min_bytes(FsType::Ext4, None).await.unwrap();
