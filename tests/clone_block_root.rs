@@ -71,16 +71,9 @@ fn fill_source(root: &Path) {
 async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     let Some(rig) = Rig::new(3) else { return };
     let mut rig = rig;
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
+    let (mut c, addr) = start_with_metrics(&mut rig).await;
     let mount = requests::single_writer_mount();
-    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
-    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
-    fs::create_dir_all(&s_staging).unwrap();
-    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    let (source, s_staging, s_target) = published_source(&rig, &mut c).await;
     fill_source(&s_target);
 
     // Refused before anything is allocated.
@@ -264,6 +257,32 @@ async fn a_clone_is_filled_from_its_source_before_it_can_be_published() {
     rig.kill9();
 }
 
+/// The driver started with its metrics on a free port, and that address.
+async fn start_with_metrics(rig: &mut Rig) -> (gds_csi::csi::Clients, String) {
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    (
+        rig.start_with(&[], &["--metrics-address", &addr]).await,
+        addr,
+    )
+}
+
+/// A filesystem volume `source`, staged and published to a pod: its id, its staging path
+/// and where the pod sees it.
+async fn published_source(
+    rig: &Rig,
+    c: &mut gds_csi::csi::Clients,
+) -> (String, std::path::PathBuf, std::path::PathBuf) {
+    let mount = requests::single_writer_mount();
+    let source = requests::create_volume_id(c, "source", mount.clone()).await;
+    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
+    fs::create_dir_all(&s_staging).unwrap();
+    requests::stage_and_publish(c, &source, &s_staging, &s_target, mount).await;
+    (source, s_staging, s_target)
+}
+
 /// GET /metrics of the driver at `addr`, the body.
 fn scrape(addr: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -347,11 +366,7 @@ const COPY_STARTED: &str = "copying the source device onto the raw block clone";
 async fn a_raw_clone_holds_its_source_as_it_was_at_create_volume() {
     let Some(rig) = Rig::new(2) else { return };
     let mut rig = rig;
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
+    let (mut c, addr) = start_with_metrics(&mut rig).await;
     let source = requests::create_volume_id(&mut c, "source", raw_access()).await;
     let first = pattern(SIZE, 1);
     write_raw(&mut c, &rig, &source, &first).await;
@@ -606,10 +621,7 @@ async fn a_filled_clone_left_mounted_in_its_copy_directory_stages() {
     let mut rig = rig;
     let mut c = rig.start().await;
     let mount = requests::single_writer_mount();
-    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
-    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
-    fs::create_dir_all(&s_staging).unwrap();
-    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    let (source, s_staging, s_target) = published_source(&rig, &mut c).await;
     fs::write(s_target.join("before"), b"copied").unwrap();
     requests::unpublish(&mut c, &source, &s_target)
         .await
@@ -651,16 +663,9 @@ async fn a_source_in_use_is_frozen_only_for_the_last_pass_of_its_clone() {
         return;
     };
     let mut rig = rig;
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let mut c = rig.start_with(&[], &["--metrics-address", &addr]).await;
+    let (mut c, addr) = start_with_metrics(&mut rig).await;
     let mount = requests::single_writer_mount();
-    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
-    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
-    fs::create_dir_all(&s_staging).unwrap();
-    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    let (source, _, s_target) = published_source(&rig, &mut c).await;
     let data: Vec<u8> = (0..(320u32 << 20)).map(|i| (i % 251) as u8).collect();
     fs::write(s_target.join("weights.bin"), &data).unwrap();
     nix::unistd::sync();
@@ -700,10 +705,7 @@ async fn a_clone_of_a_source_in_use_is_the_source_frozen_at_create_volume() {
     let mut rig = rig;
     let mut c = rig.start().await;
     let mount = requests::single_writer_mount();
-    let source = requests::create_volume_id(&mut c, "source", mount.clone()).await;
-    let (s_staging, s_target) = (rig.path("staging/src"), rig.path("pods/p1/src"));
-    fs::create_dir_all(&s_staging).unwrap();
-    requests::stage_and_publish(&mut c, &source, &s_staging, &s_target, mount.clone()).await;
+    let (source, s_staging, s_target) = published_source(&rig, &mut c).await;
     fs::write(s_target.join("before"), b"written before").unwrap();
     let id = requests::create_volume(&mut c, clone_req("clone", &source))
         .await
