@@ -79,15 +79,14 @@ pub async fn create(
         None => None,
     };
     let min = fs_min::min_bytes(fs_type, geometry).await?;
-    let mut required_bytes = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
+    let fitted = fs_min::fit(fs_type, min, req.required_bytes, req.limit_bytes)?;
     // A clone: at least what its source needs (a block source on its node),
     // refused before anything is allocated when the limit cannot hold it.
-    let clone = crate::volume::block::clone::check_clone(b, req, nfs).await?;
-    let mut source = None;
-    if let Some((size, recorded)) = clone {
-        required_bytes = required_bytes.max(size);
-        source = recorded;
-    }
+    let (required_bytes, source) =
+        match crate::volume::block::clone::check_clone(b, req, nfs).await? {
+            Some((size, recorded)) => (fitted.max(size), recorded),
+            None => (fitted, None),
+        };
     let alloc = AllocationRequest {
         name: req.name.clone(),
         required_bytes,
