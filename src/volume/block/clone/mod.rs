@@ -135,8 +135,11 @@ fn count_outcome(volume: &str, progress: &Progress, outcome: &Result<()>) {
 
 /// Removes a deleted clone's progress record.
 pub fn forget(b: &BlockBackend, id: &str) {
-    let _ = std::fs::remove_file(progress_path(b, id));
-    let _ = std::fs::remove_file(last_pass_owed(&progress_path(b, id)));
+    let progress = progress_path(b, id);
+    let owed = last_pass_owed(&progress);
+    for path in [owed, progress.with_extension("delta"), progress] {
+        let _ = std::fs::remove_file(path);
+    }
     b.clones.forget(&format!("clone:{id}"));
     crate::metrics::clone::forget(id);
 }
