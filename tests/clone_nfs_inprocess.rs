@@ -356,8 +356,9 @@ async fn a_class_names_a_dataset_that_each_of_its_volumes_is_cloned_from() {
     let (_, vol_dir) = h.nfs_volume("other").await;
     let set = vol_dir.parent().unwrap().join("sets/a");
     fill(&set);
+    // A limit at the smallest ext4 that stages (2 MiB), below what the dataset needs.
     let err = h
-        .create(block_req("small", DATASET, None, 1 << 20))
+        .create(block_req("small", DATASET, None, 2 << 20))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
