@@ -267,7 +267,7 @@ async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     assert!(err.message().contains("volume_id"), "{err}");
-    let mut unknown = gds_csi::volume::id::BlockVolumeId::parse(&a).unwrap();
+    let mut unknown = gds_csi::csi::id::BlockVolumeId::parse(&a).unwrap();
     unknown.allocation = "00000000".into();
     let unknown = unknown.to_string();
     let err = c

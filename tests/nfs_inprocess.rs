@@ -653,7 +653,7 @@ async fn a_busy_unmount_is_reported_not_forced() {
     let h = harness().await;
     let (volume, target, _) = published(&h, "vol-busy").await;
     *h.host.unmount_fails.lock().unwrap() = Some(|| {
-        gds_csi::os::error::HostError::TaskFailed {
+        gds_csi::error::HostError::TaskFailed {
             what: "umount".into(),
             why: "target is busy".into(),
         }

@@ -2,7 +2,7 @@
 #![no_main]
 
 use gds_csi::request::{self, VolumeRef};
-use gds_csi::volume::id::{self as volume_id, BlockVolumeId, MAX_VOLUME_ID_LEN};
+use gds_csi::csi::id::{self as volume_id, BlockVolumeId, MAX_VOLUME_ID_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|id: &str| {

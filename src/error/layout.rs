@@ -1,12 +1,10 @@
 //! Errors of the partition and stripe layouts (src/volume/block/partition/, stripe/) and
-//! of the partition label (`gpt::Error`), each answered with the code its cause calls for.
+//! of the partition label (`super::LabelError`), each answered with the code its cause calls for.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tonic::Code;
-
-use crate::disk::gpt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -187,14 +185,14 @@ impl LayoutError {
 }
 
 /// A partition label's error by the code its cause calls for.
-pub(super) fn label_code(e: &gpt::Error) -> Code {
+pub(super) fn label_code(e: &super::LabelError) -> Code {
     match e {
-        gpt::Error::OutOfRange(_) => Code::OutOfRange,
-        gpt::Error::NoSpace { .. } | gpt::Error::NoEntry { .. } | gpt::Error::Blocked { .. } => {
-            Code::ResourceExhausted
-        }
-        gpt::Error::NotFound(_) => Code::NotFound,
-        gpt::Error::NameTaken { .. } => Code::AlreadyExists,
+        super::LabelError::OutOfRange(_) => Code::OutOfRange,
+        super::LabelError::NoSpace { .. }
+        | super::LabelError::NoEntry { .. }
+        | super::LabelError::Blocked { .. } => Code::ResourceExhausted,
+        super::LabelError::NotFound(_) => Code::NotFound,
+        super::LabelError::NameTaken { .. } => Code::AlreadyExists,
         _ => Code::FailedPrecondition,
     }
 }

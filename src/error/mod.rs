@@ -5,17 +5,19 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
-use crate::os::error::HostError;
-
 mod allocation;
 mod clone;
 mod expand;
+mod host;
+mod label;
 mod layout;
 mod mount;
 mod snapshot;
 pub use allocation::AllocationError;
 pub use clone::{CloneError, CopyError};
 pub use expand::ExpandError;
+pub use host::HostError;
+pub use label::LabelError;
 pub use layout::LayoutError;
 pub use mount::MountError;
 pub use snapshot::{SnapshotError, StoreError};
@@ -205,10 +207,10 @@ pub enum Error {
     Layout(#[from] LayoutError),
     /// A partition label's error (src/disk/gpt/), as the label code words it.
     #[error(transparent)]
-    Label(crate::disk::gpt::Error),
+    Label(LabelError),
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
-    Host(#[from] crate::os::error::HostError),
+    Host(#[from] HostError),
     /// A long job's task ended without leaving an outcome (src/runtime/jobs.rs).
     #[error("job {key} ended without an outcome; retry")]
     JobLost { key: String },
@@ -242,7 +244,7 @@ impl Error {
         matches!(
             self,
             Error::Allocation(AllocationError::NoDeviceFits { .. })
-                | Error::Label(crate::disk::gpt::Error::OutOfRange(_))
+                | Error::Label(LabelError::OutOfRange(_))
                 | Error::Layout(
                     LayoutError::TooLarge { .. } | LayoutError::StripeBeyondLimit { .. }
                 )
@@ -306,10 +308,10 @@ fn host_code(err: &HostError) -> Code {
 
 /// A label error that is an I/O failure is answered as one (Internal); every other by
 /// its cause.
-impl From<crate::disk::gpt::Error> for Error {
-    fn from(e: crate::disk::gpt::Error) -> Self {
+impl From<LabelError> for Error {
+    fn from(e: LabelError) -> Self {
         match e {
-            crate::disk::gpt::Error::Io { device, source, .. } => Error::Io {
+            LabelError::Io { device, source, .. } => Error::Io {
                 context: "partition layout",
                 path: device,
                 source,

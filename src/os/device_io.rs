@@ -6,8 +6,8 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::error::HostError;
 use super::host::{DeviceHold, Host};
+use crate::error::HostError;
 use crate::error::{CommandError, Error, Result};
 
 /// How long a destructive step waits for util-linux's lock before answering Aborted.

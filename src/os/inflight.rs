@@ -15,8 +15,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
+use crate::error::HostError;
 use crate::error::{Error, Result};
-use crate::os::error::HostError;
 
 /// Paths with a mount syscall in flight. Process-wide like the mount table it guards.
 static PATHS: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(Mutex::default);

@@ -4,7 +4,6 @@
 
 pub mod blockdev;
 mod device_io;
-pub mod error;
 mod fd_mount;
 pub mod host;
 pub mod inflight;
@@ -14,10 +13,11 @@ pub mod runner;
 pub mod safepath;
 mod signatures;
 pub mod socket;
+pub mod timed;
 
+pub use crate::error::HostError;
 pub use blockdev::DeviceUse;
 pub use device_io::{hold_when_free, HOLD_PATIENCE};
-pub use error::HostError;
 pub use host::{DeviceHold, FileKind, ForceUnmount, FsUsage, Host, RealHost};
 pub use mkfs::{FsType, StripeGeometry};
 pub use mountinfo::MountEntry;

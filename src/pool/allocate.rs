@@ -7,7 +7,7 @@ use super::{describe_signatures, inventory, AllocationRequest, Pool, PoolDevice,
 use crate::error::{AllocationError, Error, Result};
 use crate::os::{Host, MountEntry};
 use crate::runtime::faults::{self, KillPoint};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// Why a free device was passed over at allocation; `changed`: the scan is stale (rescan).
 struct Refusal {
@@ -129,7 +129,7 @@ impl Pool {
                 device_id: dev.id.clone(),
                 allocation: uuid.simple().to_string()[..8].to_owned(),
                 node_id: self.config.node_id.clone(),
-                layout: crate::volume::id::IdLayout::Device,
+                layout: crate::csi::id::IdLayout::Device,
             };
             let record = VolumeRecord {
                 name: req.name.clone(),

@@ -260,7 +260,7 @@ impl Pool {
     /// lock, where the whole-device layout claims (`allocate::claim`), so the two layouts
     /// never both take one device. Returns the mark it replaced (to restore on failure).
     pub(crate) fn reserve_for_carving(&self, id: &str, why: String) -> Result<Option<String>> {
-        use crate::volume::id::{BlockVolumeId, IdLayout};
+        use crate::csi::id::{BlockVolumeId, IdLayout};
         let whole =
             |v: &str| BlockVolumeId::parse(v).is_none_or(|i| i.layout != IdLayout::Partition);
         self.state.update(|s| {

@@ -368,7 +368,7 @@ fn partuuid(p: &Option<PartitionRecord>) -> Option<&str> {
 /// at start-up, naming both: serving it would hand one device's data to two volumes (two
 /// drivers once ran on one state dir, or a record was copied by hand).
 fn refuse_shared_devices(volumes: &BTreeMap<String, VolumeRecord>, dir: &Path) -> Result<()> {
-    use crate::volume::id::{BlockVolumeId, IdLayout};
+    use crate::csi::id::{BlockVolumeId, IdLayout};
     let mut seen: BTreeMap<&str, Vec<(&str, Claim<'_>)>> = BTreeMap::new();
     for (id, r) in volumes {
         let mut claims = Vec::new();

@@ -8,7 +8,7 @@ use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_capability::AccessType;
 use crate::error::{Error, Result};
 use crate::os::FsType;
-use crate::volume::id::{self as volume_id, BlockVolumeId};
+use crate::csi::id::{self as volume_id, BlockVolumeId};
 
 pub mod dataset;
 pub mod nfs;

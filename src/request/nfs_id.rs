@@ -13,7 +13,7 @@ use sha2::Digest;
 use super::nfs::{check_dir, check_server, check_share, invalid, NfsParams, OnDelete, PREFIX};
 use super::nfs_options::Transport;
 use crate::error::Result;
-use crate::volume::id::MAX_VOLUME_ID_LEN;
+use crate::csi::id::MAX_VOLUME_ID_LEN;
 
 /// Everything needed to mount, find and remove an NFS volume.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -177,7 +177,7 @@ mod tests {
             "nfs:a-rdma-20049-4.1:~export~gds:pvc-0b6f3c1e-8e5a-4f3b-9d7e-2c9a1b3d4e5f:nfs01.ib.example"
         );
         assert!(text.len() <= MAX_VOLUME_ID_LEN && !text.contains('/') && !text.contains(".."));
-        crate::volume::id::check_well_formed("volume_id", &text).unwrap();
+        crate::csi::id::check_well_formed("volume_id", &text).unwrap();
         assert_eq!(NfsVolumeId::parse(&text), Some(id.clone()));
         assert_eq!(
             id.source(),

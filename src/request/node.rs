@@ -10,7 +10,7 @@ use super::{
 };
 use crate::csi;
 use crate::error::{Error, MountError, Result};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// A node request about a volume of one backend, or about an id this driver never issued.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use crate::csi;
 use crate::error::{Error, Result};
 pub use crate::pool::source::Content;
 use crate::pool::SourceOf;
-use crate::volume::id::MAX_VOLUME_ID_LEN;
+use crate::csi::id::MAX_VOLUME_ID_LEN;
 
 pub const PARAM_STORE_DIR: &str = "storeDir";
 pub const PARAM_STORE_SERVER: &str = "storeServer";

@@ -361,7 +361,7 @@ impl ServeArgs {
 
     pub fn validate(&self) -> Result<(), String> {
         self.socket_path()?;
-        crate::volume::id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
+        crate::csi::id::check_node_id(&self.node_id).map_err(|e| format!("--node-id: {e}"))?;
         self.check_registration_socket()?;
         if self.gds_device_plugin && self.mode == Mode::Controller {
             return Err(

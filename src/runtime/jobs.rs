@@ -133,7 +133,7 @@ mod tests {
         let (release, gate) = tokio::sync::oneshot::channel::<()>();
         let failing = jobs.run("erase:v", "erase", async move {
             gate.await.ok();
-            Err(crate::os::error::HostError::DeviceInUse {
+            Err(crate::error::HostError::DeviceInUse {
                 device: "/dev/x".into(),
                 name: "x".into(),
             }

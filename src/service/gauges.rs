@@ -2,7 +2,7 @@
 //! layout's capacity, the gate's node readiness and compat-mode volumes.
 
 use crate::metrics::{LayoutCapacity, PoolGauges, PoolSnapshot};
-use crate::volume::id::IdLayout;
+use crate::csi::id::IdLayout;
 
 use super::Driver;
 

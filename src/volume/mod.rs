@@ -6,7 +6,6 @@
 
 pub mod block;
 pub mod copy;
-pub mod id;
 pub mod mounts;
 pub mod nfs;
 pub mod snapshot_store;

@@ -125,7 +125,7 @@ fn gpt_partitions(disk: &Path) -> Vec<(String, u64, u64)> {
 }
 
 fn allocation(id: &str) -> String {
-    gds_csi::volume::id::BlockVolumeId::parse(id)
+    gds_csi::csi::id::BlockVolumeId::parse(id)
         .unwrap()
         .allocation
 }

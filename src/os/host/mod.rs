@@ -15,8 +15,8 @@ use super::mkfs::{FsType, StripeGeometry};
 use super::mountinfo::MountEntry;
 use super::safepath::Anchored;
 use super::signatures::Signature;
+use crate::error::HostError;
 use crate::error::Result;
-use crate::os::error::HostError;
 
 pub use real::RealHost;
 

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, Signature};
+use crate::error::HostError;
 use crate::error::{CommandError, Error, Result};
 use crate::os::device_io::{device_in_use, zero_blocks};
-use crate::os::error::HostError;
 use crate::os::inflight;
 use crate::os::mkfs::{self, StripeGeometry};
 use crate::os::mountinfo::{self, MountEntry};

@@ -4,7 +4,7 @@
 use super::{clone, clone_source, BlockBackend};
 use crate::error::{Result, SnapshotError};
 use crate::pool::{Content, SourceOf, VolumeRecord};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::ContentView;
 
 fn not_found(raw: &str) -> SnapshotError {

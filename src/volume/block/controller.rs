@@ -10,7 +10,7 @@ use crate::os::FsType;
 use crate::os::StripeGeometry;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 
 fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();

@@ -8,7 +8,7 @@ use super::layout::{Capacity, Layout};
 use crate::error::Result;
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 pub struct WholeDevice {
     pub pool: Arc<Pool>,

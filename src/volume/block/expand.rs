@@ -24,7 +24,7 @@ use super::{BlockBackend, Located};
 use crate::disk::gpt::{self, volume, SizeRange, ALIGN};
 use crate::error::{Error, ExpandError, MountError, Result};
 use crate::os::{blockdev, mountinfo, FileKind, FsType};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::{Expand, Expanded};
 
 pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {

@@ -8,7 +8,7 @@
 use super::{clone, format, BlockBackend, Located};
 use crate::error::Result;
 use crate::request::{Access, Capability};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// Fills `vol` when it has a content source it does not hold yet; Ok at once otherwise.
 pub async fn fill(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, PoolDevice, VolumeRecord};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// GetCapacity's answer for this layout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

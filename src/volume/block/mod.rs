@@ -36,7 +36,7 @@ use crate::gds::gate::GdsGate;
 use crate::pool::Content;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::Capability;
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::Mounter;
 use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
 

@@ -11,7 +11,7 @@ use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
 use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::already_published;
 use crate::volume::Publish;
 

@@ -9,7 +9,7 @@ use crate::os::{mountinfo, DeviceUse, FsType, MountEntry};
 use crate::request::node::Stage;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// NodeStageVolume of a block volume, one pipeline over the parsed request: the pool
 /// ready → the layout's own preparation (a stripe's array assembled) → the clones of

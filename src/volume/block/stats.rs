@@ -7,7 +7,7 @@ use super::BlockBackend;
 use crate::csi::{self, volume_usage::Unit, VolumeCondition, VolumeUsage};
 use crate::error::{MountError, Result};
 use crate::os::{blockdev, mountinfo, FileKind};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 fn condition(abnormal: bool, message: impl Into<String>) -> Option<VolumeCondition> {
     Some(VolumeCondition {

@@ -8,7 +8,7 @@ use crate::pool::{RecordedSource, SourceOf};
 use crate::request::{self, Access, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 const SOURCE_FIELD: &str = "volume_content_source.volume.volume_id";
 

@@ -21,7 +21,7 @@ use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::freeze;
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// CreateVolume of a filesystem clone whose source is mounted on this node now (a pod
@@ -44,7 +44,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
     else {
         return Ok(());
     };
-    if id.layout == crate::volume::id::IdLayout::Stripe {
+    if id.layout == crate::csi::id::IdLayout::Stripe {
         // A stripe clone's md array runs only while it is staged: it is filled at its
         // first NodeStage, from a source nothing uses then.
         return Err(CloneError::StripeSourceInUse { origin, at }.into());

@@ -17,7 +17,7 @@ use crate::volume::block::clone_source::{self, ImageAt, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::volume::copy::Progress;
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// The job that fills raw block clone `vol` from `source`: both devices in use nowhere

@@ -20,7 +20,7 @@ use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, PartitionRecord, PoolDevice, VolumeRecord};
 use crate::runtime::faults::{self, KillPoint};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Free devices locked with what they carry, and the ids of the busy ones.
 type Locked = (Vec<(PoolDevice, OnDisk, DeviceGuard)>, Vec<String>);

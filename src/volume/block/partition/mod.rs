@@ -36,7 +36,7 @@ use crate::error::{AllocationError, Error, LayoutError, Result};
 use crate::os::{blockdev, Host, MountEntry};
 use crate::pool::inventory::Source;
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Each 1 GiB chunk of the offloaded zero-out must finish within this.
 const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);

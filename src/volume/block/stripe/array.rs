@@ -13,7 +13,7 @@ use crate::disk::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 /// The md name of a volume's array (`gds-csi:gdscsi-<allocation>` in the superblock).
 pub fn md_name(id: &BlockVolumeId) -> String {

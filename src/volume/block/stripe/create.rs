@@ -24,7 +24,7 @@ use crate::pool::{
 use crate::request::{stripe as params, StripeParams};
 use crate::volume::block::partition::blank_capacity;
 use crate::volume::block::partition::guard::DeviceGuard;
-use crate::volume::id::{BlockVolumeId, IdLayout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Devices locked by placement, with what they carry.
 type Locked = Vec<(PoolDevice, OnDisk, DeviceGuard)>;

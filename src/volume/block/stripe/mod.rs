@@ -36,7 +36,7 @@ use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, StripeMember, StripeRecord, VolumeRecord};
 use crate::request::{stripe as params, StripeParams};
-use crate::volume::id::BlockVolumeId;
+use crate::csi::id::BlockVolumeId;
 
 pub mod array;
 pub mod controllers;

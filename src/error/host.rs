@@ -1,4 +1,4 @@
-//! The host port's own failures, named by cause. The port never picks a gRPC code:
+//! The host port's (`os`) own failures, named by cause. The port never picks a gRPC code:
 //! `error/mod.rs` maps these once, with every other error.
 
 use std::path::PathBuf;

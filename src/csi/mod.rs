@@ -1,12 +1,16 @@
 //! The CSI v1 API: the code generated from the vendored `proto/csi.proto` (CSI spec
-//! v1.12.0), and the client the demo, the scenarios, the bench, the tests and `gds-csi
-//! probe` share: the three services on one channel, and the wait for Probe `ready`.
+//! v1.12.0), the block volume ids the driver writes into its `volume_id` fields (`id`, a
+//! leaf every layer imports), and the client the demo, the scenarios, the bench, the
+//! tests and `gds-csi probe` share: the three services on one channel, and the wait for
+//! Probe `ready`.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
+
+pub mod id;
 
 mod generated {
     #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
