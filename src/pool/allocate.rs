@@ -4,10 +4,10 @@
 use tracing::{info, warn};
 
 use super::{describe_signatures, inventory, AllocationRequest, Pool, PoolDevice, VolumeRecord};
+use crate::csi::id::BlockVolumeId;
 use crate::error::{AllocationError, Error, Result};
 use crate::os::{Host, MountEntry};
 use crate::runtime::faults::{self, KillPoint};
-use crate::csi::id::BlockVolumeId;
 
 /// Why a free device was passed over at allocation; `changed`: the scan is stale (rescan).
 struct Refusal {

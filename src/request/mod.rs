@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 
 use crate::csi;
+use crate::csi::id::{self as volume_id, BlockVolumeId};
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_capability::AccessType;
 use crate::error::{Error, Result};
 use crate::os::FsType;
-use crate::csi::id::{self as volume_id, BlockVolumeId};
 
 pub mod dataset;
 pub mod nfs;
@@ -242,9 +242,9 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolume<'_>>
 pub enum ContentSource {
     /// A volume to clone: its id as given, and which kind of volume the id says it is.
     Volume { text: String, id: VolumeRef },
-    /// A snapshot to restore, by its id as given: one this driver cannot parse is
-    /// NotFound, as CSI asks, once the service looks for it.
-    Snapshot(String),
+    /// A snapshot to restore: one not in this driver's form is NotFound, as CSI asks,
+    /// once the service looks for it.
+    Snapshot(snapshot::SnapshotRef),
 }
 
 impl ContentSource {
@@ -257,9 +257,10 @@ impl ContentSource {
     }
 
     /// The id as given.
-    pub fn text(&self) -> &str {
+    pub fn text(&self) -> String {
         match self {
-            ContentSource::Volume { text, .. } | ContentSource::Snapshot(text) => text,
+            ContentSource::Volume { text, .. } => text.clone(),
+            ContentSource::Snapshot(id) => id.to_string(),
         }
     }
 }
@@ -293,7 +294,9 @@ fn content_source(src: Option<&csi::VolumeContentSource>) -> Result<Option<Conte
                 "volume_content_source.snapshot.snapshot_id",
                 &s.snapshot_id,
             )?;
-            Ok(Some(ContentSource::Snapshot(s.snapshot_id.clone())))
+            let field = "volume_content_source.snapshot.snapshot_id";
+            let id = snapshot::SnapshotRef::parse(field, &s.snapshot_id)?;
+            Ok(Some(ContentSource::Snapshot(id)))
         }
     }
 }
@@ -368,13 +371,34 @@ impl VolumeRef {
 
 pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     volume_id::check_well_formed("volume_id", id)?;
-    if let Some(parsed) = BlockVolumeId::parse(id) {
-        return Ok(VolumeRef::Block(parsed));
+    Ok(VolumeRef::of(id))
+}
+
+impl VolumeRef {
+    /// Which kind of volume `id` names; `Unknown` for anything else, malformed included.
+    fn of(id: &str) -> VolumeRef {
+        if let Some(parsed) = BlockVolumeId::parse(id) {
+            return VolumeRef::Block(parsed);
+        }
+        match NfsVolumeId::parse(id) {
+            Some(parsed) => VolumeRef::Nfs(parsed),
+            None => VolumeRef::Unknown(id.to_owned()),
+        }
     }
-    Ok(match NfsVolumeId::parse(id) {
-        Some(parsed) => VolumeRef::Nfs(parsed),
-        None => VolumeRef::Unknown(id.to_owned()),
-    })
+}
+
+/// Kept in records as the id's text, read back as what it names.
+impl serde::Serialize for VolumeRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for VolumeRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(VolumeRef::of(&text))
+    }
 }
 
 #[cfg(test)]

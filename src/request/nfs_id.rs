@@ -12,8 +12,8 @@ use sha2::Digest;
 
 use super::nfs::{check_dir, check_server, check_share, invalid, NfsParams, OnDelete, PREFIX};
 use super::nfs_options::Transport;
-use crate::error::Result;
 use crate::csi::id::MAX_VOLUME_ID_LEN;
+use crate::error::Result;
 
 /// Everything needed to mount, find and remove an NFS volume.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

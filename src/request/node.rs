@@ -9,8 +9,8 @@ use super::{
     host_path, nfs, volume_ref, Capability, Expand, NfsCapability, NfsVolumeId, VolumeRef,
 };
 use crate::csi;
-use crate::error::{Error, MountError, Result};
 use crate::csi::id::BlockVolumeId;
+use crate::error::{Error, MountError, Result};
 
 /// A node request about a volume of one backend, or about an id this driver never issued.
 #[derive(Debug)]

@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use super::dataset::{parse_dir, DirKeys};
 use super::nfs::path_component_ok;
 use super::nfs_id::NfsVolumeId;
+use super::VolumeRef;
 use crate::csi;
+use crate::csi::id::MAX_VOLUME_ID_LEN;
 use crate::error::{Error, Result};
 pub use crate::pool::source::Content;
 use crate::pool::SourceOf;
-use crate::csi::id::MAX_VOLUME_ID_LEN;
 
 pub const PARAM_STORE_DIR: &str = "storeDir";
 pub const PARAM_STORE_SERVER: &str = "storeServer";
@@ -190,6 +191,65 @@ impl SnapshotId {
     }
 }
 
+/// Kept in records as the id's text; a record whose id does not read back is refused.
+impl serde::Serialize for SnapshotId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SnapshotId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        SnapshotId::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is no snapshot id of this driver"))
+        })
+    }
+}
+
+/// A snapshot id a call names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotRef {
+    /// In this driver's form: it says where the snapshot is.
+    Ours(SnapshotId),
+    /// No id this driver issues: there is no such snapshot.
+    Foreign(String),
+}
+
+impl SnapshotRef {
+    /// What `text` names (the CO's `snapshot_id`); InvalidArgument naming `field` when empty.
+    pub fn parse(field: &'static str, text: &str) -> Result<SnapshotRef> {
+        if text.is_empty() {
+            return Err(Error::invalid(field, "required"));
+        }
+        Ok(match SnapshotId::parse(text) {
+            Some(id) => SnapshotRef::Ours(id),
+            None => SnapshotRef::Foreign(text.to_owned()),
+        })
+    }
+
+    /// ListSnapshots' `snapshot_id` filter: none when empty.
+    pub fn filter(text: &str) -> Option<SnapshotRef> {
+        Self::parse("snapshot_id", text).ok()
+    }
+
+    pub fn ours(&self) -> Option<&SnapshotId> {
+        match self {
+            SnapshotRef::Ours(id) => Some(id),
+            SnapshotRef::Foreign(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for SnapshotRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotRef::Ours(id) => id.fmt(f),
+            SnapshotRef::Foreign(text) => f.write_str(text),
+        }
+    }
+}
+
 /// A volume's content source as CSI answers it: a snapshot's id or a volume's.
 pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
@@ -208,7 +268,9 @@ pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
 #[derive(Debug, Clone)]
 pub struct CreateSnapshot {
     pub name: String,
-    pub source_volume_id: String,
+    /// The volume to take it of; `Unknown` (NotFound once looked for) when the id is none
+    /// of this driver's.
+    pub source: VolumeRef,
     pub id: SnapshotId,
     pub checksums: bool,
 }
@@ -236,7 +298,7 @@ pub fn create_snapshot(req: &csi::CreateSnapshotRequest) -> Result<CreateSnapsho
     check_id_len(&id)?;
     Ok(CreateSnapshot {
         name,
-        source_volume_id: req.source_volume_id.clone(),
+        source: VolumeRef::of(&req.source_volume_id),
         id,
         checksums,
     })

@@ -7,6 +7,7 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result, SnapshotError};
+use crate::request::snapshot::SnapshotRef;
 use crate::request::{self, ContentSource, VolumeRef};
 use crate::runtime::locks::LockKey;
 use crate::volume::VolumeBackend;
@@ -183,9 +184,10 @@ impl ControllerService {
 
     async fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
         let after = page_start(req.max_entries, &req.starting_token)?;
+        let snapshot = SnapshotRef::filter(&req.snapshot_id);
         let ctx = self.driver.snapshot_context()?;
         let mut entries: Vec<Snapshot> =
-            crate::snapshot::list(&ctx, &req.snapshot_id, &req.source_volume_id)
+            crate::snapshot::list(&ctx, snapshot.as_ref(), &req.source_volume_id)
                 .await?
                 .into_iter()
                 .filter(|s| after.is_none_or(|a| s.snapshot_id.as_str() > a))
@@ -340,14 +342,17 @@ impl Controller for ControllerService {
         &self,
         request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        let snapshot = SnapshotRef::parse("snapshot_id", &request.get_ref().snapshot_id)?;
         let ctx = self.driver.snapshot_context()?;
-        let id = &request.get_ref().snapshot_id;
-        let name = ctx.snapshots.by_id(id)?.map(|r| r.name);
+        let name = match snapshot.ours() {
+            Some(id) => ctx.snapshots.by_id(id)?.map(|r| r.name),
+            None => None,
+        };
         let _guard = match &name {
             Some(name) => Some(self.driver.locks.try_lock(LockKey::SnapshotName(name))?),
             None => None,
         };
-        crate::snapshot::delete(&ctx, id).await?;
+        crate::snapshot::delete(&ctx, &snapshot).await?;
         Ok(Response::new(DeleteSnapshotResponse {}))
     }
 
@@ -364,8 +369,9 @@ impl Controller for ControllerService {
         &self,
         request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let snapshot = SnapshotRef::parse("snapshot_id", &request.get_ref().snapshot_id)?;
         let ctx = self.driver.snapshot_context()?;
-        let snapshot = crate::snapshot::get(&ctx, &request.get_ref().snapshot_id).await?;
+        let snapshot = crate::snapshot::get(&ctx, &snapshot).await?;
         Ok(Response::new(GetSnapshotResponse {
             snapshot: Some(snapshot),
         }))

@@ -1,8 +1,8 @@
 //! The service's side of the scrape-time gauges: the pool's numbers and readiness, each
 //! layout's capacity, the gate's node readiness and compat-mode volumes.
 
-use crate::metrics::{LayoutCapacity, PoolGauges, PoolSnapshot};
 use crate::csi::id::IdLayout;
+use crate::metrics::{LayoutCapacity, PoolGauges, PoolSnapshot};
 
 use super::Driver;
 

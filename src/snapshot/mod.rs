@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::csi;
 use crate::error::{Error, Result, SnapshotError, StoreError};
-use crate::request::snapshot::{CreateSnapshot, SnapshotId};
+use crate::request::snapshot::{CreateSnapshot, SnapshotId, SnapshotRef};
+use crate::request::VolumeRef;
 use crate::runtime::state_dir::short_hash;
 use crate::volume::copy::Cloner;
 use take::progress_of;
@@ -47,9 +48,9 @@ pub const STALL_LIMIT: Duration = Duration::from_secs(60);
 /// What this node knows of a snapshot it took (or is taking).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    pub id: String,
+    pub id: SnapshotId,
     pub name: String,
-    pub source_volume_id: String,
+    pub source_volume_id: VolumeRef,
     pub created_secs: i64,
     pub created_nanos: i32,
     pub size_bytes: u64,
@@ -64,7 +65,8 @@ impl Record {
     fn answer(&self) -> csi::Snapshot {
         let r = self;
         let created = (r.created_secs, r.created_nanos);
-        answer(&r.id, &r.source_volume_id, created, r.size_bytes, r.ready)
+        let (id, source) = (r.id.to_string(), r.source_volume_id.raw());
+        answer(&id, &source, created, r.size_bytes, r.ready)
     }
 }
 
@@ -184,8 +186,8 @@ impl Snapshots {
 
     /// Every record, by id.
     /// This node's record of the snapshot `id`, when this node took it.
-    pub fn by_id(&self, id: &str) -> Result<Option<Record>> {
-        Ok(self.records()?.into_iter().find(|r| r.id == id))
+    pub fn by_id(&self, id: &SnapshotId) -> Result<Option<Record>> {
+        Ok(self.records()?.into_iter().find(|r| &r.id == id))
     }
 
     pub fn records(&self) -> Result<Vec<Record>> {
@@ -200,7 +202,7 @@ impl Snapshots {
                 }
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.sort_by_cached_key(|r| r.id.to_string());
         Ok(out)
     }
 }
@@ -239,31 +241,30 @@ fn now() -> (i64, i32) {
 /// CreateSnapshot, under the guard of its name: the record made once (same name: same
 /// source and store, else AlreadyExists), then the copy started or joined.
 pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snapshot> {
-    let id = req.id.to_string();
     let rec = match ctx.snapshots.record(&req.name)? {
-        Some(r) if r.source_volume_id != req.source_volume_id => {
+        Some(r) if r.source_volume_id != req.source => {
             return Err(SnapshotError::NameOfAnotherVolume {
                 name: req.name.clone(),
-                source_volume: r.source_volume_id,
-                asked: req.source_volume_id.clone(),
+                source_volume: r.source_volume_id.raw(),
+                asked: req.source.raw(),
             }
             .into())
         }
-        Some(r) if r.id != id => {
+        Some(r) if r.id != req.id => {
             return Err(SnapshotError::NameOnAnotherStore {
                 name: req.name.clone(),
-                id: r.id,
+                id: r.id.to_string(),
             }
             .into())
         }
         Some(r) => r,
         None => {
-            let size_bytes = source::size(ctx, &req.source_volume_id)?;
+            let size_bytes = source::size(ctx, &req.source)?;
             let (created_secs, created_nanos) = now();
             let rec = Record {
-                id,
+                id: req.id.clone(),
                 name: req.name.clone(),
-                source_volume_id: req.source_volume_id.clone(),
+                source_volume_id: req.source.clone(),
                 created_secs,
                 created_nanos,
                 size_bytes,
@@ -294,12 +295,11 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
         let p = progress_of(ctx, &rec);
         let stalled = p.stalled_secs();
         if stalled >= ctx.snapshots.stall_limit.as_secs() {
-            let id = SnapshotId::parse(&rec.id);
             let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
             return Err(SnapshotError::Stalled {
                 name: rec.name,
                 stalled_secs: stalled,
-                store: id.map(|i| i.store_location()).unwrap_or_default(),
+                store: rec.id.store_location(),
                 copied_mib: mib(p.copied_bytes()),
                 total_mib: mib(p.total_bytes()),
             }
@@ -320,20 +320,20 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
 /// a dynamically created content is created again; only a pre-provisioned one is listed).
 pub async fn list(
     ctx: &Context<'_>,
-    snapshot_id: &str,
+    snapshot: Option<&SnapshotRef>,
     source_volume_id: &str,
 ) -> Result<Vec<csi::Snapshot>> {
     let mut out = Vec::new();
     let mut unreachable = HashSet::new();
     let records = ctx.snapshots.records()?;
     for mut rec in records {
-        if (!snapshot_id.is_empty() && rec.id != snapshot_id)
-            || (!source_volume_id.is_empty() && rec.source_volume_id != source_volume_id)
+        if snapshot.is_some_and(|s| s.ours() != Some(&rec.id))
+            || (!source_volume_id.is_empty() && rec.source_volume_id.raw() != source_volume_id)
         {
             continue;
         }
         if rec.ready {
-            let store = SnapshotId::parse(&rec.id).map(|i| i.store_location());
+            let store = Some(rec.id.store_location());
             let known_down = store.as_ref().is_some_and(|s| unreachable.contains(s));
             let answer = if known_down {
                 Ok(Some(false))
@@ -358,9 +358,9 @@ pub async fn list(
         }
         out.push(rec.answer());
     }
-    if out.is_empty() && !snapshot_id.is_empty() && source_volume_id.is_empty() {
-        if let Some(id) = SnapshotId::parse(snapshot_id) {
-            if let Some(m) = ctx.manifest(&id).await? {
+    if out.is_empty() && source_volume_id.is_empty() {
+        if let Some(id) = snapshot.and_then(SnapshotRef::ours) {
+            if let Some(m) = ctx.manifest(id).await? {
                 out.push(answer_of(&m));
             }
         }
@@ -372,27 +372,21 @@ pub async fn list(
 /// and holds a manifest naming it. None: its directory is gone from the store. A store that
 /// cannot be reached is an error, never an answer either way.
 async fn restorable(ctx: &Context<'_>, rec: &Record) -> Result<Option<bool>> {
-    let Some(id) = SnapshotId::parse(&rec.id) else {
-        return Ok(Some(false));
-    };
     Ok(ctx
-        .owner(&id)
+        .owner(&rec.id)
         .await?
         .map(|o| matches!(o, store::Owner::Ours(Some(_)))))
 }
 
 /// GetSnapshot: as ListSnapshots of one id; NotFound when there is none.
-pub async fn get(ctx: &Context<'_>, snapshot_id: &str) -> Result<csi::Snapshot> {
-    if snapshot_id.is_empty() {
-        return Err(Error::invalid("snapshot_id", "required"));
-    }
-    list(ctx, snapshot_id, "")
+pub async fn get(ctx: &Context<'_>, snapshot: &SnapshotRef) -> Result<csi::Snapshot> {
+    list(ctx, Some(snapshot), "")
         .await?
         .into_iter()
         .next()
         .ok_or_else(|| {
             SnapshotError::NotFound {
-                id: snapshot_id.to_owned(),
+                id: snapshot.to_string(),
             }
             .into()
         })
@@ -402,14 +396,11 @@ pub async fn get(ctx: &Context<'_>, snapshot_id: &str) -> Result<csi::Snapshot> 
 /// is being taken or a volume restores from it; its
 /// directory removed from the store, then this node's record. An id this driver never
 /// issued, or a snapshot gone already, is success.
-pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
-    if snapshot_id.is_empty() {
-        return Err(Error::invalid("snapshot_id", "required"));
-    }
-    let Some(id) = SnapshotId::parse(snapshot_id) else {
+pub async fn delete(ctx: &Context<'_>, snapshot: &SnapshotRef) -> Result<()> {
+    let SnapshotRef::Ours(id) = snapshot else {
         return Ok(());
     };
-    let rec = ctx.snapshots.by_id(snapshot_id)?;
+    let rec = ctx.snapshots.by_id(id)?;
     if let Some(r) = &rec {
         if ctx.snapshots.copies.jobs.is_running(&key(&r.name)) {
             return Err(SnapshotError::BeingTaken {
@@ -418,25 +409,25 @@ pub async fn delete(ctx: &Context<'_>, snapshot_id: &str) -> Result<()> {
             .into());
         }
     }
-    match ctx.owner(&id).await? {
-        None => restore::refuse_restoring(ctx, &id).await?,
+    match ctx.owner(id).await? {
+        None => restore::refuse_restoring(ctx, id).await?,
         Some(store::Owner::Foreign(why)) => {
             return Err(StoreError::Foreign {
                 path: id.location(),
-                id: snapshot_id.to_owned(),
+                id: snapshot.to_string(),
                 why,
             }
             .into())
         }
         Some(_) => {
-            restore::refuse_restoring(ctx, &id).await?;
-            take::remove_snapshot_dir(ctx, &id).await?;
+            restore::refuse_restoring(ctx, id).await?;
+            take::remove_snapshot_dir(ctx, id).await?;
         }
     }
     if let Some(r) = rec {
         take::take_down_leftovers(ctx, &r).await?;
         ctx.snapshots.forget(&r.name)?;
     }
-    tracing::info!(snapshot_id, "snapshot deleted");
+    tracing::info!(snapshot_id = %snapshot, "snapshot deleted");
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::Context;
 use crate::error::{Error, Result, SnapshotError, StoreError};
-use crate::request::snapshot::{Content, Restore, SnapshotId};
+use crate::request::snapshot::{Content, Restore, SnapshotId, SnapshotRef};
 use crate::runtime::state_dir::short_hash;
 use crate::volume::snapshot_store::{Owner, SnapshotDir};
 use crate::volume::VolumeBackend;
@@ -21,16 +21,17 @@ const MARKS: &str = "restores";
 /// The snapshot `raw` names, as its manifest says: NotFound when the store holds no
 /// directory that is that very snapshot (`SnapshotDir::owner`), NotReady while it is being
 /// taken, FailedPrecondition when its manifest is damaged.
-pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
-    let not_found = || SnapshotError::RestoreSourceNotFound { id: raw.to_owned() };
-    let id = SnapshotId::parse(raw).ok_or_else(not_found)?;
+pub async fn resolve(ctx: &Context<'_>, snapshot: &SnapshotRef) -> Result<Restore> {
+    let raw = snapshot.to_string();
+    let not_found = || SnapshotError::RestoreSourceNotFound { id: raw.clone() };
+    let id = snapshot.ours().ok_or_else(not_found)?.clone();
     let m = match ctx.owner(&id).await? {
         Some(Owner::Ours(Some(m))) => m,
-        Some(Owner::Ours(None)) => return Err(not_ready(ctx, raw)?),
+        Some(Owner::Ours(None)) => return Err(not_ready(ctx, &id)?),
         Some(Owner::Damaged(why)) => {
             return Err(StoreError::Damaged {
                 path: id.location(),
-                id: raw.to_owned(),
+                id: raw.clone(),
                 why,
             }
             .into())
@@ -55,7 +56,7 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
     };
     Ok(Restore {
         id,
-        text: raw.to_owned(),
+        text: raw,
         content: m.content,
         size_bytes,
         digests: m.digests(),
@@ -65,8 +66,8 @@ pub async fn resolve(ctx: &Context<'_>, raw: &str) -> Result<Restore> {
 /// A snapshot without its manifest yet: being taken here now, or not (its copy failed, or
 /// the driver restarted: the snapshotter's next CreateSnapshot takes it again), or by
 /// another node.
-fn not_ready(ctx: &Context<'_>, raw: &str) -> Result<Error> {
-    let rec = ctx.snapshots.records()?.into_iter().find(|r| r.id == raw);
+fn not_ready(ctx: &Context<'_>, id: &SnapshotId) -> Result<Error> {
+    let rec = ctx.snapshots.by_id(id)?;
     let why = match rec {
         Some(r) if ctx.snapshots.copies.jobs.is_running(&super::key(&r.name)) => {
             "it is still being taken (ready_to_use: false)"
@@ -78,7 +79,7 @@ fn not_ready(ctx: &Context<'_>, raw: &str) -> Result<Error> {
         None => "it has no manifest yet (another node may still be taking it)",
     };
     Ok(SnapshotError::NotReady {
-        id: raw.to_owned(),
+        id: id.to_string(),
         why: why.to_owned(),
     }
     .into())
@@ -89,18 +90,18 @@ fn not_ready(ctx: &Context<'_>, raw: &str) -> Result<Error> {
 /// (CSI: CreateVolume is idempotent) instead of NotFound. Only once the volume holds the
 /// snapshot (a block volume filled, an NFS volume copied): one that does not yet can never
 /// get it now, and its restore mark must not bring back the snapshot's directory.
-pub fn made_from(ctx: &Context<'_>, name: &str, raw: &str) -> Option<Restore> {
-    let id = SnapshotId::parse(raw)?;
+pub fn made_from(ctx: &Context<'_>, name: &str, snapshot: &SnapshotRef) -> Option<Restore> {
+    let (id, raw) = (snapshot.ours()?, snapshot.to_string());
     let restore = |content| Restore {
         id: id.clone(),
-        text: raw.to_owned(),
+        text: raw.clone(),
         content,
         // The volume exists: what it holds is not asked for again.
         size_bytes: 0,
         digests: Vec::new(),
     };
-    let content = ctx.block.restored_from(name, raw);
-    let content = content.or_else(|| ctx.nfs?.restored_from(name, raw))?;
+    let content = ctx.block.restored_from(name, &raw);
+    let content = content.or_else(|| ctx.nfs?.restored_from(name, &raw))?;
     Some(restore(content))
 }
 

@@ -3,7 +3,7 @@
 
 use super::Context;
 use crate::error::{Error, Result, SnapshotError};
-use crate::request::{self, VolumeRef};
+use crate::request::VolumeRef;
 use crate::runtime::locks::{LockKey, VolumeGuard};
 use crate::volume::{ContentView, VolumeBackend};
 
@@ -11,27 +11,28 @@ use crate::volume::{ContentView, VolumeBackend};
 /// job to its end: a job outlives the call that started it, so its handler cannot hold it.
 pub(super) async fn source(
     ctx: &Context<'_>,
-    raw: &str,
+    volume: &VolumeRef,
 ) -> Result<(ContentView, Option<VolumeGuard>)> {
-    match request::volume_ref(raw) {
-        Ok(VolumeRef::Block(id)) => {
-            let guard = ctx.locks.try_lock(LockKey::Volume(raw))?;
-            Ok((ctx.block.content_view(&id).await?, Some(guard)))
+    match volume {
+        VolumeRef::Block(id) => {
+            let raw = volume.raw();
+            let guard = ctx.locks.try_lock(LockKey::Volume(&raw))?;
+            Ok((ctx.block.content_view(id).await?, Some(guard)))
         }
-        Ok(VolumeRef::Nfs(id)) => Ok((ctx.nfs()?.content_view(&id).await?, None)),
-        _ => Err(not_found(raw)),
+        VolumeRef::Nfs(id) => Ok((ctx.nfs()?.content_view(id).await?, None)),
+        VolumeRef::Unknown(raw) => Err(not_found(raw)),
     }
 }
 
 /// The capacity of the volume a snapshot is taken of (the smallest volume it restores
 /// into); NotFound when it is no volume here.
-pub(super) fn size(ctx: &Context<'_>, raw: &str) -> Result<u64> {
-    let size = match request::volume_ref(raw) {
-        Ok(VolumeRef::Block(id)) => ctx.block.capacity_of(&id),
-        Ok(VolumeRef::Nfs(id)) => ctx.nfs()?.capacity_of(&id),
-        _ => None,
+pub(super) fn size(ctx: &Context<'_>, volume: &VolumeRef) -> Result<u64> {
+    let size = match volume {
+        VolumeRef::Block(id) => ctx.block.capacity_of(id),
+        VolumeRef::Nfs(id) => ctx.nfs()?.capacity_of(id),
+        VolumeRef::Unknown(_) => None,
     };
-    size.ok_or_else(|| not_found(raw))
+    size.ok_or_else(|| not_found(&volume.raw()))
 }
 
 fn not_found(raw: &str) -> Error {

@@ -67,7 +67,7 @@ pub(super) fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
         &key(&rec.name),
         &key(&rec.name),
         ctx.snapshots.progress_path(&rec.name),
-        &rec.id,
+        &rec.id.to_string(),
     )
 }
 
@@ -91,18 +91,14 @@ pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<bool> {
 }
 
 async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result<Job> {
-    let id = SnapshotId::parse(&rec.id).ok_or_else(|| Error::State {
-        path: ctx.snapshots.record_path(&rec.name),
-        reason: format!("{} is no snapshot id", rec.id),
-    })?;
     let (from, guard) = source(ctx, &rec.source_volume_id).await?;
-    let store = prepare_dir(ctx, &id, &rec.name).await?;
+    let store = prepare_dir(ctx, &rec.id, &rec.name).await?;
     Ok(Job {
         host: Arc::clone(ctx.host),
         rec: rec.clone(),
         node_id: ctx.node_id.to_owned(),
         store,
-        store_location: id.store_location(),
+        store_location: rec.id.store_location(),
         from,
         guard,
         progress,
@@ -218,7 +214,7 @@ impl Job {
         let req = CopyRequest {
             source: shown.to_owned(),
             target: PathBuf::from(self.store.tree.location()),
-            label: self.rec.id.clone(),
+            label: self.rec.id.to_string(),
             streams: crate::volume::copy::STREAMS,
             chunk: crate::volume::copy::CHUNK,
             verify: self.verify(),
@@ -243,7 +239,7 @@ impl Job {
         let before = self.copy_files(root.as_fd(), at, true)?;
         let delta_progress = Progress::new(
             self.record_path.with_extension("delta"),
-            self.rec.id.clone(),
+            self.rec.id.to_string(),
         );
         let outcome = self.frozen_pass(&root, at, dev, &before, &delta_progress);
         let _ = std::fs::remove_file(delta_progress.path());
@@ -312,7 +308,7 @@ impl Job {
             .set_len(bytes)
             .map_err(|e| Error::io("size", &image_path, e))?;
         self.progress.set(Saved {
-            source: self.rec.id.clone(),
+            source: self.rec.id.to_string(),
             total_bytes: bytes,
             ..Saved::default()
         })?;
@@ -382,9 +378,9 @@ impl Job {
 fn manifest_of(head: &Record, source_node: &str, content: Content) -> Manifest {
     Manifest {
         format: manifest::FORMAT,
-        snapshot_id: head.id.clone(),
+        snapshot_id: head.id.to_string(),
         name: head.name.clone(),
-        source_volume_id: head.source_volume_id.clone(),
+        source_volume_id: head.source_volume_id.raw(),
         source_node: source_node.to_owned(),
         created_secs: head.created_secs,
         created_nanos: head.created_nanos,

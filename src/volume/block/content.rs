@@ -2,9 +2,9 @@
 //! how it can be read now, and what it was filled from.
 
 use super::{clone, clone_source, BlockBackend};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Result, SnapshotError};
 use crate::pool::{Content, SourceOf, VolumeRecord};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::ContentView;
 
 fn not_found(raw: &str) -> SnapshotError {

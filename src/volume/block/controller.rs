@@ -5,12 +5,12 @@ use std::collections::HashMap;
 
 use super::BlockBackend;
 use crate::csi;
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{AllocationError, Error, Result, VolumeError};
 use crate::os::FsType;
 use crate::os::StripeGeometry;
 use crate::pool::{fs_min, AllocationRequest, VolumeRecord};
 use crate::request::{self, CreateVolume, PARAM_FS_TYPE};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 
 fn volume_context(rec: &VolumeRecord) -> HashMap<String, String> {
     let mut ctx: HashMap<String, String> = rec.parameters.clone().into_iter().collect();

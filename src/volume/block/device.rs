@@ -5,10 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::layout::{Capacity, Layout};
+use crate::csi::id::BlockVolumeId;
 use crate::error::Result;
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
-use crate::csi::id::BlockVolumeId;
 
 pub struct WholeDevice {
     pub pool: Arc<Pool>,

@@ -21,10 +21,10 @@ use tracing::info;
 
 use super::partition::guard;
 use super::{BlockBackend, Located};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{self, volume, SizeRange, ALIGN};
 use crate::error::{Error, ExpandError, MountError, Result};
 use crate::os::{blockdev, mountinfo, FileKind, FsType};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::{Expand, Expanded};
 
 pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {

@@ -6,9 +6,9 @@
 //! (`block::clone`).
 
 use super::{clone, format, BlockBackend, Located};
+use crate::csi::id::BlockVolumeId;
 use crate::error::Result;
 use crate::request::{Access, Capability};
-use crate::csi::id::BlockVolumeId;
 
 /// Fills `vol` when it has a content source it does not hold yet; Ok at once otherwise.
 pub async fn fill(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {

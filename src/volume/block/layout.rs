@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::csi::id::BlockVolumeId;
 use crate::error::Result;
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, PoolDevice, VolumeRecord};
-use crate::csi::id::BlockVolumeId;
 
 /// GetCapacity's answer for this layout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -31,12 +31,12 @@ pub use format::{decide_format, FormatDecision};
 pub use layout::{Capacity, Layout};
 
 use crate::csi;
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::GdsGate;
 use crate::pool::Content;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::Capability;
-use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::Mounter;
 use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
 

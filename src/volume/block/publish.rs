@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use super::{fill, BlockBackend, Located};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::{GateOutcome, MountedVolume, Policy};
 use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
 use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::already_published;
 use crate::volume::Publish;
 

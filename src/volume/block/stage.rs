@@ -4,12 +4,12 @@
 use std::path::Path;
 
 use super::{fill, format, BlockBackend, Located};
+use crate::csi::id::BlockVolumeId;
 use crate::error::{Error, MountError, Result, VolumeError};
 use crate::os::{mountinfo, DeviceUse, FsType, MountEntry};
 use crate::request::node::Stage;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
-use crate::csi::id::BlockVolumeId;
 
 /// NodeStageVolume of a block volume, one pipeline over the parsed request: the pool
 /// ready → the layout's own preparation (a stripe's array assembled) → the clones of

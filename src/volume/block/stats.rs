@@ -4,10 +4,10 @@
 use std::path::Path;
 
 use super::BlockBackend;
+use crate::csi::id::BlockVolumeId;
 use crate::csi::{self, volume_usage::Unit, VolumeCondition, VolumeUsage};
 use crate::error::{MountError, Result};
 use crate::os::{blockdev, mountinfo, FileKind};
-use crate::csi::id::BlockVolumeId;
 
 fn condition(abnormal: bool, message: impl Into<String>) -> Option<VolumeCondition> {
     Some(VolumeCondition {

@@ -61,7 +61,8 @@ fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> R
     if let Some((existing, rec)) = b.store.registry.by_name(name) {
         if existing != id_text
             || rec.parameters != req.params.stored
-            || rec.source.as_ref().map(SourceOf::id) != req.source.as_ref().map(ContentSource::text)
+            || rec.source.as_ref().map(SourceOf::id)
+                != req.source.as_ref().map(ContentSource::text).as_deref()
         {
             return Err(AllocationError::NameTakenOtherSource {
                 name: name.to_string(),

@@ -2,13 +2,13 @@
 //! allocated; DeleteVolume of a source refused while a clone of it is not filled.
 
 use super::{done, is_raw_clone};
+use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, CopyError, Error, Result};
 use crate::os::MountEntry;
 use crate::pool::{RecordedSource, SourceOf};
 use crate::request::{self, Access, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
-use crate::csi::id::BlockVolumeId;
 
 const SOURCE_FIELD: &str = "volume_content_source.volume.volume_id";
 

@@ -13,6 +13,7 @@ use super::{
     copy_dir, copy_request, count_outcome, done, is_raw_clone, last_pass_owed, on_blocking_pool,
     progress_path, record_not_filled, short, STAGE_WAIT,
 };
+use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host, MountEntry};
@@ -21,7 +22,6 @@ use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::freeze;
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress};
-use crate::csi::id::BlockVolumeId;
 use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// CreateVolume of a filesystem clone whose source is mounted on this node now (a pod

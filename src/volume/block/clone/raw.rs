@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::check::refuse_in_use;
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
 use crate::request::snapshot::SnapshotId;
@@ -17,7 +18,6 @@ use crate::volume::block::clone_source::{self, ImageAt, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::volume::copy::Progress;
-use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// The job that fills raw block clone `vol` from `source`: both devices in use nowhere

@@ -15,12 +15,12 @@ use tracing::{info, warn};
 
 use super::guard::{settled, DeviceGuard};
 use super::{read_label, Partitioned};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{self, label, volume, OnDisk, SizeRange};
 use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, PartitionRecord, PoolDevice, VolumeRecord};
 use crate::runtime::faults::{self, KillPoint};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Free devices locked with what they carry, and the ids of the busy ones.
 type Locked = (Vec<(PoolDevice, OnDisk, DeviceGuard)>, Vec<String>);

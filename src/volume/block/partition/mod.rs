@@ -31,12 +31,12 @@ use tracing::{info, warn};
 use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
 use super::layout::{Capacity, Layout};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{self, label, volume, Carved, Held, OnDisk};
 use crate::error::{AllocationError, Error, LayoutError, Result};
 use crate::os::{blockdev, Host, MountEntry};
 use crate::pool::inventory::Source;
 use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
-use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Each 1 GiB chunk of the offloaded zero-out must finish within this.
 const ZERO_CHUNK_DEADLINE: Duration = Duration::from_secs(120);

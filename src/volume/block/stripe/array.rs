@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::{stripe_of, Striped, DATA_OFFSET};
+use crate::csi::id::BlockVolumeId;
 use crate::disk::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
-use crate::csi::id::BlockVolumeId;
 
 /// The md name of a volume's array (`gds-csi:gdscsi-<allocation>` in the superblock).
 pub fn md_name(id: &BlockVolumeId) -> String {

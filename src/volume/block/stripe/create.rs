@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use tracing::info;
 
 use super::{controllers, member_name, pcie, stripe_of, Striped, DATA_OFFSET};
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{label, volume, OnDisk};
 use crate::error::{AllocationError, Error, LayoutError, Result};
 use crate::os::Host;
@@ -24,7 +25,6 @@ use crate::pool::{
 use crate::request::{stripe as params, StripeParams};
 use crate::volume::block::partition::blank_capacity;
 use crate::volume::block::partition::guard::DeviceGuard;
-use crate::csi::id::{BlockVolumeId, IdLayout};
 
 /// Devices locked by placement, with what they carry.
 type Locked = Vec<(PoolDevice, OnDisk, DeviceGuard)>;

@@ -30,13 +30,13 @@ use tracing::warn;
 
 use super::layout::{Capacity, Layout};
 use super::partition::{self as part_layout, Partitioned};
+use crate::csi::id::BlockVolumeId;
 use crate::disk::gpt::{self, volume, OnDisk};
 use crate::disk::md;
 use crate::error::{Error, LayoutError, Result};
 use crate::os::{Host, MountEntry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, StripeMember, StripeRecord, VolumeRecord};
 use crate::request::{stripe as params, StripeParams};
-use crate::csi::id::BlockVolumeId;
 
 pub mod array;
 pub mod controllers;
