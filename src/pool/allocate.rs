@@ -59,7 +59,9 @@ impl Pool {
             if let Some(id) = self.claim(req, &dev, &now)? {
                 faults::reached(KillPoint::AfterAllocate);
                 info!(volume_id = %id, device = %dev.path.display(), "allocated");
-                return self.existing(req)?.ok_or(Error::VolumeNotFound(id));
+                return self
+                    .existing(req)?
+                    .ok_or(Error::VolumeNotFound(id.to_string()));
             }
         }
         if changed {
@@ -114,7 +116,7 @@ impl Pool {
         req: &AllocationRequest,
         dev: &PoolDevice,
         now: &inventory::Observed,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<BlockVolumeId>> {
         self.state.update(|state| {
             if let Some((id, _)) = state.by_name(&req.name) {
                 return Ok(Some(id.clone()));
@@ -146,8 +148,8 @@ impl Pool {
                 stripe: None,
                 source: req.source.clone(),
             };
-            state.insert(id.to_string(), record);
-            Ok(Some(id.to_string()))
+            state.insert(&id, record);
+            Ok(Some(id))
         })
     }
 
@@ -169,11 +171,7 @@ impl Pool {
             }
             .into());
         }
-        let parsed = BlockVolumeId::parse(id).ok_or_else(|| Error::State {
-            path: self.config.state_dir.clone(),
-            reason: format!("holds an undecodable volume id {id:?}"),
-        })?;
-        Ok(Some((parsed, rec.clone())))
+        Ok(Some((id.clone(), rec.clone())))
     }
 
     fn nothing_fits(&self, req: &AllocationRequest, refused: &[String]) -> Error {

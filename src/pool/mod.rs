@@ -261,11 +261,13 @@ impl Pool {
     /// never both take one device. Returns the mark it replaced (to restore on failure).
     pub(crate) fn reserve_for_carving(&self, id: &str, why: String) -> Result<Option<String>> {
         use crate::csi::id::{BlockVolumeId, IdLayout};
-        let whole =
-            |v: &str| BlockVolumeId::parse(v).is_none_or(|i| i.layout != IdLayout::Partition);
         self.state.update(|s| {
-            if let Some((v, _)) = s.iter().find(|(v, r)| r.device_id == id && whole(v)) {
-                return Err(VolumeError::HeldWhole { volume: v.clone() }.into());
+            let whole = |v: &BlockVolumeId| v.layout != IdLayout::Partition;
+            if let Some((v, _)) = s.entries().find(|(v, r)| r.device_id == id && whole(v)) {
+                return Err(VolumeError::HeldWhole {
+                    volume: v.to_string(),
+                }
+                .into());
             }
             let mut foreign = self.foreign.lock().unwrap_or_else(|e| e.into_inner());
             Ok(foreign.insert(id.to_owned(), why))
@@ -516,6 +518,7 @@ mod tests {
 
     #[test]
     fn carving_is_refused_on_a_device_a_whole_device_volume_holds() {
+        let id = |text: &str| crate::csi::id::BlockVolumeId::parse(text).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::open(PoolConfig {
             node_id: "n".into(),
@@ -528,8 +531,8 @@ mod tests {
         .unwrap();
         pool.state
             .update(|s| {
-                s.insert("blk:dev-w:a1:n".into(), record("whole", "dev-w"));
-                s.insert("blk:dev-p:a2:n:part".into(), record("carved", "dev-p"));
+                s.insert(&id("blk:dev-w:a1:n"), record("whole", "dev-w"));
+                s.insert(&id("blk:dev-p:a2:n:part"), record("carved", "dev-p"));
                 Ok(())
             })
             .unwrap();

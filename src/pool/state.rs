@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::source::RecordedSource;
+use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Error, Result};
 use crate::os::FsType;
 use crate::runtime::state_dir::records::RecordFiles;
@@ -140,28 +141,41 @@ impl PartitionRecord {
     }
 }
 
-/// The volumes of this node, keyed by volume id. Records are shared between versions
-/// of the state, so an update copies references, not records.
+/// The volumes of this node, keyed by volume id (its text, the order ListVolumes pages in),
+/// each id parsed once when its record is read or inserted. Records are shared between
+/// versions of the state, so an update copies references, not records.
 #[derive(Debug, Clone, Default)]
 pub struct State {
-    volumes: BTreeMap<String, Arc<VolumeRecord>>,
+    volumes: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    id: BlockVolumeId,
+    record: Arc<VolumeRecord>,
 }
 
 impl State {
     pub fn get(&self, id: &str) -> Option<&VolumeRecord> {
-        self.volumes.get(id).map(|r| &**r)
+        self.volumes.get(id).map(|e| &*e.record)
     }
 
     pub fn get_mut(&mut self, id: &str) -> Option<&mut VolumeRecord> {
-        self.volumes.get_mut(id).map(Arc::make_mut)
+        self.volumes
+            .get_mut(id)
+            .map(|e| Arc::make_mut(&mut e.record))
     }
 
     pub fn contains(&self, id: &str) -> bool {
         self.volumes.contains_key(id)
     }
 
-    pub fn insert(&mut self, id: String, record: VolumeRecord) {
-        self.volumes.insert(id, Arc::new(record));
+    pub fn insert(&mut self, id: &BlockVolumeId, record: VolumeRecord) {
+        let entry = Entry {
+            id: id.clone(),
+            record: Arc::new(record),
+        };
+        self.volumes.insert(id.to_string(), entry);
     }
 
     pub fn remove(&mut self, id: &str) {
@@ -170,7 +184,12 @@ impl State {
 
     /// Every record in volume id order.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &VolumeRecord)> {
-        self.volumes.iter().map(|(id, r)| (id, &**r))
+        self.volumes.iter().map(|(id, e)| (id, &*e.record))
+    }
+
+    /// Every record with its parsed id, in volume id order.
+    pub fn entries(&self) -> impl Iterator<Item = (&BlockVolumeId, &VolumeRecord)> {
+        self.volumes.values().map(|e| (&e.id, &*e.record))
     }
 
     /// The records whose ids sort after `after` (all of them without it), in id order.
@@ -179,11 +198,11 @@ impl State {
         let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
         self.volumes
             .range((from, Unbounded))
-            .map(|(id, r)| (id, &**r))
+            .map(|(id, e)| (id, &*e.record))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &VolumeRecord> {
-        self.volumes.values().map(|r| &**r)
+        self.volumes.values().map(|e| &*e.record)
     }
 
     pub fn len(&self) -> usize {
@@ -194,12 +213,12 @@ impl State {
         self.volumes.is_empty()
     }
 
-    pub fn by_name(&self, name: &str) -> Option<(&String, &VolumeRecord)> {
-        self.iter().find(|(_, v)| v.name == name)
+    pub fn by_name(&self, name: &str) -> Option<(&BlockVolumeId, &VolumeRecord)> {
+        self.entries().find(|(_, v)| v.name == name)
     }
 
-    pub fn by_device(&self, device_id: &str) -> Option<(&String, &VolumeRecord)> {
-        self.iter().find(|(_, v)| v.device_id == device_id)
+    pub fn by_device(&self, device_id: &str) -> Option<(&BlockVolumeId, &VolumeRecord)> {
+        self.entries().find(|(_, v)| v.device_id == device_id)
     }
 
     /// What `next` changed of `self` (`None`: removed), in one pass over both: a record
@@ -219,7 +238,7 @@ impl State {
                 }
                 (None, Some((id, after))) => {
                     new.next();
-                    out.push((id.clone(), Some(&**after)));
+                    out.push((id.clone(), Some(&*after.record)));
                 }
                 (Some((o, before)), Some((n, after))) => match o.cmp(n) {
                     Less => {
@@ -228,11 +247,12 @@ impl State {
                     }
                     Greater => {
                         new.next();
-                        out.push((n.clone(), Some(&**after)));
+                        out.push((n.clone(), Some(&*after.record)));
                     }
                     Equal => {
                         old.next();
                         new.next();
+                        let (before, after) = (&before.record, &after.record);
                         if !Arc::ptr_eq(before, after) && before != after {
                             out.push((n.clone(), Some(&**after)));
                         }
@@ -312,13 +332,10 @@ impl StateStore {
             }
             None => write_marker(&marker_path)?,
         }
-        refuse_shared_devices(&volumes, &dir.join(RECORDS_DIR))?;
         let state = State {
-            volumes: volumes
-                .into_iter()
-                .map(|(id, r)| (id, Arc::new(r)))
-                .collect(),
+            volumes: entries(volumes, &dir.join(RECORDS_DIR))?,
         };
+        refuse_shared_devices(&state, &dir.join(RECORDS_DIR))?;
         Ok(StateStore {
             files,
             state: Mutex::new(Arc::new(state)),
@@ -352,6 +369,25 @@ impl StateStore {
     }
 }
 
+/// The records read, each with its id parsed: a record under a name that is no block
+/// volume id of this driver (copied in by hand, or a foreign file) is refused, naming it.
+fn entries(volumes: BTreeMap<String, VolumeRecord>, dir: &Path) -> Result<BTreeMap<String, Entry>> {
+    volumes
+        .into_iter()
+        .map(|(text, record)| {
+            let id = BlockVolumeId::parse(&text).ok_or_else(|| Error::State {
+                path: dir.to_owned(),
+                reason: format!(
+                    "a record is kept under {text:?}, which is no block volume id of this \
+                     driver; move it out of the state dir"
+                ),
+            })?;
+            let record = Arc::new(record);
+            Ok((text, Entry { id, record }))
+        })
+        .collect()
+}
+
 /// What a record holds of a device: all of it, or one partition (by PARTUUID, or not
 /// carved yet).
 #[derive(PartialEq, Eq)]
@@ -367,13 +403,13 @@ fn partuuid(p: &Option<PartitionRecord>) -> Option<&str> {
 /// A state in which two records hold one device (whole, or the same partition) is refused
 /// at start-up, naming both: serving it would hand one device's data to two volumes (two
 /// drivers once ran on one state dir, or a record was copied by hand).
-fn refuse_shared_devices(volumes: &BTreeMap<String, VolumeRecord>, dir: &Path) -> Result<()> {
-    use crate::csi::id::{BlockVolumeId, IdLayout};
+fn refuse_shared_devices(state: &State, dir: &Path) -> Result<()> {
     let mut seen: BTreeMap<&str, Vec<(&str, Claim<'_>)>> = BTreeMap::new();
-    for (id, r) in volumes {
+    for (id, entry) in &state.volumes {
+        let r = &*entry.record;
         let mut claims = Vec::new();
-        match BlockVolumeId::parse(id).map(|i| i.layout) {
-            Some(IdLayout::Stripe) => {
+        match entry.id.layout {
+            IdLayout::Stripe => {
                 let members = r.stripe.iter().flat_map(|s| &s.members);
                 claims.extend(members.map(|m| {
                     (
@@ -382,13 +418,11 @@ fn refuse_shared_devices(volumes: &BTreeMap<String, VolumeRecord>, dir: &Path) -
                     )
                 }));
             }
-            Some(IdLayout::Partition) => claims.push((
+            IdLayout::Partition => claims.push((
                 r.device_id.as_str(),
                 Claim::Partition(partuuid(&r.partition)),
             )),
-            Some(IdLayout::Device) => claims.push((r.device_id.as_str(), Claim::Whole)),
-            // Not a block id: nothing is allocated by it.
-            None => {}
+            IdLayout::Device => claims.push((r.device_id.as_str(), Claim::Whole)),
         }
         for (device, claim) in claims {
             let on_device = seen.entry(device).or_default();
@@ -444,6 +478,20 @@ fn write_marker(path: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A whole-device volume's id text on device `dev-<n>`.
+    fn key(n: &str) -> String {
+        format!("blk:dev-{n}:a1b2c3d4:node-a")
+    }
+
+    /// A partition volume's id text on `dev-1` (any number of them share it).
+    fn part_key(n: &str) -> String {
+        format!("blk:dev-1:{n}:node-a:part")
+    }
+
+    fn vid(n: &str) -> BlockVolumeId {
+        BlockVolumeId::parse(&key(n)).unwrap()
+    }
+
     fn record(name: &str) -> VolumeRecord {
         VolumeRecord {
             name: name.into(),
@@ -468,18 +516,18 @@ mod tests {
         let store = StateStore::open(dir.path()).unwrap();
         store
             .update(|s| {
-                s.insert("v1".into(), record("a"));
+                s.insert(&vid("v1"), record("a"));
                 Ok(())
             })
             .unwrap();
         let failed: Result<()> = store.update(|s| {
-            s.remove("v1");
+            s.remove(&key("v1"));
             Err(Error::VolumeNotFound("x".into()))
         });
         assert!(failed.is_err());
         assert_eq!(store.snapshot().len(), 1);
         let reopened = StateStore::open(dir.path()).unwrap();
-        assert_eq!(reopened.snapshot().get("v1"), Some(&record("a")));
+        assert_eq!(reopened.snapshot().get(&key("v1")), Some(&record("a")));
     }
 
     #[test]
@@ -489,7 +537,7 @@ mod tests {
         store
             .update(|s| {
                 for i in 0..300 {
-                    s.insert(format!("v{i}"), record(&format!("n{i}")));
+                    s.insert(&vid(&format!("v{i}")), record(&format!("n{i}")));
                 }
                 Ok(())
             })
@@ -497,16 +545,18 @@ mod tests {
         let snap = store.snapshot();
         let untouched = store.snapshot();
         let mut next = State::clone(&snap);
-        next.get_mut("v7").unwrap().formatted = true;
-        next.get_mut("v8").unwrap().formatted = false; // no change
-        next.remove("v9");
-        next.insert("v300".into(), record("n300"));
+        next.get_mut(&key("v7")).unwrap().formatted = true;
+        next.get_mut(&key("v8")).unwrap().formatted = false; // no change
+        next.remove(&key("v9"));
+        next.insert(&vid("v300"), record("n300"));
         let changes = untouched.changes(&next);
         let ids: Vec<_> = changes
             .iter()
             .map(|(id, r)| (id.as_str(), r.is_some()))
             .collect();
-        assert_eq!(ids, [("v300", true), ("v7", true), ("v9", false)]);
+        let want = [(key("v300"), true), (key("v7"), true), (key("v9"), false)];
+        let want: Vec<_> = want.iter().map(|(k, c)| (k.as_str(), *c)).collect();
+        assert_eq!(ids, want);
     }
 
     #[test]
@@ -514,10 +564,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut rec = serde_json::to_value(record("a")).unwrap();
         rec.as_object_mut().unwrap().remove("device_identity");
-        let old = serde_json::json!({"version": 1, "volumes": {"v1": rec, "v2": record("b")}});
+        let volumes = serde_json::Map::from_iter([
+            (part_key("v1"), rec),
+            (part_key("v2"), serde_json::to_value(record("b")).unwrap()),
+        ]);
+        let old = serde_json::json!({"version": 1, "volumes": volumes});
         fs::write(dir.path().join(MARKER_FILE), old.to_string()).unwrap();
         let store = StateStore::open(dir.path()).unwrap();
-        assert_eq!(store.snapshot().get("v1").unwrap().device_identity, None);
+        assert_eq!(
+            store
+                .snapshot()
+                .get(&part_key("v1"))
+                .unwrap()
+                .device_identity,
+            None
+        );
         assert_eq!(store.snapshot().len(), 2);
         assert_eq!(fs::read_dir(store.records_dir()).unwrap().count(), 2);
         // An older driver reads `volumes.json` and refuses any version but 1.
@@ -526,7 +587,7 @@ mod tests {
         assert_eq!(marker["version"], VERSION);
         assert_eq!(marker["volumes"], serde_json::json!({}));
         let again = StateStore::open(dir.path()).unwrap();
-        assert_eq!(again.snapshot().get("v2"), Some(&record("b")));
+        assert_eq!(again.snapshot().get(&part_key("v2")), Some(&record("b")));
     }
 
     #[test]
@@ -540,13 +601,30 @@ mod tests {
     }
 
     #[test]
+    fn a_record_under_no_block_volume_id_is_refused_at_start_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        StateStore::open(dir.path()).unwrap();
+        let (files, _) = RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
+        let foreign = BTreeMap::from([("nfs:x:y:z".to_owned(), record("a"))]);
+        files.write_all(&foreign).unwrap();
+        let err = StateStore::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.contains("\"nfs:x:y:z\"") && err.contains("no block volume id"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn two_records_holding_one_device_are_refused_at_start_naming_both() {
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::open(dir.path()).unwrap();
         let whole = |n: &str| format!("blk:dev-1:{n}:node-a");
         store
             .update(|s| {
-                s.insert(whole("aaaaaaaa"), record("a"));
+                s.insert(
+                    &BlockVolumeId::parse(&whole("aaaaaaaa")).unwrap(),
+                    record("a"),
+                );
                 Ok(())
             })
             .unwrap();
@@ -582,7 +660,7 @@ mod tests {
             .insert("gdsPolicy".into(), "preferred".into());
         let (files, _) = RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
         let plain = record("plain");
-        let written = BTreeMap::from([("v1".to_owned(), clone), ("v2".to_owned(), plain.clone())]);
+        let written = BTreeMap::from([(part_key("v1"), clone), (part_key("v2"), plain.clone())]);
         files.write_all(&written).unwrap();
 
         let store = StateStore::open(dir.path()).unwrap();
@@ -591,12 +669,12 @@ mod tests {
             assert!(s.raw_block && s.is_clone_of("blk:dev-a:1a2b3c4d:n1"));
             assert_eq!(r.parameters.len(), 1, "{:?}", r.parameters);
         };
-        expect(store.snapshot().get("v1").unwrap());
-        assert_eq!(store.snapshot().get("v2"), Some(&plain));
+        expect(store.snapshot().get(&part_key("v1")).unwrap());
+        assert_eq!(store.snapshot().get(&part_key("v2")), Some(&plain));
         // On disk too, and the marker now says a version older drivers refuse.
         let (_, on_disk) =
             RecordFiles::open::<VolumeRecord>(&dir.path().join(RECORDS_DIR)).unwrap();
-        expect(&on_disk["v1"]);
+        expect(&on_disk[&part_key("v1")]);
         let marker: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.path().join(MARKER_FILE)).unwrap()).unwrap();
         assert_eq!(marker["version"], 3);
@@ -604,7 +682,7 @@ mod tests {
             StateStore::open(dir.path())
                 .unwrap()
                 .snapshot()
-                .get("v1")
+                .get(&part_key("v1"))
                 .unwrap(),
         );
     }

@@ -98,5 +98,7 @@ pub fn restored_from(b: &BlockBackend, name: &str, snapshot: &str) -> Option<Con
         Some(SourceOf::Snapshot { id, content }) if id == snapshot => *content,
         _ => return None,
     };
-    clone::done(b, volume_id).ok()?.then_some(content)
+    clone::done(b, &volume_id.to_string())
+        .ok()?
+        .then_some(content)
 }

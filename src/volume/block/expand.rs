@@ -182,10 +182,10 @@ fn partuuid(vol: &Located) -> Result<uuid::Uuid> {
 fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error {
     let msg = e.to_string();
     let state = b.pool.state.snapshot();
-    let neighbour = state.iter().find_map(|(id, r)| {
-        let parsed = BlockVolumeId::parse(id)?;
-        let named = msg.contains(&format!("{:?}", parsed.allocation));
-        (r.device_id == device_id && id != raw && named).then(|| id.clone())
+    let neighbour = state.entries().find_map(|(id, r)| {
+        let named = msg.contains(&format!("{:?}", id.allocation));
+        let other = id.to_string();
+        (r.device_id == device_id && other != raw && named).then_some(other)
     });
     ExpandError::Blocked {
         volume: raw.to_owned(),

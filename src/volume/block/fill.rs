@@ -33,10 +33,7 @@ pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<
         return Ok(());
     }
     for clone in clones {
-        let Some(id) = BlockVolumeId::parse(&clone) else {
-            continue;
-        };
-        let mut vol = b.locate(&id)?;
+        let mut vol = b.locate(&clone)?;
         let access = if clone::is_raw_clone(&vol.record) {
             Access::Block
         } else {

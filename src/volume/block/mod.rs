@@ -308,7 +308,8 @@ impl VolumeBackend for BlockBackend {
     }
 
     fn filling_from(&self, source: &str) -> Result<Vec<String>> {
-        clone::unfilled_clones_of(self, source)
+        let clones = clone::unfilled_clones_of(self, source)?;
+        Ok(clones.iter().map(ToString::to_string).collect())
     }
 
     fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content> {

@@ -146,12 +146,12 @@ pub(crate) fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
 }
 
 /// Block clones of `source` recorded but not filled yet.
-pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<String>> {
+pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<BlockVolumeId>> {
     let state = b.pool.state.snapshot();
     let mut out = Vec::new();
-    for (id, rec) in state.iter() {
+    for (id, rec) in state.entries() {
         let names = rec.source.as_ref().is_some_and(|s| s.id() == source);
-        if names && !rec.deleting && !done(b, id)? {
+        if names && !rec.deleting && !done(b, &id.to_string())? {
             out.push(id.clone());
         }
     }
@@ -167,7 +167,11 @@ pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
     }
     Err(CloneError::UnfilledClones {
         origin: source.to_owned(),
-        clones: clones.join(", "),
+        clones: clones
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
     }
     .into())
 }

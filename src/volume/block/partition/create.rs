@@ -34,7 +34,7 @@ impl Partitioned {
         if let Some((id, rec)) = self.existing(req)? {
             let _device = self.device_lock(&rec.device_id).await;
             if rec.partition.is_none() {
-                return self.carve(&id.to_string()).await;
+                return self.carve(&id).await;
             }
             // A retry after a crash mid-write: both label copies whole before the answer
             // (`carve` repairs them itself).
@@ -49,16 +49,16 @@ impl Partitioned {
         };
         let size = range.size(gpt::ALIGN)?;
         let (dev, mut guard) = self.place(host, size).await?;
-        let raw = self.claim(req, &dev, size)?;
+        let id = self.claim(req, &dev, size)?;
         // A create of the same name that claimed first (on another device) wins: carve
         // its claim under its device's lock.
-        let rec = self.record(&raw)?;
+        let rec = self.record(&id.to_string())?;
         if rec.device_id != dev.id {
             drop(guard);
             guard = self.device_lock(&rec.device_id).await;
         }
         faults::reached(KillPoint::PartAfterClaim);
-        let done = self.carve(&raw).await;
+        let done = self.carve(&id).await;
         drop(guard);
         done
     }
@@ -214,7 +214,7 @@ impl Partitioned {
     }
 
     /// Records the volume on `dev` before carving, so a retry carves the same partition.
-    fn claim(&self, req: &AllocationRequest, dev: &PoolDevice, size: u64) -> Result<String> {
+    fn claim(&self, req: &AllocationRequest, dev: &PoolDevice, size: u64) -> Result<BlockVolumeId> {
         self.pool.state.update(|state| {
             if let Some((id, _)) = state.by_name(&req.name) {
                 return Ok(id.clone());
@@ -241,8 +241,8 @@ impl Partitioned {
                 stripe: None,
                 source: req.source.clone(),
             };
-            state.insert(id.to_string(), record);
-            Ok(id.to_string())
+            state.insert(&id, record);
+            Ok(id)
         })
     }
 
@@ -255,9 +255,9 @@ impl Partitioned {
     /// tool removed, may have left some), and a raw-block tenant reads every block. The
     /// zero-out is the device's offload where it has one (a moment on NVMe), a job that a
     /// retry joins, and the record names the partition only once it is done.
-    async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
+    async fn carve(&self, id: &BlockVolumeId) -> Result<(BlockVolumeId, VolumeRecord)> {
+        let raw = &id.to_string();
         let rec = self.record(raw)?;
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
         let dev = self.parent(&rec)?;
         self.repair_label(&dev.path).await?;
         let (path, name, size) = (dev.path.clone(), id.allocation.clone(), rec.capacity_bytes);
@@ -281,7 +281,7 @@ impl Partitioned {
         })?;
         faults::reached(KillPoint::AfterAllocate);
         info!(volume_id = raw, node = %carved.node.display(), "partition carved");
-        Ok((id, rec))
+        Ok((id.clone(), rec))
     }
 }
 

@@ -52,11 +52,6 @@ pub struct Partitioned {
     label_deadline: Duration,
 }
 
-/// Whether a state key names a volume carved from labels (partition or stripe layout).
-fn is_partition_id(id: &str) -> bool {
-    BlockVolumeId::parse(id).is_some_and(|i| i.layout != IdLayout::Device)
-}
-
 impl Partitioned {
     pub fn new(pool: Arc<Pool>) -> Self {
         Partitioned {
@@ -96,8 +91,8 @@ impl Partitioned {
         let state = self.pool.state.snapshot();
         let whole = |d: &PoolDevice| {
             state
-                .iter()
-                .any(|(id, r)| r.device_id == d.id && !is_partition_id(id))
+                .entries()
+                .any(|(id, r)| r.device_id == d.id && id.layout == IdLayout::Device)
         };
         self.pool
             .devices()
@@ -149,10 +144,10 @@ impl Partitioned {
         let Some((id, rec)) = state.by_name(&req.name) else {
             return Ok(None);
         };
-        let parsed = BlockVolumeId::parse(id).filter(|i| i.layout == IdLayout::Partition);
+        let parsed = Some(id).filter(|i| i.layout == IdLayout::Partition);
         let fits = req.fits(rec.capacity_bytes);
         match parsed {
-            Some(p) if fits && req.made(rec) => Ok(Some((p, rec.clone()))),
+            Some(p) if fits && req.made(rec) => Ok(Some((p.clone(), rec.clone()))),
             _ => Err(AllocationError::NameTakenOtherLayout {
                 name: req.name.clone(),
             }

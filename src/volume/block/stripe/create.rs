@@ -61,15 +61,15 @@ impl Striped {
         host: &dyn Host,
         req: &AllocationRequest,
     ) -> Result<(BlockVolumeId, VolumeRecord)> {
-        if let Some(raw) = self.existing(req)? {
-            let _members = self.lock_members(&raw).await?;
-            return self.carve(&raw).await;
+        if let Some(id) = self.existing(req)? {
+            let _members = self.lock_members(&id.to_string()).await?;
+            return self.carve(&id).await;
         }
         let geo = geometry(&req.parameters)?;
         let member = super::member_size(req.required_bytes, req.limit_bytes, geo)?;
         let chosen = self.place(host, geo.count, member).await?;
-        let raw = self.claim(req, &chosen, geo, member)?;
-        let members = self.member_ids(&raw)?;
+        let id = self.claim(req, &chosen, geo, member)?;
+        let members = self.member_ids(&id.to_string())?;
         if !members
             .iter()
             .all(|m| chosen.iter().any(|c| &c.dev.id == m))
@@ -78,9 +78,9 @@ impl Striped {
             // its claim under its devices' locks.
             drop(chosen);
             let _held = self.lock_sorted(members).await;
-            return self.carve(&raw).await;
+            return self.carve(&id).await;
         }
-        let done = self.carve(&raw).await;
+        let done = self.carve(&id).await;
         drop(chosen);
         done
     }
@@ -238,12 +238,12 @@ impl Striped {
     }
 
     /// The stripe volume of this name already recorded, when its request agrees.
-    fn existing(&self, req: &AllocationRequest) -> Result<Option<String>> {
+    fn existing(&self, req: &AllocationRequest) -> Result<Option<BlockVolumeId>> {
         let state = self.pool.state.snapshot();
         let Some((id, rec)) = state.by_name(&req.name) else {
             return Ok(None);
         };
-        let stripe = BlockVolumeId::parse(id).is_some_and(|i| i.layout == IdLayout::Stripe);
+        let stripe = id.layout == IdLayout::Stripe;
         if stripe && req.fits(rec.capacity_bytes) && req.made(rec) {
             return Ok(Some(id.clone()));
         }
@@ -260,7 +260,7 @@ impl Striped {
         devices: &[Chosen],
         geo: StripeParams,
         member: u64,
-    ) -> Result<String> {
+    ) -> Result<BlockVolumeId> {
         self.pool.state.update(|state| {
             if let Some((id, _)) = state.by_name(&req.name) {
                 return Ok(id.clone());
@@ -303,15 +303,15 @@ impl Striped {
                 }),
                 source: req.source.clone(),
             };
-            state.insert(id.to_string(), record);
-            Ok(id.to_string())
+            state.insert(&id, record);
+            Ok(id)
         })
     }
 
     /// Carves (or finds) every member not yet recorded as carved; the caller holds the
     /// members' device locks.
-    async fn carve(&self, raw: &str) -> Result<(BlockVolumeId, VolumeRecord)> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
+    async fn carve(&self, id: &BlockVolumeId) -> Result<(BlockVolumeId, VolumeRecord)> {
+        let raw = &id.to_string();
         let rec = self.record(raw)?;
         let stripe = stripe_of(raw, &rec)?;
         for (i, m) in stripe.members.iter().enumerate() {
@@ -343,6 +343,6 @@ impl Striped {
             })?;
             info!(volume_id = raw, member = i, node = %carved.node.display(), "stripe member carved");
         }
-        Ok((id, self.record(raw)?))
+        Ok((id.clone(), self.record(raw)?))
     }
 }
