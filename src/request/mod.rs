@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::csi;
-use crate::csi::id::{self as volume_id, BlockVolumeId};
+use crate::csi::id::{self as volume_id};
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_capability::AccessType;
 use crate::error::{Error, Result};
@@ -22,6 +22,7 @@ pub mod stripe;
 
 pub use path::host_path;
 
+pub use crate::csi::id::VolumeRef;
 pub use nfs::{NfsCapability, NfsParams, OnDelete};
 pub use nfs_id::NfsVolumeId;
 pub use nfs_options::{MountOptions, Transport};
@@ -350,55 +351,9 @@ pub fn expand(
     })
 }
 
-/// Which volume a node request is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VolumeRef {
-    Block(BlockVolumeId),
-    Nfs(NfsVolumeId),
-    /// Well formed but not an id this driver ever issued.
-    Unknown(String),
-}
-
-impl VolumeRef {
-    pub fn raw(&self) -> String {
-        match self {
-            VolumeRef::Block(id) => id.to_string(),
-            VolumeRef::Nfs(id) => id.to_string(),
-            VolumeRef::Unknown(raw) => raw.clone(),
-        }
-    }
-}
-
 pub fn volume_ref(id: &str) -> Result<VolumeRef> {
     volume_id::check_well_formed("volume_id", id)?;
     Ok(VolumeRef::of(id))
-}
-
-impl VolumeRef {
-    /// Which kind of volume `id` names; `Unknown` for anything else, malformed included.
-    fn of(id: &str) -> VolumeRef {
-        if let Some(parsed) = BlockVolumeId::parse(id) {
-            return VolumeRef::Block(parsed);
-        }
-        match NfsVolumeId::parse(id) {
-            Some(parsed) => VolumeRef::Nfs(parsed),
-            None => VolumeRef::Unknown(id.to_owned()),
-        }
-    }
-}
-
-/// Kept in records as the id's text, read back as what it names.
-impl serde::Serialize for VolumeRef {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&self.raw())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for VolumeRef {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        Ok(VolumeRef::of(&text))
-    }
 }
 
 #[cfg(test)]

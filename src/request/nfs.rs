@@ -1,6 +1,7 @@
 //! NFS StorageClass parameters and capabilities (the volume ids: `nfs_id.rs`).
 
 use super::nfs_options::{self, Transport};
+pub use crate::csi::id::nfs::{check_dir, check_server, check_share, path_component_ok, OnDelete};
 use crate::csi::volume_capability::access_mode::Mode;
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -9,7 +10,6 @@ pub const PARAM_SERVER: &str = "server";
 pub const PARAM_SHARE: &str = "share";
 pub const PARAM_SUB_DIR: &str = "subDir";
 pub const PARAM_ON_DELETE: &str = "onDelete";
-pub const PREFIX: &str = "nfs";
 
 /// The default directory of a volume: its CSI name (the PV name in Kubernetes).
 pub const DEFAULT_SUB_DIR: &str = "${pv.metadata.name}";
@@ -19,49 +19,6 @@ const VAR_PVC_NAMESPACE: &str = "${pvc.metadata.namespace}";
 /// Added by external-provisioner --extra-create-metadata.
 const SIDECAR_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
 const SIDECAR_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OnDelete {
-    Delete,
-    Retain,
-    Archive,
-}
-
-impl OnDelete {
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "delete" => OnDelete::Delete,
-            "retain" => OnDelete::Retain,
-            "archive" => OnDelete::Archive,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnDelete::Delete => "delete",
-            OnDelete::Retain => "retain",
-            OnDelete::Archive => "archive",
-        }
-    }
-
-    pub(super) fn code(self) -> char {
-        match self {
-            OnDelete::Delete => 'd',
-            OnDelete::Retain => 'r',
-            OnDelete::Archive => 'a',
-        }
-    }
-
-    pub(super) fn from_code(c: &str) -> Option<Self> {
-        Some(match c {
-            "d" => OnDelete::Delete,
-            "r" => OnDelete::Retain,
-            "a" => OnDelete::Archive,
-            _ => return None,
-        })
-    }
-}
 
 /// The NFS parameters of a StorageClass, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,75 +31,6 @@ pub struct NfsParams {
 
 pub(super) fn invalid(reason: String) -> Error {
     Error::invalid("parameters", reason)
-}
-
-/// A host name, an IPv4 address or a bracketed IPv6 address: never anything mount(8)
-/// could read as an option or a second field.
-pub fn check_server(server: &str) -> std::result::Result<(), String> {
-    let ok = if let Some(inner) = server.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
-        !inner.is_empty()
-            && inner.len() <= 45
-            && inner
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-            && inner.parse::<std::net::Ipv6Addr>().is_ok()
-    } else {
-        !server.is_empty()
-            && server.len() <= 253
-            && server.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && server
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            && !server.contains("..")
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "server {server:?} must be a host name, an IPv4 address or a bracketed IPv6 address"
-        ))
-    }
-}
-
-pub(super) fn path_component_ok(c: &str) -> bool {
-    !c.is_empty()
-        && c.len() <= 255
-        && c != "."
-        && !c.contains("..")
-        && c.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'+' | b'@'))
-}
-
-/// An absolute export path of plain components (no `..`, `~`, `:` or spaces); trailing
-/// slashes dropped.
-pub fn check_share(share: &str) -> std::result::Result<String, String> {
-    let err = || {
-        format!(
-            "share {share:?} must be an absolute export path of components made of letters, \
-             digits, '-', '.', '_', '+' or '@' (no '..')"
-        )
-    };
-    let rest = share.strip_prefix('/').ok_or_else(err)?;
-    let rest = rest.trim_end_matches('/');
-    if rest.is_empty() {
-        return Ok("/".into());
-    }
-    if share.len() > 200 || !rest.split('/').all(path_component_ok) {
-        return Err(err());
-    }
-    Ok(format!("/{rest}"))
-}
-
-/// A relative directory of plain components below the share.
-pub fn check_dir(dir: &str) -> std::result::Result<(), String> {
-    if !dir.is_empty() && !dir.starts_with('/') && dir.split('/').all(path_component_ok) {
-        Ok(())
-    } else {
-        Err(format!(
-            "the volume directory {dir:?} must be a relative path of components made of \
-             letters, digits, '-', '.', '_', '+' or '@' (no '..', no empty components)"
-        ))
-    }
 }
 
 impl NfsParams {

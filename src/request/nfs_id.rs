@@ -1,92 +1,15 @@
-//! NFS volume ids. An id carries everything needed to find the volume again without
-//! any other state (the central controller's state dir is scratch):
-//! `nfs:<onDelete>-<proto>-<port>-<vers>:<share>:<dir>:<server>`, with every `/` of the
-//! share and of the directory written as `~` (ids must not contain `/`), e.g.
-//! `nfs:d-rdma-20049-4.1:~export~gds:pvc-0b6f...:nfs01.ib.example`. The server comes last
-//! because a bracketed IPv6 address contains `:`. Ids longer than 128 bytes are refused
-//! at CreateVolume (shorten the share, the server name or the `subDir` pattern).
-
-use std::fmt;
+//! NFS volume ids made from a class's parameters, cut to the id length limit (the id's
+//! format and its parsing: `csi::id::nfs`).
 
 use sha2::Digest;
 
-use super::nfs::{check_dir, check_server, check_share, invalid, NfsParams, OnDelete, PREFIX};
-use super::nfs_options::Transport;
+use super::nfs::{invalid, NfsParams};
+pub use crate::csi::id::nfs::NfsVolumeId;
+use crate::csi::id::nfs::Transport;
 use crate::csi::id::MAX_VOLUME_ID_LEN;
 use crate::error::Result;
 
-/// Everything needed to mount, find and remove an NFS volume.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct NfsVolumeId {
-    pub server: String,
-    /// Absolute, normalised (`/` or `/a/b`).
-    pub share: String,
-    /// Relative to the share, `a` or `a/b`.
-    pub dir: String,
-    pub on_delete: OnDelete,
-    pub transport: Transport,
-}
-
-impl fmt::Display for NfsVolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let t = &self.transport;
-        write!(
-            f,
-            "{PREFIX}:{}-{}-{}-{}:{}:{}:{}",
-            self.on_delete.code(),
-            t.proto,
-            t.port.map(|p| p.to_string()).unwrap_or_default(),
-            t.vers.as_deref().unwrap_or(""),
-            self.share.replace('/', "~"),
-            self.dir.replace('/', "~"),
-            self.server
-        )
-    }
-}
-
 impl NfsVolumeId {
-    /// `None` when the id is not an NFS id of this driver.
-    pub fn parse(id: &str) -> Option<Self> {
-        let mut parts = id.splitn(5, ':');
-        if parts.next()? != PREFIX {
-            return None;
-        }
-        let flags = parts.next()?;
-        let share = parts.next()?.replace('~', "/");
-        let dir = parts.next()?.replace('~', "/");
-        let server = parts.next()?;
-        let mut f = flags.splitn(4, '-');
-        let on_delete = OnDelete::from_code(f.next()?)?;
-        let proto = f.next()?.to_owned();
-        let port = match f.next()? {
-            "" => None,
-            // Only the form `to_string` writes: `0100` and `+100` would be a second id for
-            // the same volume, and per-volume locks key on the id's text.
-            p => {
-                let port: u16 = p.parse().ok()?;
-                Some((port.to_string() == p).then_some(port)?)
-            }
-        };
-        let vers = match f.next()? {
-            "" => None,
-            v => Some(v.to_owned()),
-        };
-        let transport = Transport { proto, port, vers };
-        transport.check().ok()?;
-        check_server(server).ok()?;
-        if check_share(&share).ok()? != share {
-            return None;
-        }
-        check_dir(&dir).ok()?;
-        Some(NfsVolumeId {
-            server: server.to_owned(),
-            share,
-            dir,
-            on_delete,
-            transport,
-        })
-    }
-
     /// Builds the id and checks its length.
     pub fn new(params: &NfsParams, dir: String, transport: Transport) -> Result<Self> {
         let id = NfsVolumeId {
@@ -139,25 +62,12 @@ impl NfsVolumeId {
         };
         Self::new(params, dir, transport)
     }
-
-    /// `server:/share`, what the controller mounts to manage directories.
-    pub fn export_source(&self) -> String {
-        format!("{}:{}", self.server, self.share)
-    }
-
-    /// `server:/share/dir`, what a node stages.
-    pub fn source(&self) -> String {
-        if self.share == "/" {
-            format!("{}:/{}", self.server, self.dir)
-        } else {
-            format!("{}:{}/{}", self.server, self.share, self.dir)
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::csi::id::nfs::OnDelete;
     use crate::error::Error;
     use crate::request::nfs::DEFAULT_SUB_DIR;
 
@@ -216,24 +126,5 @@ mod tests {
             NfsVolumeId::new(&long, "pvc-1".into(), Transport::default()),
             Err(Error::InvalidArgument { .. })
         ));
-    }
-
-    #[test]
-    fn foreign_or_tampered_ids_do_not_parse() {
-        for id in [
-            "blk:dev-1:a:n",
-            "nfs:x-rdma-20049-4.1:~:d:h",
-            "nfs:d-pigeon-1-4.1:~:d:h",
-            "nfs:d-rdma-20049-4.1:~:..:h",
-            "nfs:d-rdma-20049-4.1:~a~~b:d:h",
-            "nfs:d-rdma-20049-4.1:~:d:-oexec",
-            "nfs:d-rdma-20049-4.1:~:d",
-            "nfs:d-rdma-20049-4.1:~::h",
-            // Found by fuzzing: a port with leading zeros decoded to another id's volume.
-            "nfs:d-rdma-020049-4.1:~:d:h",
-            "nfs:d-rdma-+20049-4.1:~:d:h",
-        ] {
-            assert_eq!(NfsVolumeId::parse(id), None, "{id}");
-        }
     }
 }

@@ -5,89 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::csi::id::nfs::MOUNT_FLAGS_FIELD as FIELD;
+pub use crate::csi::id::nfs::{Transport, RDMA_PORT};
 use crate::error::{Error, Result};
-
-const FIELD: &str = "volume_capability.mount.mount_flags";
-
-/// The NFS port of RDMA transports (RFC 5666 / 8267).
-pub const RDMA_PORT: u16 = 20049;
-
-/// What the controller records in the volume id, so that any instance (the node
-/// plugin, a restarted central controller) mounts the export the same way.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Transport {
-    /// `rdma`, `tcp`, ... (mount.nfs's `proto=`).
-    pub proto: String,
-    /// `None`: the transport's default port.
-    pub port: Option<u16>,
-    /// `None`: let mount.nfs negotiate.
-    pub vers: Option<String>,
-}
-
-impl Default for Transport {
-    /// `rdma,port=20049,vers=4.1`: NFS v4.1 over RDMA, what GDS reads through.
-    fn default() -> Self {
-        Transport {
-            proto: "rdma".into(),
-            port: Some(RDMA_PORT),
-            vers: Some("4.1".into()),
-        }
-    }
-}
-
-impl Transport {
-    pub fn is_rdma(&self) -> bool {
-        self.proto.starts_with("rdma")
-    }
-
-    /// The port the kernel must report when RDMA was asked for.
-    pub fn effective_port(&self) -> Option<u16> {
-        self.port.or(self.is_rdma().then_some(RDMA_PORT))
-    }
-
-    pub fn options(&self) -> Vec<String> {
-        let mut out = vec![if self.proto == "rdma" {
-            "rdma".to_owned()
-        } else {
-            format!("proto={}", self.proto)
-        }];
-        if let Some(port) = self.port {
-            out.push(format!("port={port}"));
-        }
-        if let Some(vers) = &self.vers {
-            out.push(format!("vers={vers}"));
-        }
-        out
-    }
-
-    pub fn check(&self) -> Result<()> {
-        if !PROTOS.contains(&self.proto.as_str()) {
-            return Err(Error::invalid(
-                FIELD,
-                format!(
-                    "proto {:?} must be one of {}",
-                    self.proto,
-                    PROTOS.join(", ")
-                ),
-            ));
-        }
-        if let Some(v) = &self.vers {
-            if !VERSIONS.contains(&v.as_str()) {
-                return Err(Error::invalid(
-                    FIELD,
-                    format!("vers {v:?} must be one of {}", VERSIONS.join(", ")),
-                ));
-            }
-        }
-        if self.port == Some(0) {
-            return Err(Error::invalid(FIELD, "port must be 1-65535"));
-        }
-        Ok(())
-    }
-}
-
-const PROTOS: &[&str] = &["rdma", "rdma6", "tcp", "tcp6", "udp", "udp6"];
-const VERSIONS: &[&str] = &["3", "4", "4.0", "4.1", "4.2"];
 
 /// Options that the driver manages itself or that defeat its checks:
 /// `bg` makes mount.nfs return success while it retries in the background (no deadline,

@@ -1,4 +1,9 @@
-//! Volume ids. A block volume id carries everything a node needs to find its device
+//! The ids this driver writes into CSI's `volume_id` and `snapshot_id` fields, and their
+//! parsing: a leaf every layer imports, so an id read once is passed on typed. Block
+//! volume ids here; NFS volume ids in `nfs`, snapshot ids in `snapshot`; `VolumeRef` says
+//! which kind an id names.
+//!
+//! A block volume id carries everything a node needs to find its device
 //! again without any other state: `blk:<device-id>:<allocation>:<node-id>`.
 //! The allocation part differs each time a device is handed out, so a late retry of
 //! DeleteVolume for an old volume can never touch the device's next volume.
@@ -8,6 +13,11 @@
 //! would hold a ':'), so it never mistakes a partition for a whole device.
 
 use std::fmt;
+
+pub mod nfs;
+pub mod snapshot;
+pub use nfs::NfsVolumeId;
+pub use snapshot::{SnapshotId, SnapshotRef};
 
 use crate::error::{Error, Result};
 
@@ -122,6 +132,52 @@ impl BlockVolumeId {
             node_id: node_id.into(),
             layout,
         })
+    }
+}
+
+/// Which volume a node request is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeRef {
+    Block(BlockVolumeId),
+    Nfs(NfsVolumeId),
+    /// Well formed but not an id this driver ever issued.
+    Unknown(String),
+}
+
+impl VolumeRef {
+    pub fn raw(&self) -> String {
+        match self {
+            VolumeRef::Block(id) => id.to_string(),
+            VolumeRef::Nfs(id) => id.to_string(),
+            VolumeRef::Unknown(raw) => raw.clone(),
+        }
+    }
+}
+
+impl VolumeRef {
+    /// Which kind of volume `id` names; `Unknown` for anything else, malformed included.
+    pub fn of(id: &str) -> VolumeRef {
+        if let Some(parsed) = BlockVolumeId::parse(id) {
+            return VolumeRef::Block(parsed);
+        }
+        match NfsVolumeId::parse(id) {
+            Some(parsed) => VolumeRef::Nfs(parsed),
+            None => VolumeRef::Unknown(id.to_owned()),
+        }
+    }
+}
+
+/// Kept in records as the id's text, read back as what it names.
+impl serde::Serialize for VolumeRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for VolumeRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(VolumeRef::of(&text))
     }
 }
 
