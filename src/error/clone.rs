@@ -14,8 +14,6 @@ use super::VolumeError;
 pub enum CloneError {
     #[error("{field}: source volume {origin} does not exist")]
     SourceMissing { field: &'static str, origin: String },
-    #[error("clone source {origin} is no block volume")]
-    NotABlockSource { origin: String },
     #[error(
         "{field}: the source lives on node {node}; its clone can be made only there, not on {this}"
     )]
@@ -169,7 +167,6 @@ impl CloneError {
     pub(super) fn code(&self) -> Code {
         match self {
             CloneError::SourceMissing { .. }
-            | CloneError::NotABlockSource { .. }
             | CloneError::SourceDirGone { .. }
             | CloneError::NotOurVolume { .. }
             | CloneError::SourceAbsent { .. } => Code::NotFound,

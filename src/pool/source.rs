@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::csi::id::{SnapshotId, VolumeRef};
+
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,9 +46,9 @@ impl Content {
 #[serde(rename_all = "camelCase")]
 pub enum SourceOf {
     /// `volume_content_source.volume`: a volume of this driver.
-    Volume(String),
+    Volume(VolumeRef),
     /// `volume_content_source.snapshot`: a snapshot of this driver, holding `content`.
-    Snapshot { id: String, content: Content },
+    Snapshot { id: SnapshotId, content: Content },
 }
 
 /// A volume's recorded source.
@@ -62,32 +64,35 @@ pub struct RecordedSource {
 
 impl RecordedSource {
     /// The id of the volume or snapshot.
-    pub fn id(&self) -> &str {
+    pub fn id(&self) -> String {
         self.of.id()
     }
 
     /// Whether this is a clone of volume `id`.
     pub fn is_clone_of(&self, id: &str) -> bool {
-        matches!(&self.of, SourceOf::Volume(v) if v == id)
+        matches!(&self.of, SourceOf::Volume(v) if v.raw() == id)
     }
 }
 
 impl SourceOf {
     /// The id of the volume or snapshot.
-    pub fn id(&self) -> &str {
+    pub fn id(&self) -> String {
         match self {
-            SourceOf::Volume(id) | SourceOf::Snapshot { id, .. } => id,
+            SourceOf::Volume(id) => id.raw(),
+            SourceOf::Snapshot { id, .. } => id.to_string(),
         }
     }
 
     /// A source recorded by its id alone, as records before the typed source kept it
-    /// (`content`: a snapshot's, when recorded; file snapshots are those without).
-    pub fn from_legacy_id(id: String, content: Option<&str>) -> SourceOf {
+    /// (`content`: a snapshot's, when recorded; file snapshots are those without). A
+    /// snapshot id that does not read back (none of ours was ever recorded so) is None.
+    pub fn from_legacy_id(id: &str, content: Option<&str>) -> Option<SourceOf> {
         if !id.starts_with(SNAPSHOT_PREFIX) {
-            return SourceOf::Volume(id);
+            return Some(SourceOf::Volume(VolumeRef::of(id)));
         }
         let content = content.and_then(Content::parse).unwrap_or(Content::Files);
-        SourceOf::Snapshot { id, content }
+        let id = SnapshotId::parse(id)?;
+        Some(SourceOf::Snapshot { id, content })
     }
 
     /// A source field written either way: typed, or as the id alone (older records).
@@ -101,10 +106,14 @@ impl SourceOf {
             Typed(SourceOf),
             IdAlone(String),
         }
-        Ok(Option::<Stored>::deserialize(d)?.map(|s| match s {
-            Stored::Typed(s) => s,
-            Stored::IdAlone(id) => SourceOf::from_legacy_id(id, None),
-        }))
+        Option::<Stored>::deserialize(d)?
+            .map(|s| match s {
+                Stored::Typed(s) => Ok(s),
+                Stored::IdAlone(id) => SourceOf::from_legacy_id(&id, None).ok_or_else(|| {
+                    serde::de::Error::custom(format!("{id:?} is no snapshot id of this driver"))
+                }),
+            })
+            .transpose()
     }
 }
 
@@ -123,7 +132,7 @@ pub fn take_legacy(parameters: &mut BTreeMap<String, String>) -> Option<Recorded
     let id = parameters.remove(LEGACY_SOURCE)?;
     let content = parameters.remove(LEGACY_CONTENT);
     let raw_block = parameters.remove(LEGACY_ACCESS).as_deref() == Some("block");
-    let of = SourceOf::from_legacy_id(id, content.as_deref());
+    let of = SourceOf::from_legacy_id(&id, content.as_deref())?;
     Some(RecordedSource { of, raw_block })
 }
 
@@ -146,7 +155,10 @@ mod tests {
             ("gdsPolicy", "preferred"),
         ]);
         let s = take_legacy(&mut p).unwrap();
-        assert_eq!(s.of, SourceOf::Volume("blk:dev-a:1a2b3c4d:n1".into()));
+        assert_eq!(
+            s.of,
+            SourceOf::Volume(VolumeRef::of("blk:dev-a:1a2b3c4d:n1"))
+        );
         assert!(s.raw_block);
         assert_eq!(p, params(&[("gdsPolicy", "preferred")]));
 
@@ -158,7 +170,7 @@ mod tests {
         assert_eq!(
             s.of,
             SourceOf::Snapshot {
-                id: "snap:dir:~var~snaps:s1".into(),
+                id: SnapshotId::parse("snap:dir:~var~snaps:s1").unwrap(),
                 content: Content::Device
             }
         );
@@ -183,7 +195,7 @@ mod tests {
     fn the_recorded_form_is_stable() {
         let s = RecordedSource {
             of: SourceOf::Snapshot {
-                id: "snap:dir:~s:a".into(),
+                id: SnapshotId::parse("snap:dir:~s:a").unwrap(),
                 content: Content::Files,
             },
             raw_block: false,

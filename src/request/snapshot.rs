@@ -78,10 +78,10 @@ pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
     let t = match source {
         SourceOf::Snapshot { id, .. } => Type::Snapshot(SnapshotSource {
-            snapshot_id: id.clone(),
+            snapshot_id: id.to_string(),
         }),
         SourceOf::Volume(id) => Type::Volume(VolumeSource {
-            volume_id: id.clone(),
+            volume_id: id.raw(),
         }),
     };
     csi::VolumeContentSource { r#type: Some(t) }

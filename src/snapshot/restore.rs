@@ -100,8 +100,8 @@ pub fn made_from(ctx: &Context<'_>, name: &str, snapshot: &SnapshotRef) -> Optio
         size_bytes: 0,
         digests: Vec::new(),
     };
-    let content = ctx.block.restored_from(name, &raw);
-    let content = content.or_else(|| ctx.nfs?.restored_from(name, &raw))?;
+    let content = ctx.block.restored_from(name, id);
+    let content = content.or_else(|| ctx.nfs?.restored_from(name, id))?;
     Some(restore(content))
 }
 

@@ -98,7 +98,7 @@ pub trait VolumeBackend: Send + Sync {
     /// What snapshot `snapshot` holds, when the volume named `name` was restored from it
     /// and holds it whole already (a repeated CreateVolume answers that volume even after
     /// the snapshot was deleted); None otherwise.
-    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content>;
+    fn restored_from(&self, name: &str, snapshot: &crate::csi::id::SnapshotId) -> Option<Content>;
 }
 
 /// NodeGetVolumeStats: a healthy-looking volume that the GDS gate published in compat

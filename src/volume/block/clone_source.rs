@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, CopyError, Error, Result, SnapshotError};
 use crate::os::{Anchored, FsType, Host};
 use crate::pool::{SourceOf, VolumeRecord};
@@ -18,8 +19,8 @@ const FIELD: &str = "volume_content_source.volume.volume_id";
 /// A clone's source, as CreateVolume and NodeStage find it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
-    /// A block volume, by its id text.
-    Block(String),
+    /// A block volume; `label` is its id as the CO gave it.
+    Block { id: BlockVolumeId, label: String },
     /// A directory on an NFS export; `label` names it in messages and the progress
     /// record (the volume id, `server:/share/path` for a class's dataset, or the
     /// snapshot id of a snapshot's tree on an NFS store).
@@ -38,7 +39,10 @@ pub enum ImageAt {
     /// On a directory store: in the snapshot's directory there.
     Local(SnapshotId),
     /// On an NFS store: the snapshot's directory, mounted read-only by the copy.
-    Nfs(NfsVolumeId),
+    Nfs {
+        snapshot: SnapshotId,
+        dir: NfsVolumeId,
+    },
 }
 
 impl Source {
@@ -58,8 +62,8 @@ impl Source {
 
     pub fn label(&self) -> &str {
         match self {
-            Source::Block(raw) => raw,
-            Source::Nfs { label, .. }
+            Source::Block { label, .. }
+            | Source::Nfs { label, .. }
             | Source::Snapshot { label, .. }
             | Source::Empty { label }
             | Source::Image { label, .. } => label,
@@ -73,7 +77,10 @@ impl Source {
             Content::Empty => Ok(Source::Empty { label }),
             Content::Device => {
                 let at = match id.nfs_dir("") {
-                    Some(dir) => ImageAt::Nfs(dir),
+                    Some(dir) => ImageAt::Nfs {
+                        snapshot: id.clone(),
+                        dir,
+                    },
                     None => ImageAt::Local(id.clone()),
                 };
                 Ok(Source::Image { at, label })
@@ -106,7 +113,10 @@ pub fn requested(req: &CreateVolume<'_>) -> Result<Option<Source>> {
 
 fn of_volume(text: &str, id: &VolumeRef, unknown: impl FnOnce() -> CloneError) -> Result<Source> {
     Ok(match id {
-        VolumeRef::Block(_) => Source::Block(text.to_owned()),
+        VolumeRef::Block(id) => Source::Block {
+            id: id.clone(),
+            label: text.to_owned(),
+        },
         VolumeRef::Nfs(id) => Source::nfs_volume(text, id.clone()),
         VolumeRef::Unknown(_) => return Err(unknown().into()),
     })
@@ -115,15 +125,12 @@ fn of_volume(text: &str, id: &VolumeRef, unknown: impl FnOnce() -> CloneError) -
 /// The source a clone's record names (its recorded source, or the class's dataset).
 pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
     match rec.source.as_ref().map(|s| &s.of) {
-        Some(SourceOf::Snapshot { id: text, content }) => {
-            let id = SnapshotId::parse(text).ok_or_else(|| CloneError::NotOurVolume {
-                origin: text.clone(),
-            })?;
-            Source::snapshot(&id, text, *content).map(Some)
+        Some(SourceOf::Snapshot { id, content }) => {
+            Source::snapshot(id, &id.to_string(), *content).map(Some)
         }
-        Some(SourceOf::Volume(text)) => {
-            let id = request::volume_ref(text)?;
-            of_volume(text, &id, || CloneError::NotOurVolume {
+        Some(SourceOf::Volume(id)) => {
+            let text = id.raw();
+            of_volume(&text, id, || CloneError::NotOurVolume {
                 origin: text.clone(),
             })
             .map(Some)

@@ -2,6 +2,7 @@
 //! how it can be read now, and what it was filled from.
 
 use super::{clone, clone_source, BlockBackend};
+use crate::csi::id::SnapshotId;
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Result, SnapshotError};
 use crate::pool::{Content, SourceOf, VolumeRecord};
@@ -91,7 +92,7 @@ fn readable_record(b: &BlockBackend, raw: &str) -> Result<VolumeRecord> {
 
 /// What snapshot `snapshot` holds, when this node's volume named `name` was restored
 /// from it and is filled.
-pub fn restored_from(b: &BlockBackend, name: &str, snapshot: &str) -> Option<Content> {
+pub fn restored_from(b: &BlockBackend, name: &str, snapshot: &SnapshotId) -> Option<Content> {
     let state = b.pool.state.snapshot();
     let (volume_id, rec) = state.by_name(name)?;
     let content = match rec.source.as_ref().map(|s| &s.of) {

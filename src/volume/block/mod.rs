@@ -312,7 +312,7 @@ impl VolumeBackend for BlockBackend {
         Ok(clones.iter().map(ToString::to_string).collect())
     }
 
-    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content> {
+    fn restored_from(&self, name: &str, snapshot: &crate::csi::id::SnapshotId) -> Option<Content> {
         content::restored_from(self, name, snapshot)
     }
 }

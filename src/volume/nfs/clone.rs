@@ -57,17 +57,18 @@ fn progress_path(b: &NfsBackend, id: &str) -> PathBuf {
 /// Returns it with its recorded capacity (0 when no record says).
 pub async fn check_source(
     b: &NfsBackend,
-    source: &str,
+    volume: &VolumeRef,
     target: &NfsVolumeId,
 ) -> Result<(NfsVolumeId, u64)> {
+    let source = &volume.raw();
     let not_found = || CloneError::SourceMissing {
         field: FIELD,
         origin: source.to_owned(),
     };
-    let src = match request::volume_ref(source)? {
-        VolumeRef::Nfs(id) => id,
-        _ => return Err(not_found().into()),
+    let VolumeRef::Nfs(src) = volume else {
+        return Err(not_found().into());
     };
+    let src = src.clone();
     if src.export_source() == target.export_source() && nested(&src.dir, &target.dir) {
         return Err(Error::invalid(
             FIELD,
@@ -119,13 +120,13 @@ pub async fn create(
     b: &NfsBackend,
     req: &CreateVolume<'_>,
     id: &NfsVolumeId,
-    source: &str,
+    source: &VolumeRef,
 ) -> Result<NfsRecord> {
     if let Some(rec) = copied_already(b, id) {
         return Ok(rec);
     }
     let (src, source_bytes) = check_source(b, source, id).await?;
-    let of = SourceOf::Volume(source.to_owned());
+    let of = SourceOf::Volume(source.clone());
     fill(b, req, id, of, Some(src), source_bytes, Vec::new()).await
 }
 
@@ -173,7 +174,7 @@ pub async fn restore(
     };
     let digests = restore.digests.clone();
     let of = SourceOf::Snapshot {
-        id: restore.text.clone(),
+        id: restore.id.clone(),
         content: restore.content,
     };
     fill(b, req, id, of, src, restore.size_bytes, digests).await

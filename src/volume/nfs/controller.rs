@@ -61,8 +61,7 @@ fn check_existing(b: &NfsBackend, req: &CreateVolume<'_>, id: &NfsVolumeId) -> R
     if let Some((existing, rec)) = b.store.registry.by_name(name) {
         if existing != id_text
             || rec.parameters != req.params.stored
-            || rec.source.as_ref().map(SourceOf::id)
-                != req.source.as_ref().map(ContentSource::text).as_deref()
+            || rec.source.as_ref().map(SourceOf::id) != req.source.as_ref().map(ContentSource::text)
         {
             return Err(AllocationError::NameTakenOtherSource {
                 name: name.to_string(),
@@ -93,7 +92,7 @@ pub async fn create(b: &NfsBackend, req: &CreateVolume<'_>) -> Result<csi::Volum
     let id = requested_id(req)?;
     let id_text = id.to_string();
     check_existing(b, req, &id)?;
-    if let Some((source, _)) = req.source.as_ref().and_then(ContentSource::volume) {
+    if let Some((_, source)) = req.source.as_ref().and_then(ContentSource::volume) {
         let rec = clone::create(b, req, &id, source).await?;
         return Ok(volume_of(b, &id_text, &rec, Some(&id)));
     }

@@ -294,10 +294,10 @@ impl VolumeBackend for NfsBackend {
         Ok(clone::filling_from(self, source))
     }
 
-    fn restored_from(&self, name: &str, snapshot: &str) -> Option<Content> {
+    fn restored_from(&self, name: &str, snapshot: &crate::csi::id::SnapshotId) -> Option<Content> {
         let (_, rec) = self.store.registry.by_name(name)?;
         match rec.source {
-            Some(SourceOf::Snapshot { id, content }) if id == snapshot && !rec.filling => {
+            Some(SourceOf::Snapshot { id, content }) if id == *snapshot && !rec.filling => {
                 Some(content)
             }
             _ => None,

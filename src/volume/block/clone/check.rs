@@ -6,7 +6,7 @@ use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, CopyError, Error, Result};
 use crate::os::MountEntry;
 use crate::pool::{RecordedSource, SourceOf};
-use crate::request::{self, Access, VolumeRef};
+use crate::request::{self, Access};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
 
@@ -19,12 +19,12 @@ const SOURCE_FIELD: &str = "volume_content_source.volume.volume_id";
 /// size.
 pub fn check_source(
     b: &BlockBackend,
-    source: &str,
+    (id, source): (&BlockVolumeId, &str),
     limit: u64,
     new: bool,
     access: Access,
 ) -> Result<u64> {
-    let id = local_source_id(b, source)?;
+    check_local(b, id)?;
     let rec = filled_source_record(b, source)?;
     if limit != 0 && limit < rec.capacity_bytes {
         return Err(CloneError::LimitBelowSource {
@@ -39,8 +39,7 @@ pub fn check_source(
     }
     // A filesystem source in use is copied at CreateVolume from its own mount, frozen
     // (`fill_from_mounted_source`); a raw one has no filesystem to freeze.
-    if let Some(at) = in_use(b, &id).filter(|_| new && (access == Access::Block || !rec.formatted))
-    {
+    if let Some(at) = in_use(b, id).filter(|_| new && (access == Access::Block || !rec.formatted)) {
         let e = CloneError::RawSourceInUse {
             field: SOURCE_FIELD,
             origin: source.to_owned(),
@@ -60,21 +59,17 @@ fn source_missing(source: &str) -> CloneError {
     }
 }
 
-/// The id of block volume `source`, which must be one of this node.
-fn local_source_id(b: &BlockBackend, source: &str) -> Result<BlockVolumeId> {
-    let id = match request::volume_ref(source) {
-        Ok(VolumeRef::Block(id)) => id,
-        _ => return Err(source_missing(source).into()),
-    };
+/// Block volume `id` must be one of this node.
+fn check_local(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     if id.node_id != b.node.node_id {
         return Err(CloneError::SourceOnOtherNode {
             field: SOURCE_FIELD,
-            node: id.node_id,
+            node: id.node_id.clone(),
             this: b.node.node_id.clone(),
         }
         .into());
     }
-    Ok(id)
+    Ok(())
 }
 
 /// The record of volume `source`, which must not be being deleted, nor be a clone whose
@@ -201,14 +196,14 @@ pub async fn check_clone(
                 .into());
             }
             recorded = Some(SourceOf::Snapshot {
-                id: restore.text.clone(),
+                id: restore.id.clone(),
                 content: restore.content,
             });
             restore.size_bytes
         }
-        (Source::Block(raw), None) => {
+        (Source::Block { id, label }, None) => {
             let new = b.pool.state.snapshot().by_name(&req.name).is_none();
-            check_source(b, raw, req.limit_bytes, new, access)?
+            check_source(b, (id, label), req.limit_bytes, new, access)?
         }
         (Source::Nfs { id, label }, None) => {
             clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
@@ -217,8 +212,8 @@ pub async fn check_clone(
             unreachable!("only a snapshot restores from a directory, an image or nothing")
         }
     };
-    if let Some((text, _)) = req.source.as_ref().and_then(request::ContentSource::volume) {
-        recorded = Some(SourceOf::Volume(text.to_owned()));
+    if let Some((_, id)) = req.source.as_ref().and_then(request::ContentSource::volume) {
+        recorded = Some(SourceOf::Volume(id.clone()));
     }
     let recorded = recorded.map(|of| RecordedSource {
         of,

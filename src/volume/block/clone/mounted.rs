@@ -17,7 +17,6 @@ use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host, MountEntry};
-use crate::request::{self, VolumeRef};
 use crate::volume::block::clone_source::{self, Source};
 use crate::volume::block::freeze;
 use crate::volume::block::{BlockBackend, Located};
@@ -107,17 +106,14 @@ fn mounted_source(b: &BlockBackend, raw: &str) -> Result<Option<MountedSource>> 
     let Some(source) = clone_source::of_record(&record)? else {
         return Ok(None);
     };
-    let Source::Block(src_raw) = &source else {
+    let Source::Block { id: src_id, .. } = &source else {
         return Ok(None);
     };
     if is_raw_clone(&record) || done(b, raw)? {
         return Ok(None);
     }
-    let VolumeRef::Block(src_id) = request::volume_ref(src_raw)? else {
-        return Ok(None);
-    };
     // A source whose device is not here now (a stripe not staged) is mounted nowhere.
-    let Ok(located) = b.locate(&src_id) else {
+    let Ok(located) = b.locate(src_id) else {
         return Ok(None);
     };
     let mounts = b.mounter.mount_table()?;
@@ -126,7 +122,7 @@ fn mounted_source(b: &BlockBackend, raw: &str) -> Result<Option<MountedSource>> 
         return Ok(None);
     };
     Ok(Some(MountedSource {
-        origin: src_raw.clone(),
+        origin: source.label().to_owned(),
         source,
         located,
         mounts,

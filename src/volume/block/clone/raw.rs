@@ -13,7 +13,6 @@ use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
 use crate::request::snapshot::SnapshotId;
-use crate::request::{self, VolumeRef};
 use crate::volume::block::clone_source::{self, ImageAt, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
@@ -68,13 +67,7 @@ pub(super) fn raw_fill(
 /// The block volume a raw block clone `vol` copies; any other source is refused.
 fn raw_source_id(source: &Source, vol: &Located) -> Result<BlockVolumeId> {
     match source {
-        Source::Block(raw) => match request::volume_ref(raw)? {
-            VolumeRef::Block(id) => Ok(id),
-            _ => Err(CloneError::NotABlockSource {
-                origin: raw.to_string(),
-            }
-            .into()),
-        },
+        Source::Block { id, .. } => Ok(id.clone()),
         // CreateVolume refuses it: a raw copy needs a device.
         Source::Nfs { label, .. }
         | Source::Snapshot { label, .. }
@@ -187,7 +180,10 @@ async fn open_image_at(
 ) -> Result<(std::fs::File, Option<(Anchored, SourceMount)>)> {
     let (opened, mounted) = match at {
         ImageAt::Local(id) => (open_image(id, None), None),
-        ImageAt::Nfs(nfs_dir) => {
+        ImageAt::Nfs {
+            snapshot,
+            dir: nfs_dir,
+        } => {
             clean_copy_dir(host, dir).await?;
             let m = pin(dir, "source")?;
             let from = SourceMount::Nfs {
@@ -196,15 +192,7 @@ async fn open_image_at(
             };
             from.mount(host, &m).await?;
             // Checked on what was mounted: the server resolved the path itself.
-            let id = SnapshotId::parse(label);
-            let opened = id
-                .ok_or_else(|| {
-                    SnapshotError::NotFound {
-                        id: label.to_owned(),
-                    }
-                    .into()
-                })
-                .and_then(|id| open_image(&id, Some(m.path())));
+            let opened = open_image(snapshot, Some(m.path()));
             (opened, Some((m, from)))
         }
     };

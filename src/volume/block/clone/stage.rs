@@ -10,9 +10,10 @@ use super::raw::raw_fill;
 use super::{
     copy_dir, copy_request, done, is_raw_clone, last_pass_owed, progress_path, STAGE_WAIT,
 };
+use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::os::{FsType, MountEntry};
-use crate::request::{self, Access, Capability, VolumeRef};
+use crate::request::{Access, Capability};
 use crate::volume::block::clone_source::{self, Source, SourceMount};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{Progress, Saved};
@@ -167,7 +168,7 @@ fn source_mount(
     mounts: &[MountEntry],
 ) -> Result<Option<SourceMount>> {
     match source {
-        Source::Block(src) => block_source(b, src, dir, mounts),
+        Source::Block { id, .. } => block_source(b, id, dir, mounts),
         // Unlike a block volume, an NFS directory is shared: pods on other nodes may
         // have it mounted, and this node's stage of it is a separate NFS mount, not a
         // second mount of one local superblock. It is never refused for being in use;
@@ -198,20 +199,11 @@ fn source_mount(
 /// was never formatted (nothing to copy).
 fn block_source(
     b: &BlockBackend,
-    source: &str,
+    src_id: &BlockVolumeId,
     dir: &std::path::Path,
     mounts: &[MountEntry],
 ) -> Result<Option<SourceMount>> {
-    let src_id = match request::volume_ref(source)? {
-        VolumeRef::Block(id) => id,
-        _ => {
-            return Err(CloneError::NotABlockSource {
-                origin: source.to_string(),
-            }
-            .into())
-        }
-    };
-    let mut src = b.locate(&src_id)?;
+    let mut src = b.locate(src_id)?;
     if !src.record.formatted {
         return Ok(None);
     }
