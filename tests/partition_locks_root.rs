@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::frozen::FrozenDevice;
+use gds_csi::csi::id::BlockVolumeId;
 use gds_csi::disk::gpt::kernel;
 use gds_csi::error::{Error, LayoutError};
 use gds_csi::os::{FsType, Host, RealHost};
@@ -102,9 +103,14 @@ fn req(name: &str, bytes: u64) -> AllocationRequest {
 }
 
 /// The pool device id a volume was carved from.
-async fn create(p: &Partitioned, host: &Arc<dyn Host>, name: &str, bytes: u64) -> (String, String) {
+async fn create(
+    p: &Partitioned,
+    host: &Arc<dyn Host>,
+    name: &str,
+    bytes: u64,
+) -> (BlockVolumeId, String) {
     let (id, rec) = p.allocate(host.as_ref(), &req(name, bytes)).await.unwrap();
-    (id.to_string(), rec.device_id)
+    (id, rec.device_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -455,8 +455,8 @@ async fn a_busy_device_never_stalls_a_stripe_over_other_devices() {
 
     // Delete (the shared erase path) leaves the members' partitions gone.
     let mounts = host.mount_table().unwrap();
-    for id in [id2.to_string(), id3.to_string()] {
-        s.release(&host, &id, &mounts).await.unwrap();
+    for id in [&id2, &id3] {
+        s.release(&host, id, &mounts).await.unwrap();
     }
     let left: usize = rig
         .0

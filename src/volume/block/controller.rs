@@ -134,7 +134,7 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
     crate::volume::block::clone::unmount_leftovers(b, &id.to_string()).await?;
     let mounts = b.mounter.mount_table()?;
     b.layout_of(id.layout)
-        .release(&b.mounter.host, &id.to_string(), &mounts)
+        .release(&b.mounter.host, id, &mounts)
         .await?;
     crate::volume::block::clone::forget(b, &id.to_string());
     Ok(())

@@ -27,10 +27,10 @@ impl Layout for WholeDevice {
     async fn release(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        self.pool.release(host, volume_id, mounts).await
+        self.pool.release(host, &id.to_string(), mounts).await
     }
 
     fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {

@@ -35,7 +35,7 @@ pub trait Layout: Send + Sync {
     async fn release(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()>;
     /// Where the volume's block device is now; None when it is not present; an error

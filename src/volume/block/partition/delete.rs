@@ -10,6 +10,7 @@ use tracing::info;
 
 use super::guard::settled;
 use super::{as_device, Partitioned, ZERO_CHUNK_DEADLINE};
+use crate::csi::id::BlockVolumeId;
 use crate::disk::gpt::{self, volume, Carved};
 use crate::error::{LayoutError, Result};
 use crate::os::{Host, MountEntry, Signature};
@@ -26,15 +27,15 @@ impl Partitioned {
     pub(super) async fn release_volume(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        if self.record(volume_id).is_err() {
+        if self.record(&id.to_string()).is_err() {
             return Ok(());
         }
-        let key = format!("erase:{volume_id}");
+        let key = format!("erase:{id}");
         let (this, host) = (self.clone(), Arc::clone(host));
-        let (id, mounts) = (volume_id.to_owned(), mounts.to_vec());
+        let (id, mounts) = (id.clone(), mounts.to_vec());
         let job = async move { this.release_held(&host, &id, &mounts).await };
         self.pool.jobs.run(&key, "partition-erase", job).await
     }
@@ -43,9 +44,11 @@ impl Partitioned {
     async fn release_held(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
+        let volume_id = id.to_string();
+        let volume_id = volume_id.as_str();
         let Ok(rec) = self.record(volume_id) else {
             return Ok(());
         };
@@ -59,7 +62,7 @@ impl Partitioned {
             if volume::ours(&parent.path).is_ok() {
                 self.repair_label(&parent.path).await?;
             }
-            if let Some(carved) = self.carved(volume_id, &rec, &parent.path)? {
+            if let Some(carved) = self.carved(id, &rec, &parent.path)? {
                 self.erase(host, volume_id, &rec, parent, &carved, mounts)
                     .await?;
                 self.mark_erased(volume_id)?;

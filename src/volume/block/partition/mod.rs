@@ -195,8 +195,12 @@ impl Partitioned {
     /// None when nothing was ever carved for it, or DeleteVolume already erased it and
     /// took it out of the label. A label that lacks it otherwise was changed by another
     /// tool: refused (FailedPrecondition naming the change), the record kept.
-    fn carved(&self, raw: &str, rec: &VolumeRecord, parent: &Path) -> Result<Option<Carved>> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.into()))?;
+    fn carved(
+        &self,
+        id: &BlockVolumeId,
+        rec: &VolumeRecord,
+        parent: &Path,
+    ) -> Result<Option<Carved>> {
         let Some(p) = &rec.partition else {
             // Claimed, maybe carved, crash before the record said so: by name.
             // No label of ours: nothing was carved for it (nothing to erase).
@@ -326,10 +330,10 @@ impl Layout for Partitioned {
     async fn release(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        self.release_volume(host, volume_id, mounts).await
+        self.release_volume(host, id, mounts).await
     }
 
     fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {

@@ -46,13 +46,11 @@ impl Striped {
         let mounts = host.mount_table()?;
         let name = md_name(id);
         if stripe.array_uuid.is_none() {
-            if let Some(node) = self.adopt_running(host, &raw, &rec, &mounts, &name).await? {
+            if let Some(node) = self.adopt_running(host, id, &rec, &mounts, &name).await? {
                 return Ok(node);
             }
         }
-        let members = self
-            .examined_members(host, &raw, &rec, &mounts, true)
-            .await?;
+        let members = self.examined_members(host, id, &rec, &mounts, true).await?;
         let nodes: Vec<PathBuf> = members.iter().map(|m| m.node.clone()).collect();
         let uuid = match &stripe.array_uuid {
             Some(uuid) => {
@@ -87,12 +85,13 @@ impl Striped {
     async fn adopt_running(
         &self,
         host: &dyn Host,
-        raw: &str,
+        id: &BlockVolumeId,
         rec: &VolumeRecord,
         mounts: &[MountEntry],
         name: &str,
     ) -> Result<Option<PathBuf>> {
-        let Ok(members) = self.examined_members(host, raw, rec, mounts, false).await else {
+        let raw = &id.to_string();
+        let Ok(members) = self.examined_members(host, id, rec, mounts, false).await else {
             return Ok(None);
         };
         let kernel_name = |m: &Member| m.node.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -180,13 +179,14 @@ impl Striped {
     async fn examined_members(
         &self,
         host: &dyn Host,
-        raw: &str,
+        id: &BlockVolumeId,
         rec: &VolumeRecord,
         mounts: &[MountEntry],
         must_be_free: bool,
     ) -> Result<Vec<Member>> {
+        let raw = &id.to_string();
         let stripe = stripe_of(raw, rec)?;
-        let found = self.present_members(raw, rec, mounts)?;
+        let found = self.present_members(id, rec, mounts)?;
         let mut out = Vec::new();
         for (index, m) in stripe.members.iter().enumerate() {
             let partuuid = m.partition.as_ref().map(|p| p.partuuid.as_str());

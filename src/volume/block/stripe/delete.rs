@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::{member_as_device, stripe_of, Striped};
+use crate::csi::id::BlockVolumeId;
 use crate::disk::gpt::{self, volume};
 use crate::disk::md;
 use crate::error::{LayoutError, Result};
@@ -22,15 +23,15 @@ impl Striped {
     pub(super) async fn release_volume(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        if self.record(volume_id).is_err() {
+        if self.record(&id.to_string()).is_err() {
             return Ok(());
         }
-        let key = format!("erase:{volume_id}");
+        let key = format!("erase:{id}");
         let (this, host) = (self.clone(), Arc::clone(host));
-        let (id, mounts) = (volume_id.to_owned(), mounts.to_vec());
+        let (id, mounts) = (id.clone(), mounts.to_vec());
         let job = async move { this.release_held(&host, &id, &mounts).await };
         self.pool.jobs.run(&key, "stripe-erase", job).await
     }
@@ -39,9 +40,11 @@ impl Striped {
     async fn release_held(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
+        let volume_id = id.to_string();
+        let volume_id = volume_id.as_str();
         if self.record(volume_id).is_err() {
             return Ok(());
         }
@@ -53,7 +56,7 @@ impl Striped {
         let stripe = stripe_of(volume_id, &rec)?;
         self.stop_ours(host.as_ref(), volume_id, stripe, mounts)
             .await?;
-        let members = self.present_members(volume_id, &rec, mounts)?;
+        let members = self.present_members(id, &rec, mounts)?;
         self.check_members(host.as_ref(), volume_id, stripe, &members, mounts)
             .await?;
         self.pool.state.update(|s| {

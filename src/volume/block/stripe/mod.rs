@@ -115,11 +115,11 @@ impl Striped {
     /// tool changed fails it naming the change; nothing changed either way.
     pub(crate) fn present_members(
         &self,
-        raw: &str,
+        id: &BlockVolumeId,
         rec: &VolumeRecord,
         mounts: &[MountEntry],
     ) -> Result<Vec<(PoolDevice, gpt::Carved)>> {
-        let id = BlockVolumeId::parse(raw).ok_or_else(|| Error::VolumeNotFound(raw.to_owned()))?;
+        let raw = &id.to_string();
         let stripe = stripe_of(raw, rec)?;
         let mut out = Vec::new();
         for (i, m) in stripe.members.iter().enumerate() {
@@ -205,10 +205,10 @@ impl Layout for Striped {
     async fn release(
         &self,
         host: &Arc<dyn Host>,
-        volume_id: &str,
+        id: &BlockVolumeId,
         mounts: &[MountEntry],
     ) -> Result<()> {
-        self.release_volume(host, volume_id, mounts).await
+        self.release_volume(host, id, mounts).await
     }
 
     /// The running array (NodeStage starts it first: `array::ensure_array`).
