@@ -328,11 +328,16 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let req = request::snapshot::create_snapshot(request.get_ref())?;
         let ctx = self.driver.snapshot_context()?;
-        let _guard = self
-            .driver
-            .locks
-            .try_lock(LockKey::SnapshotName(&req.name))?;
-        let snapshot = crate::snapshot::create(&ctx, &req).await?;
+        let locks = &self.driver.locks;
+        let _guard = locks.try_lock(LockKey::SnapshotName(&req.name))?;
+        // A copy this call starts holds its block source's guard to its end.
+        let source_guard = match &req.source {
+            VolumeRef::Block(_) if crate::snapshot::copy_needed(&ctx, &req.name).await? => {
+                Some(locks.try_lock(LockKey::Volume(&req.source.raw()))?)
+            }
+            _ => None,
+        };
+        let snapshot = crate::snapshot::create(&ctx, &req, source_guard).await?;
         Ok(Response::new(CreateSnapshotResponse {
             snapshot: Some(snapshot),
         }))

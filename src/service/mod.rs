@@ -123,7 +123,6 @@ impl Driver {
             snapshots,
             block: &self.block,
             nfs: self.nfs.as_ref(),
-            locks: &self.locks,
             node_id: &self.node_id,
             host: &self.block.mounter.host,
         })

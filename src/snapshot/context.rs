@@ -9,17 +9,15 @@ use super::{Manifest, Snapshots};
 use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::os::Host;
 use crate::request::snapshot::{SnapshotId, Store};
-use crate::runtime::locks::VolumeLocks;
 use crate::volume::block::BlockBackend;
 use crate::volume::nfs::NfsBackend;
 use crate::volume::snapshot_store::{self as store, SnapshotDir};
 
-/// What the snapshot calls reach: this node's snapshots, its backends and volume locks.
+/// What the snapshot calls reach: this node's snapshots and its backends.
 pub struct Context<'a> {
     pub snapshots: &'a Snapshots,
     pub block: &'a BlockBackend,
     pub nfs: Option<&'a NfsBackend>,
-    pub locks: &'a VolumeLocks,
     pub node_id: &'a str,
     /// The host port the copies mount through (the block backend's, timed).
     pub host: &'a Arc<dyn Host>,

@@ -25,6 +25,7 @@ use crate::csi;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{CreateSnapshot, SnapshotId, SnapshotRef};
 use crate::request::VolumeRef;
+use crate::runtime::locks::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
 use crate::volume::copy::Cloner;
 use take::progress_of;
@@ -240,7 +241,11 @@ fn now() -> (i64, i32) {
 
 /// CreateSnapshot, under the guard of its name: the record made once (same name: same
 /// source and store, else AlreadyExists), then the copy started or joined.
-pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snapshot> {
+pub async fn create(
+    ctx: &Context<'_>,
+    req: &CreateSnapshot,
+    source_guard: Option<VolumeGuard>,
+) -> Result<csi::Snapshot> {
     let rec = match ctx.snapshots.record(&req.name)? {
         Some(r) if r.source_volume_id != req.source => {
             return Err(SnapshotError::NameOfAnotherVolume {
@@ -275,12 +280,29 @@ pub async fn create(ctx: &Context<'_>, req: &CreateSnapshot) -> Result<csi::Snap
             rec
         }
     };
-    progress(ctx, rec).await
+    progress(ctx, rec, source_guard).await
+}
+
+/// Whether CreateSnapshot of `name` would start a copy: no ready snapshot of that name is
+/// on its store and no copy of it runs. The handler then takes the source volume's guard,
+/// which the copy job holds to its end (a job outlives the call that starts it).
+pub async fn copy_needed(ctx: &Context<'_>, name: &str) -> Result<bool> {
+    if ctx.snapshots.copies.jobs.is_running(&key(name)) {
+        return Ok(false);
+    }
+    Ok(match ctx.snapshots.record(name)? {
+        Some(rec) if rec.ready => restorable(ctx, &rec).await? != Some(true),
+        _ => true,
+    })
 }
 
 /// A record's snapshot as it stands: ready, or its copy started (or joined) and waited
 /// for a while; a copy that moved no byte for a minute is Unavailable naming the store.
-async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
+async fn progress(
+    ctx: &Context<'_>,
+    mut rec: Record,
+    source_guard: Option<VolumeGuard>,
+) -> Result<csi::Snapshot> {
     if rec.ready {
         if restorable(ctx, &rec).await? == Some(true) {
             return Ok(rec.answer());
@@ -291,7 +313,7 @@ async fn progress(ctx: &Context<'_>, mut rec: Record) -> Result<csi::Snapshot> {
         rec.ready = false;
         ctx.snapshots.store(&rec)?;
     }
-    if !take::run(ctx, &rec).await? {
+    if !take::run(ctx, &rec, source_guard).await? {
         let p = progress_of(ctx, &rec);
         let stalled = p.stalled_secs();
         if stalled >= ctx.snapshots.stall_limit.as_secs() {

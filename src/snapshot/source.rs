@@ -4,19 +4,20 @@
 use super::Context;
 use crate::error::{Error, Result, SnapshotError};
 use crate::request::VolumeRef;
-use crate::runtime::locks::{LockKey, VolumeGuard};
+use crate::runtime::locks::VolumeGuard;
 use crate::volume::{ContentView, VolumeBackend};
 
-/// What to copy from, and the source volume's guard (a block volume's), held by the copy
-/// job to its end: a job outlives the call that started it, so its handler cannot hold it.
+/// What to copy from. A block volume's copy needs its guard, which the handler took
+/// (`copy_needed`) and the job holds to its end; without it (a copy started since the
+/// handler looked) the call is Aborted as a busy volume is, and its retry takes it.
 pub(super) async fn source(
     ctx: &Context<'_>,
     volume: &VolumeRef,
+    guard: Option<VolumeGuard>,
 ) -> Result<(ContentView, Option<VolumeGuard>)> {
     match volume {
         VolumeRef::Block(id) => {
-            let raw = volume.raw();
-            let guard = ctx.locks.try_lock(LockKey::Volume(&raw))?;
+            let guard = guard.ok_or_else(|| Error::Busy(volume.raw()))?;
             Ok((ctx.block.content_view(id).await?, Some(guard)))
         }
         VolumeRef::Nfs(id) => Ok((ctx.nfs()?.content_view(id).await?, None)),

@@ -73,7 +73,11 @@ pub(super) fn progress_of(ctx: &Context<'_>, rec: &Record) -> Arc<Progress> {
 
 /// Joins the record's copy or starts it, waiting at most the create wait: true when it
 /// ended well, false while it still runs (the job goes on).
-pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<bool> {
+pub(super) async fn run(
+    ctx: &Context<'_>,
+    rec: &Record,
+    source_guard: Option<VolumeGuard>,
+) -> Result<bool> {
     let k = key(&rec.name);
     let progress = progress_of(ctx, rec);
     let wait = ctx.snapshots.create_wait;
@@ -83,15 +87,20 @@ pub(super) async fn run(ctx: &Context<'_>, rec: &Record) -> Result<bool> {
         Ok(None) => {}
         Err(_) => return Ok(false),
     }
-    let work = job(ctx, rec, progress).await?;
+    let work = job(ctx, rec, progress, source_guard).await?;
     match tokio::time::timeout(wait, jobs.run(&k, "snapshot", work.run())).await {
         Ok(outcome) => outcome.map(|()| true),
         Err(_) => Ok(false),
     }
 }
 
-async fn job(ctx: &Context<'_>, rec: &Record, progress: Arc<Progress>) -> Result<Job> {
-    let (from, guard) = source(ctx, &rec.source_volume_id).await?;
+async fn job(
+    ctx: &Context<'_>,
+    rec: &Record,
+    progress: Arc<Progress>,
+    source_guard: Option<VolumeGuard>,
+) -> Result<Job> {
+    let (from, guard) = source(ctx, &rec.source_volume_id, source_guard).await?;
     let store = prepare_dir(ctx, &rec.id, &rec.name).await?;
     Ok(Job {
         host: Arc::clone(ctx.host),
