@@ -73,7 +73,7 @@ impl ControllerService {
             let volume =
                 crate::volume::block::controller::create(&d.block, &create, d.nfs.as_ref()).await?;
             if let Some(restore) = &create.restore {
-                if !crate::volume::block::clone::done(&d.block, &volume.volume_id)? {
+                if !crate::volume::block::fill::done(&d.block, &volume.volume_id)? {
                     let ctx = d.snapshot_context()?;
                     crate::snapshot::restore::mark(&ctx, restore, &volume.volume_id).await?;
                 }

@@ -2,7 +2,7 @@
 //! gets it read from the snapshot's store first (the service does it, before any
 //! backend allocates), so any node that reaches the store restores it, whichever node
 //! took it. A block volume is then filled at its first NodeStage as a clone of an NFS
-//! directory is (`block::clone`, from the snapshot's `tree/`), an NFS volume at its
+//! directory is (`block::fill`, from the snapshot's `tree/`), an NFS volume at its
 //! CreateVolume (`nfs::clone`).
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! A block volume's content as another part of the driver reads it (a snapshot's copy):
 //! how it can be read now, and what it was filled from.
 
-use super::{clone, clone_source, BlockBackend};
+use super::{fill, BlockBackend};
 use crate::csi::id::SnapshotId;
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Result, SnapshotError};
@@ -40,7 +40,7 @@ pub fn view(b: &BlockBackend, id: &BlockVolumeId) -> Result<ContentView> {
     let dev = (vol.device.major, vol.device.minor);
     let mounts = b.mounter.mount_table()?;
     let staged = b.mounter.filesystem_root(&mounts, dev.0, dev.1);
-    let in_use = || clone::in_use(b, id);
+    let in_use = || fill::in_use(b, id);
     Ok(match (rec.formatted, staged) {
         (true, Some(at)) => ContentView::Mounted {
             at,
@@ -81,7 +81,7 @@ fn readable_record(b: &BlockBackend, raw: &str) -> Result<VolumeRecord> {
         }
         .into());
     }
-    if clone_source::of_record(&rec)?.is_some() && !clone::done(b, raw)? {
+    if fill::source::of_record(&rec)?.is_some() && !fill::done(b, raw)? {
         return Err(SnapshotError::SourceNotFilled {
             volume: raw.to_owned(),
         }
@@ -99,7 +99,7 @@ pub fn restored_from(b: &BlockBackend, name: &str, snapshot: &SnapshotId) -> Opt
         Some(SourceOf::Snapshot { id, content }) if id == snapshot => *content,
         _ => return None,
     };
-    clone::done(b, &volume_id.to_string())
+    fill::done(b, &volume_id.to_string())
         .ok()?
         .then_some(content)
 }

@@ -26,7 +26,7 @@ impl BlockBackend {
             capacity_bytes: rec.capacity_bytes as i64,
             volume_id: id.to_owned(),
             volume_context: volume_context(rec),
-            content_source: crate::volume::block::clone::content_source(rec),
+            content_source: crate::volume::block::fill::content_source(rec),
             accessible_topology: vec![csi::Topology {
                 segments: self.node.segment(),
             }],
@@ -83,7 +83,7 @@ pub async fn create(
     // A clone: at least what its source needs (a block source on its node),
     // refused before anything is allocated when the limit cannot hold it.
     let (required_bytes, source) =
-        match crate::volume::block::clone::check_clone(b, req, nfs).await? {
+        match crate::volume::block::fill::check_clone(b, req, nfs).await? {
             Some((size, recorded)) => (fitted.max(size), recorded),
             None => (fitted, None),
         };
@@ -116,7 +116,7 @@ pub async fn create(
             e => e,
         })?;
     // A source in use: its clone is copied now, while CreateVolume is its point in time.
-    crate::volume::block::clone::fill_from_mounted_source(b, &id).await?;
+    crate::volume::block::fill::fill_from_mounted_source(b, &id).await?;
     Ok(b.volume(&id.to_string(), &rec))
 }
 
@@ -130,13 +130,13 @@ pub async fn delete(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
         .into());
     }
     b.check_ready()?;
-    crate::volume::block::clone::refuse_unfilled_clones(b, &id.to_string())?;
-    crate::volume::block::clone::unmount_leftovers(b, &id.to_string()).await?;
+    crate::volume::block::fill::refuse_unfilled_clones(b, &id.to_string())?;
+    crate::volume::block::fill::unmount_leftovers(b, &id.to_string()).await?;
     let mounts = b.mounter.mount_table()?;
     b.layout_of(id.layout)
         .release(&b.mounter.host, id, &mounts)
         .await?;
-    crate::volume::block::clone::forget(b, &id.to_string());
+    crate::volume::block::fill::forget(b, &id.to_string());
     Ok(())
 }
 
@@ -156,8 +156,7 @@ pub fn validate(
                 "multi-node access modes are not supported by node-local block volumes",
             );
         };
-        if parsed.access == request::Access::Mount
-            && crate::volume::block::clone::is_raw_clone(&rec)
+        if parsed.access == request::Access::Mount && crate::volume::block::fill::is_raw_clone(&rec)
         {
             return unconfirmed("the volume is a raw block clone: block access only");
         }

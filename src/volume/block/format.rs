@@ -1,7 +1,7 @@
 //! Format once: a block volume's device gets a filesystem only when it is provably this
 //! volume's and blank (a full signature probe that succeeded and found nothing, mkfs never
 //! completed for it). The one format step of staging, used by the NodeStage pipeline
-//! (`stage.rs`), the fill step (`fill.rs`) and a clone copied at CreateVolume.
+//! (`stage.rs`), the fill step (`fill/`) and a clone copied at CreateVolume.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,8 +3,6 @@
 //! survives a plugin restart. Where a volume's device comes from is its layout
 //! (`layout.rs`; the whole device, `device.rs`, today).
 
-pub mod clone;
-pub mod clone_source;
 mod content;
 pub mod controller;
 pub mod device;
@@ -308,7 +306,7 @@ impl VolumeBackend for BlockBackend {
     }
 
     fn filling_from(&self, source: &str) -> Result<Vec<String>> {
-        let clones = clone::unfilled_clones_of(self, source)?;
+        let clones = fill::unfilled_clones_of(self, source)?;
         Ok(clones.iter().map(ToString::to_string).collect())
     }
 

@@ -7,7 +7,7 @@
 //! streams, keeps modes, owners, times, symlinks (never followed), hard links and
 //! holes, records its progress in the state dir so a restarted driver resumes, and runs
 //! as a job (`src/runtime/jobs.rs`) so a NodeStage that gives up leaves it running and the
-//! retry joins it (`Cloner`). `block/clone/` is the block backend's hook: the source volume
+//! retry joins it (`Cloner`). `block/fill/` is the block backend's hook: the source volume
 //! mounted read-only in a private directory, the target after mkfs. A raw block clone is
 //! copied device to device instead (`raw`), with the same record, jobs and progress.
 

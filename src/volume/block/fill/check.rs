@@ -1,144 +1,14 @@
 //! CreateVolume of a clone: its source checked and its kind told before anything is
 //! allocated; DeleteVolume of a source refused while a clone of it is not filled.
 
-use super::{done, is_raw_clone};
+use super::done;
+use super::volume::check_source;
 use crate::csi::id::BlockVolumeId;
-use crate::error::{CloneError, CopyError, Error, Result};
-use crate::os::MountEntry;
+use crate::error::{CloneError, Error, Result};
 use crate::pool::{RecordedSource, SourceOf};
 use crate::request::{self, Access};
-use crate::volume::block::clone_source::{self, Source};
-use crate::volume::block::{BlockBackend, Located};
-
-const SOURCE_FIELD: &str = "volume_content_source.volume.volume_id";
-
-/// CreateVolume with `volume_content_source.volume` naming a block volume: the source
-/// must be a block volume of this node, not being deleted or filled itself, fit `limit`
-/// (0: none), and when the clone is `new` (a repeated CreateVolume answers what it made)
-/// be of the clone's `access` and not in use. Returns its capacity, the clone's smallest
-/// size.
-pub fn check_source(
-    b: &BlockBackend,
-    (id, source): (&BlockVolumeId, &str),
-    limit: u64,
-    new: bool,
-    access: Access,
-) -> Result<u64> {
-    check_local(b, id)?;
-    let rec = filled_source_record(b, source)?;
-    if limit != 0 && limit < rec.capacity_bytes {
-        return Err(CloneError::LimitBelowSource {
-            origin: source.to_owned(),
-            bytes: rec.capacity_bytes,
-            limit,
-        }
-        .into());
-    }
-    if new {
-        same_access(source, &rec, access)?;
-    }
-    // A filesystem source in use is copied at CreateVolume from its own mount, frozen
-    // (`fill_from_mounted_source`); a raw one has no filesystem to freeze.
-    if let Some(at) = in_use(b, id).filter(|_| new && (access == Access::Block || !rec.formatted)) {
-        let e = CloneError::RawSourceInUse {
-            field: SOURCE_FIELD,
-            origin: source.to_owned(),
-            at,
-        }
-        .into();
-        crate::metrics::clone::failed(&e);
-        return Err(e);
-    }
-    Ok(rec.capacity_bytes)
-}
-
-fn source_missing(source: &str) -> CloneError {
-    CloneError::SourceMissing {
-        field: SOURCE_FIELD,
-        origin: source.to_owned(),
-    }
-}
-
-/// Block volume `id` must be one of this node.
-fn check_local(b: &BlockBackend, id: &BlockVolumeId) -> Result<()> {
-    if id.node_id != b.node.node_id {
-        return Err(CloneError::SourceOnOtherNode {
-            field: SOURCE_FIELD,
-            node: id.node_id.clone(),
-            this: b.node.node_id.clone(),
-        }
-        .into());
-    }
-    Ok(())
-}
-
-/// The record of volume `source`, which must not be being deleted, nor be a clone whose
-/// own copy has not finished.
-fn filled_source_record(b: &BlockBackend, source: &str) -> Result<crate::pool::VolumeRecord> {
-    let rec = b
-        .pool
-        .state
-        .snapshot()
-        .get(source)
-        .cloned()
-        .ok_or_else(|| source_missing(source))?;
-    if rec.deleting {
-        return Err(CloneError::SourceDeleting {
-            field: SOURCE_FIELD,
-            origin: source.to_owned(),
-        }
-        .into());
-    }
-    if clone_source::of_record(&rec)?.is_some() && !done(b, source)? {
-        return Err(CloneError::SourceNotFilled {
-            field: SOURCE_FIELD,
-            origin: source.to_owned(),
-        }
-        .into());
-    }
-    Ok(rec)
-}
-
-/// A raw block clone is made of a raw block source and a filesystem clone of a
-/// filesystem source, as Kubernetes asks (a claim is cloned only from a claim of its
-/// volumeMode). A source that holds a filesystem of ours, or is a raw block clone, shows
-/// its kind; one never staged with a filesystem may be either and is copied as asked.
-fn same_access(source: &str, rec: &crate::pool::VolumeRecord, access: Access) -> Result<()> {
-    match access {
-        Access::Block if rec.formatted => Err(Error::invalid(
-            "volume_capabilities",
-            format!(
-                "the source volume {source} holds an {} filesystem (it is used with mount \
-                 access): a raw block clone copies a raw block volume; ask for mount access, \
-                 as the source's (Kubernetes: volumeMode: Filesystem)",
-                rec.fs_type.as_str()
-            ),
-        )),
-        Access::Mount if is_raw_clone(rec) => Err(Error::invalid(
-            "volume_capabilities",
-            format!(
-                "the source volume {source} is a raw block clone (used with block access): \
-                 its clone is one too; ask for block access, as the source's (Kubernetes: \
-                 volumeMode: Block)"
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Where the volume's device is staged or held now; None when nothing uses it (or its
-/// device cannot be found, so nothing can).
-pub(crate) fn in_use(b: &BlockBackend, id: &BlockVolumeId) -> Option<String> {
-    let dev = b.mounted_device(id).ok()?;
-    let mounts = b.mounter.mount_table().ok()?;
-    let uses = b.pool.uses(&dev, &mounts);
-    (!uses.is_empty()).then(|| {
-        uses.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    })
-}
+use crate::volume::block::fill::source::{self, Source};
+use crate::volume::block::BlockBackend;
 
 /// Block clones of `source` recorded but not filled yet.
 pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<BlockVolumeId>> {
@@ -179,7 +49,7 @@ pub async fn check_clone(
     req: &request::CreateVolume<'_>,
     nfs: Option<&crate::volume::nfs::NfsBackend>,
 ) -> Result<Option<(u64, Option<RecordedSource>)>> {
-    let Some(source) = clone_source::requested(req)? else {
+    let Some(source) = source::requested(req)? else {
         return Ok(None);
     };
     let access = clone_access(req, &source)?;
@@ -206,7 +76,7 @@ pub async fn check_clone(
             check_source(b, (id, label), req.limit_bytes, new, access)?
         }
         (Source::Nfs { id, label }, None) => {
-            clone_source::check_nfs(nfs, id, label, req.limit_bytes).await?
+            super::nfs::check_nfs(nfs, id, label, req.limit_bytes).await?
         }
         (Source::Snapshot { .. } | Source::Empty { .. } | Source::Image { .. }, None) => {
             unreachable!("only a snapshot restores from a directory, an image or nothing")
@@ -256,34 +126,6 @@ pub fn clone_access(req: &request::CreateVolume<'_>, source: &Source) -> Result<
     }
 }
 
-/// The volume's device is mounted nowhere but (after a killed driver) in the copy's
-/// private `dir`, if it has one.
-pub(super) fn refuse_in_use(
-    b: &BlockBackend,
-    vol: &Located,
-    dir: Option<&std::path::Path>,
-    mounts: &[MountEntry],
-    what: &str,
-) -> Result<()> {
-    let uses = b.pool.uses(&vol.device, mounts);
-    let private = |at: &std::path::Path| dir.is_some_and(|d| at.starts_with(d));
-    let elsewhere: Vec<String> = uses
-        .iter()
-        .filter(|u| !matches!(u, crate::os::DeviceUse::Mounted(at) if private(at)))
-        .map(|u| u.to_string())
-        .collect();
-    if elsewhere.is_empty() {
-        return Ok(());
-    }
-    Err(CopyError::InUse {
-        what: format!("the {what} volume {}", vol.id),
-        uses: elsewhere.join(", "),
-        fix: "a clone is copied only from and into volumes nothing has staged, so the copy \
-              is consistent: stop what uses it; the kubelet's retry then copies",
-    }
-    .into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,7 +161,7 @@ mod tests {
     fn access(source: &str, caps: &[bool]) -> Result<Access> {
         let req = clone_of(source, caps);
         let req = request::create_volume(&req)?;
-        let source = clone_source::requested(&req)?.expect("a clone");
+        let source = source::requested(&req)?.expect("a clone");
         clone_access(&req, &source)
     }
 

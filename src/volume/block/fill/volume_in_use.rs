@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::check::refuse_in_use;
 use super::files::open_dir;
+use super::volume::refuse_in_use;
 use super::{
     copy_dir, copy_request, count_outcome, done, is_raw_clone, last_pass_owed, on_blocking_pool,
     progress_path, record_not_filled, short, STAGE_WAIT,
@@ -17,7 +17,7 @@ use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host, MountEntry};
-use crate::volume::block::clone_source::{self, Source};
+use crate::volume::block::fill::source::{self, Source};
 use crate::volume::block::freeze;
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress};
@@ -103,7 +103,7 @@ fn mounted_source(b: &BlockBackend, raw: &str) -> Result<Option<MountedSource>> 
     let Some(record) = b.pool.state.snapshot().get(raw).cloned() else {
         return Ok(None);
     };
-    let Some(source) = clone_source::of_record(&record)? else {
+    let Some(source) = source::of_record(&record)? else {
         return Ok(None);
     };
     let Source::Block { id: src_id, .. } = &source else {

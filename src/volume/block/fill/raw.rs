@@ -7,13 +7,14 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::check::refuse_in_use;
+use super::volume::refuse_in_use;
 use super::{copy_dir, count_outcome, on_blocking_pool, verify_of};
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{CloneError, Error, Result, SnapshotError};
 use crate::os::{Anchored, Host};
 use crate::request::snapshot::SnapshotId;
-use crate::volume::block::clone_source::{self, ImageAt, Source, SourceMount};
+use crate::volume::block::fill::mount::SourceMount;
+use crate::volume::block::fill::source::{ImageAt, Source};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::raw::{DeviceAt, RawCopyRequest};
 use crate::volume::copy::Progress;
@@ -212,7 +213,7 @@ async fn open_image_at(
 /// directory mounted at `mounted`): a regular file, never a link to one elsewhere.
 fn open_image(id: &SnapshotId, mounted: Option<&Path>) -> Result<std::fs::File> {
     let dir = match mounted {
-        None => clone_source::local_snapshot(id)?,
+        None => super::snapshot::local_snapshot(id)?,
         Some(at) => {
             crate::volume::snapshot_store::open_ready(at, "", &id.to_string(), &id.location())?
         }

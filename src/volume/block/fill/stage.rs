@@ -3,18 +3,19 @@
 
 use std::sync::Arc;
 
-use super::check::refuse_in_use;
-use super::copy_mounts::take_down_idle_leftovers;
 use super::files::fill;
+use super::leftovers::take_down_idle_leftovers;
 use super::raw::raw_fill;
+use super::volume::block_source;
+use super::volume::refuse_in_use;
 use super::{
     copy_dir, copy_request, done, is_raw_clone, last_pass_owed, progress_path, STAGE_WAIT,
 };
-use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::os::{FsType, MountEntry};
 use crate::request::{Access, Capability};
-use crate::volume::block::clone_source::{self, Source, SourceMount};
+use crate::volume::block::fill::mount::SourceMount;
+use crate::volume::block::fill::source::{self, Source};
 use crate::volume::block::{BlockBackend, Located};
 use crate::volume::copy::{Progress, Saved};
 
@@ -39,7 +40,7 @@ impl Pending {
 /// that finished while this call waited for it.
 pub async fn pending(b: &BlockBackend, vol: &Located, cap: &Capability) -> Result<Option<Pending>> {
     let raw = vol.id.to_string();
-    let Some(source) = clone_source::of_record(&vol.record)? else {
+    let Some(source) = source::of_record(&vol.record)? else {
         return Ok(None);
     };
     let raw_clone = is_raw_clone(&vol.record);
@@ -193,25 +194,4 @@ fn source_mount(
         }
         .into()),
     }
-}
-
-/// A block source: mounted nowhere but in `dir`, and still its own device. None when it
-/// was never formatted (nothing to copy).
-fn block_source(
-    b: &BlockBackend,
-    src_id: &BlockVolumeId,
-    dir: &std::path::Path,
-    mounts: &[MountEntry],
-) -> Result<Option<SourceMount>> {
-    let mut src = b.locate(src_id)?;
-    if !src.record.formatted {
-        return Ok(None);
-    }
-    refuse_in_use(b, &src, Some(dir), mounts, "source")
-        .inspect_err(crate::metrics::clone::failed)?;
-    b.verify_located(&mut src)?;
-    Ok(Some(SourceMount::Device {
-        dev: src.device.path.clone(),
-        fs: src.record.fs_type,
-    }))
 }

@@ -9,7 +9,7 @@ use super::{count_outcome, on_blocking_pool, record_not_filled};
 use crate::error::{Error, Result};
 use crate::metrics::clone::Cause;
 use crate::os::{FsType, Host};
-use crate::volume::block::clone_source::SourceMount;
+use crate::volume::block::fill::mount::SourceMount;
 use crate::volume::copy::{copy_tree, CopyRequest, Progress, Saved};
 use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 

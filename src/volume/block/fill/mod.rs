@@ -1,13 +1,25 @@
-//! Block → block clones on one node: CreateVolume checks the source and records it in
-//! the clone's volume record (`pool::RecordedSource`, with whether the clone is a raw
-//! block one, written with the allocation, so no crash leaves a clone without its source
-//! or its kind); the first NodeStage fills the volume before anything can publish it.
+//! Where a block volume gets its data: the one fill step of a block NodeStage (and of a
+//! raw block NodePublish, which a CO may call on a volume staged before a clone of it
+//! existed). A volume whose record names a content source it does not hold yet is filled
+//! and verified here, before anything mounts or binds it; a filesystem fill formats the
+//! volume first, through the one format step of staging. CreateVolume checks the source
+//! and records it with the allocation (`pool::RecordedSource`, with whether the fill is a
+//! raw block one), so no crash leaves a volume without its source or its kind.
 //!
-//! Two kinds, as the clone's access type asks (Kubernetes' external-provisioner clones a
-//! claim only from one of the same volumeMode, and CreateVolume refuses what it can tell
-//! is the other kind): a filesystem clone is formatted and filled file by file through
-//! its filesystem before it is mounted at the staging path; a raw block clone is the
-//! source device's bytes copied onto its own (`copy::raw`), no filesystem made.
+//! One file per source kind, beside what they share: `volume.rs` (another block volume of
+//! this node) and `volume_in_use.rs` (one staged here, copied from its own mount),
+//! `nfs.rs` (a directory on an NFS export: an NFS volume of this driver), `dataset.rs`
+//! (the class's dataset), `snapshot.rs` (a snapshot's tree, image or nothing); `raw.rs`
+//! copies bytes (a raw block volume's device, a raw snapshot's image); `source.rs` names
+//! the kinds, `mount.rs` mounts one read-only in the volume's private directory; `check.rs`
+//! holds the CreateVolume checks every kind passes, `stage.rs` the NodeStage step,
+//! `files.rs` the copy of a file tree, `leftovers.rs` the mounts a killed copy left.
+//!
+//! Two kinds of fill, as the volume's access type asks (Kubernetes' external-provisioner
+//! clones a claim only from one of the same volumeMode, and CreateVolume refuses what it
+//! can tell is the other kind): a filesystem volume is formatted and filled file by file
+//! through its filesystem before it is mounted at the staging path; a raw block volume
+//! gets the source's bytes (`copy::raw`), no filesystem made.
 //!
 //! What is safe to copy from: a source volume that nothing has staged, mounted or
 //! published, copied at the clone's first NodeStage; or a filesystem source staged here,
@@ -21,28 +33,77 @@
 //! waits for or is refused until the copy ends.
 
 mod check;
-mod copy_mounts;
+mod dataset;
 mod files;
-mod mounted;
+mod leftovers;
+pub mod mount;
+mod nfs;
 mod raw;
+mod snapshot;
+pub mod source;
 mod stage;
+mod volume;
+mod volume_in_use;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Result};
 use crate::request;
-use crate::volume::block::clone_source::Source;
+use crate::request::{Access, Capability};
+use crate::volume::block::fill::source::Source;
 use crate::volume::block::BlockBackend;
+use crate::volume::block::{format, Located};
 use crate::volume::copy::{CopyRequest, Progress, Saved, Verify};
 
-pub(crate) use check::in_use;
-pub use check::{
-    check_clone, check_source, clone_access, refuse_unfilled_clones, unfilled_clones_of,
-};
-pub use copy_mounts::unmount_leftovers;
-pub use mounted::fill_from_mounted_source;
+pub use check::{check_clone, clone_access, refuse_unfilled_clones, unfilled_clones_of};
+pub use leftovers::unmount_leftovers;
 pub use stage::{pending, run, Pending};
+pub(crate) use volume::in_use;
+pub use volume_in_use::fill_from_mounted_source;
+
+/// Fills `vol` when it has a content source it does not hold yet; Ok at once otherwise.
+pub async fn fill(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Result<()> {
+    let Some(pending) = pending(b, vol, cap).await? else {
+        return Ok(());
+    };
+    let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
+    if pending.needs_filesystem() {
+        format::format_if_blank(b, vol, fs).await?;
+    }
+    run(b, vol, fs, pending).await
+}
+
+/// NodeStage of a clone's source: its clones not filled yet take their copy first, so
+/// each holds the source as it was at the clone's CreateVolume (which refuses a source in
+/// use; nothing could write the source since). A source in use already is a repeated
+/// NodeStage: its clones are left to their own NodeStage.
+pub async fn fill_clones_of(b: &BlockBackend, source: &BlockVolumeId) -> Result<()> {
+    let raw = source.to_string();
+    let clones = unfilled_clones_of(b, &raw)?;
+    if clones.is_empty() || in_use(b, source).is_some() {
+        return Ok(());
+    }
+    for clone in clones {
+        let mut vol = b.locate(&clone)?;
+        let access = if is_raw_clone(&vol.record) {
+            Access::Block
+        } else {
+            Access::Mount
+        };
+        let cap = Capability {
+            access,
+            fs_type: Some(vol.record.fs_type),
+            mount_flags: Vec::new(),
+            read_only_mode: false,
+            single_writer: false,
+        };
+        tracing::info!(volume_id = %raw, clone = %clone, "filling a clone of this volume before it is staged");
+        fill(b, &mut vol, &cap).await?;
+    }
+    Ok(())
+}
 
 /// Whether the record is a raw block clone's: its source's bytes, no filesystem of its
 /// own.
