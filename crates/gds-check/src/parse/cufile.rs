@@ -25,8 +25,15 @@ pub struct CufileConfig {
     pub nfs_rdma_dev_addr_list: Vec<String>,
     pub posix_unaligned_writes: Option<bool>,
     pub denylist: Denylist,
-    /// `block.nvme.use_pci_p2pdma` in newer files.
+    /// The per-route P2PDMA keys: `block.nvme.use_pci_p2pdma` (local NVMe) and
+    /// `block.raid.use_pci_p2pdma` (md RAID0). libcufile 1.20.0.107 names both among its config
+    /// keys (`strings libcufile.so.0`: `block.raid.use_pci_p2pdma`, `block.raid1...`,
+    /// `block.raid10...`, `block.nvme...`, `block.nvmeof.use_pci_p2pdma`; with the log line "has
+    /// P2PDMA flag but RAID PCI P2PDMA is disabled"), and NVIDIA's gds-diag wants the route's
+    /// key beside `properties.use_pci_p2pdma` (MagnumIO gds-diag/checks/fs_matrix.py,
+    /// `P2PDMA_SUPPORTED_ROUTE_KEYS`). NVIDIA's cufile.json reference does not list them yet.
     pub nvme_use_pci_p2pdma: Option<bool>,
+    pub raid_use_pci_p2pdma: Option<bool>,
     pub logging_dir: Option<String>,
     #[serde(skip)]
     pub raw: Value,
@@ -40,6 +47,12 @@ impl CufileConfig {
 
     pub fn p2pdma_enabled(&self) -> bool {
         self.use_pci_p2pdma == Some(true) || self.nvme_use_pci_p2pdma == Some(true)
+    }
+
+    /// md RAID0 over P2PDMA is asked for by its own key only, off when absent (gds-diag
+    /// checks/cufile_config.py `CONFIG_SCHEMA`: `block.raid.use_pci_p2pdma`, default false).
+    pub fn raid_p2pdma_enabled(&self) -> bool {
+        self.raid_use_pci_p2pdma == Some(true)
     }
 }
 
@@ -112,6 +125,7 @@ pub fn parse_cufile_json(text: &str) -> Result<CufileConfig, ParseError> {
             filesystems: get_strings(&raw, &["denylist", "filesystems"])?,
         },
         nvme_use_pci_p2pdma: get_bool(&raw, &["block", "nvme", "use_pci_p2pdma"])?,
+        raid_use_pci_p2pdma: get_bool(&raw, &["block", "raid", "use_pci_p2pdma"])?,
         logging_dir: at(&raw, &["logging", "dir"])
             .and_then(Value::as_str)
             .map(str::to_string),
@@ -185,5 +199,51 @@ mod tests {
         assert!(parse_cufile_json("{\"properties\": {\"allow_compat_mode\": \"yes\"}}").is_err());
         assert!(parse_cufile_json("{\"denylist\": {\"mounts\": \"/x\"}}").is_err());
         assert!(parse_cufile_json("{garbage").is_err());
+    }
+
+    /// Both route keys: true, false, absent (None: libcufile's default) and null read as
+    /// absent; any other type is an error naming the key.
+    #[test]
+    fn route_keys_true_false_absent_wrong_type() {
+        let parse = |block: &str| parse_cufile_json(&format!(r#"{{ "block": {block} }}"#));
+        for (route, get) in [
+            (
+                "nvme",
+                (|c: &CufileConfig| c.nvme_use_pci_p2pdma) as fn(&CufileConfig) -> _,
+            ),
+            ("raid", |c: &CufileConfig| c.raid_use_pci_p2pdma),
+        ] {
+            for (v, want) in [("true", Some(true)), ("false", Some(false)), ("null", None)] {
+                let c = parse(&format!(r#"{{ "{route}": {{ "use_pci_p2pdma": {v} }} }}"#)).unwrap();
+                assert_eq!(get(&c), want, "{route} {v}");
+            }
+            assert_eq!(
+                get(&parse(&format!(r#"{{ "{route}": {{}} }}"#)).unwrap()),
+                None
+            );
+            assert_eq!(get(&parse("{}").unwrap()), None);
+            for v in [r#""true""#, "1", "[true]"] {
+                let e = parse(&format!(r#"{{ "{route}": {{ "use_pci_p2pdma": {v} }} }}"#))
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains(&format!("block.{route}.use_pci_p2pdma")), "{e}");
+            }
+        }
+    }
+
+    /// The RAID key enables md RAID0 only; the NVMe keys do not stand in for it, nor it for them.
+    #[test]
+    fn raid_key_is_its_own() {
+        let c =
+            parse_cufile_json(r#"{ "block": { "raid": { "use_pci_p2pdma": true } } }"#).unwrap();
+        assert!(c.raid_p2pdma_enabled());
+        assert!(!c.p2pdma_enabled());
+        let c = parse_cufile_json(
+            r#"{ "properties": { "use_pci_p2pdma": true },
+                 "block": { "nvme": { "use_pci_p2pdma": true }, "raid": { "use_pci_p2pdma": false } } }"#,
+        )
+        .unwrap();
+        assert!(c.p2pdma_enabled());
+        assert!(!c.raid_p2pdma_enabled());
     }
 }
