@@ -255,6 +255,46 @@ fn p2pdma_mode_counts_without_nvidia_fs() {
     assert_eq!(get(&c, "nvidia_fs.module").status, Status::Fail);
 }
 
+/// On a kernel that may carry nvme-multipath P2PDMA (7.1 or newer), `nvme_core multipath=N`
+/// is no longer required: multipath heads are judged per volume and the cuFile probe decides.
+/// On an older kernel it stays required, and the failure names both ways out.
+#[test]
+fn p2pdma_multipath_on_needs_a_kernel_with_multipath_p2pdma() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#,
+    )
+    .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    p2pdma_host(&h);
+    h.write("sys/module/nvme_core/parameters/multipath", "Y\n");
+    for (release, status) in [
+        ("7.2.0-rc1\n", Status::Pass),
+        ("7.1.0\n", Status::Pass),
+        ("7.0.9\n", Status::Fail),
+        ("6.8.0-45-generic\n", Status::Fail),
+    ] {
+        h.write("proc/sys/kernel/osrelease", release);
+        let c = node_checks(&h.paths, Backend::Nvme);
+        let p = get(&c, "nvme.p2pdma");
+        assert_eq!(p.status, status, "{release}: {p:#?}");
+        if status == Status::Pass {
+            assert!(
+                p.evidence.contains("the cuFile probe decides"),
+                "{}",
+                p.evidence
+            );
+        } else {
+            assert!(
+                p.evidence
+                    .contains("nvme_core multipath=N (or a kernel 7.1 or newer"),
+                "{}",
+                p.evidence
+            );
+        }
+    }
+}
+
 #[test]
 fn cufile_force_compat_and_denylisted_driver_fail() {
     let h = Host::new();

@@ -32,7 +32,8 @@ struct Findings {
 /// counts and the version is evidence only); 14.2 a supported GPU; the open GPU kernel modules
 /// 565 or newer ("GDS Support for NVMe Drives Using Linux PCI P2PDMA", 3.4); 14.3 the driver
 /// registry `RMForceStaticBar1=1;RmForceDisableIomapWC=1` (x86 only) and
-/// `nvme_core multipath=N`; and `use_pci_p2pdma: true` in cufile.json.
+/// `nvme_core multipath=N` (not on a kernel that may carry nvme-multipath P2PDMA); and
+/// `use_pci_p2pdma: true` in cufile.json.
 pub(super) fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
     let mut f = Findings::default();
     kernel_item(paths, &mut f);
@@ -42,14 +43,7 @@ pub(super) fn p2pdma_state(paths: &HostPaths, cfg: &CufileState) -> P2p {
     if cfg!(target_arch = "x86_64") {
         registry_item(paths, &mut f);
     }
-    let mp = read_trim(&paths.sys("module/nvme_core/parameters/multipath"));
-    f.ev.push(format!(
-        "nvme_core multipath={}",
-        mp.as_deref().unwrap_or("?")
-    ));
-    if mp.as_deref() != Some("N") {
-        f.missing.push("nvme_core multipath=N");
-    }
+    multipath_item(paths, &mut f);
     let enabled = matches!(cfg, CufileState::Ok(c) if c.p2pdma_enabled());
     f.ev.push(format!("use_pci_p2pdma in cufile.json: {enabled}"));
     if !enabled {
@@ -72,6 +66,32 @@ fn kernel_item(paths: &HostPaths, f: &mut Findings) {
     if !has_sym {
         f.missing
             .push("p2pdma_pgmap_ops in /proc/kallsyms (a kernel built with CONFIG_PCI_P2PDMA)");
+    }
+}
+
+/// 14.3 `nvme_core multipath=N`: "NVMe Multipathing is currently not enabled with PCI P2PDMA in
+/// the upstream driver". A kernel that may carry nvme-multipath P2PDMA needs it no longer: there
+/// a multipath head is judged per volume (`volume.p2pdma`) and the strict cuFile probe decides.
+fn multipath_item(paths: &HostPaths, f: &mut Findings) {
+    let mp = read_trim(&paths.sys("module/nvme_core/parameters/multipath"));
+    f.ev.push(format!(
+        "nvme_core multipath={}",
+        mp.as_deref().unwrap_or("?")
+    ));
+    if mp.as_deref() == Some("N") {
+        return;
+    }
+    let k = stacked_p2pdma_kernel(paths);
+    if k.may_support {
+        f.ev.push(format!(
+            "{} may carry P2PDMA on nvme-multipath heads; the cuFile probe decides",
+            k.describe()
+        ));
+    } else {
+        f.missing.push(
+            "nvme_core multipath=N (or a kernel 7.1 or newer, whose nvme-multipath heads may \
+             carry P2PDMA)",
+        );
     }
 }
 
@@ -141,6 +161,60 @@ fn registry_item(paths: &HostPaths, f: &mut Findings) {
     }
 }
 
+/// The first release that may pass P2PDMA through md RAID0/1/10 and nvme-multipath heads. The
+/// upstream commits "md: propagate BLK_FEAT_PCI_P2PDMA from member devices to RAID device"
+/// (02666132403a) and "nvme-multipath: enable PCI P2PDMA for multipath devices" (fb0eeeed91f3)
+/// were applied to axboe/linux `for-7.2/block` on 2026-05-26, so mainline carries them from
+/// 7.2; NVIDIA's gds-diag passes md RAID0 P2PDMA from 7.1 (MagnumIO
+/// gds-diag/checks/gds_report.py:51-52, `_raid0_p2pdma_supported_by_arch_or_kernel`). The lower
+/// bound is taken: above it the strict probe decides; below it, only a backport could help, and
+/// that is refused here.
+pub(crate) const STACKED_P2PDMA_SINCE: (u32, u32) = (7, 1);
+
+/// Whether the running kernel may pass P2PDMA through a stacked device. The commits expose no
+/// attribute or symbol: they set `BLK_FEAT_PCI_P2PDMA` in the queue limits of raid0/1/10 and of
+/// `nvme_mpath_alloc_disk()`, which `blk_stack_limits()` clears when a member or path lacks it.
+/// Without it `__bio_iov_iter_get_pages()` (block/bio.c) does not ask `ITER_ALLOW_P2PDMA`, GPU
+/// pages cannot be pinned for the device, and a cuFile read with compat mode off fails: that
+/// strict probe, which the gate runs after these checks, is what decides. The release is only
+/// what can be read before it.
+pub(crate) struct StackedKernel {
+    pub(crate) release: Option<String>,
+    pub(crate) may_support: bool,
+}
+
+impl StackedKernel {
+    pub(crate) fn describe(&self) -> String {
+        match &self.release {
+            Some(r) => format!("kernel {r}"),
+            None => "kernel release unreadable".to_string(),
+        }
+    }
+}
+
+pub(crate) fn stacked_p2pdma_kernel(paths: &HostPaths) -> StackedKernel {
+    let release = read_trim(&paths.proc("sys/kernel/osrelease"));
+    let may_support = release
+        .as_deref()
+        .and_then(major_minor)
+        .is_some_and(|v| v >= STACKED_P2PDMA_SINCE);
+    StackedKernel {
+        release,
+        may_support,
+    }
+}
+
+/// `7.2.0-rc1-generic` -> (7, 2).
+fn major_minor(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split('.');
+    let mut num = || -> Option<u32> {
+        let p = parts.next()?;
+        let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    Some((num()?, num()?))
+}
+
 /// NVMe would take the P2PDMA route on this node: no nvidia_fs, `use_pci_p2pdma` set.
 pub(crate) fn p2pdma_route(paths: &HostPaths) -> bool {
     !paths.sys("module/nvidia_fs").is_dir()
@@ -172,5 +246,27 @@ pub(super) fn p2pdma_check(p: P2p, nvfs_ok: bool) -> Check {
                 p.missing.join("; ")
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::major_minor;
+
+    #[test]
+    fn kernel_release_major_minor() {
+        for (rel, want) in [
+            ("7.1.0", Some((7, 1))),
+            ("7.2.0-rc1-generic", Some((7, 2))),
+            ("7.10", Some((7, 10))),
+            ("6.8.0-45-generic", Some((6, 8))),
+            ("5.14.0-427.13.1.el9_4.x86_64", Some((5, 14))),
+            ("7", None),
+            ("", None),
+            ("x.y", None),
+        ] {
+            assert_eq!(major_minor(rel), want, "{rel}");
+        }
+        assert!(Some((7, 10)) > Some((7, 1)) && (6, 99) < (7, 1));
     }
 }
