@@ -761,8 +761,9 @@ fn p2pdma_host(h: &Host) {
     .write("sys/module/nvme_core/parameters/multipath", "N\n");
 }
 
-/// In P2PDMA mode (no nvidia_fs), md RAID and NVMe-oF volumes are refused; and an
-/// NVMe-oF volume is judged with nvme_rdma's registration read as cuFile sees it.
+/// In P2PDMA mode (no nvidia_fs), md RAID without the RAID key on a kernel of unknown release,
+/// and NVMe-oF volumes, are refused; and an NVMe-oF volume is judged with nvme_rdma's
+/// registration read as cuFile sees it.
 #[test]
 fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {
     let h = Host::new();
@@ -806,6 +807,105 @@ fn p2pdma_mode_refuses_md_and_nvme_of_volumes() {
         get(&c, "volume.nvme_transport").status,
         Status::Pass,
         "{c:#?}"
+    );
+}
+
+/// Native nvme-multipath: the head `nvme0n1` (259:0) in the subsystem `nvme-subsys0`, which
+/// links its controller `nvme0` (the head's parent is the subsystem: drivers/nvme/host/
+/// multipath.c `nvme_mpath_set_live`); xfs on it mounted at /mnt/mp.
+fn multipath_head(h: &Host) {
+    let subsys = "sys/devices/virtual/nvme-subsystem/nvme-subsys0";
+    h.write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "pcie\n",
+    )
+    .link(
+        &format!("{subsys}/nvme0"),
+        "../../../pci0000:00/0000:00:01.0/nvme/nvme0",
+    )
+    .write(&format!("{subsys}/nvme0n1/dev"), "259:0\n")
+    .link(&format!("{subsys}/nvme0n1/device"), "..")
+    .link(
+        "sys/dev/block/259:0",
+        "../../devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1",
+    )
+    .mountinfo(&["310 29 259:0 / /mnt/mp rw - xfs /dev/nvme0n1 rw"])
+    .udev("259:0", true);
+}
+
+/// In P2PDMA mode an nvme-multipath head over PCIe passes pending the cuFile probe on a kernel
+/// that may carry multipath P2PDMA (with `nvme_core multipath=Y`), and is refused on an older
+/// one, naming the kernel; a path over NVMe/TCP stays refused.
+#[test]
+fn p2pdma_multipath_head_passes_pending_the_probe_on_a_new_kernel_only() {
+    let h = Host::new();
+    h.write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false },
+             "block": { "nvme": { "use_pci_p2pdma": true } } }"#,
+    )
+    .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n");
+    p2pdma_host(&h);
+    multipath_head(&h);
+    h.write("sys/module/nvme_core/parameters/multipath", "Y\n")
+        .write("proc/sys/kernel/osrelease", "7.2.0\n");
+    let doctor = || {
+        let mut r = Report::new(node_checks(&h.paths, Backend::Nvme));
+        r.extend(volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/mp")));
+        r
+    };
+    let r = doctor();
+    assert!(r.ready(), "{}", r.to_text());
+    let s = r.get("volume.block_stack").unwrap();
+    assert!(
+        s.evidence
+            .contains("nvme0n1 (nvme multipath head, transport pcie)"),
+        "{}",
+        s.evidence
+    );
+    let p = r.get("volume.p2pdma").unwrap();
+    assert!(
+        p.summary.contains("the strict cuFile probe decides"),
+        "{p:#?}"
+    );
+    assert!(
+        p.evidence.contains(
+            "nvme0n1 is an nvme-multipath head over pcie and kernel 7.2.0 may carry multipath \
+             P2PDMA"
+        ),
+        "{}",
+        p.evidence
+    );
+
+    h.write("proc/sys/kernel/osrelease", "6.8.0-45-generic\n");
+    let r = doctor();
+    let p = r.get("volume.p2pdma").unwrap();
+    assert_eq!(p.status, Status::Fail, "{p:#?}");
+    assert!(
+        p.summary.contains(
+            "nvme0n1 is an nvme-multipath head and kernel 6.8.0-45-generic predates multipath \
+             P2PDMA"
+        ),
+        "{}",
+        p.summary
+    );
+    assert!(remedy(p).contains("nvme_core multipath=N"), "{}", remedy(p));
+    assert!(!r.ready());
+
+    h.write("proc/sys/kernel/osrelease", "7.2.0\n").write(
+        "sys/devices/pci0000:00/0000:00:01.0/nvme/nvme0/transport",
+        "tcp\n",
+    );
+    let p = get(
+        &volume_checks(&h.paths, Backend::Nvme, Path::new("/mnt/mp")),
+        "volume.p2pdma",
+    )
+    .clone();
+    assert_eq!(p.status, Status::Fail, "{p:#?}");
+    assert!(
+        p.evidence.contains("nvme0n1 is NVMe over tcp"),
+        "{}",
+        p.evidence
     );
 }
 
@@ -1119,6 +1219,13 @@ fn lines_of_every_outcome() -> Vec<Check> {
     .udev("9:0", true)
     .udev("259:1", true);
     lines.extend(vol(&h, Backend::Nvme, "/mnt/vol"));
+    lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
+    // ... and md RAID0 pending the probe: a kernel that may carry md P2PDMA, the RAID key.
+    h.write("proc/sys/kernel/osrelease", "7.2.0\n").write(
+        "etc/cufile.json",
+        r#"{ "properties": { "use_pci_p2pdma": true },
+             "block": { "raid": { "use_pci_p2pdma": true } } }"#,
+    );
     lines.extend(vol(&h, Backend::Nvme, "/mnt/md0"));
 
     // md RAID0: members exported by NVIDIA's rule; then mdadm's stock rule; then no rule and

@@ -10,7 +10,7 @@
 // A test or scenario panics on what it did not expect, and reads top to bottom.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
-use gds_check::{volume_checks, Backend, Check, HostPaths, Report, Status};
+use gds_check::{node_checks, volume_checks, Backend, Check, HostPaths, Report, Status};
 use std::fs;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
@@ -142,6 +142,49 @@ impl Host {
 
     fn checks(&self) -> Vec<Check> {
         volume_checks(&self.paths, Backend::Nvme, Path::new(MNT))
+    }
+
+    /// The stripe on a node without nvidia_fs, in NVMe P2PDMA mode as NVIDIA's troubleshooting
+    /// guide (14) sets it up (kernel with `p2pdma_pgmap_ops`, an H200, the open modules 570,
+    /// the registry keys, `nvme_core multipath=N`, `use_pci_p2pdma`), on kernel `release`,
+    /// with `block.raid.use_pci_p2pdma` as `raid_key` gives it (None: absent).
+    fn p2pdma_stripe(release: &str, raid_key: Option<bool>) -> Host {
+        let h = Host::stripe();
+        let raid = raid_key.map_or(String::new(), |v| {
+            format!(r#", "block": {{ "raid": {{ "use_pci_p2pdma": {v} }} }}"#)
+        });
+        h.rm("sys/module/nvidia_fs")
+            .rm("proc/driver/nvidia-fs")
+            .rm("dev/nvidia-fs0")
+            .write(
+                "etc/cufile.json",
+                &format!(
+                    r#"{{ "properties": {{ "use_pci_p2pdma": true, "allow_compat_mode": false }}{raid} }}"#
+                ),
+            )
+            .write("proc/sys/kernel/osrelease", &format!("{release}\n"))
+            .write("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n")
+            .write(
+                "proc/driver/nvidia/gpus/0000:18:00.0/information",
+                "Model: \t\t NVIDIA H200\n",
+            )
+            .write(
+                "proc/driver/nvidia/version",
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n",
+            )
+            .write(
+                "proc/driver/nvidia/params",
+                "RegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
+            )
+            .write("sys/module/nvme_core/parameters/multipath", "N\n");
+        h
+    }
+
+    /// What a doctor run prints for the stripe: the node checks, then the volume's.
+    fn doctor(&self) -> Report {
+        let mut r = Report::new(node_checks(&self.paths, Backend::Nvme));
+        r.extend(self.checks());
+        r
     }
 }
 
@@ -333,4 +376,118 @@ fn invisible_rules_directories_only_warn() {
     h.paths.udev_rules_dirs = vec![h.root.join("nowhere")];
     let rule = get(&h.checks(), "volume.md_udev_rule");
     assert_eq!(rule.status, Status::Warn, "{rule:#?}");
+}
+
+/// On a kernel that may pass P2PDMA through md (7.1 or newer) with `block.raid.use_pci_p2pdma`,
+/// a node without nvidia_fs passes the stripe pending the cuFile probe: every node and volume
+/// check passes, and the P2PDMA line says the probe decides.
+#[test]
+fn p2pdma_stripe_passes_pending_the_probe_with_the_raid_key_on_a_new_kernel() {
+    for release in ["7.1.0", "7.2.0-rc1-generic"] {
+        let h = Host::p2pdma_stripe(release, Some(true));
+        let r = h.doctor();
+        assert!(r.ready(), "{release}:\n{}", r.to_text());
+        assert_eq!(r.get("nvme.p2pdma").unwrap().status, Status::Pass);
+        let p = r.get("volume.p2pdma").unwrap();
+        assert_eq!(p.status, Status::Pass, "{p:#?}");
+        assert!(
+            p.summary.contains("the strict cuFile probe decides"),
+            "{}",
+            p.summary
+        );
+        for want in [
+            "md127 is md raid0 over NVMe",
+            &format!("kernel {release} may carry md P2PDMA"),
+            "block.raid.use_pci_p2pdma is true",
+            "compat mode off",
+        ] {
+            assert!(p.evidence.contains(want), "{want:?} not in {}", p.evidence);
+        }
+    }
+}
+
+/// Without `block.raid.use_pci_p2pdma: true` (absent or false) the stripe is refused, and the
+/// line names the key.
+#[test]
+fn p2pdma_stripe_fails_without_the_raid_key() {
+    for key in [None, Some(false)] {
+        let h = Host::p2pdma_stripe("7.2.0", key);
+        let p = refused(
+            &h,
+            "volume.p2pdma",
+            "md127 is md raid0 but cufile.json lacks",
+        );
+        assert!(
+            p.summary.contains("block.raid.use_pci_p2pdma"),
+            "{key:?}: {}",
+            p.summary
+        );
+        let fix = p.remedy.unwrap();
+        assert!(
+            fix.contains(r#""raid": { "use_pci_p2pdma": true }"#),
+            "{fix}"
+        );
+        assert!(!fix.contains("kernel 7.1"), "{fix}");
+    }
+}
+
+/// On a kernel older than 7.1, or one whose release cannot be read, the stripe is refused even
+/// with the key, and the line names the kernel.
+#[test]
+fn p2pdma_stripe_fails_on_a_kernel_without_md_p2pdma() {
+    for release in ["7.0.12", "6.8.0-45-generic"] {
+        let h = Host::p2pdma_stripe(release, Some(true));
+        let p = refused(
+            &h,
+            "volume.p2pdma",
+            &format!("kernel {release} predates md P2PDMA"),
+        );
+        assert!(
+            p.summary.contains(&format!("kernel {release}")),
+            "{}",
+            p.summary
+        );
+        let fix = p.remedy.unwrap();
+        assert!(fix.contains("kernel 7.1 or newer"), "{fix}");
+        assert!(!fix.contains("\"raid\""), "{fix}");
+    }
+    let h = Host::p2pdma_stripe("7.2.0", None);
+    h.rm("proc/sys/kernel/osrelease");
+    refused(
+        &h,
+        "volume.p2pdma",
+        "the kernel release is unreadable, so md P2PDMA (7.1) is not assumed and cufile.json \
+         lacks",
+    );
+}
+
+/// The route keys change nothing for what P2PDMA through md cannot serve: another md level,
+/// a member on NVMe-oF, a member that is not NVMe.
+#[test]
+fn p2pdma_stripe_other_levels_and_members_still_fail() {
+    let h = Host::p2pdma_stripe("7.2.0", Some(true));
+    h.write(&format!("{MD}/md/level"), "raid1\n");
+    refused(&h, "volume.p2pdma", "md127 is md raid1");
+    refused(&h, "volume.block_stack", "md127 is raid1 (md/level)");
+    h.write(&format!("{MD}/md/level"), "raid0\n")
+        .write(&format!("{PCI}/nvme1/transport"), "tcp\n");
+    let p = refused(&h, "volume.p2pdma", "nvme1n1 is NVMe over tcp");
+    assert!(p.remedy.unwrap().contains("NVMe over PCIe"));
+    h.write(&format!("{PCI}/nvme1/transport"), "pcie\n");
+    let sda = "sys/devices/pci0000:00/0000:00:17.0/ata1/host0/target0:0:0/0:0:0:0/block/sda";
+    h.rm(&format!("{MD}/md/dev-nvme1n1p1"))
+        .rm(&format!("{MD}/slaves/nvme1n1p1"))
+        .write(&format!("{sda}/dev"), "8:0\n")
+        .write(&format!("{sda}/sda1/dev"), "8:1\n")
+        .write(&format!("{sda}/sda1/partition"), "1\n")
+        .link(
+            &format!("{MD}/md/dev-sda1/block"),
+            "../../../../../pci0000:00/0000:00:17.0/ata1/host0/target0:0:0/0:0:0:0/block/sda/sda1",
+        )
+        .write(&format!("{MD}/md/dev-sda1/state"), "in_sync\n");
+    refused(
+        &h,
+        "volume.p2pdma",
+        "md127 is md raid0 but its members sda1 are not NVMe",
+    );
 }

@@ -11,7 +11,7 @@ mod platform;
 
 pub(crate) use cufile::{load_cufile, CufileState};
 pub(crate) use nvfs::registered_drivers;
-pub(crate) use p2pdma::p2pdma_route;
+pub(crate) use p2pdma::{p2pdma_route, stacked_p2pdma_kernel, StackedKernel};
 
 use crate::{Backend, Check, HostPaths, Status};
 use std::fs;

@@ -190,6 +190,16 @@ impl StackedKernel {
             None => "kernel release unreadable".to_string(),
         }
     }
+
+    /// Why `what` (md, multipath) P2PDMA is not assumed here.
+    pub(crate) fn predates(&self, what: &str) -> String {
+        match &self.release {
+            Some(r) => format!("kernel {r} predates {what} P2PDMA (7.1)"),
+            None => {
+                format!("the kernel release is unreadable, so {what} P2PDMA (7.1) is not assumed")
+            }
+        }
+    }
 }
 
 pub(crate) fn stacked_p2pdma_kernel(paths: &HostPaths) -> StackedKernel {

@@ -13,11 +13,8 @@ pub(super) fn block_checks(paths: &HostPaths, backend: Backend, layers: &[Layer]
         stack_check(layers, &stack),
         transport_check(paths, layers, &stack),
     ];
-    // P2PDMA mode serves NVMe over PCIe only: "RAID0 over NVMe and NVMEoF are not supported"
-    // (NVIDIA, "GDS Support for NVMe Drives Using Linux PCI P2PDMA", 1 Intro; GDS release notes,
-    // Known Limitations: "not supported with RAID0 and multipath NVMe").
     if backend == Backend::Nvme && p2pdma_route(paths) {
-        out.push(p2pdma_check(layers, &stack));
+        out.push(super::p2pdma::p2pdma_check(paths, layers, &stack));
     }
     out
 }
@@ -72,7 +69,9 @@ fn transport_check(paths: &HostPaths, layers: &[Layer], stack: &str) -> Check {
     let nvme: Vec<(&str, Option<&str>)> = layers
         .iter()
         .filter_map(|l| match l {
-            Layer::Nvme { name, transport } => Some((name.as_str(), transport.as_deref())),
+            Layer::Nvme {
+                name, transport, ..
+            } => Some((name.as_str(), transport.as_deref())),
             _ => None,
         })
         .collect();
@@ -174,42 +173,6 @@ fn transport_problems(paths: &HostPaths, nvme: &[(&str, Option<&str>)]) -> (Vec<
         }
     }
     (problems, fail)
-}
-
-fn p2pdma_check(layers: &[Layer], stack: &str) -> Check {
-    let mut bad: Vec<String> = layers
-        .iter()
-        .filter_map(|l| match l {
-            Layer::Md(md) => Some(format!("{} is md {}", md.name, md.level)),
-            Layer::Nvme { name, transport } if transport.as_deref() != Some("pcie") => {
-                Some(format!(
-                    "{name} is NVMe over {}",
-                    transport.as_deref().unwrap_or("an unknown transport")
-                ))
-            }
-            _ => None,
-        })
-        .collect();
-    bad.dedup();
-    if bad.is_empty() {
-        Check::pass(
-            "volume.p2pdma",
-            "volume supported in NVMe P2PDMA mode",
-            format!("{stack}: NVMe over PCIe"),
-        )
-    } else {
-        Check::fail(
-            "volume.p2pdma",
-            "volume not supported in NVMe P2PDMA mode (md RAID, multipath or NVMe-oF)",
-            format!(
-                "{stack}: {}; this node has no nvidia_fs, and P2PDMA mode does not serve md \
-                 RAID, multipath or NVMe-oF",
-                bad.join("; ")
-            ),
-            "put the filesystem on one NVMe namespace over PCIe, or load nvidia_fs with a \
-             GDS-enabled nvme driver for RAID0 and NVMe-oF",
-        )
-    }
 }
 
 pub(super) fn udev_check(paths: &HostPaths, majmin: &str) -> Check {

@@ -1,7 +1,8 @@
 //! Volume-level checks: will I/O on this mounted volume get true GDS?
 //!
 //! `mount` finds the volume in mountinfo; `fs_checks` judges the filesystem and the denylist;
-//! `stack` walks the block devices under it, `block_checks` judges them; for an md array,
+//! `stack` walks the block devices under it, `block_checks` judges them (`p2pdma`: on NVMe's
+//! route without nvidia_fs); for an md array,
 //! `md_members` judges its state and members, `md_udev` its udev entry and `md_rule` the udev
 //! rule that writes that entry.
 
@@ -11,6 +12,7 @@ mod md_members;
 mod md_rule;
 mod md_udev;
 mod mount;
+mod p2pdma;
 mod stack;
 
 use crate::node::load_cufile;

@@ -13,6 +13,8 @@ pub(super) enum Layer {
     Nvme {
         name: String,
         transport: Option<String>,
+        /// A native nvme-multipath head: its `device` is the subsystem, not a controller.
+        multipath: bool,
     },
     Other(String),
 }
@@ -98,7 +100,7 @@ fn md_member(paths: &HostPaths, link: &Path, state: Option<String>) -> MdMember 
     let disk = disk_dir.as_deref().map(name_of).unwrap_or(name.clone());
     let nvme = is_nvme_namespace(&disk);
     let transport = nvme
-        .then(|| nvme_transport(paths, disk_dir.as_deref().unwrap_or(&real), &disk))
+        .then(|| nvme_transport(paths, disk_dir.as_deref().unwrap_or(&real), &disk).0)
         .flatten();
     MdMember {
         parent: disk_dir.is_some().then_some(disk),
@@ -125,12 +127,16 @@ fn is_nvme_namespace(name: &str) -> bool {
     digits.len() < rest.len() && digits.contains('n') && !digits.contains('p')
 }
 
-fn nvme_transport(paths: &HostPaths, dir: &Path, name: &str) -> Option<String> {
+/// The namespace's transport, and whether it is a native multipath head.
+fn nvme_transport(paths: &HostPaths, dir: &Path, name: &str) -> (Option<String>, bool) {
     let rd = |p: PathBuf| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
     if let Some(t) = rd(dir.join("device/transport")) {
-        return Some(t);
+        return (Some(t), false);
     }
-    // Native multipath: `device` is the subsystem, whose controllers carry the transport.
+    // Native multipath: the head disk's parent is the subsystem (drivers/nvme/host/multipath.c
+    // `nvme_mpath_set_live`: `device_add_disk(&head->subsys->dev, head->disk, ...)`), which
+    // links its controllers, and they carry the transport; the paths (`nvme0c0n1`) are hidden
+    // disks under each controller.
     if let Ok(rdir) = fs::read_dir(dir.join("device")) {
         let mut ts: Vec<String> = rdir
             .filter_map(|e| e.ok())
@@ -139,7 +145,7 @@ fn nvme_transport(paths: &HostPaths, dir: &Path, name: &str) -> Option<String> {
         ts.sort();
         ts.dedup();
         if !ts.is_empty() {
-            return Some(ts.join("+"));
+            return (Some(ts.join("+")), true);
         }
     }
     let ctrl: String = name
@@ -147,7 +153,10 @@ fn nvme_transport(paths: &HostPaths, dir: &Path, name: &str) -> Option<String> {
         .chars()
         .take_while(|c| c.is_ascii_digit())
         .collect();
-    rd(paths.sys(&format!("class/nvme/nvme{ctrl}/transport")))
+    (
+        rd(paths.sys(&format!("class/nvme/nvme{ctrl}/transport"))),
+        false,
+    )
 }
 
 pub(super) fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<Layer>) {
@@ -196,8 +205,12 @@ pub(super) fn walk(paths: &HostPaths, dir: &Path, depth: usize, out: &mut Vec<La
         }));
         slaves(out);
     } else if is_nvme_namespace(&name) {
-        let transport = nvme_transport(paths, &dir, &name);
-        out.push(Layer::Nvme { name, transport });
+        let (transport, multipath) = nvme_transport(paths, &dir, &name);
+        out.push(Layer::Nvme {
+            name,
+            transport,
+            multipath,
+        });
     } else {
         out.push(Layer::Other(name));
     }
@@ -210,8 +223,13 @@ pub(super) fn describe(layers: &[Layer]) -> String {
             Layer::Partition(n) => format!("{n} (partition)"),
             Layer::Dm(n) => format!("{n} (device-mapper)"),
             Layer::Md(md) => format!("{} (md {})", md.name, md.level),
-            Layer::Nvme { name, transport } => format!(
-                "{name} (nvme, transport {})",
+            Layer::Nvme {
+                name,
+                transport,
+                multipath,
+            } => format!(
+                "{name} (nvme{}, transport {})",
+                if *multipath { " multipath head" } else { "" },
                 transport.as_deref().unwrap_or("unknown")
             ),
             Layer::Other(n) => n.clone(),
