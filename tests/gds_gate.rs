@@ -695,8 +695,34 @@ struct NodeState {
 
 const CUFILE_P2P: &str =
     r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false } }"#;
+/// P2PDMA mode with the md RAID0 route's key (`block.raid.use_pci_p2pdma`).
+const CUFILE_P2P_RAID: &str = r#"{ "properties": { "use_pci_p2pdma": true, "allow_compat_mode": false },
+     "block": { "raid": { "use_pci_p2pdma": true } } }"#;
 const CUFILE_FORCE: &str =
     r#"{ "properties": { "force_compat_mode": true, "allow_compat_mode": false } }"#;
+
+/// What NVIDIA's P2PDMA troubleshooting section asks of a node without nvidia_fs, on kernel
+/// `release`.
+fn p2p_node(release: &str) -> &'static [(&'static str, &'static str)] {
+    let release: &'static str = Box::leak(format!("{release}\n").into_boxed_str());
+    Box::leak(
+        vec![
+            ("proc/sys/kernel/osrelease", release),
+            ("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n"),
+            ("proc/modules", "nvme 1 0 - Live\n"),
+            (
+                "proc/driver/nvidia/version",
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06\n",
+            ),
+            (
+                "proc/driver/nvidia/params",
+                "RegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
+            ),
+            ("sys/module/nvme_core/parameters/multipath", "N\n"),
+        ]
+        .into_boxed_slice(),
+    )
+}
 
 fn node_states(vol: &Path) -> Vec<NodeState> {
     let deny: &'static str = Box::leak(
@@ -879,6 +905,58 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             env: &[("FAKE_CUFILE_DSTATUS", "16")],
             gds_dev: true,
             refused: Some(&["volume.md_members", "nvidia_fs.storage_driver"]),
+        },
+        // md RAID0 in P2PDMA mode (no nvidia_fs): on a kernel that may pass P2PDMA through md
+        // (7.1 or newer) with the RAID key, the checks pass the stripe pending the strict probe,
+        // and the probe decides.
+        NodeState {
+            name: "P2PDMA md RAID0 with block.raid.use_pci_p2pdma on kernel 7.2",
+            nvfs: None,
+            cufile_json: CUFILE_P2P_RAID,
+            nvme: true,
+            udev: true,
+            md_rule: Some(true),
+            extra: p2p_node("7.2.0"),
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: None,
+        },
+        NodeState {
+            name: "P2PDMA md RAID0 with the RAID key on kernel 7.2, no GDS path for the probe",
+            nvfs: None,
+            cufile_json: CUFILE_P2P_RAID,
+            nvme: true,
+            udev: true,
+            md_rule: Some(true),
+            extra: p2p_node("7.2.0"),
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: false,
+            refused: Some(&["cufile.probe"]),
+        },
+        // Without the key, or on an older kernel, the checks refuse it whatever the probe says.
+        NodeState {
+            name: "P2PDMA md RAID0 without block.raid.use_pci_p2pdma",
+            nvfs: None,
+            cufile_json: CUFILE_P2P,
+            nvme: true,
+            udev: true,
+            md_rule: Some(true),
+            extra: p2p_node("7.2.0"),
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: Some(&["volume.p2pdma"]),
+        },
+        NodeState {
+            name: "P2PDMA md RAID0 with the RAID key on kernel 6.8",
+            nvfs: None,
+            cufile_json: CUFILE_P2P_RAID,
+            nvme: true,
+            udev: true,
+            md_rule: Some(true),
+            extra: p2p_node("6.8.0-45-generic"),
+            env: &[("FAKE_CUFILE_DSTATUS", "16")],
+            gds_dev: true,
+            refused: Some(&["volume.p2pdma"]),
         },
     ]
 }
