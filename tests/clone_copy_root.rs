@@ -282,6 +282,7 @@ fn request(src: &Path, dst: &Path, chunk: u64, streams: usize) -> CopyRequest {
         verify: Verify::Checksum,
         live: false,
         target_reused: false,
+        base: None,
     }
 }
 
@@ -403,6 +404,7 @@ fn copy_child_process() {
             verify: Verify::Sizes,
             live: false,
             target_reused: false,
+            base: None,
             ..req
         },
         &progress,
@@ -541,6 +543,7 @@ fn throughput_against_cp_a() {
                     verify: Verify::Sizes,
                     live: false,
                     target_reused: false,
+                    base: None,
                     ..request(
                         &src.mnt,
                         &dst.mnt,

@@ -17,6 +17,8 @@
 mod common;
 #[path = "faults/partition.rs"]
 mod partition;
+#[path = "faults/snapshot.rs"]
+mod snapshot;
 
 use std::fs;
 use std::io::Write;

@@ -19,60 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gds_csi::csi::volume_content_source::{SnapshotSource, Type};
-use gds_csi::csi::Clients;
+use gds_csi::csi::volume_content_source::Type;
 use gds_csi::csi::*;
 use tonic::Code;
 
 mod common;
+use common::snapshots::{restore_req, snapshot_req, stage_publish, store_dir, take, take_down};
 use common::{digest_file, requests, Rig};
-
-fn snapshot_req(name: &str, source: &str, store: &Path) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        parameters: [
-            ("storeDir".to_string(), store.display().to_string()),
-            ("checksums".to_string(), "true".to_string()),
-        ]
-        .into(),
-        ..Default::default()
-    }
-}
-
-/// CreateSnapshot repeated (as the snapshotter does) until the snapshot is ready.
-async fn take(c: &mut Clients, req: CreateSnapshotRequest) -> Snapshot {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = c
-            .controller
-            .create_snapshot(req.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-        if s.ready_to_use {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "snapshot {} never ready",
-            req.name
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn restore_req(name: &str, snapshot_id: &str, cap: VolumeCapability) -> CreateVolumeRequest {
-    let mut req = requests::create_without_gds(name, cap);
-    req.volume_content_source = Some(VolumeContentSource {
-        r#type: Some(Type::Snapshot(SnapshotSource {
-            snapshot_id: snapshot_id.into(),
-        })),
-    });
-    req
-}
 
 fn fill(root: &Path) {
     fs::create_dir_all(root.join("ckpt/deep")).unwrap();
@@ -141,32 +94,6 @@ fn assert_restored_from(v: &Volume, snapshot_id: &str) {
         Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, snapshot_id),
         other => panic!("content source {other:?}"),
     }
-}
-
-async fn stage_publish(c: &mut Clients, rig: &Rig, id: &str, tag: &str) -> (PathBuf, PathBuf) {
-    let (staging, target) = (
-        rig.path(&format!("staging/{tag}")),
-        rig.path(&format!("pods/{tag}/v")),
-    );
-    fs::create_dir_all(&staging).unwrap();
-    let cap = requests::single_writer_mount();
-    requests::stage(c, id, &staging, cap.clone()).await.unwrap();
-    requests::publish(c, id, &staging, &target, cap)
-        .await
-        .unwrap();
-    (staging, target)
-}
-
-async fn take_down(c: &mut Clients, id: &str, staging: &Path, target: &Path) {
-    requests::unpublish(c, id, target).await.unwrap();
-    requests::unstage(c, id, staging).await.unwrap();
-}
-
-fn store_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("gds-snapstore-")
-        .tempdir_in("/tmp")
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

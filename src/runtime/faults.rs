@@ -40,10 +40,13 @@ pub enum KillPoint {
     /// DeleteVolume (partition layout): the partition is gone from the GPT, the record
     /// is not removed yet.
     PartAfterRemove,
+    /// CreateSnapshot (an incremental one): the unchanged files are linked from the base
+    /// snapshot, nothing else copied, no manifest written.
+    SnapshotAfterLinks,
 }
 
 impl KillPoint {
-    pub const ALL: [KillPoint; 10] = [
+    pub const ALL: [KillPoint; 11] = [
         KillPoint::AfterAllocate,
         KillPoint::AfterMkfs,
         KillPoint::AfterStageMount,
@@ -54,6 +57,7 @@ impl KillPoint {
         KillPoint::PartAfterLabel,
         KillPoint::PartAfterUnshow,
         KillPoint::PartAfterRemove,
+        KillPoint::SnapshotAfterLinks,
     ];
 
     /// The points the partition layout passes, in the order of a volume's life (it also
@@ -81,6 +85,7 @@ impl KillPoint {
             KillPoint::PartAfterLabel => "part-after-label",
             KillPoint::PartAfterUnshow => "part-after-unshow",
             KillPoint::PartAfterRemove => "part-after-remove",
+            KillPoint::SnapshotAfterLinks => "snapshot-after-links",
         }
     }
 

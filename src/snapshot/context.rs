@@ -13,6 +13,15 @@ use crate::volume::block::BlockBackend;
 use crate::volume::nfs::NfsBackend;
 use crate::volume::snapshot_store::{self as store, SnapshotDir};
 
+/// The snapshot's directory below the root its store is reached at (`store_root`).
+fn dir_below_root(id: &SnapshotId) -> String {
+    match &id.store {
+        Store::Dir(_) => id.dir.clone(),
+        // `nfs_dir` answers Some for every NFS store.
+        Store::Nfs(_) => id.nfs_dir("").map(|d| d.dir).unwrap_or_default(),
+    }
+}
+
 /// What the snapshot calls reach: this node's snapshots and its backends.
 pub struct Context<'a> {
     pub snapshots: &'a Snapshots,
@@ -41,16 +50,14 @@ impl Context<'_> {
     /// NFS store's export is mounted (once) under the controller's working directory.
     async fn store_root(&self, id: &SnapshotId) -> Result<(PathBuf, String)> {
         match &id.store {
-            Store::Dir(root) => Ok((root.clone(), id.dir.clone())),
+            Store::Dir(root) => Ok((root.clone(), dir_below_root(id))),
             Store::Nfs(store) => {
                 let root = self
                     .nfs()?
                     .export_root(store)
                     .await
                     .map_err(|e| store_unreachable(id, &e))?;
-                // `nfs_dir` answers Some for every NFS store.
-                let rel = id.nfs_dir("").map(|d| d.dir).unwrap_or_default();
-                Ok((root, rel))
+                Ok((root, dir_below_root(id)))
             }
         }
     }
@@ -103,7 +110,7 @@ impl Context<'_> {
     /// snapshot of that id is ready there).
     pub async fn manifest(&self, id: &SnapshotId) -> Result<Option<Manifest>> {
         Ok(match self.owner(id).await? {
-            Some(store::Owner::Ours(m)) => m,
+            Some(store::Owner::Ours(m)) => m.map(|m| *m),
             _ => None,
         })
     }

@@ -60,6 +60,10 @@ pub struct Record {
     /// The manifest is written: the snapshot can be restored.
     #[serde(default)]
     pub ready: bool,
+    /// The SHA-256 of the manifest this node wrote: a later snapshot of the same volume
+    /// takes this one as its base only while the store still holds that very manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
 }
 
 impl Record {
@@ -275,6 +279,7 @@ pub async fn create(
                 size_bytes,
                 checksums: req.checksums,
                 ready: false,
+                manifest_sha256: None,
             };
             ctx.snapshots.store(&rec)?;
             rec

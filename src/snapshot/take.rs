@@ -35,6 +35,7 @@ use crate::request::snapshot::SnapshotId;
 use crate::runtime::locks::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
 use crate::volume::block::freeze::{self, LastPass};
+use crate::volume::copy::base::Base;
 use crate::volume::copy::walk::Entry;
 use crate::volume::copy::{copy_tree_at, CopyRequest, Progress, Saved, Verify};
 use crate::volume::mounts::private;
@@ -50,6 +51,8 @@ struct Job {
     node_id: String,
     /// The snapshot's directory and its `tree/`, opened on the store.
     store: Opened,
+    /// The last snapshot of the same volume on the same store, to link unchanged files from.
+    base: Option<Arc<Base>>,
     /// The store, for messages.
     store_location: String,
     from: ContentView,
@@ -102,11 +105,16 @@ async fn job(
 ) -> Result<Job> {
     let (from, guard) = source(ctx, &rec.source_volume_id, source_guard).await?;
     let store = prepare_dir(ctx, &rec.id, &rec.name).await?;
+    let base = match (&from, base_record(ctx, rec)?) {
+        (ContentView::Device { .. }, _) | (_, None) => None,
+        (_, Some(b)) => open_base(ctx, &b, &store).await?.map(Arc::new),
+    };
     Ok(Job {
         host: Arc::clone(ctx.host),
         rec: rec.clone(),
         node_id: ctx.node_id.to_owned(),
         store,
+        base,
         store_location: rec.id.store_location(),
         from,
         guard,
@@ -136,6 +144,77 @@ async fn prepare_dir(ctx: &Context<'_>, id: &SnapshotId, name: &str) -> Result<O
 struct Opened {
     dir: SnapshotDir,
     tree: SnapshotDir,
+}
+
+/// The newest ready snapshot this node took of the same volume on the same store.
+fn base_record(ctx: &Context<'_>, rec: &Record) -> Result<Option<Record>> {
+    Ok(ctx
+        .snapshots
+        .records()?
+        .into_iter()
+        .filter(|r| r.ready && r.name != rec.name && r.manifest_sha256.is_some())
+        .filter(|r| r.source_volume_id == rec.source_volume_id && r.id.store == rec.id.store)
+        .max_by_key(|r| (r.created_secs, r.created_nanos)))
+}
+
+/// `base`'s snapshot as the new one's base: only a snapshot of files whose manifest is
+/// still the one this node wrote (its SHA-256 kept in the record: the file list a store
+/// writer cannot change), whose tree is there, and only when the store links files
+/// (tried once, from the base's manifest to a name in the new directory). Otherwise
+/// None: the snapshot is a full copy.
+async fn open_base(ctx: &Context<'_>, base: &Record, new: &Opened) -> Result<Option<Base>> {
+    let (text, shown) = (base.id.to_string(), base.id.location());
+    let want = base.manifest_sha256.clone().unwrap_or_default();
+    let new_dir = new.dir.dup()?;
+    let opened = ctx
+        .on_store(&base.id, "opening the base snapshot", move |root, rel| {
+            let Some(dir) = SnapshotDir::open(root, rel, &shown)? else {
+                return Ok(None);
+            };
+            let Some(bytes) = dir.manifest_bytes()? else {
+                return Ok(None);
+            };
+            let m = match serde_json::from_slice::<Manifest>(&bytes) {
+                Ok(m) if manifest::digest(&bytes) == want && m.snapshot_id == text => m,
+                _ => return Ok(None),
+            };
+            let Some(tree) = dir.subdir(TREE)? else {
+                return Ok(None);
+            };
+            if m.content != Content::Files || !links_between(&dir, &new_dir) {
+                return Ok(None);
+            }
+            let (tree, files) = (tree.dup()?, m.base_files());
+            Ok(Some(Base {
+                tree,
+                label: text,
+                files,
+            }))
+        })
+        .await?;
+    if opened.is_none() {
+        tracing::info!(snapshot = %base.name, "the last snapshot of this volume cannot be a base: a full copy");
+    }
+    Ok(opened)
+}
+
+/// The store takes a hard link from the base's directory into the new one.
+fn links_between(base: &SnapshotDir, new: &OwnedFd) -> bool {
+    const PROBE: &str = ".link-probe";
+    let _ = nix::unistd::unlinkat(new, PROBE, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let Ok(from) = base.dup() else {
+        return false;
+    };
+    let linked = nix::unistd::linkat(
+        &from,
+        manifest::FILE,
+        new,
+        PROBE,
+        nix::fcntl::AtFlags::empty(),
+    )
+    .is_ok();
+    let _ = nix::unistd::unlinkat(new, PROBE, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    linked
 }
 
 impl Job {
@@ -229,6 +308,7 @@ impl Job {
             verify: self.verify(),
             live,
             target_reused: true,
+            base: self.base.clone(),
         };
         copy_tree_at(src, dst.as_fd(), &req, &self.progress)
     }
@@ -363,22 +443,28 @@ impl Job {
         let mut m = manifest_of(&self.rec, &self.node_id, content);
         m.fs_type = fs.map(|f| f.as_str().to_owned());
         m.freeze_seconds = freeze_seconds;
-        m.list(entries, &self.store.tree, self.rec.checksums)?;
+        m.list(
+            entries,
+            &self.store.tree,
+            self.rec.checksums,
+            self.base.as_deref(),
+        )?;
         Ok(m)
     }
 
     /// The manifest written (the snapshot is ready on its store), then this node's record.
     fn publish(&self, m: &Manifest) -> Result<()> {
-        m.write(&self.store.dir)?;
+        let digest = m.write(&self.store.dir)?;
         let ready = Record {
             ready: true,
+            manifest_sha256: Some(digest),
             ..self.rec.clone()
         };
         store_record(&self.record_path, &ready)?;
         let _ = std::fs::remove_file(self.progress.path());
         tracing::info!(snapshot = %self.rec.name, snapshot_id = %self.rec.id,
             content = m.content.as_str(), entries = m.entries.len(), data_bytes = m.data_bytes,
-            "snapshot ready");
+            written_bytes = m.written_bytes, base = m.base_snapshot_id.as_deref(), "snapshot ready");
         Ok(())
     }
 }
@@ -398,6 +484,8 @@ fn manifest_of(head: &Record, source_node: &str, content: Content) -> Manifest {
         size_bytes: head.size_bytes,
         data_bytes: 0,
         freeze_seconds: None,
+        base_snapshot_id: None,
+        written_bytes: None,
         entries: Vec::new(),
     }
 }

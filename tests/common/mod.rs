@@ -9,6 +9,7 @@ pub mod frozen;
 pub mod gds_fixture;
 pub mod host_double;
 pub mod requests;
+pub mod snapshots;
 pub mod tools;
 
 use std::fs;

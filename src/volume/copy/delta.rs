@@ -248,6 +248,7 @@ mod tests {
             verify: Verify::Sizes,
             live: true,
             target_reused: true,
+            base: None,
         };
         let progress = Progress::new(records.join("p.json"), "t".into());
         copy_tree_at(open(src).as_fd(), open(dst).as_fd(), &req, &progress).unwrap()
@@ -335,6 +336,7 @@ mod tests {
             verify: Verify::Sizes,
             live: false,
             target_reused: reused,
+            base: None,
         };
         let progress = Progress::new(p.path().join("p.json"), "t".into());
         copy_tree_at(
@@ -379,6 +381,7 @@ mod tests {
             verify: Verify::Sizes,
             live: false,
             target_reused: false,
+            base: None,
         };
         // A first run's record: the structure made, unit 2 (file c) done, unit 0 not.
         let path = p.path().join("p.json");

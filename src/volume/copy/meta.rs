@@ -104,7 +104,7 @@ pub fn create_structure(
     Ok(())
 }
 
-fn create_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
+pub(super) fn create_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<()> {
     let (dir, name) = parent_of(dst, &e.rel)?;
     let existing = match fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => Some(st),
@@ -121,6 +121,11 @@ fn create_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry) -> nix::Resul
         Kind::File => {
             if existing.is_some_and(|st| kind_of(&st) != Kind::File) {
                 return Err(Errno::EEXIST);
+            }
+            // A name with other links may share its inode with another snapshot's copy
+            // (`base`): replaced, never written through.
+            if existing.is_some_and(|st| st.st_nlink > 1) {
+                unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
             }
             let fd = open_beneath(
                 dst,
@@ -275,7 +280,12 @@ fn copy_xattrs(src: &Path, dst: &Path) -> nix::Result<()> {
     Ok(())
 }
 
-fn set_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry, xattrs: bool) -> nix::Result<()> {
+pub(super) fn set_one(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    e: &Entry,
+    xattrs: bool,
+) -> nix::Result<()> {
     let (dir, name) = holder_of(dst, &e.rel)?;
     let dir = dir.as_fd();
     if e.kind == Kind::File {

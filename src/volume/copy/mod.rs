@@ -11,6 +11,7 @@
 //! mounted read-only in a private directory, the target after mkfs. A raw block clone is
 //! copied device to device instead (`raw`), with the same record, jobs and progress.
 
+pub mod base;
 pub mod data;
 pub mod delta;
 pub mod measure;
@@ -64,6 +65,9 @@ pub struct CopyRequest {
     /// only over the same walk (a digest of every entry), and one that starts over
     /// empties the target first, so nothing the source no longer has is kept.
     pub target_reused: bool,
+    /// An earlier copy of the same source on the target's filesystem: files unchanged
+    /// since it are linked from it, not copied (`base`).
+    pub base: Option<Arc<base::Base>>,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -100,11 +104,12 @@ pub fn copy_tree_at(
             src,
             dst,
             &req.target,
-            &plan.entries,
+            &plan.copied,
             &plan.links,
             req.streams,
             req.live,
         )?;
+        link_from_base(src, dst, req, &plan)?;
         saved.structure_done = true;
         progress.set(saved.clone())?;
     }
@@ -121,6 +126,7 @@ pub fn copy_tree_at(
     tracing::info!(
         source = %req.label,
         entries = plan.entries.len(),
+        linked = plan.linked.len(),
         bytes = plan.total,
         piece = plan.piece,
         streams = req.streams,
@@ -133,6 +139,11 @@ pub fn copy_tree_at(
 /// What the walk found, and its data cut in units for the streams.
 struct TreePlan {
     entries: Vec<walk::Entry>,
+    /// Files linked from the base, unchanged since it.
+    linked: Vec<walk::Entry>,
+    /// The root and every entry not linked: what is made, copied, verified and finished.
+    copied: Vec<walk::Entry>,
+    /// Of `copied`.
     links: meta::Links,
     /// Data bytes of the files that carry data (one name per inode).
     total: u64,
@@ -147,12 +158,25 @@ impl TreePlan {
         } else {
             walk::walk(src, &req.source)?
         };
-        let links = meta::links(&entries);
-        let total: u64 = links.primaries.iter().map(|&i| entries[i].size()).sum();
+        let unchanged = match &req.base {
+            Some(base) => base.unchanged(&entries),
+            None => Default::default(),
+        };
+        let (mut linked, mut copied) = (Vec::new(), Vec::new());
+        for (i, e) in entries.iter().enumerate() {
+            match unchanged.contains(&i) {
+                true => linked.push(e.clone()),
+                false => copied.push(e.clone()),
+            }
+        }
+        let links = meta::links(&copied);
+        let total: u64 = links.primaries.iter().map(|&i| copied[i].size()).sum();
         let piece = data::piece_len(total, req.streams, req.chunk);
-        let units = data::units(&entries, &links.primaries, piece);
+        let units = data::units(&copied, &links.primaries, piece);
         Ok(TreePlan {
             entries,
+            linked,
+            copied,
             links,
             total,
             piece,
@@ -176,7 +200,7 @@ fn resume_or_start(
         total_bytes: total,
         piece,
         walk: if req.live || req.target_reused {
-            walk_digest(&plan.entries)
+            walk_digest(plan, req.base.as_deref())
         } else {
             String::new()
         },
@@ -193,6 +217,25 @@ fn resume_or_start(
     let saved = resumed.unwrap_or(fresh);
     progress.set(saved.clone())?;
     Ok(saved)
+}
+
+/// The files unchanged since the base linked from it (their directories exist).
+fn link_from_base(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    req: &CopyRequest,
+    plan: &TreePlan,
+) -> Result<()> {
+    let Some(base) = &req.base else {
+        return Ok(());
+    };
+    let copied = base.link_into(src, dst, &req.target, &plan.linked, req.verify, req.streams)?;
+    crate::runtime::faults::reached(crate::runtime::faults::KillPoint::SnapshotAfterLinks);
+    if copied > 0 {
+        tracing::warn!(source = %req.label, base = %base.label, copied,
+            "files unchanged since the base snapshot copied: the base's copy could not be linked");
+    }
+    Ok(())
 }
 
 /// The files' data, from the units `saved` says are not done yet.
@@ -212,7 +255,7 @@ fn copy_data(
     };
     data::copy_units(
         &roots,
-        &plan.entries,
+        &plan.copied,
         &plan.units,
         (saved.watermark, &saved.done_above),
         req.streams,
@@ -236,7 +279,7 @@ fn link_and_verify(
     req: &CopyRequest,
     plan: &TreePlan,
 ) -> Result<()> {
-    let entries = &plan.entries;
+    let entries = &plan.copied;
     meta::link_all(dst, &req.target, entries, &plan.links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
     if !req.live {
@@ -253,7 +296,7 @@ fn finish_metadata_and_sync(
     req: &CopyRequest,
     plan: &TreePlan,
 ) -> Result<()> {
-    let entries = &plan.entries;
+    let entries = &plan.copied;
     meta::finish_metadata(src, dst, &req.target, entries, req.streams, req.live)?;
     if !req.live && meta::has_xattrs(src) {
         verify::xattrs(src, dst, &req.target, entries, req.streams)?;
@@ -261,11 +304,20 @@ fn finish_metadata_and_sync(
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))
 }
 
-/// SHA-256 over every entry's name, kind, inode, size and times (`Saved::walk`).
-fn walk_digest(entries: &[walk::Entry]) -> String {
+/// SHA-256 over every entry's name, kind, inode, size and times, and the base with the
+/// names linked from it (`Saved::walk`): a copy resumes only over the same plan, so no
+/// name linked from one base is ever taken for a file of its own.
+fn walk_digest(plan: &TreePlan, base: Option<&base::Base>) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for e in entries {
+    if let Some(b) = base {
+        h.update(format!("base {}\0", b.label).as_bytes());
+        for e in &plan.linked {
+            h.update(e.rel.as_os_str().as_encoded_bytes());
+            h.update(b"\0");
+        }
+    }
+    for e in &plan.entries {
         let st = &e.st;
         h.update(e.rel.as_os_str().as_encoded_bytes());
         h.update(

@@ -43,7 +43,7 @@ pub fn verify(
     super::each_in_parallel(below_root, streams, |e| verify_one(src, dst, shown, e, how))
 }
 
-fn verify_one(
+pub(super) fn verify_one(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,

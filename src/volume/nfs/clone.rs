@@ -247,6 +247,7 @@ fn copy_request(req: &CreateVolume<'_>, id: &NfsVolumeId, label: String) -> Copy
         verify: verify_of(req),
         live: false,
         target_reused: false,
+        base: None,
     }
 }
 

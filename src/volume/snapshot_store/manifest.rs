@@ -3,12 +3,16 @@
 //! snapshot is ready exactly when its manifest exists and a half-written one never is.
 
 use std::os::fd::AsFd;
+
+use nix::fcntl::AtFlags;
+use nix::sys::stat::fstatat;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 pub use crate::request::snapshot::Content;
+use crate::volume::copy::base::{Base, BaseFile, SourceStat};
 use crate::volume::copy::walk::{Entry, Kind};
 
 pub const FILE: &str = "manifest.json";
@@ -23,6 +27,13 @@ pub struct ManifestEntry {
     pub size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// A file's source as the copy walked it: what a later snapshot compares with to link
+    /// the file instead of copying it (`copy::base`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceStat>,
+    /// A file's copy on the store: its inode (the one a later snapshot links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_ino: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,51 +57,89 @@ pub struct Manifest {
     /// How long the source's filesystem was frozen for the last pass (a mounted volume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freeze_seconds: Option<f64>,
+    /// The snapshot whose unchanged files this one links (an incremental snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_snapshot_id: Option<String>,
+    /// Data bytes this snapshot wrote to the store (linked files wrote none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_bytes: Option<u64>,
     #[serde(default)]
     pub entries: Vec<ManifestEntry>,
 }
 
 impl Manifest {
-    /// The entries of a file tree (below its root), with each file's SHA-256 read from
-    /// the copy in `tree` when `checksums`.
+    /// The entries of a file tree (below its root), each file with its source's stat and
+    /// its copy's inode, and its SHA-256 when `checksums`: read from the copy in `tree`, or
+    /// carried over from `base` for a file linked from it (the same inode, so the same
+    /// bytes; linked only when the delta rules found it unchanged).
     pub fn list(
         &mut self,
         entries: &[Entry],
         tree: &super::SnapshotDir,
         checksums: bool,
+        base: Option<&Base>,
     ) -> Result<()> {
         let root = tree.dup()?;
-        let tree = Path::new(tree.location());
-        self.data_bytes = 0;
+        let shown = Path::new(tree.location());
+        (self.data_bytes, self.written_bytes) = (0, Some(0));
+        self.base_snapshot_id = base.map(|b| b.label.clone());
         let mut counted = std::collections::HashSet::new();
         self.entries = Vec::with_capacity(entries.len().saturating_sub(1));
         for e in entries.iter().skip(1) {
-            let kind = match e.kind {
-                Kind::Dir => "dir",
-                Kind::File => "file",
-                Kind::Symlink => "symlink",
-                Kind::Special => "special",
-            };
-            let sha256 = if checksums && e.kind == Kind::File {
-                Some(
-                    crate::volume::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
-                        .map_err(|x| Error::io("checksum", tree.join(&e.rel), x.into()))?,
-                )
-            } else {
-                None
-            };
-            if e.kind == Kind::File && counted.insert((e.st.st_dev, e.st.st_ino)) {
-                let allocated = (e.st.st_blocks.max(0) as u64).saturating_mul(512);
-                self.data_bytes += e.size().min(allocated);
-            }
-            self.entries.push(ManifestEntry {
+            let mut entry = ManifestEntry {
                 path: e.rel.to_string_lossy().into_owned(),
-                kind: kind.into(),
+                kind: kind_name(e.kind).into(),
                 size: e.size(),
-                sha256,
-            });
+                sha256: None,
+                source: None,
+                stored_ino: None,
+            };
+            if e.kind == Kind::File {
+                let stored = fstatat(root.as_fd(), &e.rel, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|x| Error::io("stat", shown.join(&e.rel), x.into()))?;
+                let from_base = base
+                    .and_then(|b| b.files.get(&e.rel))
+                    .filter(|b| b.stored_ino == stored.st_ino);
+                entry.sha256 = match from_base {
+                    Some(BaseFile {
+                        sha256: Some(d), ..
+                    }) if checksums => Some(d.clone()),
+                    _ if checksums => Some(
+                        crate::volume::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
+                            .map_err(|x| Error::io("checksum", shown.join(&e.rel), x.into()))?,
+                    ),
+                    _ => None,
+                };
+                if counted.insert((e.st.st_dev, e.st.st_ino)) {
+                    let allocated = (e.st.st_blocks.max(0) as u64).saturating_mul(512);
+                    self.data_bytes += e.size().min(allocated);
+                    if from_base.is_none() {
+                        *self.written_bytes.get_or_insert(0) += e.size().min(allocated);
+                    }
+                }
+                (entry.source, entry.stored_ino) =
+                    (Some(SourceStat::of(&e.st)), Some(stored.st_ino));
+            }
+            self.entries.push(entry);
         }
         Ok(())
+    }
+
+    /// Its files as a later snapshot's base: each recorded with its source's stat and its
+    /// copy's inode (a manifest written before those were recorded gives none).
+    pub fn base_files(&self) -> std::collections::HashMap<std::path::PathBuf, BaseFile> {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == "file")
+            .filter_map(|e| {
+                let file = BaseFile {
+                    source: e.source?,
+                    stored_ino: e.stored_ino?,
+                    sha256: e.sha256.clone(),
+                };
+                Some((std::path::PathBuf::from(&e.path), file))
+            })
+            .collect()
     }
 
     /// Each file's path and recorded SHA-256 (none unless taken with checksums).
@@ -102,12 +151,30 @@ impl Manifest {
             .collect()
     }
 
-    /// Written into `dir` atomically; from now on the snapshot is ready.
-    pub fn write(&self, dir: &super::SnapshotDir) -> Result<()> {
+    /// Written into `dir` atomically; from now on the snapshot is ready. Returns the
+    /// SHA-256 of what was written: this node keeps it, to know the manifest again when it
+    /// reads it back as a later snapshot's base.
+    pub fn write(&self, dir: &super::SnapshotDir) -> Result<String> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {
             path: dir.shown(FILE).into(),
             reason: e.to_string(),
         })?;
-        dir.write_atomic(FILE, &bytes)
+        dir.write_atomic(FILE, &bytes)?;
+        Ok(digest(&bytes))
+    }
+}
+
+/// The SHA-256 of a manifest's bytes, as `write` answers it.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Dir => "dir",
+        Kind::File => "file",
+        Kind::Symlink => "symlink",
+        Kind::Special => "special",
     }
 }

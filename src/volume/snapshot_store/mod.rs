@@ -43,7 +43,7 @@ pub struct SnapshotDir {
 #[derive(Debug)]
 pub enum Owner {
     /// Ours, for the id asked for; the manifest when one is there (the snapshot is ready).
-    Ours(Option<Manifest>),
+    Ours(Option<Box<Manifest>>),
     /// Ours by its id file, but its manifest is there and unreadable or names another
     /// snapshot: not restorable, listed as not ready.
     Damaged(&'static str),
@@ -149,6 +149,12 @@ impl SnapshotDir {
         std::io::Read::read_to_end(&mut std::io::Read::take(&file, max + 1), &mut bytes)
             .map_err(|e| Error::io("read", self.shown(name), e))?;
         Ok(Some(bytes))
+    }
+
+    /// The manifest's bytes as they are (None: there is none), for a reader that checks
+    /// them against what it wrote.
+    pub fn manifest_bytes(&self) -> Result<Option<Vec<u8>>> {
+        self.read_small(MANIFEST, MAX_MANIFEST)
     }
 
     /// A regular file of the directory opened read-only, never a symlink, a FIFO or a
@@ -293,7 +299,7 @@ impl SnapshotDir {
                 ))
             }
         }
-        Ok(Owner::Ours(Some(m)))
+        Ok(Owner::Ours(Some(Box::new(m))))
     }
 
     /// Takes an empty directory for snapshot `id` named `name` (its id file written), or

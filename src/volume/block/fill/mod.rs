@@ -150,6 +150,7 @@ fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest
         verify: verify_of(rec),
         live: false,
         target_reused: false,
+        base: None,
     }
 }
 

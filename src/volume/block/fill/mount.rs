@@ -78,7 +78,7 @@ impl SourceMount {
         // O_NOFOLLOW from here on.
         dir.subdir(TREE)?.ok_or_else(|| no_tree(id))?;
         match dir.owner(&id.to_string(), None)? {
-            Owner::Ours(m) => Ok((root, m)),
+            Owner::Ours(m) => Ok((root, m.map(|m| *m))),
             _ => Err(SnapshotError::NotFound { id: id.to_string() }.into()),
         }
     }

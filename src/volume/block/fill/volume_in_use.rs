@@ -196,6 +196,7 @@ impl LiveThenFrozen {
         let live_req = CopyRequest {
             live: true,
             target_reused: true,
+            base: None,
             ..self.req.clone()
         };
         let before = copy_tree_at(src.as_fd(), dst.as_fd(), &live_req, &self.progress)?;
