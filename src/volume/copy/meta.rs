@@ -123,7 +123,9 @@ pub(super) fn create_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, e: &Entry) ->
                 return Err(Errno::EEXIST);
             }
             // A name with other links may share its inode with another snapshot's copy
-            // (`base`): replaced, never written through.
+            // (`base`): replaced, never written through. The structure is made before any
+            // data is copied, and `link_all` links further names again, so a run cut
+            // short loses nothing here.
             if existing.is_some_and(|st| st.st_nlink > 1) {
                 unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
             }
@@ -173,10 +175,15 @@ pub fn link_all(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry], links: &Li
                     let a = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
                     let b = fstatat(fdir.as_fd(), fname, AtFlags::AT_SYMLINK_NOFOLLOW)?;
                     if a.st_ino == b.st_ino {
-                        Ok(())
-                    } else {
-                        Err(Errno::EEXIST)
+                        return Ok(());
                     }
+                    // Ours from a run cut short, whose first name was made anew since
+                    // (`create_one`): the name is replaced, never a directory.
+                    if kind_of(&a) == Kind::Dir {
+                        return Err(Errno::EEXIST);
+                    }
+                    unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
+                    linkat(fdir.as_fd(), fname, dir.as_fd(), name, AtFlags::empty())
                 }
                 other => other,
             }
