@@ -28,7 +28,7 @@ use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
 use super::{meta, verify, Verify};
 use crate::error::{Error, Result};
 
-/// What the delta rules compare of a source file, as a manifest keeps it.
+/// What the delta rules compare of an entry (`delta::same`), as a manifest keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceStat {
     pub ino: u64,

@@ -19,6 +19,7 @@ use nix::fcntl::AtFlags;
 use nix::sys::stat::fstatat;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
+use super::base::SourceStat;
 use super::walk::{self, kind_of, open_dir, Entry, Kind};
 use super::{data, meta, verify, Progress, Verify};
 use crate::error::{Error, Result};
@@ -35,15 +36,7 @@ pub struct Changes {
 }
 
 fn same(a: &Entry, b: &Entry) -> bool {
-    let (x, y) = (&a.st, &b.st);
-    a.kind == b.kind
-        && (
-            x.st_ino, x.st_size, x.st_mode, x.st_uid, x.st_gid, x.st_nlink,
-        ) == (
-            y.st_ino, y.st_size, y.st_mode, y.st_uid, y.st_gid, y.st_nlink,
-        )
-        && (x.st_mtime, x.st_mtime_nsec, x.st_ctime, x.st_ctime_nsec)
-            == (y.st_mtime, y.st_mtime_nsec, y.st_ctime, y.st_ctime_nsec)
+    a.kind == b.kind && SourceStat::of(&a.st) == SourceStat::of(&b.st)
 }
 
 /// Walks `src` again and brings `dst` (a copy of `src` as `before` lists it) up to it.
