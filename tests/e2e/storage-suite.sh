@@ -56,24 +56,11 @@ for i in 1 2; do DEVICES+=("$(make_loop "$WORK/carve$i.img" $((48 * GiB)))"); do
 for i in 1 2 3 4 5 6 7 8; do DEVICES+=("$(make_loop "$WORK/whole$i.img" "$GiB")"); done
 rig_chart_values "${DEVICES[@]}"
 # gdsPolicy preferred: this node has no GPU; volumes publish in compat mode and say so.
-# Snapshots on, onto a store directory on this host (the chart's VolumeSnapshotClass
-# gds-csi-snapshots, which the definitions name): the suite's snapshot patterns run.
-SNAPSHOT_STORE=$WORK/snapshot-store
-mkdir -p "$SNAPSHOT_STORE"
 helm_set+=(--set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred
-  --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s
-  --set snapshots.enabled=true --set snapshots.class.storeDir="$SNAPSHOT_STORE")
+  --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s)
 check "helm install of the chart" "$HELM" install gds-csi "$HERE/../../deploy/helm/gds-csi" \
   --namespace "$NS" --create-namespace "${helm_set[@]}"
 check "the node DaemonSet rolls out" "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
-check "the snapshot-controller Deployment rolls out" \
-  "$KUBECTL" -n "$NS" rollout status deploy/gds-csi-snapshot-controller --timeout 120s
-# The csi-snapshotter logs this once it found the driver's snapshot capability and started
-# its controller (external-snapshotter v8.7.0 pkg/sidecar-controller/snapshot_controller_base.go:175).
-snapshotter_started() {
-  "$KUBECTL" -n "$NS" logs ds/gds-csi-node -c csi-snapshotter 2>/dev/null | grep -q 'Starting CSI snapshotter'
-}
-check "the csi-snapshotter sidecar started" wait_for 60 snapshotter_started
 csinode_driver() {
   [[ "$("$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].name}")" == "$DRIVER" ]]
 }
@@ -108,15 +95,12 @@ if [ "$TIER" = ci ]; then
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] fsgroupchangepolicy \(OnRootMismatch\)\[LinuxOnly\], pod created with an initial fsgroup, new pod fsgroup applied to volume contents'
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] volumes should allow exec of files on the volume'
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)\] read-write-once-pod.* should block a second pod from using an in-use ReadWriteOncePod volume on the same node'
-    '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic Snapshot \(delete policy\)\] snapshottable.* should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\)'
   )
   FOCUS="External.Storage ($(IFS='|'; echo "${CI_TESTS[*]}"))"
 fi
 # The tests mostly wait (pods, claims, polls): more processes than cores keep the node
 # busy. The CI tier runs all of its tests at once.
 PROCS=${GDS_SUITE_PROCS:-6}
-# A developer's subset: GDS_SUITE_FOCUS replaces the tier's focus (a regular expression).
-FOCUS=${GDS_SUITE_FOCUS:-$FOCUS}
 [ "$TIER" = full ] || PROCS=${GDS_SUITE_PROCS:-8}
 REPORT=$WORK/storage-suite.json
 suite_rc=0
