@@ -765,23 +765,7 @@ fn node_states(vol: &Path) -> Vec<NodeState> {
             nvme: true,
             udev: true,
             md_rule: None,
-            extra: &[
-                (
-                    "proc/sys/kernel/osrelease",
-                    "5.14.0-427.13.1.el9_4.x86_64\n",
-                ),
-                ("proc/kallsyms", "0000000000000000 D p2pdma_pgmap_ops\n"),
-                ("proc/modules", "nvme 1 0 - Live\n"),
-                (
-                    "proc/driver/nvidia/version",
-                    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06\n",
-                ),
-                (
-                    "proc/driver/nvidia/params",
-                    "RegistryDwords: \"RMForceStaticBar1=1;RmForceDisableIomapWC=1;\"\n",
-                ),
-                ("sys/module/nvme_core/parameters/multipath", "N\n"),
-            ],
+            extra: p2p_node("5.14.0-427.13.1.el9_4.x86_64"),
             env: &[("FAKE_CUFILE_DSTATUS", "16")],
             gds_dev: true,
             refused: None,
