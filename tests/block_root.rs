@@ -497,3 +497,39 @@ async fn single_writer_ignores_copies_of_its_mounts_propagated_elsewhere() {
         );
     }
 }
+
+fn monotonic_ns() -> u128 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given and nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    assert_eq!(rc, 0);
+    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
+}
+
+/// The windows `tools/stage-trace.sh` reads: one plain NodeStage of a fresh volume (mkfs
+/// included), and an idle window as long, so that background work can be told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by tools/stage-trace.sh under bpftrace"]
+async fn stage_trace_windows() {
+    let Some(mut rig) = Rig::new(1) else { return };
+    let mut c = rig.start().await;
+    let id = requests::create_volume(&mut c, create_req("traced"))
+        .await
+        .volume_id;
+    let staging = rig.path("staging/v");
+    fs::create_dir_all(&staging).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let t0 = monotonic_ns();
+    stage(&mut c, &id, &staging).await.unwrap();
+    let t1 = monotonic_ns();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let t2 = monotonic_ns();
+    tokio::time::sleep(std::time::Duration::from_nanos((t1 - t0) as u64)).await;
+    let t3 = monotonic_ns();
+    println!("STAGE_WINDOW {t0} {t1}");
+    println!("IDLE_WINDOW {t2} {t3}");
+    requests::unstage(&mut c, &id, &staging).await.unwrap();
+}

@@ -24,14 +24,14 @@ impl NodeService {
         let _guard = d.locks.try_lock(LockKey::Volume(&stage.raw()))?;
         match &stage {
             ForVolume::Block(id, req) => {
-                d.block.stage(id, req).await?;
-                // Filled now: a snapshot it was restored from may be deleted.
-                if let Ok(ctx) = d.snapshot_context() {
+                let staged = d.block.stage(id, req).await?;
+                // Filled now: the snapshot it was restored from may be deleted.
+                if let (Some(_), Ok(ctx)) = (staged.restored_from, d.snapshot_context()) {
                     crate::snapshot::restore::unmark(&ctx, &stage.raw()).await;
                 }
                 Ok(())
             }
-            ForVolume::Nfs(id, req) => d.nfs()?.stage(id, req).await,
+            ForVolume::Nfs(id, req) => d.nfs()?.stage(id, req).await.map(drop),
             ForVolume::Unknown(raw) => d.unknown_volume(Call::Stage, raw),
         }
     }

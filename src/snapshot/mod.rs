@@ -78,7 +78,7 @@ impl Record {
 fn answer_of(m: &Manifest) -> csi::Snapshot {
     let created = (m.created_secs, m.created_nanos);
     answer(
-        &m.snapshot_id,
+        &m.snapshot_id.to_string(),
         &m.source_volume_id,
         created,
         m.size_bytes,

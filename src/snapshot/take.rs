@@ -175,7 +175,7 @@ async fn open_base(ctx: &Context<'_>, base: &Record, new: &Opened) -> Result<Opt
                 return Ok(None);
             };
             let m = match serde_json::from_slice::<Manifest>(&bytes) {
-                Ok(m) if manifest::digest(&bytes) == want && m.snapshot_id == text => m,
+                Ok(m) if manifest::digest(&bytes) == want && m.snapshot_id.to_string() == text => m,
                 _ => return Ok(None),
             };
             let Some(tree) = dir.subdir(TREE)? else {
@@ -473,7 +473,7 @@ impl Job {
 fn manifest_of(head: &Record, source_node: &str, content: Content) -> Manifest {
     Manifest {
         format: manifest::FORMAT,
-        snapshot_id: head.id.to_string(),
+        snapshot_id: head.id.clone(),
         name: head.name.clone(),
         source_volume_id: head.source_volume_id.raw(),
         source_node: source_node.to_owned(),

@@ -50,6 +50,13 @@ pub struct Expanded {
     pub node_expansion_required: bool,
 }
 
+/// What a NodeStage leaves the handler to finish: the snapshot a volume was restored
+/// from, now filled, whose restore mark can come off the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Staged {
+    pub restored_from: Option<crate::csi::id::SnapshotId>,
+}
+
 #[async_trait]
 pub trait VolumeBackend: Send + Sync {
     /// This backend's parsed volume id.
@@ -73,7 +80,7 @@ pub trait VolumeBackend: Send + Sync {
         id: &Self::Id,
         caps: &[csi::VolumeCapability],
     ) -> Result<Option<String>>;
-    async fn stage(&self, id: &Self::Id, req: &Stage<Self::Capability>) -> Result<()>;
+    async fn stage(&self, id: &Self::Id, req: &Stage<Self::Capability>) -> Result<Staged>;
     async fn unstage(&self, id: &Self::Id, staging: &Path) -> Result<()>;
     async fn publish(&self, id: &Self::Id, req: &Publish<Self::Capability>) -> Result<()>;
     async fn unpublish(&self, id: &Self::Id, target: &Path) -> Result<()>;

@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::{BlockBackend, Located};
 use crate::error::{Error, Result, VolumeError};
-use crate::os::{FsType, Host, Signature};
+use crate::os::{FsType, Host, Signature, StripeGeometry};
 use crate::pool::{describe_signatures, VolumeRecord};
 use crate::runtime::faults::{self, KillPoint};
 
@@ -78,12 +78,13 @@ pub(crate) async fn format_if_blank(b: &BlockBackend, vol: &mut Located, fs: FsT
         FormatDecision::Refuse(why) => Err(VolumeError::FormatRefused(why).into()),
         FormatDecision::Format => {
             b.verify_located(vol)?;
+            let geometry = b.layout_of(vol.id.layout).mkfs_geometry(&vol.record)?;
             let job = format_job(
                 Arc::clone(&b.mounter.host),
                 vol.id.to_string(),
                 vol.device.path.clone(),
                 vol.record.clone(),
-                fs,
+                (fs, geometry),
             );
             b.pool.jobs.run(&key, "mkfs", job).await?;
             mark_formatted(b, vol, fs)
@@ -102,7 +103,7 @@ async fn format_job(
     volume_id: String,
     device: PathBuf,
     record: VolumeRecord,
-    fs: FsType,
+    (fs, geometry): (FsType, Option<StripeGeometry>),
 ) -> Result<()> {
     let _hold = crate::os::hold_when_free(host.as_ref(), &device, crate::os::HOLD_PATIENCE).await?;
     let sigs = host.probe_signatures(&device).await?;
@@ -112,8 +113,7 @@ async fn format_job(
         FormatDecision::Refuse(why) => return Err(VolumeError::FormatRefused(why).into()),
     }
     info!(%volume_id, device = %device.display(), fs = fs.as_str(), uuid = %record.fs_uuid, "formatting fresh device");
-    let stripe = super::stripe::array::mkfs_geometry(&record)?;
-    host.mkfs(&device, fs, &record.fs_uuid, stripe).await?;
+    host.mkfs(&device, fs, &record.fs_uuid, geometry).await?;
     faults::reached(KillPoint::AfterMkfs);
     Ok(())
 }

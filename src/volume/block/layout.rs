@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use crate::csi::id::BlockVolumeId;
 use crate::error::Result;
-use crate::os::{Host, MountEntry};
+use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{AllocationRequest, PoolDevice, VolumeRecord};
 
 /// GetCapacity's answer for this layout.
@@ -52,6 +52,10 @@ pub trait Layout: Send + Sync {
     /// be there at all (a stripe's md array assembled). Idempotent.
     async fn prepare_stage(&self, _host: &dyn Host, _id: &BlockVolumeId) -> Result<()> {
         Ok(())
+    }
+    /// The geometry mkfs aligns the volume's filesystem to (a stripe's chunk and width).
+    fn mkfs_geometry(&self, _record: &VolumeRecord) -> Result<Option<StripeGeometry>> {
+        Ok(None)
     }
     /// NodeUnstage's step once nothing is mounted: what `prepare_stage` made taken down
     /// again (a stripe's array stopped). Idempotent.

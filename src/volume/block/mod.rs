@@ -36,7 +36,7 @@ use crate::pool::Content;
 use crate::pool::{Pool, PoolDevice, VolumeRecord};
 use crate::request::Capability;
 use crate::volume::mounts::Mounter;
-use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
+use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, Staged, VolumeBackend};
 
 /// Which node this is, as the block backend's volumes and topology name it.
 #[derive(Debug, Clone)]
@@ -272,7 +272,7 @@ impl VolumeBackend for BlockBackend {
         controller::validate(self, id, caps)
     }
 
-    async fn stage(&self, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<()> {
+    async fn stage(&self, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<Staged> {
         stage::stage(self, id, req).await
     }
 

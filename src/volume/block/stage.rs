@@ -4,12 +4,14 @@
 use std::path::Path;
 
 use super::{fill, format, BlockBackend, Located};
-use crate::csi::id::BlockVolumeId;
+use crate::csi::id::{BlockVolumeId, SnapshotId};
 use crate::error::{Error, MountError, Result, VolumeError};
 use crate::os::{mountinfo, DeviceUse, FsType, MountEntry};
+use crate::pool::{SourceOf, VolumeRecord};
 use crate::request::node::Stage;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
+use crate::volume::Staged;
 
 /// NodeStageVolume of a block volume, one pipeline over the parsed request: the pool
 /// ready → the layout's own preparation (a stripe's array assembled) → the clones of
@@ -18,7 +20,11 @@ use crate::runtime::faults::{self, KillPoint};
 /// filesystem one formatted first: nothing can publish it half copied) → format if blank,
 /// mount and verify the options GDS needs (mount access; a raw block volume is published
 /// straight from its device node).
-pub async fn stage(b: &BlockBackend, id: &BlockVolumeId, req: &Stage<Capability>) -> Result<()> {
+pub async fn stage(
+    b: &BlockBackend,
+    id: &BlockVolumeId,
+    req: &Stage<Capability>,
+) -> Result<Staged> {
     let cap = &req.capability;
     b.check_ready()?;
     b.layout_of(id.layout)
@@ -27,10 +33,20 @@ pub async fn stage(b: &BlockBackend, id: &BlockVolumeId, req: &Stage<Capability>
     fill::fill_clones_of(b, id).await?;
     let mut vol = b.locate(id)?;
     fill::fill(b, &mut vol, cap).await?;
-    if cap.access == Access::Block {
-        return Ok(());
+    if cap.access == Access::Mount {
+        mount(b, &mut vol, &req.staging, cap).await?;
     }
-    mount(b, &mut vol, &req.staging, cap).await
+    Ok(Staged {
+        restored_from: restored_from(&vol.record),
+    })
+}
+
+/// The snapshot a volume's record says it was restored from.
+fn restored_from(rec: &VolumeRecord) -> Option<SnapshotId> {
+    match &rec.source.as_ref()?.of {
+        SourceOf::Snapshot { id, .. } => Some(id.clone()),
+        SourceOf::Volume(_) => None,
+    }
 }
 
 /// NodeUnstageVolume of a block volume: its filesystem unmounted from the staging path

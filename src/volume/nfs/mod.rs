@@ -30,7 +30,7 @@ use crate::os::{mountinfo, Anchored, Host, MountEntry};
 use crate::pool::{Content, SourceOf};
 use crate::request::{nfs_options, CreateVolume, NfsCapability};
 use crate::volume::mounts::Mounter;
-use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, VolumeBackend};
+use crate::volume::{ContentView, Expand, Expanded, Publish, Stage, Staged, VolumeBackend};
 
 pub use crate::request::{MountOptions, NfsParams, NfsVolumeId, OnDelete, Transport};
 pub use registry::{NfsRecord, Registry};
@@ -245,8 +245,8 @@ impl VolumeBackend for NfsBackend {
         controller::validate(self, id, caps).await
     }
 
-    async fn stage(&self, id: &NfsVolumeId, req: &Stage<NfsCapability>) -> Result<()> {
-        node::stage(self, id, req).await
+    async fn stage(&self, id: &NfsVolumeId, req: &Stage<NfsCapability>) -> Result<Staged> {
+        node::stage(self, id, req).await.map(|()| Staged::default())
     }
 
     async fn unstage(&self, id: &NfsVolumeId, staging: &Path) -> Result<()> {

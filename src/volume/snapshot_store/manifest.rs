@@ -10,6 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::csi::id::SnapshotId;
 use crate::error::{Error, Result};
 pub use crate::request::snapshot::Content;
 use crate::volume::copy::base::{Base, BaseFile, SourceStat};
@@ -39,7 +40,7 @@ pub struct ManifestEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: u32,
-    pub snapshot_id: String,
+    pub snapshot_id: SnapshotId,
     pub name: String,
     pub source_volume_id: String,
     pub source_node: String,

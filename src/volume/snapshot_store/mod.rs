@@ -288,16 +288,13 @@ impl SnapshotDir {
         let Ok(m) = serde_json::from_slice::<Manifest>(&manifest) else {
             return Ok(Owner::Damaged("its manifest cannot be read as one"));
         };
-        if m.snapshot_id != id || name.is_some_and(|n| n != m.name) {
+        if m.snapshot_id.to_string() != id || name.is_some_and(|n| n != m.name) {
             return Ok(Owner::Damaged("its manifest names another snapshot"));
         }
-        match crate::request::snapshot::SnapshotId::parse(&m.snapshot_id) {
-            Some(sid) if crate::request::snapshot::names_dir(&m.name, &sid.dir) => {}
-            _ => {
-                return Ok(Owner::Damaged(
-                    "its manifest's name is not the one its id names",
-                ))
-            }
+        if !crate::request::snapshot::names_dir(&m.name, &m.snapshot_id.dir) {
+            return Ok(Owner::Damaged(
+                "its manifest's name is not the one its id names",
+            ));
         }
         Ok(Owner::Ours(Some(Box::new(m))))
     }

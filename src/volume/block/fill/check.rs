@@ -1,27 +1,13 @@
 //! CreateVolume of a clone: its source checked and its kind told before anything is
 //! allocated; DeleteVolume of a source refused while a clone of it is not filled.
 
-use super::done;
+use super::unfilled_clones_of;
 use super::volume::check_source;
-use crate::csi::id::BlockVolumeId;
 use crate::error::{CloneError, Error, Result};
 use crate::pool::{RecordedSource, SourceOf};
 use crate::request::{self, Access};
 use crate::volume::block::fill::source::{self, Source};
 use crate::volume::block::BlockBackend;
-
-/// Block clones of `source` recorded but not filled yet.
-pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<BlockVolumeId>> {
-    let state = b.pool.state.snapshot();
-    let mut out = Vec::new();
-    for (id, rec) in state.entries() {
-        let names = rec.source.as_ref().is_some_and(|s| s.id() == source);
-        if names && !rec.deleting && !done(b, &id.to_string())? {
-            out.push(id.clone());
-        }
-    }
-    Ok(out)
-}
 
 /// DeleteVolume of a clone's source: refused while a clone of it is not filled (its copy
 /// is made from the source at the clone's first NodeStage).

@@ -77,14 +77,15 @@ fn verify_recorded(
 ) -> Result<()> {
     let root = open_dir(target)?;
     let digests = m.digests();
-    let shown = Path::new(&m.snapshot_id);
+    let id = m.snapshot_id.to_string();
+    let shown = Path::new(&id);
     if let Some((path, recorded, found)) =
         crate::volume::copy::verify::first_mismatch(root.as_fd(), shown, &digests)?
     {
         crate::volume::copy::delta::empty(root.as_fd(), target)?;
         progress.set(Saved::default())?;
         return Err(crate::error::StoreError::Corrupt {
-            id: m.snapshot_id.clone(),
+            id,
             path,
             recorded,
             found,

@@ -57,7 +57,7 @@ use crate::volume::block::BlockBackend;
 use crate::volume::block::{format, Located};
 use crate::volume::copy::{CopyRequest, Progress, Saved, Verify};
 
-pub use check::{check_clone, clone_access, refuse_unfilled_clones, unfilled_clones_of};
+pub use check::{check_clone, clone_access, refuse_unfilled_clones};
 pub use leftovers::unmount_leftovers;
 pub use stage::{pending, run, Pending};
 pub(crate) use volume::in_use;
@@ -125,6 +125,19 @@ fn progress_path(b: &BlockBackend, id: &str) -> PathBuf {
 
 fn copy_dir(b: &BlockBackend, id: &str) -> PathBuf {
     b.pool.state_dir().join("clone-mnt").join(short(id))
+}
+
+/// Block clones of `source` recorded but not filled yet.
+pub fn unfilled_clones_of(b: &BlockBackend, source: &str) -> Result<Vec<BlockVolumeId>> {
+    let state = b.pool.state.snapshot();
+    let mut out = Vec::new();
+    for (id, rec) in state.entries() {
+        let names = rec.source.as_ref().is_some_and(|s| s.id() == source);
+        if names && !rec.deleting && !done(b, &id.to_string())? {
+            out.push(id.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// Whether the clone is filled: its copy recorded done, and no last pass over a source in

@@ -34,7 +34,7 @@ use crate::csi::id::BlockVolumeId;
 use crate::disk::gpt::{self, volume, OnDisk};
 use crate::disk::md;
 use crate::error::{Error, LayoutError, Result};
-use crate::os::{Host, MountEntry};
+use crate::os::{Host, MountEntry, StripeGeometry};
 use crate::pool::{AllocationRequest, Pool, PoolDevice, StripeMember, StripeRecord, VolumeRecord};
 use crate::request::{stripe as params, StripeParams};
 
@@ -194,6 +194,10 @@ pub(crate) fn member_as_device(parent: &PoolDevice, carved: &gpt::Carved) -> Res
 
 #[async_trait]
 impl Layout for Striped {
+    fn mkfs_geometry(&self, record: &VolumeRecord) -> Result<Option<StripeGeometry>> {
+        array::mkfs_geometry(record)
+    }
+
     async fn allocate(
         &self,
         host: &dyn Host,
