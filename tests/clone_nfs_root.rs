@@ -71,19 +71,14 @@ fn build_dataset(root: &Path) -> Vec<PathBuf> {
     files
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() {
-    let Some(rig) = Rig::with_sizes(&[256 << 20]) else {
-        return;
-    };
-    let export = rig.path("export");
-    fs::create_dir_all(&export).unwrap();
+/// The driver in process over `export` (bind mounts standing in for NFS mounts of it).
+fn driver_over(rig: &Rig, export: &Path) -> Driver {
     let host = Arc::new(HostDouble::nfs_by_bind(
         RealHost {
             command_timeout: Duration::from_secs(60),
             mount_timeout: Duration::from_secs(30),
         },
-        export.clone(),
+        export.to_owned(),
     ));
     let state = rig.path("state");
     let pool = Pool::open(PoolConfig {
@@ -95,14 +90,25 @@ async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() 
         state_dir: state.clone(),
     })
     .unwrap();
-    let driver = Driver::new(
+    Driver::new(
         "gds.csi.gds-csi.io".into(),
         "node-a".into(),
         vec![rig.dir.path().to_owned()],
         pool,
         host,
     )
-    .with_nfs(NfsStore::open(&state, Duration::from_secs(30)).unwrap());
+    .with_nfs(NfsStore::open(&state, Duration::from_secs(30)).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() {
+    let Some(rig) = Rig::with_sizes(&[256 << 20]) else {
+        return;
+    };
+    let export = rig.path("export");
+    fs::create_dir_all(&export).unwrap();
+    let state = rig.path("state");
+    let driver = driver_over(&rig, &export);
     let mut c = common::serve_in_process(Arc::new(driver), rig.dir.path()).await;
 
     let mut nfs_req = requests::create_without_gds("data", requests::single_writer_mount());
@@ -190,4 +196,79 @@ async fn an_nfs_directory_is_copied_into_a_block_clone_before_it_is_published() 
         .await
         .unwrap();
     // The controller's export mount (a bind here) goes with the rig.
+}
+
+/// The record file of volume `id` in `state`.
+fn record_file(state: &Path, id: &str) -> PathBuf {
+    fs::read_dir(state.join("volumes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let stored: serde_json::Value = serde_json::from_slice(&fs::read(p).unwrap()).unwrap();
+            stored["id"] == id
+        })
+        .unwrap()
+}
+
+/// A dataset class's volume records its dataset as its source (and answers no content
+/// source: the CO named none); a record written before that, with the dataset only among
+/// its class's parameters, is brought to the same form at start-up and filled from it.
+#[test]
+fn a_dataset_is_recorded_as_the_volumes_source_and_older_records_get_it_at_start() {
+    let Some(rig) = Rig::with_sizes(&[256 << 20]) else {
+        return;
+    };
+    let export = rig.path("export");
+    let data = export.join("sets/a");
+    let files = build_dataset(&data);
+    let state = rig.path("state");
+    let id = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let driver = Arc::new(driver_over(&rig, &export));
+        let mut c = common::serve_in_process(driver, rig.dir.path()).await;
+        let mut req = requests::create_without_gds("fromset", requests::single_writer_mount());
+        for (k, v) in [
+            ("datasetServer", "192.0.2.1"),
+            ("datasetShare", "/export"),
+            ("datasetPath", "sets/a"),
+        ] {
+            req.parameters.insert(k.into(), v.into());
+        }
+        let vol = requests::create_volume(&mut c, req).await;
+        assert_eq!(vol.content_source, None);
+        vol.volume_id
+    });
+    // The first driver is gone with its runtime: its state dir lock too.
+    let path = record_file(&state, &id);
+    let mut stored: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    let dataset = stored["record"]["source"]["of"]["dataset"].clone();
+    assert!(
+        dataset
+            .as_str()
+            .is_some_and(|d| d.starts_with("nfs:") && d.contains(":~export:sets~a:192.0.2.1")),
+        "{stored}"
+    );
+    stored["record"].as_object_mut().unwrap().remove("source");
+    fs::write(&path, serde_json::to_vec(&stored).unwrap()).unwrap();
+
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let driver = Arc::new(driver_over(&rig, &export));
+        let second = rig.path("second");
+        fs::create_dir_all(&second).unwrap();
+        let mut c = common::serve_in_process(driver, &second).await;
+        let again: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            again["record"]["source"]["of"]["dataset"], dataset,
+            "{again}"
+        );
+        let (staging, target) = (rig.path("staging/set"), rig.path("pods/p/set"));
+        fs::create_dir_all(&staging).unwrap();
+        let cap = requests::single_writer_mount();
+        requests::stage_and_publish(&mut c, &id, &staging, &target, cap).await;
+        for f in &files {
+            let rel = f.strip_prefix(&data).unwrap();
+            assert_eq!(digest_file(f), digest_file(&target.join(rel)), "{rel:?}");
+        }
+        requests::unpublish(&mut c, &id, &target).await.unwrap();
+        requests::unstage(&mut c, &id, &staging).await.unwrap();
+    });
 }

@@ -1,14 +1,14 @@
 //! Where a volume gets its data, as CreateVolume records it with the allocation: a clone
-//! of another volume or a restore of a snapshot, and whether the copy is a raw block one.
-//! Written once with the record, so no crash leaves a clone without its source or its
-//! kind; read by the fill at the first NodeStage and answered as the Volume's
-//! `content_source`. A class's dataset is a class parameter and stays among them.
+//! of another volume, a restore of a snapshot or its class's dataset, and whether the copy
+//! is a raw block one. Written once with the record, so no crash leaves a clone without
+//! its source or its kind; read by the fill at the first NodeStage and answered as the
+//! Volume's `content_source` (a dataset is none: the CO never named it).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::csi::id::{SnapshotId, VolumeRef};
+use crate::csi::id::{NfsVolumeId, SnapshotId, VolumeRef};
 
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,7 +41,7 @@ impl Content {
     }
 }
 
-/// The volume or snapshot a volume is filled from, by id as the CO named it.
+/// The volume, snapshot or dataset a volume is filled from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum SourceOf {
@@ -49,6 +49,8 @@ pub enum SourceOf {
     Volume(VolumeRef),
     /// `volume_content_source.snapshot`: a snapshot of this driver, holding `content`.
     Snapshot { id: SnapshotId, content: Content },
+    /// The class's dataset: a directory on an NFS export.
+    Dataset(NfsVolumeId),
 }
 
 /// A volume's recorded source.
@@ -63,7 +65,7 @@ pub struct RecordedSource {
 }
 
 impl RecordedSource {
-    /// The id of the volume or snapshot.
+    /// The id of the volume, snapshot or dataset directory.
     pub fn id(&self) -> String {
         self.of.id()
     }
@@ -75,11 +77,12 @@ impl RecordedSource {
 }
 
 impl SourceOf {
-    /// The id of the volume or snapshot.
+    /// The id of the volume, snapshot or dataset directory.
     pub fn id(&self) -> String {
         match self {
             SourceOf::Volume(id) => id.raw(),
             SourceOf::Snapshot { id, .. } => id.to_string(),
+            SourceOf::Dataset(id) => id.to_string(),
         }
     }
 
@@ -209,5 +212,11 @@ mod tests {
         let raw = r#"{"of":{"volume":"blk:x"},"rawBlock":true}"#;
         let s: RecordedSource = serde_json::from_str(raw).unwrap();
         assert!(s.raw_block && s.is_clone_of("blk:x"));
+        let dataset = r#"{"of":{"dataset":"nfs:r-rdma-20049-4.1:~export:sets~a:192.0.2.1"}}"#;
+        let s: RecordedSource = serde_json::from_str(dataset).unwrap();
+        assert!(matches!(&s.of, SourceOf::Dataset(id) if id.dir == "sets/a"));
+        assert_eq!(serde_json::to_string(&s).unwrap(), dataset);
+        // A dataset that is no NFS directory id of ours does not read back.
+        assert!(serde_json::from_str::<RecordedSource>(r#"{"of":{"dataset":"blk:x"}}"#).is_err());
     }
 }

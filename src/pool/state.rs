@@ -22,9 +22,12 @@ const RECORDS_DIR: &str = "volumes";
 const LEGACY_VERSION: u32 = 1;
 /// Records that kept a volume's source among its parameters; read and migrated.
 const PARAMETER_SOURCE_VERSION: u32 = 2;
+/// Records that kept a class's dataset only among its parameters; read as they are, the
+/// block backend records the dataset as the source at start-up.
+const DATASET_PARAMETER_VERSION: u32 = 3;
 /// An older driver refuses a marker of a newer version, so none reads a record whose
 /// source it would not see (and fill a clone as a blank volume).
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -57,8 +60,8 @@ pub struct VolumeRecord {
     /// every other layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<StripeRecord>,
-    /// The volume or snapshot this volume is filled from (`None`: it starts empty, or
-    /// from its class's dataset, a class parameter).
+    /// The volume, snapshot or dataset this volume is filled from (`None`: it starts
+    /// empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<RecordedSource>,
 }
@@ -316,7 +319,10 @@ impl StateStore {
             }
             // The marker first: from then on no older driver reads the records; a crash
             // before every record is rewritten migrates the rest at the next start.
-            Some(m) if m.version == PARAMETER_SOURCE_VERSION => {
+            Some(m)
+                if m.version == PARAMETER_SOURCE_VERSION
+                    || m.version == DATASET_PARAMETER_VERSION =>
+            {
                 write_marker(&marker_path)?;
                 migrate_all(&files, &mut volumes)?;
             }
@@ -595,7 +601,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(MARKER_FILE), b"{not json").unwrap();
         assert!(StateStore::open(dir.path()).is_err());
-        fs::write(dir.path().join(MARKER_FILE), br#"{"version": 4}"#).unwrap();
+        fs::write(dir.path().join(MARKER_FILE), br#"{"version": 5}"#).unwrap();
         let err = StateStore::open(dir.path()).err().unwrap().to_string();
         assert!(err.contains("newer"), "{err}");
     }
@@ -677,7 +683,7 @@ mod tests {
         expect(&on_disk[&part_key("v1")]);
         let marker: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.path().join(MARKER_FILE)).unwrap()).unwrap();
-        assert_eq!(marker["version"], 3);
+        assert_eq!(marker["version"], VERSION);
         expect(
             StateStore::open(dir.path())
                 .unwrap()

@@ -74,9 +74,10 @@ pub const TREE: &str = "tree";
 pub const IMAGE: &str = "device.img";
 
 /// A volume's content source as CSI answers it: a snapshot's id or a volume's.
-pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
+pub fn content_source(source: &SourceOf) -> Option<csi::VolumeContentSource> {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
     let t = match source {
+        SourceOf::Dataset(_) => return None,
         SourceOf::Snapshot { id, .. } => Type::Snapshot(SnapshotSource {
             snapshot_id: id.to_string(),
         }),
@@ -84,7 +85,7 @@ pub fn content_source(source: &SourceOf) -> csi::VolumeContentSource {
             volume_id: id.raw(),
         }),
     };
-    csi::VolumeContentSource { r#type: Some(t) }
+    Some(csi::VolumeContentSource { r#type: Some(t) })
 }
 
 /// CreateSnapshot, checked.

@@ -47,6 +47,22 @@ impl fmt::Display for NfsVolumeId {
     }
 }
 
+/// Kept in records as the id's text; text that is no NFS volume id does not read back.
+impl serde::Serialize for NfsVolumeId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for NfsVolumeId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        NfsVolumeId::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is no NFS directory id of this driver"))
+        })
+    }
+}
+
 impl NfsVolumeId {
     /// `None` when the id is not an NFS id of this driver.
     pub fn parse(id: &str) -> Option<Self> {

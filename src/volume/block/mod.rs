@@ -119,6 +119,7 @@ impl BlockBackend {
     /// Scans the pool and probes free devices; the backend is ready only after this.
     pub async fn initialise(&self) -> Result<()> {
         let mounts = self.mounter.mount_table()?;
+        fill::record_class_datasets(self)?;
         freeze::thaw_recorded(self.pool.state_dir(), &mounts);
         self.pool.rescan(&mounts);
         self.pool.classify_free(self.mounter.host.as_ref()).await;

@@ -32,7 +32,9 @@ pub async fn stage(
         .await?;
     fill::fill_clones_of(b, id).await?;
     let mut vol = b.locate(id)?;
-    fill::fill(b, &mut vol, cap).await?;
+    if vol.record.source.is_some() {
+        fill::fill(b, &mut vol, cap).await?;
+    }
     if cap.access == Access::Mount {
         mount(b, &mut vol, &req.staging, cap).await?;
     }
@@ -45,7 +47,7 @@ pub async fn stage(
 fn restored_from(rec: &VolumeRecord) -> Option<SnapshotId> {
     match &rec.source.as_ref()?.of {
         SourceOf::Snapshot { id, .. } => Some(id.clone()),
-        SourceOf::Volume(_) => None,
+        SourceOf::Volume(_) | SourceOf::Dataset(_) => None,
     }
 }
 

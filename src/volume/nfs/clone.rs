@@ -404,7 +404,9 @@ pub async fn delete_filling(b: &NfsBackend, id: &NfsVolumeId) -> Result<bool> {
 
 /// The content source a clone's (or restored volume's) Volume answers with.
 pub fn content_source(rec: &NfsRecord) -> Option<csi::VolumeContentSource> {
-    rec.source.as_ref().map(request::snapshot::content_source)
+    rec.source
+        .as_ref()
+        .and_then(request::snapshot::content_source)
 }
 
 /// NFS volumes of this driver being filled from `source` now.

@@ -28,8 +28,7 @@ pub fn refuse_unfilled_clones(b: &BlockBackend, source: &str) -> Result<()> {
 }
 
 /// CreateVolume of a clone: the smallest size its source needs, checked against the
-/// limit before anything is allocated, and the source to record with the volume (none
-/// for a class's dataset, which is in the class's own parameters).
+/// limit before anything is allocated, and the source to record with the volume.
 pub async fn check_clone(
     b: &BlockBackend,
     req: &request::CreateVolume<'_>,
@@ -70,6 +69,9 @@ pub async fn check_clone(
     };
     if let Some((_, id)) = req.source.as_ref().and_then(request::ContentSource::volume) {
         recorded = Some(SourceOf::Volume(id.clone()));
+    }
+    if let Some(id) = &req.params.dataset {
+        recorded = Some(SourceOf::Dataset(id.clone()));
     }
     let recorded = recorded.map(|of| RecordedSource {
         of,

@@ -58,6 +58,7 @@ use crate::volume::block::{format, Located};
 use crate::volume::copy::{CopyRequest, Progress, Saved, Verify};
 
 pub use check::{check_clone, clone_access, refuse_unfilled_clones};
+pub use dataset::record_class_datasets;
 pub use leftovers::unmount_leftovers;
 pub use stage::{pending, run, Pending};
 pub(crate) use volume::in_use;
@@ -224,5 +225,5 @@ pub fn forget(b: &BlockBackend, id: &str) {
 pub fn content_source(rec: &crate::pool::VolumeRecord) -> Option<crate::csi::VolumeContentSource> {
     rec.source
         .as_ref()
-        .map(|s| request::snapshot::content_source(&s.of))
+        .and_then(|s| request::snapshot::content_source(&s.of))
 }

@@ -81,7 +81,7 @@ fn of_volume(text: &str, id: &VolumeRef, unknown: impl FnOnce() -> CloneError) -
     })
 }
 
-/// The source a clone's record names (its recorded source, or the class's dataset).
+/// The source a volume's record names.
 pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
     match rec.source.as_ref().map(|s| &s.of) {
         Some(SourceOf::Snapshot { id, content }) => {
@@ -94,6 +94,7 @@ pub fn of_record(rec: &VolumeRecord) -> Result<Option<Source>> {
             })
             .map(Some)
         }
-        None => Source::dataset_of(rec),
+        Some(SourceOf::Dataset(id)) => Ok(Some(Source::dataset(id))),
+        None => Ok(None),
     }
 }
