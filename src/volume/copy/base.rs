@@ -6,9 +6,11 @@
 //! The base lives on a store others can write. Its file list comes from its manifest,
 //! which the caller accepts only when it is the one this node wrote (`snapshot/take.rs`
 //! `open_base`); its files are checked one by one: a file is linked only when its new
-//! name is, after the link, a regular file with the inode the manifest recorded, the
-//! source's size and its mtime (a file swapped, replaced by a symlink or a foreign hard
-//! link is another inode; one rewritten in place has another mtime). The new name is
+//! name is, after the link, a regular file with the inode and the file handle the manifest
+//! recorded, the source's size and its mtime (a file swapped, replaced by a symlink or a
+//! foreign hard link is another inode, or, where the filesystem handed the freed inode
+//! number out again, another handle: the handle carries the inode's generation; one
+//! rewritten in place has another mtime). The new name is
 //! checked, not the old one, so no swap between check and link goes unseen. Whatever
 //! cannot be linked is copied. A linked file is never opened for writing: every later
 //! change to the new copy replaces the name (`delta`, `meta::create_one`).
@@ -63,6 +65,8 @@ pub struct BaseFile {
     pub source: SourceStat,
     /// The inode of its copy on the store.
     pub stored_ino: u64,
+    /// That copy's file handle (`file_handle`).
+    pub stored_handle: String,
     /// Its SHA-256, when the base was taken with checksums.
     pub sha256: Option<String>,
 }
@@ -171,13 +175,65 @@ fn is_recorded(
     e: &Entry,
 ) -> nix::Result<bool> {
     match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(kind_of(&st) == Kind::File
-            && st.st_ino == want.stored_ino
-            && st.st_size == e.st.st_size
-            && (st.st_mtime, st.st_mtime_nsec) == want.source.mtime),
-        Err(Errno::ENOENT) => Ok(false),
+        Ok(st)
+            if kind_of(&st) == Kind::File
+                && st.st_ino == want.stored_ino
+                && st.st_size == e.st.st_size
+                && (st.st_mtime, st.st_mtime_nsec) == want.source.mtime =>
+        {
+            let handle = file_handle(dir.as_fd(), Path::new(name))?;
+            Ok(handle.as_deref() == Some(want.stored_handle.as_str()))
+        }
+        Ok(_) | Err(Errno::ENOENT) => Ok(false),
         Err(x) => Err(x),
     }
+}
+
+/// The largest file handle the kernel hands out (`MAX_HANDLE_SZ`, include/linux/exportfs.h).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// The kernel's file handle of `rel` beneath `dir`, a symlink not followed, as text: the
+/// filesystem's own lasting name of the inode, which (unlike the inode number) tells a
+/// reused inode apart by its generation (ext4, xfs, tmpfs; an NFS mount's is the server's
+/// handle). None where the filesystem gives none.
+pub fn file_handle(dir: BorrowedFd<'_>, rel: &Path) -> nix::Result<Option<String>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; MAX_HANDLE_SZ],
+    }
+    let mut h = Handle {
+        bytes: MAX_HANDLE_SZ as u32,
+        kind: 0,
+        data: [0; MAX_HANDLE_SZ],
+    };
+    let mut mount_id: libc::c_int = 0;
+    let path = std::ffi::CString::new(rel.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: `h` is a `struct file_handle` header followed by the MAX_HANDLE_SZ bytes its
+    // `handle_bytes` announces, and the kernel writes no more than that
+    // (name_to_handle_at(2)); `path` and `mount_id` live across the call.
+    let rc = unsafe {
+        libc::name_to_handle_at(
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            std::ptr::from_mut(&mut h).cast::<libc::file_handle>(),
+            &mut mount_id,
+            0,
+        )
+    };
+    if rc != 0 {
+        return match Errno::last() {
+            // No handles here (or none allowed, or larger than any the kernel defines).
+            Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EPERM | Errno::EOVERFLOW => Ok(None),
+            e => Err(e),
+        };
+    }
+    let bytes = &h.data[..(h.bytes as usize).min(MAX_HANDLE_SZ)];
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Some(format!("{:x}:{hex}", h.kind)))
 }
 
 /// A name (never a directory) taken out of the new copy; none is fine.
@@ -267,12 +323,14 @@ mod tests {
             .filter(|e| e.kind == Kind::File)
             .map(|e| {
                 let stored_ino = std::fs::symlink_metadata(dst.join(&e.rel)).unwrap().ino();
+                let stored_handle = file_handle(open(dst).as_fd(), &e.rel).unwrap().unwrap();
                 let source = SourceStat::of(&e.st);
                 (
                     e.rel.clone(),
                     BaseFile {
                         source,
                         stored_ino,
+                        stored_handle,
                         sha256: None,
                     },
                 )
@@ -319,6 +377,34 @@ mod tests {
         assert_eq!(std::fs::read(second.join("new")).unwrap(), b"fresh");
         assert_eq!(std::fs::read(first.join("a/change")).unwrap(), b"old bytes");
         assert!(!first.join("new").exists());
+    }
+
+    #[test]
+    fn a_file_made_again_under_a_reused_inode_number_has_another_handle() {
+        let d = dirs(1);
+        let dir = open(d[0].path());
+        let name = Path::new("f");
+        std::fs::write(d[0].path().join(name), b"first").unwrap();
+        let (ino0, handle0) = (ino(&d[0].path().join(name)), file_handle(dir.as_fd(), name));
+        let handle0 = handle0.unwrap().unwrap();
+        let mut reused = false;
+        for _ in 0..64 {
+            std::fs::remove_file(d[0].path().join(name)).unwrap();
+            std::fs::write(d[0].path().join(name), b"other").unwrap();
+            assert_ne!(file_handle(dir.as_fd(), name).unwrap().unwrap(), handle0);
+            reused |= ino(&d[0].path().join(name)) == ino0;
+        }
+        // Where the filesystem handed the number out again, the handle still differed.
+        eprintln!("inode number reused: {reused}");
+        std::os::unix::fs::symlink("f", d[0].path().join("link")).unwrap();
+        let link = file_handle(dir.as_fd(), Path::new("link"))
+            .unwrap()
+            .unwrap();
+        assert_ne!(
+            link,
+            file_handle(dir.as_fd(), name).unwrap().unwrap(),
+            "not followed"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::csi::id::SnapshotId;
 use crate::error::{Error, Result};
 pub use crate::request::snapshot::Content;
-use crate::volume::copy::base::{Base, BaseFile, SourceStat};
+use crate::volume::copy::base::{file_handle, Base, BaseFile, SourceStat};
 use crate::volume::copy::walk::{Entry, Kind};
 
 pub const FILE: &str = "manifest.json";
@@ -35,6 +35,10 @@ pub struct ManifestEntry {
     /// A file's copy on the store: its inode (the one a later snapshot links).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_ino: Option<u64>,
+    /// Its file handle there (`copy::base::file_handle`): what tells that inode apart
+    /// from a later one given the same number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_handle: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,13 +98,16 @@ impl Manifest {
                 sha256: None,
                 source: None,
                 stored_ino: None,
+                stored_handle: None,
             };
             if e.kind == Kind::File {
                 let stored = fstatat(root.as_fd(), &e.rel, AtFlags::AT_SYMLINK_NOFOLLOW)
                     .map_err(|x| Error::io("stat", shown.join(&e.rel), x.into()))?;
-                let from_base = base
-                    .and_then(|b| b.files.get(&e.rel))
-                    .filter(|b| b.stored_ino == stored.st_ino);
+                let handle = file_handle(root.as_fd(), &e.rel)
+                    .map_err(|x| Error::io("file handle of", shown.join(&e.rel), x.into()))?;
+                let from_base = base.and_then(|b| b.files.get(&e.rel)).filter(|b| {
+                    b.stored_ino == stored.st_ino && handle.as_ref() == Some(&b.stored_handle)
+                });
                 entry.sha256 = match from_base {
                     Some(BaseFile {
                         sha256: Some(d), ..
@@ -118,8 +125,8 @@ impl Manifest {
                         *self.written_bytes.get_or_insert(0) += e.size().min(allocated);
                     }
                 }
-                (entry.source, entry.stored_ino) =
-                    (Some(SourceStat::of(&e.st)), Some(stored.st_ino));
+                (entry.source, entry.stored_ino, entry.stored_handle) =
+                    (Some(SourceStat::of(&e.st)), Some(stored.st_ino), handle);
             }
             self.entries.push(entry);
         }
@@ -127,7 +134,8 @@ impl Manifest {
     }
 
     /// Its files as a later snapshot's base: each recorded with its source's stat and its
-    /// copy's inode (a manifest written before those were recorded gives none).
+    /// copy's inode and handle (a manifest written before those were recorded, or on a
+    /// store whose filesystem gives no handles, gives none: they are copied).
     pub fn base_files(&self) -> std::collections::HashMap<std::path::PathBuf, BaseFile> {
         self.entries
             .iter()
@@ -136,6 +144,7 @@ impl Manifest {
                 let file = BaseFile {
                     source: e.source?,
                     stored_ino: e.stored_ino?,
+                    stored_handle: e.stored_handle.clone()?,
                     sha256: e.sha256.clone(),
                 };
                 Some((std::path::PathBuf::from(&e.path), file))
