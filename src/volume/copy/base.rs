@@ -71,6 +71,14 @@ pub struct BaseFile {
     pub sha256: Option<String>,
 }
 
+impl BaseFile {
+    /// Whether the store's inode `ino` with file handle `handle` is this file's recorded
+    /// copy: the number alone is not, as a freed one is handed out again.
+    pub fn is_stored_as(&self, ino: u64, handle: Option<&str>) -> bool {
+        ino == self.stored_ino && handle == Some(self.stored_handle.as_str())
+    }
+}
+
 /// The base: its tree on the store, opened by the caller beneath the store's root, and
 /// its files by path.
 #[derive(Debug)]
@@ -177,12 +185,11 @@ fn is_recorded(
     match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st)
             if kind_of(&st) == Kind::File
-                && st.st_ino == want.stored_ino
                 && st.st_size == e.st.st_size
                 && (st.st_mtime, st.st_mtime_nsec) == want.source.mtime =>
         {
             let handle = file_handle(dir.as_fd(), Path::new(name))?;
-            Ok(handle.as_deref() == Some(want.stored_handle.as_str()))
+            Ok(want.is_stored_as(st.st_ino, handle.as_deref()))
         }
         Ok(_) | Err(Errno::ENOENT) => Ok(false),
         Err(x) => Err(x),

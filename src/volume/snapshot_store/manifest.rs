@@ -105,9 +105,9 @@ impl Manifest {
                     .map_err(|x| Error::io("stat", shown.join(&e.rel), x.into()))?;
                 let handle = file_handle(root.as_fd(), &e.rel)
                     .map_err(|x| Error::io("file handle of", shown.join(&e.rel), x.into()))?;
-                let from_base = base.and_then(|b| b.files.get(&e.rel)).filter(|b| {
-                    b.stored_ino == stored.st_ino && handle.as_ref() == Some(&b.stored_handle)
-                });
+                let from_base = base
+                    .and_then(|b| b.files.get(&e.rel))
+                    .filter(|b| b.is_stored_as(stored.st_ino, handle.as_deref()));
                 entry.sha256 = match from_base {
                     Some(BaseFile {
                         sha256: Some(d), ..
