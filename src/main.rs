@@ -10,8 +10,8 @@ use tracing::{error, info, warn};
 
 use gds_csi::gds::gate::{GateConfig, GdsGate};
 use gds_csi::metrics::PoolGauges;
-use gds_csi::os::timed::TimedHost;
 use gds_csi::os::RealHost;
+use gds_csi::os::TimedHost;
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::runtime::config::{Cli, Command, LogFormat, ServeArgs};
 use gds_csi::service::server;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::os::timed::TimedHost;
+use gds_csi::os::TimedHost;
 use gds_csi::os::{FsType, Host, RealHost};
 use gds_csi::pool::{Pool, PoolConfig};
 use gds_csi::service::Driver;

@@ -28,7 +28,7 @@ use common::Rig;
 use gds_csi::csi::volume_capability::access_mode::Mode;
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::os::mountinfo;
+use gds_csi::os::mount;
 use tonic::Code;
 
 fn mount_cap() -> VolumeCapability {
@@ -52,7 +52,7 @@ fn code(r: &Result<(), tonic::Status>) -> Code {
 
 /// Mount points (decoded) at or below `prefix`.
 fn mounts_under(prefix: &Path) -> Vec<PathBuf> {
-    mountinfo::read()
+    mount::read_table()
         .unwrap()
         .into_iter()
         .map(|m| m.mount_point)
@@ -68,7 +68,7 @@ fn is_mounted(path: &Path) -> bool {
 fn mounts_of(dev: &Path) -> Vec<PathBuf> {
     let rdev = fs::metadata(dev).unwrap().rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    mountinfo::read()
+    mount::read_table()
         .unwrap()
         .into_iter()
         .filter(|m| m.is_device(major, minor))

@@ -1,13 +1,13 @@
 //! `/proc/self/mountinfo`, which every idempotency decision is taken from.
 #![no_main]
 
-use gds_csi::os::mountinfo;
+use gds_csi::os::mount;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(table) = mountinfo::parse(data) {
+    if let Ok(table) = mount::parse_table(data) {
         for m in &table {
-            let top = mountinfo::at(&table, &m.mount_point)
+            let top = mount::at(&table, &m.mount_point)
                 .expect("an entry is found at its own mount point");
             assert_eq!(top.mount_point, m.mount_point);
             let _ = (

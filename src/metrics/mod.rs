@@ -3,7 +3,7 @@
 //! Three sources:
 //! - process-wide families recorded where things happen: every CSI call (by the
 //!   request layer in `server`) and every host operation (by the timing wrapper around the
-//!   host port, `os::timed::TimedHost`, set up in `main`);
+//!   host port, `os::TimedHost`, set up in `main`);
 //! - the device pool, read at scrape time through [`PoolGauges`];
 //! - `<host-proc>/driver/nvidia-fs/stats`, read and re-exported at scrape time when present.
 //!

@@ -1,14 +1,23 @@
-//! What a block device is (its number now, its size and sysfs identity) and where it is
-//! in use on this host. Every "is this device mounted?" decision goes through [`uses`]:
+//! Block devices: what a device is (its number now, its size and sysfs identity), where it
+//! is in use on this host, what signatures are on it, and holding and zeroing it for a
+//! destructive step.
+//!
+//! Every "is this device mounted?" decision goes through [`uses`]:
 //! a published raw-block volume is a bind mount of the device node, which mountinfo
 //! shows as the node's own filesystem (`devtmpfs`, root `/loop5`), never as the device.
 
+use super::host::{DeviceHold, Host};
+use super::mount::MountEntry;
+use crate::error::HostError;
+use crate::error::{CommandError, Error, Result};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::fs;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-
-use super::mountinfo::MountEntry;
+use std::time::{Duration, Instant};
 
 /// Where a block device is in use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,11 +198,176 @@ pub fn sysfs_identity(dir: &Path) -> Option<String> {
     None
 }
 
+// Holding a block device for a destructive step (util-linux's lock, O_EXCL) and zeroing it
+// (BLKZEROOUT in chunks under a deadline): the erase on delete.
+/// How long a destructive step waits for util-linux's lock before answering Aborted.
+pub const HOLD_PATIENCE: Duration = Duration::from_secs(10);
+
+/// [`Host::hold_device`], waiting up to `patience` while another program holds
+/// util-linux's lock: systemd-udevd takes it for a moment to probe the device after every
+/// close-after-write (mkfs's, wipefs's). A device in use is refused at once.
+pub async fn hold_when_free(
+    host: &dyn Host,
+    device: &Path,
+    patience: Duration,
+) -> Result<DeviceHold> {
+    let until = Instant::now() + patience;
+    loop {
+        match host.hold_device(device) {
+            Err(Error::Host(HostError::DeviceLocked { .. })) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Blocks zeroed per BLKZEROOUT call: each call is uninterruptible, so the deadline is
+/// checked between calls and progress is visible in the logs.
+const ZERO_CHUNK: u64 = 1 << 30;
+
+/// `BLKZEROOUT`, `_IO(0x12,127)` in linux include/uapi/linux/fs.h; its argument is
+/// `u64[2] = {start, length}` in bytes, both 512-byte aligned.
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+pub(super) fn device_in_use(device: &Path) -> Error {
+    let name = device
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "<device>".into());
+    HostError::DeviceInUse {
+        device: device.to_owned(),
+        name,
+    }
+    .into()
+}
+
+/// Zeroes `[0, size)` of an open device in chunks; a chunk slower than `per_chunk` fails it.
+pub(super) fn zero_blocks(
+    file: &File,
+    device: &Path,
+    size: u64,
+    per_chunk: Duration,
+) -> Result<()> {
+    let mut start = 0u64;
+    while start < size {
+        let len = ZERO_CHUNK.min(size - start);
+        let range = [start, len];
+        let began = Instant::now();
+        // SAFETY: `range` outlives the call; the kernel reads two u64 from it
+        // (block/ioctl.c blk_ioctl_zeroout copies `uint64_t range[2]` from user memory).
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKZEROOUT as _, range.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::io(
+                "zeroing (BLKZEROOUT)",
+                device,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if began.elapsed() > per_chunk {
+            return Err(CommandError::Timeout {
+                command: format!("BLKZEROOUT of {} at byte {start}", device.display()),
+                after: per_chunk,
+            }
+            .into());
+        }
+        start += len;
+    }
+    Ok(())
+}
+
+// What the two signature probes print, parsed: `blkid -p -o export` and `wipefs -n -J`.
+// A device is blank only when both ran and both found nothing (see `Host::probe_signatures`).
+
+/// One on-disk signature (filesystem, partition table, RAID member, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Signature {
+    pub kind: String,
+    pub uuid: Option<String>,
+    pub offset: Option<String>,
+    pub seen_by: &'static str,
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(uuid) = &self.uuid {
+            write!(f, " uuid={uuid}")?;
+        }
+        if let Some(offset) = &self.offset {
+            write!(f, " at {offset}")?;
+        }
+        write!(f, " ({})", self.seen_by)
+    }
+}
+
+/// `blkid -p -o export`: KEY=VALUE lines for every superblock and partition table.
+pub(super) fn parse_blkid_export(text: &str) -> Vec<Signature> {
+    // On a partition, blkid also prints (and exits 0 for) the parent's entry for it,
+    // PART_ENTRY_*: that is the partition table's, not a signature on the partition.
+    let own = |l: &&str| !(l.starts_with("DEVNAME=") || l.starts_with("PART_ENTRY_"));
+    if !text.lines().any(|l| own(&l)) {
+        return Vec::new();
+    }
+    let mut kind = None;
+    let mut uuid = None;
+    let mut offset = None;
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("TYPE" | "PTTYPE", v)) if kind.is_none() => kind = Some(v.to_owned()),
+            Some(("UUID" | "PTUUID", v)) => uuid = Some(v.to_owned()),
+            Some(("SBMAGIC_OFFSET", v)) => offset = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    // blkid found something (exit 0) even when it printed no TYPE we recognise.
+    vec![Signature {
+        kind: kind.unwrap_or_else(|| "unknown".into()),
+        uuid,
+        offset,
+        seen_by: "blkid -p",
+    }]
+}
+
+#[derive(Deserialize)]
+struct WipefsReport {
+    #[serde(default)]
+    signatures: Vec<WipefsSignature>,
+}
+
+#[derive(Deserialize)]
+struct WipefsSignature {
+    #[serde(rename = "type")]
+    kind: String,
+    uuid: Option<String>,
+    offset: Option<String>,
+}
+
+pub(super) fn parse_wipefs_json(
+    text: &str,
+) -> std::result::Result<Vec<Signature>, serde_json::Error> {
+    // wipefs prints nothing at all when the device carries no signature.
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let report: WipefsReport = serde_json::from_str(text)?;
+    Ok(report
+        .signatures
+        .into_iter()
+        .map(|s| Signature {
+            kind: s.kind,
+            uuid: s.uuid,
+            offset: s.offset,
+            seen_by: "wipefs -n",
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
-
     fn entry(devno: (u32, u32), root: &str, at: &Path, fs: &str) -> MountEntry {
         MountEntry {
             major: devno.0,
@@ -244,5 +418,25 @@ mod tests {
             sysfs_identity(dir.path()).as_deref(),
             Some("loop:/img/a@4096+0")
         );
+    }
+
+    #[test]
+    fn blkid_export_with_a_partition_table_is_a_signature() {
+        let sigs = parse_blkid_export("DEVNAME=/dev/loop4\nPTUUID=abcd\nPTTYPE=dos\n");
+        assert_eq!(sigs.len(), 1);
+        assert_eq!(sigs[0].kind, "dos");
+        assert_eq!(sigs[0].uuid.as_deref(), Some("abcd"));
+    }
+
+    #[test]
+    fn wipefs_json_lists_every_signature_and_empty_output_means_none() {
+        let text = r#"{"signatures": [
+            {"device":"loop0","offset":"0x438","type":"ext4","uuid":"u-1","label":null},
+            {"device":"loop0","offset":"0x1fe","type":"dos","uuid":null,"label":null}]}"#;
+        let sigs = parse_wipefs_json(text).unwrap();
+        assert_eq!(sigs.len(), 2);
+        assert_eq!(sigs[1].kind, "dos");
+        assert!(parse_wipefs_json("").unwrap().is_empty());
+        assert!(parse_wipefs_json("garbage").is_err());
     }
 }

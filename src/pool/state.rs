@@ -1,5 +1,5 @@
 //! Allocation state: one small JSON file per volume under `<state-dir>/volumes/`, each
-//! replaced atomically (`state_dir::records`), so a change costs the same at 10 volumes
+//! replaced atomically (`state_dir::RecordFiles`), so a change costs the same at 10 volumes
 //! as at 1,000 and a crash leaves the old or the new version, never a torn one.
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use super::source::RecordedSource;
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Error, Result};
 use crate::os::FsType;
-use crate::runtime::state_dir::records::RecordFiles;
+use crate::runtime::state_dir::RecordFiles;
 
 /// The marker of the format (once the file of every record).
 const MARKER_FILE: &str = "volumes.json";

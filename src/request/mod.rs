@@ -15,12 +15,11 @@ pub mod nfs;
 pub mod nfs_id;
 pub mod nfs_options;
 pub mod node;
-pub mod path;
 pub mod snapshot;
 pub mod storage_class;
 pub mod stripe;
 
-pub use path::host_path;
+pub use node::host_path;
 
 pub use crate::csi::id::VolumeRef;
 pub use nfs::{NfsCapability, NfsParams, OnDelete};

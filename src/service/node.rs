@@ -26,8 +26,10 @@ impl NodeService {
             ForVolume::Block(id, req) => {
                 let staged = d.block.stage(id, req).await?;
                 // Filled now: the snapshot it was restored from may be deleted.
-                if let (Some(_), Ok(ctx)) = (staged.restored_from, d.snapshot_context()) {
-                    crate::snapshot::restore::unmark(&ctx, &stage.raw()).await;
+                if staged.restored_from.is_some() {
+                    if let Ok(ctx) = d.snapshot_context() {
+                        crate::snapshot::restore::unmark(&ctx, &stage.raw()).await;
+                    }
                 }
                 Ok(())
             }

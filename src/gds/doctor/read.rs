@@ -24,7 +24,7 @@ const CAP_SYS_ADMIN: u32 = 21;
 /// This container as cuFile will see it, with `path`'s volume; an error when its mount
 /// table or `/dev` cannot be read (an empty one would read as "nothing mounted").
 pub fn own_view(path: &Path) -> Result<ContainerView, String> {
-    let mounts = crate::os::mountinfo::read()
+    let mounts = crate::os::mount::read_table()
         .map_err(|e| format!("cannot read this container's mount table: {e}"))?;
     let at = |p: &str| mounts.iter().rev().find(|m| m.mount_point == Path::new(p));
     let devices = dev_nodes(Path::new("/dev"))
@@ -89,7 +89,7 @@ fn capability_bits() -> Option<u64> {
 }
 
 /// The mount `path` is on (the deepest whose device is the file's), as a volume.
-fn volume_of(path: &Path, mounts: &[crate::os::mountinfo::MountEntry]) -> Option<VolumeView> {
+fn volume_of(path: &Path, mounts: &[crate::os::mount::MountEntry]) -> Option<VolumeView> {
     let md = std::fs::metadata(path).ok()?;
     let (major, minor) = (
         nix::sys::stat::major(md.dev()) as u32,
@@ -312,7 +312,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("f");
         std::fs::write(&f, b"x").unwrap();
-        let mounts = crate::os::mountinfo::read().unwrap();
+        let mounts = crate::os::mount::read_table().unwrap();
         let v = volume_of(&f, &mounts).unwrap();
         assert!(f.starts_with(&v.destination), "{v:?}");
         assert!(volume_of(&t.path().join("missing"), &mounts).is_none());

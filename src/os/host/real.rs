@@ -12,13 +12,12 @@ use async_trait::async_trait;
 use super::{DeviceHold, FileKind, ForceUnmount, FsType, FsUsage, Host, Signature};
 use crate::error::HostError;
 use crate::error::{CommandError, Error, Result};
-use crate::os::device_io::{device_in_use, zero_blocks};
-use crate::os::inflight;
+use crate::os::blockdev::{device_in_use, zero_blocks};
+use crate::os::blockdev::{parse_blkid_export, parse_wipefs_json};
 use crate::os::mkfs::{self, StripeGeometry};
-use crate::os::mountinfo::{self, MountEntry};
+use crate::os::mount::{self, MountEntry};
 use crate::os::runner;
 use crate::os::safepath::{self, Anchored};
-use crate::os::signatures::{parse_blkid_export, parse_wipefs_json};
 
 /// The real host: util-linux, e2fsprogs and xfsprogs, each call under a deadline.
 pub struct RealHost {
@@ -41,7 +40,7 @@ fn probe_failed(device: &Path, why: impl std::fmt::Display) -> Error {
 #[async_trait]
 impl Host for RealHost {
     fn mount_table(&self) -> Result<Vec<MountEntry>> {
-        mountinfo::read()
+        mount::read_table()
     }
 
     async fn probe_signatures(&self, device: &Path) -> Result<Vec<Signature>> {
@@ -212,7 +211,7 @@ impl Host for RealHost {
         let (device, target) = (device.to_owned(), target.try_clone()?);
         self.blocking(what, &at, move || {
             let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            crate::os::fd_mount::mount_fs(&device, &target, fs.as_str(), &all)
+            crate::os::mount::mount_fs(&device, &target, fs.as_str(), &all)
         })
         .await
     }
@@ -229,7 +228,7 @@ impl Host for RealHost {
         let at = target.path().to_owned();
         self.blocking(what, &at, move || {
             let options: Vec<&str> = options.iter().map(String::as_str).collect();
-            crate::os::fd_mount::bind(&source, &target, &options)
+            crate::os::mount::bind(&source, &target, &options)
         })
         .await
     }
@@ -318,7 +317,7 @@ impl RealHost {
     /// blocking pool under the mount deadline. A syscall cannot be killed: at the deadline
     /// the call answers DeadlineExceeded and returns, releasing its per-volume guard,
     /// while the thread stays in the kernel and the mount may still land (or go) later.
-    /// So `at` is entered in `inflight` here, before the thread starts, and left by the
+    /// So `at` is entered in `mount::InFlight` here, before the thread starts, and left by the
     /// thread when the syscall returns: until then every call on `at` answers Aborted
     /// (`safepath::open`), even when this call's future was dropped before the deadline.
     async fn blocking(
@@ -327,7 +326,7 @@ impl RealHost {
         at: &Path,
         f: impl FnOnce() -> Result<()> + Send + 'static,
     ) -> Result<()> {
-        let busy = inflight::InFlight::enter(at)?;
+        let busy = mount::InFlight::enter(at)?;
         let (began, deadline, late) = (Instant::now(), self.mount_timeout, what.clone());
         let task = tokio::task::spawn_blocking(move || {
             let r = f();
@@ -366,7 +365,7 @@ fn has_cap_sys_resource() -> bool {
 }
 
 fn is_mount_point(host: &RealHost, path: &Path) -> Result<bool> {
-    Ok(mountinfo::at(&host.mount_table()?, path).is_some())
+    Ok(mount::at(&host.mount_table()?, path).is_some())
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use super::{BlockBackend, Located};
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{self, volume, SizeRange, ALIGN};
 use crate::error::{Error, ExpandError, MountError, Result};
-use crate::os::{blockdev, mountinfo, FileKind, FsType};
+use crate::os::{blockdev, mount, FileKind, FsType};
 use crate::volume::{Expand, Expanded};
 
 pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<Expanded> {
@@ -220,7 +220,7 @@ pub async fn node_expand(
     let vol = b.locate(id)?;
     let dev = &vol.device;
     let mounts = b.mounter.mount_table()?;
-    let entry = mountinfo::at(&mounts, path).filter(|m| blockdev::carries(m, dev.major, dev.minor));
+    let entry = mount::at(&mounts, path).filter(|m| blockdev::carries(m, dev.major, dev.minor));
     let entry = entry.ok_or_else(|| MountError::NotMountedAt {
         volume: vol.id.to_string(),
         path: path.to_owned(),

@@ -1,8 +1,8 @@
 //! What differs between the layouts of a block volume on the node's devices: where a
 //! volume's block device comes from and goes back to, and what staging it needs first.
-//! Three implement it: the whole device (`device.rs`), a GPT partition (`partition/`)
-//! and an md RAID0 stripe over partitions (`stripe/`); the stage/publish/stats code
-//! above it is the same for all.
+//! Three implement it: the whole device (`WholeDevice`, here), a GPT partition
+//! (`partition/`) and an md RAID0 stripe over partitions (`stripe/`); the
+//! stage/publish/stats code above it is the same for all.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::csi::id::BlockVolumeId;
 use crate::error::Result;
 use crate::os::{Host, MountEntry, StripeGeometry};
-use crate::pool::{AllocationRequest, PoolDevice, VolumeRecord};
+use crate::pool::{AllocationRequest, Pool, PoolDevice, VolumeRecord};
 
 /// GetCapacity's answer for this layout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,5 +61,42 @@ pub trait Layout: Send + Sync {
     /// again (a stripe's array stopped). Idempotent.
     async fn after_unstage(&self, _host: &dyn Host, _id: &BlockVolumeId) -> Result<()> {
         Ok(())
+    }
+}
+
+pub struct WholeDevice {
+    pub pool: Arc<Pool>,
+}
+
+#[async_trait]
+impl Layout for WholeDevice {
+    async fn allocate(
+        &self,
+        host: &dyn Host,
+        req: &AllocationRequest,
+    ) -> Result<(BlockVolumeId, VolumeRecord)> {
+        self.pool.allocate(host, req).await
+    }
+
+    async fn release(
+        &self,
+        host: &Arc<dyn Host>,
+        id: &BlockVolumeId,
+        mounts: &[MountEntry],
+    ) -> Result<()> {
+        self.pool.release(host, &id.to_string(), mounts).await
+    }
+
+    fn locate(&self, record: &VolumeRecord, mounts: &[MountEntry]) -> Result<Option<PoolDevice>> {
+        // Hot-plugged, renamed, re-attached or re-pointed since the last scan: look again.
+        Ok(self.pool.fresh_device(&record.device_id, mounts))
+    }
+
+    fn capacity(&self) -> Capacity {
+        let free = self.pool.free_devices();
+        Capacity {
+            available: free.iter().map(|d| d.size_bytes).sum(),
+            maximum: free.iter().map(|d| d.size_bytes).max(),
+        }
     }
 }

@@ -1,14 +1,12 @@
 //! The block backend: node-local volumes on the node's devices. Each operation decides
 //! from the mount table and the device's signatures, so every call is safe to repeat and
 //! survives a plugin restart. Where a volume's device comes from is its layout
-//! (`layout.rs`; the whole device, `device.rs`, today).
+//! (`layout.rs`).
 
 mod content;
 pub mod controller;
-pub mod device;
 pub mod expand;
 pub mod fill;
-pub mod format;
 pub mod freeze;
 pub mod layout;
 pub mod partition;
@@ -25,8 +23,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tracing::info;
 
-pub use format::{decide_format, FormatDecision};
 pub use layout::{Capacity, Layout};
+pub use stage::{decide_format, FormatDecision};
 
 use crate::csi;
 use crate::csi::id::{BlockVolumeId, IdLayout};
@@ -79,7 +77,7 @@ pub struct Located {
 
 impl BlockBackend {
     pub fn new(mounter: Mounter, pool: Arc<Pool>, node: NodeIdentity) -> Self {
-        let layout = Arc::new(device::WholeDevice {
+        let layout = Arc::new(layout::WholeDevice {
             pool: Arc::clone(&pool),
         });
         let partitioned = Arc::new(partition::Partitioned::new(Arc::clone(&pool)));
@@ -237,7 +235,7 @@ impl BlockBackend {
     /// is success, anything there is not a volume of ours.
     pub fn unstage_unknown(&self, raw: &str, staging: &Path) -> Result<()> {
         let mounts = self.mounter.mount_table()?;
-        if crate::os::mountinfo::at(&mounts, staging).is_none() {
+        if crate::os::mount::at(&mounts, staging).is_none() {
             return Ok(());
         }
         Err(Error::VolumeNotFound(raw.to_owned()))

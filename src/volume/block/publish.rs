@@ -8,7 +8,7 @@ use super::{fill, BlockBackend, Located};
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::{GateOutcome, MountedVolume, Policy};
-use crate::os::{blockdev, mountinfo, Anchored, MountEntry};
+use crate::os::{blockdev, mount, Anchored, MountEntry};
 use crate::pool::PoolDevice;
 use crate::request::{Access, Capability};
 use crate::runtime::faults::{self, KillPoint};
@@ -86,7 +86,7 @@ async fn gate(
             let mounts = b.mounter.mount_table()?;
             let dev = &vol.device;
             let staged =
-                mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor));
+                mount::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor));
             if !staged && policy != Policy::Disabled {
                 return Ok(None);
             }
@@ -114,7 +114,7 @@ async fn bind_filesystem(
         .open("staging_target_path", staging)?
         .ok_or_else(not_staged)?;
     let mounts = b.mounter.mount_table()?;
-    if !mountinfo::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor)) {
+    if !mount::at(&mounts, staging).is_some_and(|m| m.is_device(dev.major, dev.minor)) {
         return Err(not_staged());
     }
     let mark = vol.id.to_string();

@@ -7,7 +7,7 @@ use super::BlockBackend;
 use crate::csi::id::BlockVolumeId;
 use crate::csi::{self, volume_usage::Unit, VolumeCondition, VolumeUsage};
 use crate::error::{MountError, Result};
-use crate::os::{blockdev, mountinfo, FileKind};
+use crate::os::{blockdev, mount, FileKind};
 
 fn condition(abnormal: bool, message: impl Into<String>) -> Option<VolumeCondition> {
     Some(VolumeCondition {
@@ -32,7 +32,7 @@ pub fn stats(
     }
     let mounts = b.mounter.mount_table()?;
     let dev = &located.device;
-    let entry = mountinfo::at(&mounts, path).filter(|m| blockdev::carries(m, dev.major, dev.minor));
+    let entry = mount::at(&mounts, path).filter(|m| blockdev::carries(m, dev.major, dev.minor));
     let Some(entry) = entry else {
         return Ok(csi::NodeGetVolumeStatsResponse {
             usage: vec![],
@@ -77,12 +77,12 @@ pub fn stats(
 /// target still holds the filesystem, but unstage and the next publish find nothing at the
 /// staging path. Raw block volumes are never asked: staging mounts nothing for them.
 fn staging_lost(
-    mounts: &[mountinfo::MountEntry],
+    mounts: &[mount::MountEntry],
     staging: &Path,
     major: u32,
     minor: u32,
 ) -> Option<VolumeCondition> {
-    let staged = mountinfo::at(mounts, staging).is_some_and(|m| blockdev::carries(m, major, minor));
+    let staged = mount::at(mounts, staging).is_some_and(|m| blockdev::carries(m, major, minor));
     if staged {
         return None;
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, MountError, Result};
 use crate::os::safepath::{self, Anchored, Create};
-use crate::os::{mountinfo, Host, MountEntry};
+use crate::os::{mount, Host, MountEntry};
 
 /// What a mount entry and the mount point's current attributes say about ownership.
 pub type IsOurs<'a> = &'a (dyn Fn(&MountEntry, Option<&nix::sys::stat::FileStat>) -> bool + Sync);
@@ -104,7 +104,7 @@ impl Mounter {
                 format!("{} exists and is not a directory", path.display()),
             ));
         }
-        let mounted = mountinfo::at(&self.host.mount_table()?, path).is_some();
+        let mounted = mount::at(&self.host.mount_table()?, path).is_some();
         if !mounted && !safepath::dir_is_empty(&dir)? {
             return Err(MountError::DirNotEmpty {
                 field,
@@ -158,7 +158,7 @@ impl Mounter {
         let pinned = pinned.without_final();
         for _ in 0..8 {
             let mounts = self.host.mount_table()?;
-            let Some(m) = mountinfo::at(&mounts, path) else {
+            let Some(m) = mount::at(&mounts, path) else {
                 return Ok(Some(pinned));
             };
             // Never fstat an NFS mount's root: nfs_getattr (fs/nfs/inode.c, ~l. 857 in 6.1:
@@ -245,7 +245,7 @@ pub fn already_published(
     readonly: bool,
     is_ours: impl Fn(&MountEntry) -> bool,
 ) -> Result<bool> {
-    let Some(m) = mountinfo::at(mounts, target) else {
+    let Some(m) = mount::at(mounts, target) else {
         return Ok(false);
     };
     if !is_ours(m) {

@@ -25,7 +25,7 @@ pub async fn take_down(host: &dyn Host, dir: &Path, name: &str) -> Result<()> {
         return Ok(());
     }
     let mounts = host.mount_table()?;
-    if crate::os::mountinfo::at(&mounts, &dir.join(name)).is_some() {
+    if crate::os::mount::at(&mounts, &dir.join(name)).is_some() {
         // Pinned after the mount: its own descriptor of the mount root would keep it busy.
         let at = pin(dir, name)?.without_final();
         unmount_retrying(host, &at).await?;
@@ -72,7 +72,7 @@ pub fn pin(dir: &Path, name: &str) -> Result<Anchored> {
 
 pub fn mounted_at(host: &dyn Host, at: &Path) -> Option<MountEntry> {
     let mounts = host.mount_table().ok()?;
-    crate::os::mountinfo::at(&mounts, at).cloned()
+    crate::os::mount::at(&mounts, at).cloned()
 }
 
 /// Unmounts the source; an NFS mount whose server is gone is taken off lazily (its

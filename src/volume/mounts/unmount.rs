@@ -13,7 +13,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::error::{CommandError, Error, Result};
-use crate::os::{mountinfo, Anchored, ForceUnmount, Host};
+use crate::os::{mount, Anchored, ForceUnmount, Host};
 
 /// The most one step may take: three steps fit in the kubelet's two-minute CSI deadline.
 pub const STEP: Duration = Duration::from_secs(30);
@@ -33,7 +33,7 @@ fn is_timeout(e: &Error) -> bool {
 /// step bounded by `step`), any other with a plain unmount.
 pub async fn unmount(host: &dyn Host, target: &Anchored, step: Duration) -> Result<()> {
     let mounts = host.mount_table()?;
-    let nfs = mountinfo::at(&mounts, target.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
+    let nfs = mount::at(&mounts, target.path()).is_some_and(|m| m.fs_type.starts_with("nfs"));
     if !nfs {
         return host.unmount(target).await;
     }
@@ -57,7 +57,7 @@ async fn unmount_nfs(host: &dyn Host, anchored: &Anchored, step: Duration) -> Re
             Err(_) => Err(timed_out(&format!("umount -f {}", target.display()), step)),
         };
     let still_mounted =
-        || -> Result<bool> { Ok(mountinfo::at(&host.mount_table()?, target).is_some()) };
+        || -> Result<bool> { Ok(mount::at(&host.mount_table()?, target).is_some()) };
     match forced {
         Ok(()) if !still_mounted()? => {
             info!(target = %target.display(), "NFS mount force-unmounted");

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::csi;
 use crate::error::{CommandError, Error, MountError, Result, VolumeError};
 use crate::gds::gate::GdsGate;
-use crate::os::{mountinfo, Anchored, Host, MountEntry};
+use crate::os::{mount, Anchored, Host, MountEntry};
 use crate::pool::{Content, SourceOf};
 use crate::request::{nfs_options, CreateVolume, NfsCapability};
 use crate::volume::mounts::Mounter;
@@ -143,7 +143,7 @@ impl NfsBackend {
             })?;
         let host = self.host();
         let mounts = host.mount_table()?;
-        if let Some(m) = mountinfo::at(&mounts, &path) {
+        if let Some(m) = mount::at(&mounts, &path) {
             if is_nfs_from(m, &id.export_source()) {
                 return Ok(path);
             }
@@ -375,7 +375,7 @@ pub(crate) async fn verify_mounted(
 ) -> Result<()> {
     let at = pinned.path();
     let mounts = host.mount_table()?;
-    let Some(m) = mountinfo::at(&mounts, at).filter(|m| is_nfs_from(m, source)) else {
+    let Some(m) = mount::at(&mounts, at).filter(|m| is_nfs_from(m, source)) else {
         return Err(MountError::MissingAfterMount {
             path: at.to_owned(),
             from: format!("from {source} "),

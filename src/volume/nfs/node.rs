@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::{is_nfs_from, transport_mismatch, verify_mounted, NfsBackend, NfsVolumeId};
 use crate::error::{Error, Result, VolumeError};
 use crate::gds::gate::{MountedVolume, Policy};
-use crate::os::{mountinfo, MountEntry};
+use crate::os::{mount, MountEntry};
 use crate::request::{nfs_options, NfsCapability};
 use crate::volume::mounts::{already_published, Mounter};
 use crate::volume::{Publish, Stage};
@@ -20,7 +20,7 @@ pub async fn stage(b: &NfsBackend, id: &NfsVolumeId, req: &Stage<NfsCapability>)
     let opts = nfs_options::merge(&id.transport, &cap.mount_flags)?;
     let source = id.source();
     let mounts = b.mounter.mount_table()?;
-    if let Some(m) = mountinfo::at(&mounts, staging) {
+    if let Some(m) = mount::at(&mounts, staging) {
         if !is_nfs_from(m, &source) {
             return Err(crate::volume::mounts::staging_taken(staging, m));
         }
@@ -106,7 +106,7 @@ pub async fn publish(b: &NfsBackend, id: &NfsVolumeId, req: &Publish<NfsCapabili
     let readonly = req.readonly || cap.read_only_mode;
     let source = id.source();
     let mounts = b.mounter.mount_table()?;
-    let staged = mountinfo::at(&mounts, staging)
+    let staged = mount::at(&mounts, staging)
         .filter(|m| is_nfs_from(m, &source))
         .cloned();
     // A bind mount of this volume shows the volume's own source.

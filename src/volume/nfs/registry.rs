@@ -1,5 +1,5 @@
 //! The NFS volumes this controller created: one file each under
-//! `<state-dir>/nfs-volumes/` (`state_dir::records`), so a change costs the same at 10
+//! `<state-dir>/nfs-volumes/` (`state_dir::RecordFiles`), so a change costs the same at 10
 //! volumes as at 10,000. It serves ListVolumes and the "same name, different request"
 //! check of CreateVolume only: the volume id alone is enough to mount, find and delete
 //! a volume, so losing it (a scratch state dir) loses no volume.
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::pool::SourceOf;
-use crate::runtime::state_dir::records::RecordFiles;
+use crate::runtime::state_dir::RecordFiles;
 
 /// Where the records were kept in one file; moved to their own files at start-up and
 /// then removed (what it held can always be found again from the ids).

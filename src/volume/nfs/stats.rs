@@ -8,7 +8,7 @@ use std::sync::{LazyLock, Mutex};
 use super::{transport_mismatch, NfsBackend, NfsVolumeId};
 use crate::csi::{self, VolumeCondition};
 use crate::error::{MountError, Result};
-use crate::os::mountinfo;
+use crate::os::mount;
 
 fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
     csi::NodeGetVolumeStatsResponse {
@@ -33,7 +33,7 @@ pub async fn stats(
         .into());
     }
     let mounts = b.mounter.mount_table()?;
-    let Some(entry) = mountinfo::at(&mounts, path)
+    let Some(entry) = mount::at(&mounts, path)
         .filter(|m| m.fs_type.starts_with("nfs"))
         .cloned()
     else {

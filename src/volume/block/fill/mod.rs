@@ -53,8 +53,9 @@ use crate::error::{CloneError, Result};
 use crate::request;
 use crate::request::{Access, Capability};
 use crate::volume::block::fill::source::Source;
+use crate::volume::block::stage::format_if_blank;
 use crate::volume::block::BlockBackend;
-use crate::volume::block::{format, Located};
+use crate::volume::block::Located;
 use crate::volume::copy::{CopyRequest, Progress, Saved, Verify};
 
 pub use check::{check_clone, clone_access, refuse_unfilled_clones};
@@ -71,7 +72,7 @@ pub async fn fill(b: &BlockBackend, vol: &mut Located, cap: &Capability) -> Resu
     };
     let fs = cap.fs_type.unwrap_or(vol.record.fs_type);
     if pending.needs_filesystem() {
-        format::format_if_blank(b, vol, fs).await?;
+        format_if_blank(b, vol, fs).await?;
     }
     run(b, vol, fs, pending).await
 }

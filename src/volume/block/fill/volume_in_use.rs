@@ -59,7 +59,7 @@ pub async fn fill_from_mounted_source(b: &BlockBackend, id: &BlockVolumeId) -> R
         Err(_) => return Err(Error::NotReady(progress.message())),
     }
     let fs = vol.record.fs_type;
-    crate::volume::block::format::format_if_blank(b, &mut vol, fs).await?;
+    crate::volume::block::stage::format_if_blank(b, &mut vol, fs).await?;
     let dir = copy_dir(b, &raw);
     refuse_in_use(b, &vol, Some(&dir), &mounts, "clone")
         .inspect_err(crate::metrics::clone::failed)?;

@@ -8,7 +8,7 @@
 //!   drive, a hung controller) blocks in the kernel where no signal reaches it; the call
 //!   answers Aborted at the deadline, and the device is refused (Aborted) until that
 //!   thread has come back, so no second label write races the one still pending (like
-//!   `os::inflight` does for mount syscalls). The calls on one device also run one at a
+//!   `os::mount` does for mount syscalls). The calls on one device also run one at a
 //!   time on their threads: a caller that is cancelled (its gRPC call dropped) gives its
 //!   device lock back while its write goes on, and the next write waits for it there.
 //! - [`settled`] / [`settled_sync`]: [`bounded`] around a step that holds the whole
