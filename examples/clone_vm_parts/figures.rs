@@ -28,7 +28,7 @@ pub fn cpu_seconds() -> Result<f64> {
     Ok(ticks / hz)
 }
 
-/// The first clone job's duration in the driver's log (`jobs.rs`: mount, copy, check,
+/// The first clone job's duration in the driver's log (`runtime/overlap.rs`: mount, copy, check,
 /// unmount; after mkfs).
 fn job_seconds() -> Result<f64> {
     let line = first_log_line("long job finished job=\"clone\"")?;

@@ -143,7 +143,7 @@ pub fn writer_gaps(times: &str, from: u64) -> Result<(f64, f64, f64)> {
     Ok((during, before, across))
 }
 
-/// The seconds of snapshot `name`'s copy job in the driver's log (`jobs.rs`: `long job
+/// The seconds of snapshot `name`'s copy job in the driver's log (`runtime/overlap.rs`: `long job
 /// finished job="clone" key=snapshot:NAME seconds=S`), the last one logged.
 fn job_seconds(name: &str) -> Option<f64> {
     let log = std::fs::read_to_string(std::env::var("DRIVER_LOG").ok()?).ok()?;

@@ -211,7 +211,7 @@ pub enum Error {
     /// What the host port reports, by cause (src/os/error.rs).
     #[error(transparent)]
     Host(#[from] HostError),
-    /// A long job's task ended without leaving an outcome (src/runtime/jobs.rs).
+    /// A long job's task ended without leaving an outcome (src/runtime/overlap.rs).
     #[error("job {key} ended without an outcome; retry")]
     JobLost { key: String },
     /// The GDS gate refused a volume its class requires GDS for (src/gds/gate/policy.rs).
@@ -227,7 +227,7 @@ pub enum Error {
     /// A list call's starting_token that this driver did not issue (CSI: ABORTED).
     #[error("starting_token {token:?} was not issued by this driver; list again from the start")]
     ForeignToken { token: String },
-    /// The outcome of a long job that more than one call waited for (src/runtime/jobs.rs).
+    /// The outcome of a long job that more than one call waited for (src/runtime/overlap.rs).
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
 }

@@ -20,7 +20,7 @@ pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, 
 use crate::error::{Result, VolumeError};
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};
 use crate::runtime::faults::{self, KillPoint};
-use crate::runtime::jobs::Jobs;
+use crate::runtime::overlap::Jobs;
 
 pub struct PoolConfig {
     pub node_id: String,

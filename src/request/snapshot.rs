@@ -99,6 +99,21 @@ pub struct CreateSnapshot {
     pub checksums: bool,
 }
 
+/// The snapshot DeleteSnapshot names.
+pub fn delete_snapshot(req: &csi::DeleteSnapshotRequest) -> Result<SnapshotRef> {
+    SnapshotRef::parse("snapshot_id", &req.snapshot_id)
+}
+
+/// The snapshot GetSnapshot names.
+pub fn get_snapshot(req: &csi::GetSnapshotRequest) -> Result<SnapshotRef> {
+    SnapshotRef::parse("snapshot_id", &req.snapshot_id)
+}
+
+/// ListSnapshots' `snapshot_id` filter: none when empty.
+pub fn list_snapshots_filter(req: &csi::ListSnapshotsRequest) -> Option<SnapshotRef> {
+    SnapshotRef::filter(&req.snapshot_id)
+}
+
 pub fn create_snapshot(req: &csi::CreateSnapshotRequest) -> Result<CreateSnapshot> {
     let name = super::name(&req.name)?;
     if req.source_volume_id.is_empty() {

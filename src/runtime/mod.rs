@@ -1,8 +1,8 @@
-//! What every layer of the process shares: its configuration, long jobs a retry joins,
-//! the handlers' guards, the state directory, and the test-only kill points.
+//! What every layer of the process shares: its configuration, calls that overlap (the
+//! handlers' guards, long jobs a retry joins), the state directory, and the test-only
+//! kill points.
 
 pub mod config;
 pub mod faults;
-pub mod jobs;
-pub mod locks;
+pub mod overlap;
 pub mod state_dir;

@@ -7,9 +7,8 @@ use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type};
 use crate::csi::*;
 use crate::error::{Error, Result, SnapshotError};
-use crate::request::snapshot::SnapshotRef;
 use crate::request::{self, ContentSource, VolumeRef};
-use crate::runtime::locks::LockKey;
+use crate::runtime::overlap::LockKey;
 use crate::volume::VolumeBackend;
 
 pub struct ControllerService {
@@ -184,7 +183,7 @@ impl ControllerService {
 
     async fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse> {
         let after = page_start(req.max_entries, &req.starting_token)?;
-        let snapshot = SnapshotRef::filter(&req.snapshot_id);
+        let snapshot = request::snapshot::list_snapshots_filter(&req);
         let ctx = self.driver.snapshot_context()?;
         let mut entries: Vec<Snapshot> =
             crate::snapshot::list(&ctx, snapshot.as_ref(), &req.source_volume_id)
@@ -347,7 +346,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        let snapshot = SnapshotRef::parse("snapshot_id", &request.get_ref().snapshot_id)?;
+        let snapshot = request::snapshot::delete_snapshot(request.get_ref())?;
         let ctx = self.driver.snapshot_context()?;
         let name = match snapshot.ours() {
             Some(id) => ctx.snapshots.by_id(id)?.map(|r| r.name),
@@ -374,7 +373,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
-        let snapshot = SnapshotRef::parse("snapshot_id", &request.get_ref().snapshot_id)?;
+        let snapshot = request::snapshot::get_snapshot(request.get_ref())?;
         let ctx = self.driver.snapshot_context()?;
         let snapshot = crate::snapshot::get(&ctx, &snapshot).await?;
         Ok(Response::new(GetSnapshotResponse {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::gds::gate::GdsGate;
 use crate::os::Host;
 use crate::pool::Pool;
-use crate::runtime::locks::VolumeLocks;
+use crate::runtime::overlap::VolumeLocks;
 use crate::snapshot::Snapshots;
 use crate::volume::block::{BlockBackend, NodeIdentity};
 use crate::volume::mounts::Mounter;

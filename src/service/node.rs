@@ -10,7 +10,7 @@ use crate::csi::*;
 use crate::error::Result;
 use crate::request::node::{ForVolume, NodeExpand, Stats, TakeDown};
 use crate::request::{self, VolumeRef};
-use crate::runtime::locks::LockKey;
+use crate::runtime::overlap::LockKey;
 use crate::volume::VolumeBackend;
 
 pub struct NodeService {

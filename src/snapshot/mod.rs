@@ -25,7 +25,7 @@ use crate::csi;
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::request::snapshot::{CreateSnapshot, SnapshotId, SnapshotRef};
 use crate::request::VolumeRef;
-use crate::runtime::locks::VolumeGuard;
+use crate::runtime::overlap::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
 use crate::volume::copy::Cloner;
 use take::progress_of;

@@ -4,7 +4,7 @@
 use super::Context;
 use crate::error::{Error, Result, SnapshotError};
 use crate::request::VolumeRef;
-use crate::runtime::locks::VolumeGuard;
+use crate::runtime::overlap::VolumeGuard;
 use crate::volume::{ContentView, VolumeBackend};
 
 /// What to copy from. A block volume's copy needs its guard, which the handler took

@@ -32,7 +32,7 @@ use super::{key, store_record, Context, Record};
 use crate::error::{Error, Result, SnapshotError, StoreError};
 use crate::os::{FsType, Host};
 use crate::request::snapshot::SnapshotId;
-use crate::runtime::locks::VolumeGuard;
+use crate::runtime::overlap::VolumeGuard;
 use crate::runtime::state_dir::short_hash;
 use crate::volume::block::freeze::{self, LastPass};
 use crate::volume::copy::base::Base;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::walk::{self, Kind};
 use crate::error::{CloneError, Error, Result};
-use crate::runtime::jobs::Jobs;
+use crate::runtime::overlap::Jobs;
 
 /// The block size every entry is rounded to.
 const BLOCK: u64 = 4096;

@@ -6,7 +6,7 @@
 //! later), and the target. It copies with large aligned `O_DIRECT` I/O on several
 //! streams, keeps modes, owners, times, symlinks (never followed), hard links and
 //! holes, records its progress in the state dir so a restarted driver resumes, and runs
-//! as a job (`src/runtime/jobs.rs`) so a NodeStage that gives up leaves it running and the
+//! as a job (`src/runtime/overlap.rs`) so a NodeStage that gives up leaves it running and the
 //! retry joins it (`Cloner`). `block/fill/` is the block backend's hook: the source volume
 //! mounted read-only in a private directory, the target after mkfs. A raw block clone is
 //! copied device to device instead (`raw`), with the same record, jobs and progress.
@@ -34,7 +34,7 @@ pub use progress::{Progress, Saved};
 pub use verify::Verify;
 
 use crate::error::{Error, Result};
-use crate::runtime::jobs::Jobs;
+use crate::runtime::overlap::Jobs;
 
 /// One read or write of the copy (each stream holds one such buffer: 32 MiB per copy).
 pub const BUFFER: usize = 4 << 20;

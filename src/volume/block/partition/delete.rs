@@ -18,7 +18,7 @@ use crate::pool::{PoolDevice, VolumeRecord};
 use crate::runtime::faults::{self, KillPoint};
 
 impl Partitioned {
-    /// The whole delete runs as a job (`crate::runtime::jobs`, key `erase:<volume id>`): zeroing a
+    /// The whole delete runs as a job (`crate::runtime::overlap::Jobs`, key `erase:<volume id>`): zeroing a
     /// big partition takes minutes, longer than a caller may wait, and the job (not the
     /// call) holds the device's lock, so a cancelled DeleteVolume's erase goes on with
     /// the device still held (no create changes its label meanwhile, and the partition

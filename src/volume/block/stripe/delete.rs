@@ -1,4 +1,4 @@
-//! DeleteVolume of the stripe layout, a job (`crate::runtime::jobs`, key `erase:<volume id>`, as
+//! DeleteVolume of the stripe layout, a job (`crate::runtime::overlap::Jobs`, key `erase:<volume id>`, as
 //! the partition layout's) holding every member's device lock: stop our array if it runs,
 //! check every member (not in use, nothing on it but this array's md superblock) before
 //! any is changed, then erase each through the partition layout's one erase path
