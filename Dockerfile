@@ -11,9 +11,9 @@ COPY proto ./proto
 COPY crates ./crates
 COPY src ./src
 # The driver and the opt-in node-loss controller (crates/node-loss, chart value nodeLoss).
-RUN cargo build --release --locked -p gds-csi -p gds-csi-node-loss \
- && install -D -m 0755 target/release/gds-csi /out/gds-csi \
- && install -D -m 0755 target/release/gds-csi-node-loss /out/gds-csi-node-loss
+RUN cargo build --profile dist --locked -p gds-csi -p gds-csi-node-loss \
+ && install -D -m 0755 target/dist/gds-csi /out/gds-csi \
+ && install -D -m 0755 target/dist/gds-csi-node-loss /out/gds-csi-node-loss
 
 # Stage 2: NVIDIA's packaged cuFile (the nvidia-cufile wheel from PyPI): libcufile.so.0 and
 # libcufile_rdma.so.1, unmodified, with the wheel's License.txt. The GDS gate's cuFile probe

@@ -122,7 +122,10 @@ impl Driver {
     }
 
     fn stop(mut self) {
-        let _ = run("kill", &["-TERM", &self.child.id().to_string()]);
+        // Only a child not reaped yet: a reaped one's pid may be another process's by now.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = run("kill", &["-TERM", &self.child.id().to_string()]);
+        }
         let _ = self.child.wait();
     }
 }

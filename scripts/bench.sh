@@ -58,7 +58,7 @@ STORM=${2:-64}
 if [ -n "${BENCH_DRIVER:-}" ]; then
   GDS_CSI=$BENCH_DRIVER
 else
-  build_driver
+  build_driver dist # the binary the image ships: its RSS is the one a node pays
 fi
 (cd "$REPO_ROOT" && cargo build --release --quiet --example bench)
 

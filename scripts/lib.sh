@@ -102,10 +102,12 @@ install_helm() {
   fi
 }
 
+# build_driver [PROFILE]: the driver built with PROFILE (release; `dist` is the image's).
 build_driver() {
-  (cd "$REPO_ROOT" && cargo build --release --quiet --bin gds-csi)
+  local profile=${1:-release}
+  (cd "$REPO_ROOT" && cargo build --profile "$profile" --quiet --bin gds-csi)
   # shellcheck disable=SC2034 # read by the scripts that source this file
-  GDS_CSI="$TARGET_DIR/release/gds-csi"
+  GDS_CSI="$TARGET_DIR/$profile/gds-csi"
 }
 
 # make_loop FILE BYTES: a loop device over a sparse file of exactly BYTES. Runs in

@@ -294,7 +294,9 @@ async fn a_loop_device_reattached_to_another_file_is_not_formatted() {
         .map(|s| !s.success())
         .unwrap_or(true)
     {
-        eprintln!("skipped: {dev_arg} was taken by someone else between detach and attach");
+        common::skip(&format!(
+            "{dev_arg} was taken by someone else between detach and attach"
+        ));
         return;
     }
     let _reattached = LoopDevice(Some(dev.clone()));

@@ -73,8 +73,17 @@ impl Proc {
         }
         false
     }
+    /// Sends `sig` to the child while it is still ours: one already reaped may have had its
+    /// pid handed to another process, which must never get the signal. False when not sent.
+    fn signal(&mut self, sig: Signal) -> bool {
+        if self.exited().is_some() {
+            return false;
+        }
+        // Not reaped: even if it exited just now its pid stays a zombie's, not reusable.
+        kill(Pid::from_raw(self.pid() as i32), sig).is_ok()
+    }
     fn terminate(&mut self) -> ExitStatus {
-        let _ = kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM);
+        self.signal(Signal::SIGTERM);
         self.wait_exit(Duration::from_secs(20))
             .expect("exits on SIGTERM")
     }
@@ -318,7 +327,10 @@ async fn sigkill_and_restart_at_once_always_comes_back() {
     assert_cloexec(p.pid());
     for round in 0..20 {
         // SIGKILL and start the next one at once, reaping the old one only afterwards.
-        kill(Pid::from_raw(p.pid() as i32), Signal::SIGKILL).unwrap();
+        assert!(
+            p.signal(Signal::SIGKILL),
+            "round {round}: the driver exited before its SIGKILL"
+        );
         let mut next = d.spawn(&[], &[]);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -678,4 +690,22 @@ async fn thousands_of_idle_connections_never_lock_a_new_client_out() {
         assert!(p.exited().is_none(), "{}", p.log());
         assert!(p.terminate().success());
     }
+}
+
+/// A driver that exited and was reaped is never signalled: its pid may belong to another
+/// process by then, which the test's cleanup must not reach.
+#[test]
+fn a_reaped_driver_is_not_signalled() {
+    let mut d = Dir::new();
+    let mut p = d.spawn(&[], &["--socket-mode", "not-octal"]);
+    let status = p
+        .wait_exit(Duration::from_secs(20))
+        .expect("a bad flag ends the driver");
+    assert!(!status.success(), "{status:?}");
+    assert!(!p.signal(Signal::SIGTERM), "a reaped child was signalled");
+    assert_eq!(
+        p.terminate(),
+        status,
+        "terminate answers the status it reaped"
+    );
 }

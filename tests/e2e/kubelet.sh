@@ -128,8 +128,20 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   check "doctor in the pod names the missing pieces (libcuda, /dev/nvidia*, udev), not libcufile (in the image) or cufile.json (mounted)" \
     pod_pieces_named
   driver_log() { cat "$WORK"/pod-logs/"${NS}"_gds-csi-node-*/gds-csi/*.log; }
+  # A container of the node pod, by the id containerd knows its task by: signals go to
+  # this run's own containers only, never to a same-named process of another run here.
+  container_id() {
+    "$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
+      -o jsonpath="{.status.containerStatuses[?(@.name==\"$1\")].containerID}" |
+      sed 's|^containerd://||'
+  }
+  container_pid() {
+    local id
+    id=$(container_id "$1")
+    [ -n "$id" ] && "${CTR[@]}" tasks ls | awk -v id="$id" '$1 == id { print $2 }'
+  }
   # The node pod's resizer (the stand-in at /csi-resizer in its image), as the host sees it.
-  owner_resizer() { pgrep -f '^/csi-resizer ' | head -1; }
+  owner_resizer() { container_pid csi-resizer; }
   plugin_back() {
     [ "$("$KUBECTL" -n "$NS" get pod "$(plugin_pod)" \
       -o jsonpath='{.status.containerStatuses[?(@.name=="gds-csi")].restartCount}')" -ge 1 ] &&
@@ -138,7 +150,7 @@ assert d["ready"] is False and d["backend"] == "nvme" and any(f.startswith("nvid
   # SIGKILL the driver container's main process, as the host sees it; the kubelet
   # restarts it, and the provisioner container, which exits when it loses the socket.
   restart_plugin() {
-    pkill -KILL -f '^/usr/local/bin/gds-csi serve' && wait_for 120 plugin_back
+    "${CTR[@]}" tasks kill --signal SIGKILL "$(container_id gds-csi)" && wait_for 120 plugin_back
   }
 else
   apply_chart
@@ -579,6 +591,7 @@ echo "     before: $grow_dev $(blockdev --getsize64 "$grow_dev") bytes, df ${df_
 # The owning node's resizer is held (SIGSTOP) until the other node's resizer has asked its
 # driver: the race between them is then decided, and what the other's answer leaves is seen.
 owner_pid=$(owner_resizer)
+check "this node's resizer is found by its container's task" test -n "$owner_pid" || exit 1
 pvc_json() { "$KUBECTL" get pvc grow -o json; }
 kill -STOP "$owner_pid"
 "$KUBECTL" patch pvc grow -p '{"spec":{"resources":{"requests":{"storage":"400Mi"}}}}' >/dev/null
