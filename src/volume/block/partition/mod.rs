@@ -20,6 +20,7 @@ pub mod guard;
 
 pub(crate) use delete::erase_partition;
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,15 +90,16 @@ impl Partitioned {
     /// Pool devices a whole-device volume does not hold.
     fn carvable(&self) -> Vec<PoolDevice> {
         let state = self.pool.state.snapshot();
-        let whole = |d: &PoolDevice| {
-            state
-                .entries()
-                .any(|(id, r)| r.device_id == d.id && id.layout == IdLayout::Device)
-        };
+        // One pass over the records, whatever the number of devices.
+        let whole: HashSet<&str> = state
+            .entries()
+            .filter(|(id, _)| id.layout == IdLayout::Device)
+            .map(|(_, r)| r.device_id.as_str())
+            .collect();
         self.pool
             .devices()
             .into_iter()
-            .filter(|d| !whole(d))
+            .filter(|d| !whole.contains(d.id.as_str()))
             .collect()
     }
 
@@ -175,20 +177,25 @@ impl Partitioned {
     /// Spans and numbers on pool device `device_id` that the state's records (volumes and
     /// stripe members) hold, whatever its label says now.
     pub(crate) fn held(&self, device_id: &str) -> Held {
+        self.held_by_device().remove(device_id).unwrap_or_default()
+    }
+
+    /// [`Self::held`] of every device at once: one pass over the records, so GetCapacity
+    /// costs the same per device at 10 volumes as at 1,000.
+    fn held_by_device(&self) -> HashMap<String, Held> {
         let state = self.pool.state.snapshot();
-        let mut held = Held::default();
+        let mut by_device: HashMap<String, Held> = HashMap::new();
         for r in state.values() {
-            let own = (r.device_id == device_id).then_some(r.partition.as_ref());
+            let own = r.partition.as_ref().map(|p| (&r.device_id, p));
             let members = r.stripe.iter().flat_map(|s| &s.members);
-            let members = members
-                .filter(|m| m.device_id == device_id)
-                .map(|m| m.partition.as_ref());
-            for p in own.into_iter().chain(members).flatten() {
+            let members = members.filter_map(|m| Some((&m.device_id, m.partition.as_ref()?)));
+            for (device_id, p) in own.into_iter().chain(members) {
+                let held = by_device.entry(device_id.clone()).or_default();
                 held.numbers.push(p.number);
                 held.spans.extend(p.held_span());
             }
         }
-        held
+        by_device
     }
 
     /// The volume's partition as the kernel shows it now (re-added if it was dropped);
@@ -378,10 +385,12 @@ impl Layout for Partitioned {
 
     fn capacity(&self) -> Capacity {
         let (mut available, mut maximum) = (0u64, 0u64);
+        let (held, nothing) = (self.held_by_device(), Held::default());
         for (dev, on) in self.candidates() {
             let (a, m) = match on {
                 OnDisk::Ours { label, .. } => {
-                    let free = label.free_extents_clear_of(&self.held(&dev.id));
+                    let held = held.get(&dev.id).unwrap_or(&nothing);
+                    let free = label.free_extents_clear_of(held);
                     let total = free.iter().map(|e| e.len).sum();
                     (total, free.iter().map(|e| e.len).max().unwrap_or(0))
                 }
