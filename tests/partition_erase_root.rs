@@ -228,7 +228,7 @@ impl Drop for Loops {
 /// ResourceExhausted message names the partition and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_device_that_is_a_partition_is_passed_over() {
-    use gds_csi::volume::block::layout::Layout;
+    use gds_csi::volume::block::Layout;
     let Some(l) = Loops::new(&[64 * MIB, 128 * MIB]) else {
         return;
     };
@@ -292,8 +292,8 @@ async fn a_pool_device_that_is_a_partition_is_passed_over() {
 /// before its label write; the whole-device claim checks that mark under the same lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_two_layouts_never_both_take_one_blank_device() {
-    use gds_csi::volume::block::layout::Layout;
-    use gds_csi::volume::block::layout::WholeDevice;
+    use gds_csi::volume::block::Layout;
+    use gds_csi::volume::block::WholeDevice;
     const ROUNDS: usize = 8;
     let Some(l) = Loops::new(&[64 * MIB; ROUNDS]) else {
         return;

@@ -19,8 +19,8 @@ use gds_csi::disk::gpt::kernel;
 use gds_csi::error::{Error, LayoutError};
 use gds_csi::os::{FsType, Host, RealHost};
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
-use gds_csi::volume::block::layout::Layout;
 use gds_csi::volume::block::partition::Partitioned;
+use gds_csi::volume::block::Layout;
 
 const MIB: u64 = 1 << 20;
 

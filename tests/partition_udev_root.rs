@@ -147,7 +147,7 @@ async fn a_partition_recreated_at_a_new_minor_is_located_again_not_refused() {
     use gds_csi::error::{Error, VolumeError};
     use gds_csi::os::{FsType, Host, RealHost};
     use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
-    use gds_csi::volume::block::layout::Layout;
+    use gds_csi::volume::block::Layout;
     use gds_csi::volume::block::{BlockBackend, NodeIdentity};
     use gds_csi::volume::mounts::Mounter;
     use std::sync::Arc;

@@ -24,9 +24,9 @@ use gds_csi::disk::gpt::kernel;
 use gds_csi::os::{FsType, Host, RealHost, StripeGeometry};
 use gds_csi::pool::{AllocationRequest, Pool, PoolConfig};
 use gds_csi::request::StripeParams;
-use gds_csi::volume::block::layout::Layout;
 use gds_csi::volume::block::partition::Partitioned;
 use gds_csi::volume::block::stripe::Striped;
+use gds_csi::volume::block::Layout;
 use tonic::Code;
 
 mod common;

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 
 use guard::{settled, settled_sync, DeviceGuard, DeviceLocks, LABEL_DEADLINE};
 
-use super::layout::{Capacity, Layout};
+use super::{Capacity, Layout};
 use crate::csi::id::{BlockVolumeId, IdLayout};
 use crate::disk::gpt::{self, label, volume, Carved, Held, OnDisk};
 use crate::error::{AllocationError, Error, LayoutError, Result};

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tracing::warn;
 
-use super::layout::{Capacity, Layout};
 use super::partition::{self as part_layout, Partitioned};
+use super::{Capacity, Layout};
 use crate::csi::id::BlockVolumeId;
 use crate::disk::gpt::{self, volume, OnDisk};
 use crate::disk::md;
