@@ -21,7 +21,7 @@ pub enum LabelError {
     NotBlank { device: PathBuf, why: String },
     /// No 1 MiB-aligned size lies within the requested range (CSI OutOfRange).
     #[error("capacity_range: {0}")]
-    OutOfRange(String),
+    NoSizeInRange(String),
     /// No free extent is large enough (CSI ResourceExhausted).
     #[error("no free extent of {wanted} bytes: the largest is {largest} bytes")]
     NoSpace { wanted: u64, largest: u64 },
@@ -42,9 +42,13 @@ pub enum LabelError {
     /// undo it (CSI FAILED_PRECONDITION; nothing was changed).
     #[error("{0}")]
     Changed(String),
-    /// A partition asked for by number or name is not in the label.
+    /// A partition asked for by number or PARTUUID is not in the label.
     #[error("no partition {0} in the gds-csi label")]
-    NotFound(String),
+    NotInLabel(String),
+    /// The kernel does not show a partition of the label (a re-read in progress, or
+    /// another tool removed it from the kernel's view).
+    #[error("partition {number} is not in the kernel's view of {}", device.display())]
+    NotInKernel { number: u32, device: PathBuf },
     /// The name is already carved with another size (CSI ALREADY_EXISTS).
     #[error("partition {number} is already named {name:?}, with {len} bytes")]
     NameTaken { name: String, number: u32, len: u64 },

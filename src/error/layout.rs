@@ -187,11 +187,11 @@ impl LayoutError {
 /// A partition label's error by the code its cause calls for.
 pub(super) fn label_code(e: &super::LabelError) -> Code {
     match e {
-        super::LabelError::OutOfRange(_) => Code::OutOfRange,
+        super::LabelError::NoSizeInRange(_) => Code::OutOfRange,
         super::LabelError::NoSpace { .. }
         | super::LabelError::NoEntry { .. }
         | super::LabelError::Blocked { .. } => Code::ResourceExhausted,
-        super::LabelError::NotFound(_) => Code::NotFound,
+        super::LabelError::NotInLabel(_) | super::LabelError::NotInKernel { .. } => Code::NotFound,
         super::LabelError::NameTaken { .. } => Code::AlreadyExists,
         _ => Code::FailedPrecondition,
     }

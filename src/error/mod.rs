@@ -244,7 +244,7 @@ impl Error {
         matches!(
             self,
             Error::Allocation(AllocationError::NoDeviceFits { .. })
-                | Error::Label(LabelError::OutOfRange(_))
+                | Error::Label(LabelError::NoSizeInRange(_))
                 | Error::Layout(
                     LayoutError::TooLarge { .. } | LayoutError::StripeBeyondLimit { .. }
                 )

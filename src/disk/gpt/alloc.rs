@@ -45,15 +45,16 @@ impl SizeRange {
     pub fn size(&self, default: u64) -> Result<u64> {
         let (req, lim) = (self.required, self.limit);
         if lim != 0 && req > lim {
-            return Err(Error::OutOfRange(format!(
+            return Err(Error::NoSizeInRange(format!(
                 "required_bytes {req} is more than limit_bytes {lim}"
             )));
         }
         if req > 0 {
-            let size = align_up(req)
-                .ok_or_else(|| Error::OutOfRange(format!("required_bytes {req} is too large")))?;
+            let size = align_up(req).ok_or_else(|| {
+                Error::NoSizeInRange(format!("required_bytes {req} is too large"))
+            })?;
             if lim != 0 && size > lim {
-                return Err(Error::OutOfRange(format!(
+                return Err(Error::NoSizeInRange(format!(
                     "required_bytes {req} rounds up to {size} (partitions are whole MiB), \
                      beyond limit_bytes {lim}; ask for a multiple of {ALIGN} bytes or allow \
                      limit_bytes of at least {size}"
@@ -67,7 +68,7 @@ impl SizeRange {
             size = align_down(lim);
         }
         if size == 0 {
-            return Err(Error::OutOfRange(format!(
+            return Err(Error::NoSizeInRange(format!(
                 "limit_bytes {lim} is less than one {ALIGN}-byte partition"
             )));
         }
@@ -244,7 +245,7 @@ impl Label {
         }
         let now = self
             .extent(number)
-            .ok_or_else(|| Error::NotFound(number.to_string()))?;
+            .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
         if size <= now.len {
             return Ok(false);
         }

@@ -27,12 +27,12 @@ fn size_for_a_capacity_range() {
     // No aligned size in [required, limit]: OutOfRange naming the fix.
     let e = range(MIB + 1, MIB + 2).size(GIB).unwrap_err();
     assert!(
-        matches!(&e, Error::OutOfRange(m) if m.contains("multiple of 1048576")),
+        matches!(&e, Error::NoSizeInRange(m) if m.contains("multiple of 1048576")),
         "{e}"
     );
     assert!(matches!(
         range(3 * MIB, 2 * MIB).size(GIB),
-        Err(Error::OutOfRange(_))
+        Err(Error::NoSizeInRange(_))
     ));
     // Unset: the default, capped at a limit, rounded down into it.
     assert_eq!(range(0, 0).size(GIB).unwrap(), GIB);
@@ -40,11 +40,11 @@ fn size_for_a_capacity_range() {
     assert_eq!(range(0, 3 * MIB / 2).size(GIB).unwrap(), MIB);
     assert!(matches!(
         range(0, MIB - 1).size(GIB),
-        Err(Error::OutOfRange(_))
+        Err(Error::NoSizeInRange(_))
     ));
     assert!(matches!(
         range(u64::MAX, 0).size(GIB),
-        Err(Error::OutOfRange(_))
+        Err(Error::NoSizeInRange(_))
     ));
 }
 
@@ -136,7 +136,7 @@ fn grow_in_place_or_name_the_neighbour() {
     assert!(err.to_string().contains("usable space ends"), "{err}");
     assert!(l.grow(c, 54 * MIB).unwrap());
     assert_eq!(l.capacity(), (0, 0));
-    assert!(matches!(l.grow(7, 2 * MIB), Err(Error::NotFound(_))));
+    assert!(matches!(l.grow(7, 2 * MIB), Err(Error::NotInLabel(_))));
 }
 
 /// xorshift64*: a reproducible stream without a dependency.

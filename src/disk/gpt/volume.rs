@@ -102,7 +102,7 @@ pub fn carve(device: &Path, name: &str, size: u64, held: &Held) -> Result<Carved
         Some((n, _)) => {
             let span = label
                 .extent(n)
-                .ok_or_else(|| Error::NotFound(n.to_string()))?;
+                .ok_or_else(|| Error::NotInLabel(n.to_string()))?;
             if span.len != size {
                 return Err(Error::NameTaken {
                     name: name.to_owned(),
@@ -126,12 +126,12 @@ pub fn carve(device: &Path, name: &str, size: u64, held: &Held) -> Result<Carved
 fn shown(device: &Path, label: &Label, number: u32) -> Result<Carved> {
     let span = label
         .extent(number)
-        .ok_or_else(|| Error::NotFound(number.to_string()))?;
+        .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
     let partuuid = label
         .partitions()
         .find(|(n, _)| *n == number)
         .map(|(_, e)| e.guid)
-        .ok_or_else(|| Error::NotFound(number.to_string()))?;
+        .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
     let now = kernel::partition(device, number)?;
     kernel::ensure(device, now.as_slice(), number, span)?;
     Ok(Carved {
@@ -148,7 +148,7 @@ fn find(device: &Path, partuuid: &Uuid) -> Result<(Label, u32)> {
     let number = label
         .by_guid(partuuid)
         .map(|(n, _)| n)
-        .ok_or_else(|| Error::NotFound(format!("with PARTUUID {partuuid}")))?;
+        .ok_or_else(|| Error::NotInLabel(format!("with PARTUUID {partuuid}")))?;
     Ok((label, number))
 }
 
@@ -196,7 +196,7 @@ pub struct Recorded {
 /// and how to undo it.
 pub fn locate_recorded(device: &Path, want: &Recorded) -> Result<Carved> {
     match locate(device, &want.partuuid) {
-        Err(Error::NotFound(_)) => Err(Error::Changed(missing(device, want)?)),
+        Err(Error::NotInLabel(_)) => Err(Error::Changed(missing(device, want)?)),
         Err(Error::Foreign { why, .. }) => Err(Error::Changed(format!(
             "the label of {dev}, which holds partition {n} (PARTUUID {g}) of this volume, \
              was changed by another tool: {why}. The driver changes no label it does not \
@@ -281,7 +281,7 @@ pub fn open_located(device: &Path, partuuid: &Uuid) -> Result<(std::fs::File, Pa
 /// while it is open); the label keeps it. Done already when the label lacks it.
 pub fn unshow(device: &Path, partuuid: &Uuid) -> Result<()> {
     match find(device, partuuid) {
-        Err(Error::NotFound(_)) => Ok(()),
+        Err(Error::NotInLabel(_)) => Ok(()),
         Err(e) => Err(e),
         Ok((_, number)) => kernel::delete(device, number),
     }
@@ -291,7 +291,7 @@ pub fn unshow(device: &Path, partuuid: &Uuid) -> Result<()> {
 /// from the label. Done already when the label lacks it. Erase its blocks before.
 pub fn remove(device: &Path, partuuid: &Uuid) -> Result<()> {
     let (mut label, number) = match find(device, partuuid) {
-        Err(Error::NotFound(_)) => return Ok(()),
+        Err(Error::NotInLabel(_)) => return Ok(()),
         other => other?,
     };
     kernel::delete(device, number)?;

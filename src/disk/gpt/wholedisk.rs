@@ -167,7 +167,7 @@ pub fn settled_counting<T>(
 pub fn transient<T>(result: &Result<T>, disk: &Path) -> bool {
     match result {
         Err(Error::Kernel { source, .. }) => source.raw_os_error() == Some(libc::EBUSY),
-        Err(Error::NotFound(m)) => m.contains("in the kernel's view"),
+        Err(Error::NotInKernel { .. }) => true,
         Err(Error::Io { device, source, .. }) => {
             device.as_path() != disk && source.raw_os_error() == Some(libc::ENOENT)
         }
@@ -207,9 +207,12 @@ mod tests {
         assert!(!transient(&io("/dev/nvme0n1", libc::ENOENT), disk));
         assert!(!transient(&io("/dev/nvme0n1p1", libc::EIO), disk));
         assert!(transient(&busy(), disk));
-        let gone = Error::NotFound("1 in the kernel's view of /dev/nvme0n1".into());
+        let gone = Error::NotInKernel {
+            number: 1,
+            device: disk.to_owned(),
+        };
         assert!(transient::<()>(&Err(gone), disk));
-        assert!(!transient::<()>(&Err(Error::NotFound("3".into())), disk));
+        assert!(!transient::<()>(&Err(Error::NotInLabel("3".into())), disk));
         assert!(!transient(&Ok(()), disk));
     }
 

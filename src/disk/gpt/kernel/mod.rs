@@ -106,11 +106,9 @@ pub fn ensure(
 /// The device node of partition `number` of `device` (`/dev/loop3p2`), checked to be
 /// the block device of the kernel's partition; NotFound when the kernel does not show it.
 pub fn node(device: &Path, number: u32) -> Result<PathBuf> {
-    let part = partition(device, number)?.ok_or_else(|| {
-        Error::NotFound(format!(
-            "{number} in the kernel's view of {}",
-            device.display()
-        ))
+    let part = partition(device, number)?.ok_or_else(|| Error::NotInKernel {
+        number,
+        device: device.to_owned(),
     })?;
     let path = Path::new("/dev").join(&part.name);
     let meta = fs::metadata(&path).map_err(|e| Error::io("stat", &path, e))?;
@@ -146,7 +144,7 @@ pub fn find_by_partuuid(parents: &[PathBuf], guid: &uuid::Uuid) -> Result<Option
                 if let Some((number, _)) = label.by_guid(guid) {
                     let span = label
                         .extent(number)
-                        .ok_or_else(|| Error::NotFound(number.to_string()))?;
+                        .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
                     return Ok(Some(Located {
                         parent: parent.clone(),
                         number,

@@ -347,9 +347,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(600));
         assert!(!stuck().contains(&d), "freed when it returned");
         let e = bounded_sync(&d, "w", Duration::from_secs(5), || -> gpt::Result<()> {
-            Err(gpt::Error::NotFound("3".into()))
+            Err(gpt::Error::NotInLabel("3".into()))
         });
-        assert!(matches!(e, Err(Error::Label(gpt::Error::NotFound(_)))));
+        assert!(matches!(e, Err(Error::Label(gpt::Error::NotInLabel(_)))));
     }
 
     /// A caller dropped mid-write (a cancelled gRPC call) frees its device lock, but the

@@ -228,7 +228,7 @@ impl Partitioned {
         if p.erased {
             return match self.locate_bounded(parent, want.partuuid) {
                 Ok(c) => Ok(Some(c)),
-                Err(Error::Label(gpt::Error::NotFound(_))) => Ok(None),
+                Err(Error::Label(gpt::Error::NotInLabel(_))) => Ok(None),
                 Err(e) => Err(e),
             };
         }
@@ -417,7 +417,10 @@ mod tests {
     fn partition_errors_become_the_csi_codes_their_causes_call_for() {
         let code = |e: gpt::Error| tonic::Status::from(Error::from(e)).code();
         use tonic::Code;
-        assert_eq!(code(gpt::Error::OutOfRange("x".into())), Code::OutOfRange);
+        assert_eq!(
+            code(gpt::Error::NoSizeInRange("x".into())),
+            Code::OutOfRange
+        );
         let no_space = gpt::Error::NoSpace {
             wanted: 2,
             largest: 1,

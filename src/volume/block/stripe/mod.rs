@@ -160,7 +160,7 @@ impl Striped {
             let Some(guid) = guid else { continue };
             match self.parts.locate_bounded(&parent.path, guid) {
                 Ok(c) => out.push((parent, c)),
-                Err(Error::Label(gpt::Error::NotFound(_))) => {}
+                Err(Error::Label(gpt::Error::NotInLabel(_))) => {}
                 Err(e) => return Err(e),
             }
         }
