@@ -277,10 +277,12 @@ impl Pool {
     /// Free devices that can be handed out: not allocated, no foreign signature seen.
     pub fn free_devices(&self) -> Vec<PoolDevice> {
         let state = self.state.snapshot();
+        // One pass over the records, whatever the number of devices.
+        let used: HashSet<&str> = state.values().map(|r| r.device_id.as_str()).collect();
         let mut free: Vec<_> = self
             .devices()
             .into_iter()
-            .filter(|d| state.by_device(&d.id).is_none() && self.foreign_reason(&d.id).is_none())
+            .filter(|d| !used.contains(d.id.as_str()) && self.foreign_reason(&d.id).is_none())
             .collect();
         free.sort_by_key(|d| (d.size_bytes, d.id.clone()));
         free
