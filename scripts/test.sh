@@ -17,17 +17,26 @@ echo "disk free for the build: $(df -h --output=avail "$REPO_ROOT" | tail -1 | t
 suites_passed=0
 suites_failed=0
 failed_names=()
+# Each suite's output is kept, so the end of the run can repeat the last lines of every
+# failed one: a reader of a long log's tail sees why, not only which.
+SUITE_LOGS=$REPO_ROOT/target/test-logs
+rm -rf "$SUITE_LOGS"; mkdir -p "$SUITE_LOGS"
 suite() {
   local name=$1; shift
   echo
   echo "=== $name"
-  local start=$SECONDS
-  if "$@"; then
+  local start=$SECONDS log
+  log=$SUITE_LOGS/$((suites_passed + suites_failed + 1)).log
+  # Through a process substitution, not a pipe: a daemon a suite leaked holding the pipe
+  # would otherwise keep the run waiting on tee.
+  if "$@" > >(tee "$log") 2>&1; then
     suites_passed=$((suites_passed + 1)); echo "=== $name: ok ($((SECONDS - start)) s)"
   else
-    suites_failed=$((suites_failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s; disk free $(df -h --output=avail "$REPO_ROOT" | tail -1 | tr -d ' '))"
+    suites_failed=$((suites_failed + 1)); failed_names+=("$name"); failed_logs+=("$log")
+    echo "=== $name: FAILED ($((SECONDS - start)) s; disk free $(df -h --output=avail "$REPO_ROOT" | tail -1 | tr -d ' '))"
   fi
 }
+failed_logs=()
 
 suite "cargo fmt --check" cargo fmt --all -- --check
 # Every target with every feature (the kill points and tests/faults.rs need fault-injection),
@@ -73,6 +82,10 @@ suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$RE
 suite "fuzzing every parser (6 s each, overflow checks)" env FUZZ_SECONDS=6 FUZZ_DEV=1 bash scripts/fuzz.sh
 
 echo
+for i in "${!failed_names[@]}"; do
+  echo "=== the last lines of ${failed_names[$i]} (all of it: ${failed_logs[$i]})"
+  grep -v '^\s*$' "${failed_logs[$i]}" | tail -25
+done
 if [ ${#failed_names[@]} -gt 0 ]; then echo "failed suites: ${failed_names[*]}"; fi
 echo "suites: $suites_passed passed, $suites_failed failed"
 [ "$suites_failed" -eq 0 ]

@@ -533,6 +533,36 @@ YAML
   "$KUBECTL" delete pod snap-reader --wait=false >/dev/null
   "$KUBECTL" delete pvc snap-restored --wait=false >/dev/null
 
+  # The same snapshot imported by its id (a pre-provisioned content, Retain), labelled for a
+  # node as docs/user-guide.md says: that node's sidecar answers it (ListSnapshots by id).
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotContent
+metadata:
+  name: imported-content
+  labels: {snapshot.storage.kubernetes.io/managed-by: $NODE}
+spec:
+  driver: $DRIVER
+  deletionPolicy: Retain
+  source: {snapshotHandle: "$snap_id"}
+  volumeSnapshotRef: {name: imported, namespace: default}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: imported, namespace: default}
+spec:
+  source: {volumeSnapshotContentName: imported-content}
+YAML
+  imported_ready() { [ "$("$KUBECTL" get volumesnapshot imported -o jsonpath='{.status.readyToUse}')" = true ]; }
+  check "a snapshot imported by its id, its content labelled managed-by=$NODE, is readyToUse" wait_for 60 imported_ready
+  check "with the source's restore size" \
+    [ "$("$KUBECTL" get volumesnapshot imported -o jsonpath='{.status.restoreSize}')" = 64Mi ]
+  "$KUBECTL" delete volumesnapshot imported --wait=false >/dev/null
+  imported_gone() { ! "$KUBECTL" get volumesnapshotcontent imported-content >/dev/null 2>&1; }
+  "$KUBECTL" delete volumesnapshotcontent imported-content --wait=false >/dev/null
+  check "the import removed (Retain): its content is gone" wait_for 60 imported_gone
+  check "and the snapshot is still on the store" [ -n "$(find "$SNAPSHOT_STORE" -type f)" ]
+
   "$KUBECTL" delete volumesnapshot snap --wait=false >/dev/null
   content_gone() { ! "$KUBECTL" get volumesnapshotcontent "$content" >/dev/null 2>&1; }
   check "deleting the VolumeSnapshot deletes its content (DeleteSnapshot)" wait_for 60 content_gone
