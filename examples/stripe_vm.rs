@@ -253,15 +253,7 @@ async fn s_kill_mid_stage(r: &mut Rig, after: Duration) -> Result<(Vol, Vec<Memb
     let finished = call.is_finished();
     r.restart(true).await?;
     let first = call.await?;
-    vm_common::stage(&mut r.c, &v).await?;
-    let m = members(&md_of(&v.staging)?)?;
-    let fs = sh(&format!("findmnt -n -o FSTYPE {}", v.staging.display()))?;
-    ensure(fs == "ext4", format!("staged as {fs}"))?;
-    let sums = write_files(&v.staging)?;
-    vm_common::unstage(&mut r.c, &v).await?;
-    vm_common::stage(&mut r.c, &v).await?;
-    ensure(checksums(&v.staging)? == sums, "files differ after restage")?;
-    vm_common::unstage(&mut r.c, &v).await?;
+    let m = stage_after_kill(r, &v).await?;
     let when = if finished {
         "after it had finished".to_owned()
     } else {
@@ -278,9 +270,61 @@ async fn s_kill_mid_stage(r: &mut Rig, after: Duration) -> Result<(Vol, Vec<Memb
     ))
 }
 
+/// The restarted driver's NodeStage of a volume whose first one was killed: ext4 on the
+/// array, files the same across an unstage and restage; the array's members.
+async fn stage_after_kill(r: &mut Rig, v: &Vol) -> Result<Vec<Member>> {
+    vm_common::stage(&mut r.c, v).await?;
+    let m = members(&md_of(&v.staging)?)?;
+    let fs = sh(&format!("findmnt -n -o FSTYPE {}", v.staging.display()))?;
+    ensure(fs == "ext4", format!("staged as {fs}"))?;
+    let sums = write_files(&v.staging)?;
+    vm_common::unstage(&mut r.c, v).await?;
+    vm_common::stage(&mut r.c, v).await?;
+    ensure(checksums(&v.staging)? == sums, "files differ after restage")?;
+    vm_common::unstage(&mut r.c, v).await?;
+    Ok(m)
+}
+
+/// The same kill landing inside `mdadm --create`, made certain: the rig's mdadm
+/// (stripe_guest.sh cut-create-on) leaves the first member with our superblock and the
+/// last blank, and waits there to be killed. The restarted driver clears what the cut
+/// create left and creates the array; the delete scenario erases both members.
+async fn s_cut_create(r: &mut Rig) -> Result<(Vol, Vec<Member>, String)> {
+    let v = r.create("stripe-cut-create", "2", "ext4", 32 * MIB).await?;
+    vm_common::helper(&r.helper, "cut-create-on")?;
+    let mut c = r.c.clone();
+    let first_call = v.clone();
+    let call = tokio::spawn(async move { vm_common::stage(&mut c, &first_call).await });
+    let cut = Path::new("/run/gds-rig/create-cut");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cut.exists() && Instant::now() < deadline && !call.is_finished() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let was_cut = cut.exists();
+    r.restart(true).await?;
+    vm_common::helper(&r.helper, "cut-create-off")?;
+    ensure(was_cut, "the rig's mdadm never cut a create short")?;
+    let first = call.await?;
+    ensure(
+        first.is_err(),
+        "the first NodeStage succeeded through a cut create",
+    )?;
+    let m = stage_after_kill(r, &v).await?;
+    Ok((
+        v,
+        m,
+        "killed inside mdadm --create (member 0 with our superblock, member 1 blank); \
+         restaged ext4 on a new array, files intact across a restage"
+            .into(),
+    ))
+}
+
 /// `mdadm --examine` of the bytes a member occupied, through a read-only loop device
-/// over its drive (the partition itself is gone).
+/// over its drive (the partition itself is gone). The drive's page cache is dropped
+/// first: the driver writes through the partition's node, whose cache is not the
+/// drive's, so an earlier read through the drive could otherwise be answered again.
 fn examine_where(m: &Member) -> Result<String> {
+    sh(&format!("blockdev --flushbufs {}", m.disk))?;
     let lo = sh(&format!(
         "losetup -f --show -r -o {} --sizelimit {} {}",
         m.start, m.size, m.disk
@@ -422,6 +466,15 @@ async fn main() -> Result<()> {
         });
     report(
         "SIGKILL (driver and children) during the first NodeStage",
+        res,
+        &mut failed,
+    );
+    let res = s_cut_create(&mut r).await.map(|(v, m, d)| {
+        vols.push((v, m));
+        d
+    });
+    report(
+        "SIGKILL inside mdadm --create during the first NodeStage",
         res,
         &mut failed,
     );

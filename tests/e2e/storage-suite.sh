@@ -50,7 +50,7 @@ rig_more_images() {
 GiB=$((1 << 30))
 # Two large namespaces (sparse) for the carving class and eight of exactly 1 GiB for the
 # whole-namespace class: a partition of 1 GiB or more (the partition class's smallest claim)
-# does not fit a 1 GiB namespace, and the whole class's claims stay at 1 GiB or under.
+# does not fit a 1 GiB namespace, and each of the whole class's claims asks for 1 GiB.
 DEVICES=()
 for i in 1 2; do DEVICES+=("$(make_loop "$WORK/carve$i.img" $((48 * GiB)))"); done
 for i in 1 2 3 4 5 6 7 8; do DEVICES+=("$(make_loop "$WORK/whole$i.img" "$GiB")"); done
@@ -90,7 +90,8 @@ FOCUS='External.Storage (\[Driver: gds-csi-(partition|whole)\]|\[Driver: gds-csi
 if [ "$TIER" = ci ]; then
   # One test of each thing the classes promise, chosen to fit the CI budget: a clone, raw
   # block, xfs, capacity, topology, online expansion, fsGroup, exec, ReadWriteOncePod (its
-  # first pod publishes once, a second waits until the first is deleted, then runs).
+  # first pod publishes once, a second waits until the first is deleted, then runs), a
+  # snapshot (taken, its fields checked, restored and read, deleted).
   CI_TESTS=(
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)\] provisioning should provision storage with pvc data source$'
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(block volmode\)\] volumes should store data'
@@ -101,6 +102,7 @@ if [ "$TIER" = ci ]; then
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] fsgroupchangepolicy \(OnRootMismatch\)\[LinuxOnly\], pod created with an initial fsgroup, new pod fsgroup applied to volume contents'
     '\[Driver: gds-csi-whole\] \[Testpattern: Dynamic PV \(default fs\)\] volumes should allow exec of files on the volume'
     '\[Driver: gds-csi-partition\] \[Testpattern: Dynamic PV \(default fs\)\] read-write-once-pod.* should block a second pod from using an in-use ReadWriteOncePod volume on the same node'
+    '\[Driver: gds-csi-partition\] \[Testpattern: Ephemeral Snapshot \(delete policy\)\] snapshottable.* should check snapshot fields, check restore correctly works, check deletion \(ephemeral\)'
   )
   FOCUS="External.Storage ($(IFS='|'; echo "${CI_TESTS[*]}"))"
 fi

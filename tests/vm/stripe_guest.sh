@@ -6,7 +6,8 @@
 # driver starts.
 #
 #   stripe_guest.sh run OUT_DIR BIN_DIR MDADM_DIR TOOLS_DIR    the whole run
-#   stripe_guest.sh kill-driver | kill-driver-tree | start-driver   for the scenarios
+#   stripe_guest.sh kill-driver | kill-driver-tree | start-driver |
+#                   cut-create-on | cut-create-off                  for the scenarios
 set -uo pipefail
 W=/run/gds
 STATE=/run/gds-rig     # what the subcommands need: the driver's pid and binary
@@ -48,16 +49,38 @@ kill_driver() {
 }
 
 case "${1:-}" in
+  cut-create-on) rm -f "$STATE/create-cut"; touch "$STATE/cut-create"; exit ;;
+  cut-create-off) rm -f "$STATE/cut-create"; exit ;;
   kill-driver) kill_driver; exit ;;
   kill-driver-tree) kill_driver tree; exit ;;
   start-driver) start_driver; exit ;;
   run) OUT=$2; BIN=$3; MDADM_DIR=$4; TOOLS=$5 ;;
-  *) echo "usage: $0 run OUT BIN MDADM_DIR TOOLS | kill-driver | kill-driver-tree | start-driver" >&2; exit 2 ;;
+  *) echo "usage: $0 run OUT BIN MDADM_DIR TOOLS | kill-driver | kill-driver-tree | start-driver | cut-create-on | cut-create-off" >&2; exit 2 ;;
 esac
 
 export PATH="$MDADM_DIR:$TOOLS:/usr/sbin:/sbin:$PATH"
 mkdir -p "$W" "$STATE" && mount -t tmpfs tmpfs "$W" && mount -t tmpfs tmpfs "$STATE" && mkdir -p "$W/state"
 echo "$BIN" >"$STATE/bin"
+# The driver's mdadm: the real one; while $STATE/cut-create exists, a --create is cut
+# short as a node dying mid-create leaves it (every superblock written, the array
+# stopped, the last member's superblock cleared), then waits to be killed.
+mkdir -p "$STATE/shim"
+cat >"$STATE/shim/mdadm" <<EOF
+#!/usr/bin/env bash
+real=$MDADM_DIR/mdadm
+if [ "\${1:-}" = --create ] && [ -e $STATE/cut-create ]; then
+  "\$real" "\$@" >&2 || exit
+  last=\${!#}
+  # No udev here: the array is found by what holds its last member, not by its name.
+  md=\$(ls /sys/class/block/\$(basename "\$last")/holders)
+  "\$real" --stop "/dev/\$md" >&2 && "\$real" --zero-superblock "\$last" >&2 || exit
+  touch $STATE/create-cut
+  exec sleep 600
+fi
+exec "\$real" "\$@"
+EOF
+chmod +x "$STATE/shim/mdadm"
+export PATH="$STATE/shim:$PATH"
 modprobe nvme; modprobe md_mod; modprobe raid0; modprobe loop
 for _ in $(seq 1 100); do [ "$(ls -d /sys/block/nvme* 2>/dev/null | wc -l)" -ge 6 ] && break; sleep 0.1; done
 ctrl_of() { for c in /sys/class/nvme/nvme*; do [ "$(tr -d ' ' <"$c/serial")" = "$1" ] && basename "$c"; done; }

@@ -60,21 +60,86 @@ impl Striped {
             None => match adoptable(&members, &name) {
                 Some(uuid) => self.record_uuid(&raw, &uuid)?,
                 None => {
-                    self.create(host, &raw, &rec, &members, &name).await?;
-                    let first = md::examine(host, &nodes[0]).await?;
-                    let uuid = first.map(|e| e.uuid).ok_or_else(|| {
-                        LayoutError::NoSuperblockAfterCreate {
-                            volume: raw.clone(),
-                            member: nodes[0].clone(),
-                        }
-                    })?;
-                    return self.running_after(&raw, &self.record_uuid(&raw, &uuid)?);
+                    let members = self
+                        .clear_cut_short_create(host, id, &rec, &mounts, members)
+                        .await?;
+                    return self.create_recorded(host, id, &rec, &members).await;
                 }
             },
         };
         md::assemble(host, &name, &uuid, &nodes).await?;
         info!(volume_id = %raw, %uuid, "stripe array assembled");
         self.running_after(&raw, &uuid)
+    }
+
+    /// Creates the array and records the UUID mdadm wrote; the running array's node.
+    async fn create_recorded(
+        &self,
+        host: &dyn Host,
+        id: &BlockVolumeId,
+        rec: &VolumeRecord,
+        members: &[Member],
+    ) -> Result<PathBuf> {
+        let raw = &id.to_string();
+        let first = &members[0].node;
+        self.create(host, id, rec, members).await?;
+        let examined = md::examine(host, first).await?;
+        let uuid =
+            examined
+                .map(|e| e.uuid)
+                .ok_or_else(|| LayoutError::NoSuperblockAfterCreate {
+                    volume: raw.to_owned(),
+                    member: first.clone(),
+                })?;
+        self.running_after(raw, &self.record_uuid(raw, &uuid)?)
+    }
+
+    /// A driver killed while `mdadm --create` wrote its superblocks (seen on the VM rig,
+    /// SIGKILL of the driver and its children during the first NodeStage) leaves some
+    /// members with our array's superblock and the others blank, and no UUID recorded.
+    /// Those superblocks are cleared, so the create runs again, only when the volume was
+    /// never formatted (no data can be on it) and every signature on every member is that
+    /// one superblock (`cut_short`, `owned_superblocks`); anything else is left for
+    /// `create` to refuse.
+    async fn clear_cut_short_create(
+        &self,
+        host: &dyn Host,
+        id: &BlockVolumeId,
+        rec: &VolumeRecord,
+        mounts: &[MountEntry],
+        members: Vec<Member>,
+    ) -> Result<Vec<Member>> {
+        let Some(uuid) = cut_short(&members, &md_name(id)).filter(|_| !rec.formatted) else {
+            return Ok(members);
+        };
+        for m in &members {
+            let sigs = host.probe_signatures(&m.node).await?;
+            if !super::delete::member_erasable(&sigs, Some(&uuid)) {
+                return Ok(members);
+            }
+        }
+        for m in members.iter().filter(|m| m.examined.is_some()) {
+            md::zero_superblock(host, &m.node).await?;
+        }
+        info!(volume_id = %id, %uuid, "superblocks of a create cut short cleared");
+        self.examined_members(host, id, rec, mounts, true).await
+    }
+
+    /// The UUID of this volume's own superblocks when none is recorded yet: from a create
+    /// that finished or was cut short (`owned_superblocks`). DeleteVolume erases members
+    /// carrying it.
+    pub(super) async fn unrecorded_uuid(
+        &self,
+        host: &dyn Host,
+        id: &BlockVolumeId,
+        rec: &VolumeRecord,
+        mounts: &[MountEntry],
+    ) -> Result<Option<String>> {
+        if rec.formatted {
+            return Ok(None);
+        }
+        let members = self.examined_members(host, id, rec, mounts, false).await?;
+        Ok(owned_superblocks(&members, &md_name(id)))
     }
 
     /// A driver killed after `mdadm --create` started the array but before its UUID was
@@ -129,11 +194,11 @@ impl Striped {
     async fn create(
         &self,
         host: &dyn Host,
-        raw: &str,
+        id: &BlockVolumeId,
         rec: &VolumeRecord,
         members: &[Member],
-        name: &str,
     ) -> Result<()> {
+        let raw = &id.to_string();
         if rec.formatted {
             return Err(LayoutError::FormattedWithoutArray {
                 volume: raw.to_owned(),
@@ -155,7 +220,7 @@ impl Striped {
         }
         let stripe = stripe_of(raw, rec)?;
         let spec = CreateSpec {
-            name: name.to_owned(),
+            name: md_name(id),
             chunk_bytes: stripe.chunk_bytes,
             data_offset_bytes: DATA_OFFSET,
             members: members.iter().map(|m| m.node.clone()).collect(),
@@ -278,19 +343,32 @@ fn every_member_ours(raw: &str, members: &[Member], uuid: &str) -> Result<()> {
     Ok(())
 }
 
-/// A create that finished before its UUID was recorded: every member carries one
-/// array, named ours, with our homehost, as many members as recorded, level 0.
-fn adoptable(members: &[Member], name: &str) -> Option<String> {
-    let first = members.first()?.examined.as_ref()?;
-    let same = members.iter().all(|m| {
-        m.examined.as_ref().is_some_and(|e| {
+/// The members' superblocks, when every one found is our create's for this volume: one
+/// array UUID, named ours, with our homehost, as many members as recorded, level 0. At
+/// least one member carries it; the others carry no superblock.
+fn owned_superblocks(members: &[Member], name: &str) -> Option<String> {
+    let first = members.iter().find_map(|m| m.examined.as_ref())?;
+    let ours = members.iter().all(|m| {
+        m.examined.as_ref().is_none_or(|e| {
             md::same_uuid(&e.uuid, &first.uuid)
                 && e.name_for(HOMEHOST) == Some(name)
                 && e.level == "raid0"
                 && e.devices as usize == members.len()
         })
     });
-    same.then(|| first.uuid.clone())
+    ours.then(|| first.uuid.clone())
+}
+
+/// A create that finished before its UUID was recorded: every member carries our superblock.
+fn adoptable(members: &[Member], name: &str) -> Option<String> {
+    let every = members.iter().all(|m| m.examined.is_some());
+    owned_superblocks(members, name).filter(|_| every)
+}
+
+/// A create cut short: some members carry our superblock, the others none.
+fn cut_short(members: &[Member], name: &str) -> Option<String> {
+    let some_blank = members.iter().any(|m| m.examined.is_none());
+    owned_superblocks(members, name).filter(|_| some_blank)
 }
 
 #[cfg(test)]
@@ -313,7 +391,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_complete_array_of_our_name_is_adopted() {
+    fn only_our_names_superblocks_are_adopted_or_cleared() {
         let u = "002cd3f1:01eb3f8d:ef68842e:73da9813";
         let both = [
             member(0, Some(u), "gdscsi-a"),
@@ -329,6 +407,22 @@ mod tests {
             member(1, Some(other), "gdscsi-a"),
         ];
         assert_eq!(adoptable(&mixed, "gdscsi-a"), None);
+        assert_eq!(cut_short(&both, "gdscsi-a"), None);
+        assert_eq!(cut_short(&half, "gdscsi-a"), Some(u.to_owned()));
+        assert_eq!(cut_short(&half, "gdscsi-b"), None);
+        assert_eq!(cut_short(&mixed, "gdscsi-a"), None);
+        let none = [member(0, None, "gdscsi-a"), member(1, None, "gdscsi-a")];
+        assert_eq!(owned_superblocks(&none, "gdscsi-a"), None);
+        let mut three_members = member(0, Some(u), "gdscsi-a");
+        three_members.examined.as_mut().unwrap().devices = 3;
+        let wrong_count = [three_members, member(1, None, "gdscsi-a")];
+        assert_eq!(cut_short(&wrong_count, "gdscsi-a"), None);
+        let mut raid1 = member(0, Some(u), "gdscsi-a");
+        raid1.examined.as_mut().unwrap().level = "raid1".into();
+        assert_eq!(
+            cut_short(&[raid1, member(1, None, "gdscsi-a")], "gdscsi-a"),
+            None
+        );
         assert!(every_member_ours("v", &both, u).is_ok());
         let err = every_member_ours("v", &half, u).unwrap_err().to_string();
         assert!(

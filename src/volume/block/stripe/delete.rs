@@ -57,7 +57,15 @@ impl Striped {
         self.stop_ours(host.as_ref(), volume_id, stripe, mounts)
             .await?;
         let members = self.present_members(id, &rec, mounts)?;
-        self.check_members(host.as_ref(), volume_id, stripe, &members, mounts)
+        // No UUID recorded: a create that finished or was cut short by a kill may still
+        // have left this volume's own superblocks. When they cannot be read, only blank
+        // members are erased.
+        let ours = match &stripe.array_uuid {
+            Some(uuid) => Some(uuid.clone()),
+            None => (self.unrecorded_uuid(host.as_ref(), id, &rec, mounts).await).unwrap_or(None),
+        };
+        let ours = ours.as_deref();
+        self.check_members(host.as_ref(), volume_id, ours, &members, mounts)
             .await?;
         self.pool.state.update(|s| {
             if let Some(r) = s.get_mut(volume_id) {
@@ -65,7 +73,6 @@ impl Striped {
             }
             Ok(())
         })?;
-        let ours = stripe.array_uuid.as_deref();
         for (parent, carved) in &members {
             // Probed again by the erase: still nothing but our array's superblock.
             erase_partition(host, volume_id, &carved.node, |sigs| {
@@ -143,7 +150,7 @@ impl Striped {
         &self,
         host: &dyn Host,
         volume_id: &str,
-        stripe: &StripeRecord,
+        ours: Option<&str>,
         members: &[(PoolDevice, gpt::Carved)],
         mounts: &[MountEntry],
     ) -> Result<()> {
@@ -162,7 +169,7 @@ impl Striped {
                 .into());
             }
             let sigs = host.probe_signatures(&carved.node).await?;
-            if !member_erasable(&sigs, stripe.array_uuid.as_deref()) {
+            if !member_erasable(&sigs, ours) {
                 let why = foreign(volume_id, parent, carved, &sigs);
                 return Err(LayoutError::NotOurs { why }.into());
             }
@@ -188,7 +195,7 @@ fn foreign(
 }
 
 /// A member's signatures allow erasing it: none, or only the md superblock of our array.
-fn member_erasable(sigs: &[Signature], array_uuid: Option<&str>) -> bool {
+pub(super) fn member_erasable(sigs: &[Signature], array_uuid: Option<&str>) -> bool {
     sigs.iter().all(|s| {
         s.kind == "linux_raid_member"
             && array_uuid
