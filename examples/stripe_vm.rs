@@ -309,14 +309,48 @@ async fn s_cut_create(r: &mut Rig) -> Result<(Vol, Vec<Member>, String)> {
         first.is_err(),
         "the first NodeStage succeeded through a cut create",
     )?;
+    let refused = refused_when_tampered(r, &v, &std::fs::read_to_string(cut)?).await?;
     let m = stage_after_kill(r, &v).await?;
     Ok((
         v,
         m,
-        "killed inside mdadm --create (member 0 with our superblock, member 1 blank); \
-         restaged ext4 on a new array, files intact across a restage"
-            .into(),
+        format!(
+            "killed inside mdadm --create (member 0 with our superblock, member 1 blank); \
+             with an ext4 made on member 1 NodeStage refused ({refused}) and member 0's \
+             superblock was kept; that ext4 wiped, restaged ext4 on a new array, files intact \
+             across a restage"
+        ),
     ))
+}
+
+/// A cut create whose blank member got something else meanwhile is not ours to clear:
+/// NodeStage refuses and leaves our superblock on the other member; with the intruder
+/// wiped by hand, the volume is back to a cut create.
+async fn refused_when_tampered(r: &mut Rig, v: &Vol, members: &str) -> Result<String> {
+    let members: Vec<&str> = members.lines().collect();
+    let [first, last] = members[..] else {
+        return Err(format!("the rig's mdadm listed members {members:?}").into());
+    };
+    sh(&format!("mkfs.ext4 -q -F {last}"))?;
+    let err = match vm_common::stage(&mut r.c, v).await {
+        Ok(()) => return Err("NodeStage over a member holding ext4 succeeded".into()),
+        Err(e) => e,
+    };
+    ensure(
+        err.code() == tonic::Code::FailedPrecondition
+            && err.message().contains(&format!("({last},"))
+            && err.message().contains("ext4"),
+        format!("over a member holding ext4: {err:?}"),
+    )?;
+    let kept = sh(&format!(
+        "mdadm --examine --export {first} | grep MD_NAME=gds-csi"
+    ))?;
+    ensure(
+        !kept.is_empty(),
+        "our superblock on the first member was cleared",
+    )?;
+    sh(&format!("wipefs -q -a {last}"))?;
+    Ok(format!("{:?}", err.code()))
 }
 
 /// `mdadm --examine` of the bytes a member occupied, through a read-only loop device

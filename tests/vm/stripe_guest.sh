@@ -74,7 +74,10 @@ if [ "\${1:-}" = --create ] && [ -e $STATE/cut-create ]; then
   # No udev here: the array is found by what holds its last member, not by its name.
   md=\$(ls /sys/class/block/\$(basename "\$last")/holders)
   "\$real" --stop "/dev/\$md" >&2 && "\$real" --zero-superblock "\$last" >&2 || exit
-  touch $STATE/create-cut
+  # Which members it was given, for the scenario to tamper with.
+  members=(); after=
+  for a in "\$@"; do [ -n "\$after" ] && members+=("\$a"); [ "\$a" = --run ] && after=1; done
+  printf '%s\n' "\${members[@]}" >$STATE/create-cut
   exec sleep 600
 fi
 exec "\$real" "\$@"

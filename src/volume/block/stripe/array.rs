@@ -99,8 +99,8 @@ impl Striped {
     /// members with our array's superblock and the others blank, and no UUID recorded.
     /// Those superblocks are cleared, so the create runs again, only when the volume was
     /// never formatted (no data can be on it) and every signature on every member is that
-    /// one superblock (`cut_short`, `owned_superblocks`); anything else is left for
-    /// `create` to refuse.
+    /// one superblock (`cut_short`, `owned_superblocks`); a member carrying anything else
+    /// is refused by name, nothing cleared.
     async fn clear_cut_short_create(
         &self,
         host: &dyn Host,
@@ -115,7 +115,14 @@ impl Striped {
         for m in &members {
             let sigs = host.probe_signatures(&m.node).await?;
             if !super::delete::member_erasable(&sigs, Some(&uuid)) {
-                return Ok(members);
+                return Err(LayoutError::MemberNotBlank {
+                    index: m.index,
+                    node: m.node.clone(),
+                    drive: m.drive.clone(),
+                    volume: id.to_string(),
+                    found: crate::pool::describe_signatures(&sigs),
+                }
+                .into());
             }
         }
         for m in members.iter().filter(|m| m.examined.is_some()) {
