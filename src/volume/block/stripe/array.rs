@@ -12,7 +12,7 @@ use super::{stripe_of, Striped, DATA_OFFSET};
 use crate::csi::id::BlockVolumeId;
 use crate::disk::md::{self, CreateSpec, Examined, HOMEHOST};
 use crate::error::{Error, LayoutError, Result};
-use crate::os::{Host, MountEntry, StripeGeometry};
+use crate::os::{Host, MountEntry, Signature, StripeGeometry};
 use crate::pool::{PoolDevice, VolumeRecord};
 
 /// The md name of a volume's array (`gds-csi:gdscsi-<allocation>` in the superblock).
@@ -26,6 +26,20 @@ struct Member {
     node: PathBuf,
     drive: PathBuf,
     examined: Option<Examined>,
+}
+
+impl Member {
+    /// Refusal to create the array over this member: what the probe found on it.
+    fn not_blank(&self, volume: &str, sigs: &[Signature]) -> Error {
+        LayoutError::MemberNotBlank {
+            index: self.index,
+            node: self.node.clone(),
+            drive: self.drive.clone(),
+            volume: volume.to_owned(),
+            found: crate::pool::describe_signatures(sigs),
+        }
+        .into()
+    }
 }
 
 impl Striped {
@@ -115,14 +129,7 @@ impl Striped {
         for m in &members {
             let sigs = host.probe_signatures(&m.node).await?;
             if !super::delete::member_erasable(&sigs, Some(&uuid)) {
-                return Err(LayoutError::MemberNotBlank {
-                    index: m.index,
-                    node: m.node.clone(),
-                    drive: m.drive.clone(),
-                    volume: id.to_string(),
-                    found: crate::pool::describe_signatures(&sigs),
-                }
-                .into());
+                return Err(m.not_blank(&id.to_string(), &sigs));
             }
         }
         for m in members.iter().filter(|m| m.examined.is_some()) {
@@ -215,14 +222,7 @@ impl Striped {
         for m in members {
             let sigs = host.probe_signatures(&m.node).await?;
             if m.examined.is_some() || !sigs.is_empty() {
-                return Err(LayoutError::MemberNotBlank {
-                    index: m.index,
-                    node: m.node.clone(),
-                    drive: m.drive.clone(),
-                    volume: raw.to_owned(),
-                    found: crate::pool::describe_signatures(&sigs),
-                }
-                .into());
+                return Err(m.not_blank(raw, &sigs));
             }
         }
         let stripe = stripe_of(raw, rec)?;
