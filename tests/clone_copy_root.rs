@@ -123,6 +123,11 @@ fn dataset(root: &Path) {
     write(&root.join("big"), &bytes(7, (9 << 20) + 4097), 0o4755, 0);
     write(&root.join("empty"), b"", 0o644, 33);
     write(&root.join("unaligned"), &bytes(8, 4097), 0o640, 34);
+    // Small files (copied whole, metadata set on the open copy) whose mode the create
+    // cannot give: set-id bits, and no permission at all.
+    write(&root.join("small-setuid"), &bytes(11, 3000), 0o4755, 0);
+    write(&root.join("small-setgid"), &bytes(12, 5000), 0o2750, 36);
+    write(&root.join("no-perms"), &bytes(13, 100), 0o000, 37);
     for name in [
         "with space",
         "new\nline",
@@ -489,6 +494,48 @@ fn a_copy_killed_midway_resumes_and_reads_the_source_less_than_one_and_a_half_ti
             "{p}"
         );
     }
+}
+
+/// What a copy finds in the target where it makes a file: a longer file of a run cut
+/// short is cut to the source's bytes; a FIFO (someone else's, or planted) fails the copy
+/// naming it, at once, and is left alone.
+#[test]
+fn a_copy_overwrites_its_own_leftover_and_refuses_a_fifo_in_a_files_place() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (
+        Fs::new(dir.path(), "src", 64 << 20),
+        Fs::new(dir.path(), "dst", 64 << 20),
+    );
+    write(&src.mnt.join("kept"), &bytes(1, 5000), 0o644, 40);
+    write(&src.mnt.join("piped"), &bytes(2, 100), 0o644, 40);
+    src.remount_ro();
+    fs::write(dst.mnt.join("kept"), bytes(3, 90_000)).unwrap();
+    let req = request(&src.mnt, &dst.mnt, 4 << 20, 2);
+    let progress = Progress::new(dir.path().join("p.json"), "source-vol".into());
+    copy_tree(&req, &progress).unwrap();
+    assert_eq!(fs::read(dst.mnt.join("kept")).unwrap(), bytes(1, 5000));
+    assert_eq!(fs::metadata(dst.mnt.join("kept")).unwrap().uid(), 40);
+
+    let other = Fs::new(dir.path(), "other", 64 << 20);
+    nix::unistd::mkfifo(
+        &other.mnt.join("piped"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let req = request(&src.mnt, &other.mnt, 4 << 20, 2);
+    let progress = Progress::new(dir.path().join("q.json"), "source-vol".into());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(copy_tree(&req, &progress).map_err(|e| e.to_string())));
+    let err = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the copy blocked on the FIFO")
+        .unwrap_err();
+    assert!(err.contains("piped"), "{err}");
+    let st = fs::symlink_metadata(other.mnt.join("piped")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&st.file_type()));
 }
 
 fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {

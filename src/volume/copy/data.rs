@@ -14,11 +14,11 @@ use std::sync::Mutex;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+use nix::sys::stat::{fstat, FileStat, Mode};
 use nix::unistd::{lseek, Whence};
 
 use super::progress::Progress;
-use super::walk::{open_beneath, Entry};
+use super::walk::{kind_of, open_beneath, Entry, Kind};
 use crate::error::{Error, Result};
 
 /// O_DIRECT alignment: the largest logical block size of the devices met (4 KiB NVMe).
@@ -30,6 +30,9 @@ pub struct Unit {
     pub entry: usize,
     pub offset: u64,
     pub len: u64,
+    /// The file's only unit: the stream makes the file, copies it and sets its metadata
+    /// in one go (`copy_whole_file`).
+    pub whole: bool,
 }
 
 /// The length files are cut at for `total` bytes on `streams` streams: short enough that
@@ -42,8 +45,8 @@ pub fn piece_len(total: u64, streams: usize, max: u64) -> u64 {
     even.clamp(buffer.min(max), max)
 }
 
-/// The units of every file in `primaries` (entry indices, in walk order). An empty file
-/// is one unit of length 0 (nothing to copy; it exists from the structure phase).
+/// The units of every file in `primaries` (entry indices, in walk order). A file of at
+/// most `chunk` bytes (an empty one too) is one unit, copied whole.
 pub fn units(entries: &[Entry], primaries: &[usize], chunk: u64) -> Vec<Unit> {
     let mut out = Vec::new();
     for &entry in primaries {
@@ -51,7 +54,13 @@ pub fn units(entries: &[Entry], primaries: &[usize], chunk: u64) -> Vec<Unit> {
         let mut offset = 0;
         loop {
             let len = chunk.min(size - offset);
-            out.push(Unit { entry, offset, len });
+            let whole = len == size;
+            out.push(Unit {
+                entry,
+                offset,
+                len,
+                whole,
+            });
             offset += len;
             if offset >= size {
                 break;
@@ -61,6 +70,11 @@ pub fn units(entries: &[Entry], primaries: &[usize], chunk: u64) -> Vec<Unit> {
     out
 }
 
+/// The entries of the files `units` copies whole.
+pub fn whole_files(units: &[Unit]) -> std::collections::HashSet<usize> {
+    units.iter().filter(|u| u.whole).map(|u| u.entry).collect()
+}
+
 pub struct Roots<'a> {
     pub src: BorrowedFd<'a>,
     pub dst: BorrowedFd<'a>,
@@ -68,6 +82,8 @@ pub struct Roots<'a> {
     /// The source may change meanwhile (`CopyRequest::live`): a file removed or cut
     /// shorter since the walk is left as far as it got; the frozen pass copies it again.
     pub live: bool,
+    /// The source's filesystem has extended attributes (`meta::has_xattrs`).
+    pub xattrs: bool,
 }
 
 /// Copies `units[start..]` but those in `done` (finished by an earlier run) on `streams`
@@ -96,8 +112,12 @@ pub fn copy_units(
                     if skip.contains(&i) {
                         continue;
                     }
-                    let done = copy_unit(roots, &entries[unit.entry], unit, &mut buf, progress)
-                        .and_then(|()| finish(&finished, units, i, progress));
+                    let entry = &entries[unit.entry];
+                    let copied = match unit.whole {
+                        true => copy_whole_file(roots, entry, &mut buf, progress),
+                        false => copy_unit(roots, entry, unit, &mut buf, progress),
+                    };
+                    let done = copied.and_then(|()| finish(&finished, units, i, progress));
                     if let Err(e) = done {
                         stop.store(true, Ordering::Relaxed);
                         first_error
@@ -166,19 +186,107 @@ fn copy_unit(
     .map_err(|e| Error::io("copy", roots.shown.join(&entry.rel), e.into()))
 }
 
-fn open_pair(roots: &Roots<'_>, rel: &Path, direct: bool) -> nix::Result<(File, File)> {
-    let d = if direct {
-        OFlag::O_DIRECT
-    } else {
-        OFlag::empty()
-    };
-    let open = |root, flags| match open_beneath(root, rel, flags | d, Mode::empty()) {
+/// `rel` beneath `root` opened with `flags`, `O_DIRECT` where the filesystem takes it.
+fn open_side(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, direct: bool) -> nix::Result<File> {
+    let opened = match open_beneath(root, rel, flags | direct_flag(direct), Mode::empty()) {
         Err(Errno::EINVAL) if direct => open_beneath(root, rel, flags, Mode::empty()),
         other => other,
     };
-    let src = open(roots.src, OFlag::O_RDONLY)?;
-    let dst = open(roots.dst, OFlag::O_WRONLY)?;
-    Ok((File::from(src), File::from(dst)))
+    opened.map(File::from)
+}
+
+fn direct_flag(direct: bool) -> OFlag {
+    match direct {
+        true => OFlag::O_DIRECT,
+        false => OFlag::empty(),
+    }
+}
+
+fn open_pair(roots: &Roots<'_>, rel: &Path, direct: bool) -> nix::Result<(File, File)> {
+    let src = open_side(roots.src, rel, OFlag::O_RDONLY, direct)?;
+    let dst = open_side(roots.dst, rel, OFlag::O_WRONLY, direct)?;
+    Ok((src, dst))
+}
+
+/// `O_DIRECT` set on a file opened without it; left buffered where its filesystem refuses.
+fn set_direct(f: &File) -> nix::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let flags = OFlag::from_bits_truncate(fcntl(f, FcntlArg::F_GETFL)?);
+    match fcntl(f, FcntlArg::F_SETFL(flags | OFlag::O_DIRECT)) {
+        Ok(_) | Err(Errno::EINVAL) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A file copied whole by one stream, from its making to its metadata (`Unit::whole`).
+/// On an NFS target every step is a round trip: made this way a small file costs an open,
+/// its writes, one attribute change (its times) and a close, where making it, copying it
+/// and finishing it in three phases opened it three times. Its size is checked on the
+/// open copy, which is what the verification's size check would read.
+fn copy_whole_file(
+    roots: &Roots<'_>,
+    entry: &Entry,
+    buf: &mut AlignedBuf,
+    progress: &Progress,
+) -> Result<()> {
+    let shown = roots.shown.join(&entry.rel);
+    let copied = match copy_whole_as(roots, entry, buf, progress, true) {
+        // A filesystem or device that takes O_DIRECT only at other alignments.
+        Err(Errno::EINVAL) => copy_whole_as(roots, entry, buf, progress, false),
+        other => other,
+    };
+    let st = match copied {
+        Ok(st) => st,
+        Err(Errno::ENOENT | Errno::ENODATA | Errno::ELOOP | Errno::ENOTDIR) if roots.live => {
+            return Ok(())
+        }
+        Err(e) => return Err(Error::io("copy", shown, e.into())),
+    };
+    if st.st_size != entry.st.st_size {
+        return Err(crate::error::CopyError::Differs {
+            copy: shown.display().to_string(),
+            at: format!(": {} bytes instead of {}", st.st_size, entry.st.st_size),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// [`copy_whole_file`]'s steps, `O_DIRECT` on both sides where `direct` and the
+/// filesystems take it: the copy's stat once its metadata is set. The copy is made before
+/// the source is opened: in a live copy a source file gone since the walk leaves it
+/// empty, as the frozen pass expects of every name the walk found.
+fn copy_whole_as(
+    roots: &Roots<'_>,
+    entry: &Entry,
+    buf: &mut AlignedBuf,
+    progress: &Progress,
+    direct: bool,
+) -> nix::Result<FileStat> {
+    let (dst, made_now) = super::meta::create_file(roots.dst, entry)?;
+    let made = fstat(&dst)?;
+    if kind_of(&made) != Kind::File {
+        return Err(Errno::EEXIST);
+    }
+    let src = open_side(roots.src, &entry.rel, OFlag::O_RDONLY, direct)?;
+    if direct {
+        set_direct(&dst)?;
+    }
+    let size = entry.size();
+    let (mut at, mut end) = (0, 0);
+    while let Some((data, hole)) = next_data(src.as_fd(), at, size)? {
+        end = copy_range(&src, &dst, data, hole, buf, progress)?;
+        at = hole;
+        if at >= size {
+            break;
+        }
+    }
+    // Blocks padded past the size, holes at the end, or a longer copy of a run cut short.
+    if !made_now || end != size {
+        nix::unistd::ftruncate(&dst, entry.st.st_size)?;
+    }
+    super::meta::set_file_metadata(roots.src, &dst, entry, roots.xattrs, &made)?;
+    fstat(&dst)
 }
 
 fn copy_unit_as(
@@ -223,6 +331,8 @@ fn next_data(fd: BorrowedFd<'_>, from: u64, end: u64) -> nix::Result<Option<(u64
     Ok(Some((data, hole.min(end))))
 }
 
+/// Copies `[from, to)`; returns the end of what was written (past `to` where the tail
+/// was padded to whole blocks).
 fn copy_range(
     src: &File,
     dst: &File,
@@ -230,8 +340,8 @@ fn copy_range(
     to: u64,
     buf: &mut AlignedBuf,
     progress: &Progress,
-) -> nix::Result<()> {
-    let mut at = from;
+) -> nix::Result<u64> {
+    let (mut at, mut end) = (from, from);
     while at < to {
         let want = ((to - at) as usize).min(buf.len);
         // O_DIRECT: whole aligned blocks; a file's tail reads short.
@@ -243,14 +353,28 @@ fn copy_range(
             return Err(Errno::ENODATA);
         }
         let n = n.min(want);
-        // Written as whole blocks too; bytes past the end are cut by the final truncate.
-        let out = (n.div_ceil(ALIGN) * ALIGN).min(b.len());
-        b[n..out].fill(0);
-        write_full(dst, &b[..out], at)?;
+        end = at + write_tail(dst, b, n, at)? as u64;
         progress.moved(n as u64);
         at += n as u64;
     }
-    Ok(())
+    Ok(end)
+}
+
+/// Writes `b[..n]` at `at`: as it is (NFS takes any length, O_DIRECT or not, and a file
+/// so written needs no cut to its size), else as whole blocks where O_DIRECT wants them,
+/// the bytes past `n` zeroed (cut later to the file's size). Returns the bytes written.
+fn write_tail(dst: &File, b: &mut [u8], n: usize, at: u64) -> nix::Result<usize> {
+    if n % ALIGN == 0 {
+        return write_full(dst, &b[..n], at).map(|()| n);
+    }
+    match write_full(dst, &b[..n], at) {
+        Err(Errno::EINVAL) => {
+            let out = (n.div_ceil(ALIGN) * ALIGN).min(b.len());
+            b[n..out].fill(0);
+            write_full(dst, &b[..out], at).map(|()| out)
+        }
+        other => other.map(|()| n),
+    }
 }
 
 pub(crate) fn read_full(f: &File, buf: &mut [u8], at: u64) -> nix::Result<usize> {

@@ -129,21 +129,23 @@ fn copy_again(
     streams: usize,
     progress: &Progress,
 ) -> Result<u64> {
-    let links = meta::links(subset);
+    let mut links = meta::links(subset);
     let bytes: u64 = links.primaries.iter().map(|&i| subset[i].size()).sum();
-    meta::create_structure(src, dst, shown, subset, &links, streams, false)?;
     let piece = data::piece_len(bytes, streams, super::CHUNK);
     let units = data::units(subset, &links.primaries, piece);
+    links.whole = data::whole_files(&units);
+    meta::create_structure(src, dst, shown, subset, &links, streams, false)?;
     let roots = data::Roots {
         src,
         dst,
         shown,
         live: false,
+        xattrs: meta::has_xattrs(src),
     };
     data::copy_units(&roots, subset, &units, (0, &[]), streams, progress)?;
     meta::link_all(dst, shown, subset, &links)?;
-    verify::verify(src, dst, shown, subset, verify_how, streams)?;
-    meta::finish_metadata(src, dst, shown, subset, streams, false)?;
+    verify::verify(src, dst, shown, subset, &links, verify_how, streams)?;
+    meta::finish_metadata(src, dst, shown, subset, &links, streams, false)?;
     if meta::has_xattrs(src) {
         verify::xattrs(src, dst, shown, subset, streams)?;
     }

@@ -6,16 +6,20 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{
-    fchmodat, fstatat, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag, UtimensatFlags,
+    fchmod, fchmodat, fstatat, futimens, mkdirat, mknodat, utimensat, FchmodatFlags, FileStat,
+    Mode, SFlag, UtimensatFlags,
 };
 use nix::sys::time::TimeSpec;
-use nix::unistd::{fchownat, ftruncate, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+use nix::unistd::{
+    fchown, fchownat, ftruncate, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags,
+};
 
 use super::walk::{kind_of, open_beneath, open_dir, Entry, Kind};
 use crate::error::{Error, Result};
@@ -25,6 +29,9 @@ use crate::error::{Error, Result};
 pub struct Links {
     pub primaries: Vec<usize>,
     pub secondaries: Vec<(usize, usize)>,
+    /// Primaries the data phase copies whole on one stream: made, written and given
+    /// their metadata there (`data::Unit::whole`), so no other phase makes or sets them.
+    pub whole: std::collections::HashSet<usize>,
 }
 
 pub fn links(entries: &[Entry]) -> Links {
@@ -47,6 +54,7 @@ pub fn links(entries: &[Entry]) -> Links {
     Links {
         primaries,
         secondaries,
+        whole: Default::default(),
     }
 }
 
@@ -72,7 +80,8 @@ fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Err
 }
 
 /// Creates what `entries[1..]` name in the target (the root exists), files at their
-/// size without data; `secondaries` are left for `link_all`. One depth at a time, each on
+/// size without data; `secondaries` are left for `link_all`, `whole` files for the data
+/// phase. One depth at a time, each on
 /// `streams` threads: a directory exists before anything is made in it, and on an NFS
 /// target every creation is a round trip. `live`: the source may change meanwhile
 /// (`CopyRequest::live`), so an entry gone from it since the walk is skipped.
@@ -89,7 +98,7 @@ pub fn create_structure(
         links.secondaries.iter().map(|(i, _)| *i).collect();
     let mut by_depth: std::collections::BTreeMap<usize, Vec<&Entry>> = Default::default();
     for (i, e) in entries.iter().enumerate().skip(1) {
-        if !secondary.contains(&i) {
+        if !secondary.contains(&i) && !links.whole.contains(&i) {
             by_depth
                 .entry(e.rel.components().count())
                 .or_default()
@@ -198,17 +207,22 @@ pub fn link_all(dst: BorrowedFd<'_>, shown: &Path, entries: &[Entry], links: &Li
 /// On `streams` threads: every entry exists by now, and setting an entry's owner, mode,
 /// attributes or times changes no other entry's times (only adding or removing names
 /// changes a directory's), so the order does not matter; on an NFS target each step is a
-/// round trip to the server.
+/// round trip to the server. The `whole` files have theirs from the data phase.
 pub fn finish_metadata(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
+    links: &Links,
     streams: usize,
     live: bool,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
-    super::each_in_parallel(entries, streams, |e| {
+    let rest: Vec<&Entry> = (entries.iter().enumerate())
+        .filter(|(i, _)| !links.whole.contains(i))
+        .map(|(_, e)| e)
+        .collect();
+    super::each_in_parallel(&rest, streams, |e| {
         gone_is_fine(set_one(src, dst, e, xattrs), live).map_err(io(
             "set owner, mode and times of",
             shown,
@@ -253,20 +267,62 @@ pub fn at(dir: BorrowedFd<'_>, name: &OsStr) -> std::path::PathBuf {
     Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
 }
 
-/// The copied extended attributes of `path`, by name (none where the filesystem has none).
+/// What extended attributes are read from or set on: a name reached through its
+/// directory's descriptor (`at`, never followed), or a file this process holds open.
+pub trait Xattrs {
+    fn list(&self) -> std::io::Result<xattr::XAttrs>;
+    fn get(&self, name: &OsStr) -> std::io::Result<Option<Vec<u8>>>;
+    fn set(&self, name: &OsStr, value: &[u8]) -> std::io::Result<()>;
+    fn remove(&self, name: &OsStr) -> std::io::Result<()>;
+}
+
+impl Xattrs for Path {
+    fn list(&self) -> std::io::Result<xattr::XAttrs> {
+        xattr::list(self)
+    }
+    fn get(&self, name: &OsStr) -> std::io::Result<Option<Vec<u8>>> {
+        xattr::get(self, name)
+    }
+    fn set(&self, name: &OsStr, value: &[u8]) -> std::io::Result<()> {
+        xattr::set(self, name, value)
+    }
+    fn remove(&self, name: &OsStr) -> std::io::Result<()> {
+        xattr::remove(self, name)
+    }
+}
+
+impl Xattrs for File {
+    fn list(&self) -> std::io::Result<xattr::XAttrs> {
+        xattr::FileExt::list_xattr(self)
+    }
+    fn get(&self, name: &OsStr) -> std::io::Result<Option<Vec<u8>>> {
+        xattr::FileExt::get_xattr(self, name)
+    }
+    fn set(&self, name: &OsStr, value: &[u8]) -> std::io::Result<()> {
+        xattr::FileExt::set_xattr(self, name, value)
+    }
+    fn remove(&self, name: &OsStr) -> std::io::Result<()> {
+        xattr::FileExt::remove_xattr(self, name)
+    }
+}
+
+fn xattr_errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// The copied extended attributes of `of`, by name (none where the filesystem has none).
 pub fn xattrs_of(
-    path: &Path,
+    of: &(impl Xattrs + ?Sized),
 ) -> nix::Result<std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>> {
-    let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
-    let names = match xattr::list(path) {
+    let names = match of.list() {
         Ok(names) => names,
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(Default::default()),
-        Err(e) => return Err(errno(e)),
+        Err(e) => return Err(xattr_errno(e)),
     };
     let mut out = std::collections::BTreeMap::new();
     for name in names.filter(|n| copied_xattr(n)) {
         // Removed between the list and the read: not there.
-        if let Some(value) = xattr::get(path, &name).map_err(errno)? {
+        if let Some(value) = of.get(&name).map_err(xattr_errno)? {
             out.insert(name, value);
         }
     }
@@ -275,16 +331,75 @@ pub fn xattrs_of(
 
 /// The target's copied attributes made the source's: set, and those the source no longer
 /// has (a resumed copy) removed.
-fn copy_xattrs(src: &Path, dst: &Path) -> nix::Result<()> {
-    let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+fn copy_xattrs(src: &Path, dst: &(impl Xattrs + ?Sized)) -> nix::Result<()> {
     let (want, have) = (xattrs_of(src)?, xattrs_of(dst)?);
     for name in have.keys().filter(|n| !want.contains_key(*n)) {
-        xattr::remove(dst, name).map_err(errno)?;
+        dst.remove(name).map_err(xattr_errno)?;
     }
     for (name, value) in want.iter().filter(|(n, v)| have.get(*n) != Some(*v)) {
-        xattr::set(dst, name, value).map_err(errno)?;
+        dst.set(name, value).map_err(xattr_errno)?;
     }
     Ok(())
+}
+
+/// Opens the copy of the file `e` for writing, made now where the name is free (with the
+/// source's permission bits: nothing else is set afterwards where the create already gave
+/// them). A name in the way is handled as [`create_one`] does: a file of a run cut short
+/// is opened as it is, one whose inode other names share (another snapshot's copy) is
+/// replaced, anything else refused. Returns the file and whether it was made now.
+/// `O_NONBLOCK`: a FIFO planted in the name's place fails the open instead of blocking it.
+pub(super) fn create_file(dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<(File, bool)> {
+    let write = OFlag::O_WRONLY | OFlag::O_NONBLOCK;
+    let create = write | OFlag::O_CREAT | OFlag::O_EXCL;
+    let mode = Mode::from_bits_truncate(e.st.st_mode & 0o777);
+    match open_beneath(dst, &e.rel, create, mode) {
+        Ok(fd) => return Ok((File::from(fd), true)),
+        Err(Errno::EEXIST) => {}
+        Err(err) => return Err(err),
+    }
+    let (dir, name) = parent_of(dst, &e.rel)?;
+    let st = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    if kind_of(&st) != Kind::File {
+        return Err(Errno::EEXIST);
+    }
+    if st.st_nlink > 1 {
+        unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir)?;
+        return Ok((File::from(open_beneath(dst, &e.rel, create, mode)?), true));
+    }
+    Ok((
+        File::from(open_beneath(dst, &e.rel, write, Mode::empty())?),
+        false,
+    ))
+}
+
+/// Owner, mode, copied attributes and times of the file `e` set on its open copy, in
+/// [`set_one`]'s order; `made` is the copy's stat before its data was written, so an
+/// owner or mode the create already gave is not set again (on an NFS target each is a
+/// round trip).
+pub(super) fn set_file_metadata(
+    src: BorrowedFd<'_>,
+    file: &File,
+    e: &Entry,
+    xattrs: bool,
+    made: &FileStat,
+) -> nix::Result<()> {
+    let owner = (Uid::from_raw(e.st.st_uid), Gid::from_raw(e.st.st_gid));
+    let chown = (made.st_uid, made.st_gid) != (e.st.st_uid, e.st.st_gid);
+    if chown {
+        fchown(file, Some(owner.0), Some(owner.1))?;
+    }
+    let mode = e.st.st_mode & 0o7777;
+    // After chown, which clears set-id bits.
+    if chown || made.st_mode & 0o7777 != mode {
+        fchmod(file, Mode::from_bits_truncate(mode))?;
+    }
+    if xattrs {
+        let (sdir, name) = parent_of(src, &e.rel)?;
+        copy_xattrs(&at(sdir.as_fd(), name), file)?;
+    }
+    let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
+    let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);
+    futimens(file, &atime, &mtime)
 }
 
 pub(super) fn set_one(
@@ -316,7 +431,7 @@ pub(super) fn set_one(
     // its own way). Only files and directories: others take no user attributes.
     if xattrs && matches!(e.kind, Kind::File | Kind::Dir) {
         let (sdir, _) = holder_of(src, &e.rel)?;
-        copy_xattrs(&at(sdir.as_fd(), name), &at(dir, name))?;
+        copy_xattrs(&at(sdir.as_fd(), name), at(dir, name).as_path())?;
     }
     let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
     let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);

@@ -169,10 +169,11 @@ impl TreePlan {
                 false => copied.push(e.clone()),
             }
         }
-        let links = meta::links(&copied);
+        let mut links = meta::links(&copied);
         let total: u64 = links.primaries.iter().map(|&i| copied[i].size()).sum();
         let piece = data::piece_len(total, req.streams, req.chunk);
         let units = data::units(&copied, &links.primaries, piece);
+        links.whole = data::whole_files(&units);
         Ok(TreePlan {
             entries,
             linked,
@@ -252,6 +253,7 @@ fn copy_data(
         dst,
         shown: &req.source,
         live: req.live,
+        xattrs: meta::has_xattrs(src),
     };
     data::copy_units(
         &roots,
@@ -283,7 +285,8 @@ fn link_and_verify(
     meta::link_all(dst, &req.target, entries, &plan.links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
     if !req.live {
-        verify::verify(src, dst, &req.target, entries, req.verify, req.streams)?;
+        let (how, streams) = (req.verify, req.streams);
+        verify::verify(src, dst, &req.target, entries, &plan.links, how, streams)?;
     }
     Ok(())
 }
@@ -297,7 +300,8 @@ fn finish_metadata_and_sync(
     plan: &TreePlan,
 ) -> Result<()> {
     let entries = &plan.copied;
-    meta::finish_metadata(src, dst, &req.target, entries, req.streams, req.live)?;
+    let links = &plan.links;
+    meta::finish_metadata(src, dst, &req.target, entries, links, req.streams, req.live)?;
     if !req.live && meta::has_xattrs(src) {
         verify::xattrs(src, dst, &req.target, entries, req.streams)?;
     }

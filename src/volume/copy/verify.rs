@@ -31,16 +31,22 @@ fn mismatch(shown: &Path, e: &Entry, what: String) -> Error {
 }
 
 /// Every entry but the root, on `streams` threads (a checksum reads both sides again).
+/// The size of a `whole` file was checked on its open copy as the data phase finished it
+/// (`data::copy_whole_file`): only its checksum is left.
 pub fn verify(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
+    links: &meta::Links,
     how: Verify,
     streams: usize,
 ) -> Result<()> {
-    let below_root = entries.get(1..).unwrap_or_default();
-    super::each_in_parallel(below_root, streams, |e| verify_one(src, dst, shown, e, how))
+    let left: Vec<&Entry> = (entries.iter().enumerate().skip(1))
+        .filter(|(i, _)| how == Verify::Checksum || !links.whole.contains(i))
+        .map(|(_, e)| e)
+        .collect();
+    super::each_in_parallel(&left, streams, |e| verify_one(src, dst, shown, e, how))
 }
 
 pub(super) fn verify_one(
@@ -116,8 +122,8 @@ fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry)
         meta::holder_of(src, &e.rel).map_err(err)?,
         meta::holder_of(dst, &e.rel).map_err(err)?,
     );
-    let want = meta::xattrs_of(&meta::at(sdir.as_fd(), name)).map_err(err)?;
-    let have = meta::xattrs_of(&meta::at(ddir.as_fd(), name)).map_err(err)?;
+    let want = meta::xattrs_of(meta::at(sdir.as_fd(), name).as_path()).map_err(err)?;
+    let have = meta::xattrs_of(meta::at(ddir.as_fd(), name).as_path()).map_err(err)?;
     if want != have {
         let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
             m.keys()

@@ -3,6 +3,7 @@
 //! snapshot is ready exactly when its manifest exists and a half-written one never is.
 
 use std::os::fd::AsFd;
+use std::sync::OnceLock;
 
 use nix::fcntl::AtFlags;
 use nix::sys::stat::fstatat;
@@ -76,7 +77,8 @@ impl Manifest {
     /// The entries of a file tree (below its root), each file with its source's stat and
     /// its copy's inode, and its SHA-256 when `checksums`: read from the copy in `tree`, or
     /// carried over from `base` for a file linked from it (the same inode, so the same
-    /// bytes; linked only when the delta rules found it unchanged).
+    /// bytes; linked only when the delta rules found it unchanged). The copies are looked
+    /// at on several threads: on an NFS store each stat is a round trip.
     pub fn list(
         &mut self,
         entries: &[Entry],
@@ -86,11 +88,20 @@ impl Manifest {
     ) -> Result<()> {
         let root = tree.dup()?;
         let shown = Path::new(tree.location());
+        let files: Vec<(usize, &Entry)> = (entries.iter().enumerate().skip(1))
+            .filter(|(_, e)| e.kind == Kind::File)
+            .collect();
+        let stored: Vec<OnceLock<Stored>> = entries.iter().map(|_| OnceLock::new()).collect();
+        crate::volume::copy::each_in_parallel(&files, crate::volume::copy::STREAMS, |&(i, e)| {
+            let copy = Stored::of(root.as_fd(), shown, e, checksums, base)?;
+            let _ = stored[i].set(copy);
+            Ok(())
+        })?;
         (self.data_bytes, self.written_bytes) = (0, Some(0));
         self.base_snapshot_id = base.map(|b| b.label.clone());
         let mut counted = std::collections::HashSet::new();
         self.entries = Vec::with_capacity(entries.len().saturating_sub(1));
-        for e in entries.iter().skip(1) {
+        for (e, copy) in entries.iter().zip(stored).skip(1) {
             let mut entry = ManifestEntry {
                 path: e.rel.to_string_lossy().into_owned(),
                 kind: kind_name(e.kind).into(),
@@ -100,33 +111,16 @@ impl Manifest {
                 stored_ino: None,
                 stored_handle: None,
             };
-            if e.kind == Kind::File {
-                let stored = fstatat(root.as_fd(), &e.rel, AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .map_err(|x| Error::io("stat", shown.join(&e.rel), x.into()))?;
-                let handle = file_handle(root.as_fd(), &e.rel)
-                    .map_err(|x| Error::io("file handle of", shown.join(&e.rel), x.into()))?;
-                let from_base = base
-                    .and_then(|b| b.files.get(&e.rel))
-                    .filter(|b| b.is_stored_as(stored.st_ino, handle.as_deref()));
-                entry.sha256 = match from_base {
-                    Some(BaseFile {
-                        sha256: Some(d), ..
-                    }) if checksums => Some(d.clone()),
-                    _ if checksums => Some(
-                        crate::volume::copy::verify::sha256_beneath(root.as_fd(), &e.rel)
-                            .map_err(|x| Error::io("checksum", shown.join(&e.rel), x.into()))?,
-                    ),
-                    _ => None,
-                };
+            if let Some(copy) = copy.into_inner() {
                 if counted.insert((e.st.st_dev, e.st.st_ino)) {
                     let allocated = (e.st.st_blocks.max(0) as u64).saturating_mul(512);
                     self.data_bytes += e.size().min(allocated);
-                    if from_base.is_none() {
+                    if !copy.from_base {
                         *self.written_bytes.get_or_insert(0) += e.size().min(allocated);
                     }
                 }
-                (entry.source, entry.stored_ino, entry.stored_handle) =
-                    (Some(SourceStat::of(&e.st)), Some(stored.st_ino), handle);
+                (entry.sha256, entry.source) = (copy.sha256, Some(SourceStat::of(&e.st)));
+                (entry.stored_ino, entry.stored_handle) = (Some(copy.ino), copy.handle);
             }
             self.entries.push(entry);
         }
@@ -178,6 +172,49 @@ impl Manifest {
 pub fn digest(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     format!("{:x}", Sha256::digest(bytes))
+}
+
+/// A file's copy on the store as the manifest records it.
+struct Stored {
+    ino: u64,
+    handle: Option<String>,
+    sha256: Option<String>,
+    /// Linked from the base (its inode and handle are the base's copy's).
+    from_base: bool,
+}
+
+impl Stored {
+    fn of(
+        root: std::os::fd::BorrowedFd<'_>,
+        shown: &Path,
+        e: &Entry,
+        checksums: bool,
+        base: Option<&Base>,
+    ) -> Result<Stored> {
+        let stored = fstatat(root, &e.rel, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|x| Error::io("stat", shown.join(&e.rel), x.into()))?;
+        let handle = file_handle(root, &e.rel)
+            .map_err(|x| Error::io("file handle of", shown.join(&e.rel), x.into()))?;
+        let from_base = base
+            .and_then(|b| b.files.get(&e.rel))
+            .filter(|b| b.is_stored_as(stored.st_ino, handle.as_deref()));
+        let sha256 = match from_base {
+            Some(BaseFile {
+                sha256: Some(d), ..
+            }) if checksums => Some(d.clone()),
+            _ if checksums => Some(
+                crate::volume::copy::verify::sha256_beneath(root, &e.rel)
+                    .map_err(|x| Error::io("checksum", shown.join(&e.rel), x.into()))?,
+            ),
+            _ => None,
+        };
+        Ok(Stored {
+            ino: stored.st_ino,
+            handle,
+            sha256,
+            from_base: from_base.is_some(),
+        })
+    }
 }
 
 fn kind_name(kind: Kind) -> &'static str {
