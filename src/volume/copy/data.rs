@@ -364,7 +364,7 @@ fn copy_range(
 /// so written needs no cut to its size), else as whole blocks where O_DIRECT wants them,
 /// the bytes past `n` zeroed (cut later to the file's size). Returns the bytes written.
 fn write_tail(dst: &File, b: &mut [u8], n: usize, at: u64) -> nix::Result<usize> {
-    if n % ALIGN == 0 {
+    if n.is_multiple_of(ALIGN) {
         return write_full(dst, &b[..n], at).map(|()| n);
     }
     match write_full(dst, &b[..n], at) {
