@@ -443,12 +443,12 @@ impl Job {
         let mut m = manifest_of(&self.rec, &self.node_id, content);
         m.fs_type = fs.map(|f| f.as_str().to_owned());
         m.freeze_seconds = freeze_seconds;
-        m.list(
-            entries,
-            &self.store.tree,
-            self.rec.checksums,
-            self.base.as_deref(),
-        )?;
+        let streams = crate::volume::copy::Streams {
+            count: crate::volume::copy::STREAMS,
+            progress: Some(&self.progress),
+        };
+        let how = (self.rec.checksums, self.base.as_deref());
+        m.list(entries, &self.store.tree, how, streams)?;
         Ok(m)
     }
 

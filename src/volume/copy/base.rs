@@ -126,10 +126,10 @@ impl Base {
         shown: &Path,
         linked: &[Entry],
         how: Verify,
-        streams: usize,
+        streams: super::Streams<'_>,
     ) -> Result<usize> {
         let copied = std::sync::atomic::AtomicUsize::new(0);
-        super::each_in_parallel(linked, streams, |e| {
+        streams.each(linked, |e| {
             let io =
                 |x: Errno| Error::io("link from the base snapshot", shown.join(&e.rel), x.into());
             if self.link_one(dst, e).map_err(io)? {

@@ -235,8 +235,8 @@ fn copy_whole_file(
         Err(Errno::EINVAL) => copy_whole_as(roots, entry, buf, progress, false),
         other => other,
     };
-    let st = match copied {
-        Ok(st) => st,
+    let (copy, st) = match copied {
+        Ok(done) => done,
         Err(Errno::ENOENT | Errno::ENODATA | Errno::ELOOP | Errno::ENOTDIR) if roots.live => {
             return Ok(())
         }
@@ -249,20 +249,27 @@ fn copy_whole_file(
         }
         .into());
     }
+    // Read back as the verification would (nothing is verified of a live source).
+    if roots.xattrs && !roots.live {
+        let (dir, name) = super::meta::holder_of(roots.src, &entry.rel)
+            .map_err(|e| Error::io("open the directory of", &shown, e.into()))?;
+        let source = super::meta::at(dir.as_fd(), name);
+        super::verify::same_xattrs(&source, &copy, roots.shown, entry)?;
+    }
     Ok(())
 }
 
 /// [`copy_whole_file`]'s steps, `O_DIRECT` on both sides where `direct` and the
-/// filesystems take it: the copy's stat once its metadata is set. The copy is made before
-/// the source is opened: in a live copy a source file gone since the walk leaves it
-/// empty, as the frozen pass expects of every name the walk found.
+/// filesystems take it: the copy, open, and its stat once its metadata is set. The copy
+/// is made before the source is opened: in a live copy a source file gone since the walk
+/// leaves it empty, as the frozen pass expects of every name the walk found.
 fn copy_whole_as(
     roots: &Roots<'_>,
     entry: &Entry,
     buf: &mut AlignedBuf,
     progress: &Progress,
     direct: bool,
-) -> nix::Result<FileStat> {
+) -> nix::Result<(File, FileStat)> {
     let (dst, made_now) = super::meta::create_file(roots.dst, entry)?;
     let made = fstat(&dst)?;
     if kind_of(&made) != Kind::File {
@@ -286,7 +293,8 @@ fn copy_whole_as(
         nix::unistd::ftruncate(&dst, entry.st.st_size)?;
     }
     super::meta::set_file_metadata(roots.src, &dst, entry, roots.xattrs, &made)?;
-    fstat(&dst)
+    let st = fstat(&dst)?;
+    Ok((dst, st))
 }
 
 fn copy_unit_as(

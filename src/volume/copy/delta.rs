@@ -129,9 +129,13 @@ fn copy_again(
     streams: usize,
     progress: &Progress,
 ) -> Result<u64> {
+    let streams = super::Streams {
+        count: streams,
+        progress: Some(progress),
+    };
     let mut links = meta::links(subset);
     let bytes: u64 = links.primaries.iter().map(|&i| subset[i].size()).sum();
-    let piece = data::piece_len(bytes, streams, super::CHUNK);
+    let piece = data::piece_len(bytes, streams.count, super::CHUNK);
     let units = data::units(subset, &links.primaries, piece);
     links.whole = data::whole_files(&units);
     meta::create_structure(src, dst, shown, subset, &links, streams, false)?;
@@ -142,12 +146,12 @@ fn copy_again(
         live: false,
         xattrs: meta::has_xattrs(src),
     };
-    data::copy_units(&roots, subset, &units, (0, &[]), streams, progress)?;
+    data::copy_units(&roots, subset, &units, (0, &[]), streams.count, progress)?;
     meta::link_all(dst, shown, subset, &links)?;
     verify::verify(src, dst, shown, subset, &links, verify_how, streams)?;
     meta::finish_metadata(src, dst, shown, subset, &links, streams, false)?;
     if meta::has_xattrs(src) {
-        verify::xattrs(src, dst, shown, subset, streams)?;
+        verify::xattrs(src, dst, shown, subset, &links, streams)?;
     }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", shown, e.into()))?;
     Ok(bytes)

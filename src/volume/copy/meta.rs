@@ -91,7 +91,7 @@ pub fn create_structure(
     shown: &Path,
     entries: &[Entry],
     links: &Links,
-    streams: usize,
+    streams: super::Streams<'_>,
     live: bool,
 ) -> Result<()> {
     let secondary: std::collections::HashSet<usize> =
@@ -106,7 +106,7 @@ pub fn create_structure(
         }
     }
     for level in by_depth.values() {
-        super::each_in_parallel(level, streams, |e| {
+        streams.each(level, |e| {
             gone_is_fine(create_one(src, dst, e), live).map_err(io("create", shown, &e.rel))
         })?;
     }
@@ -214,7 +214,7 @@ pub fn finish_metadata(
     shown: &Path,
     entries: &[Entry],
     links: &Links,
-    streams: usize,
+    streams: super::Streams<'_>,
     live: bool,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
@@ -222,7 +222,7 @@ pub fn finish_metadata(
         .filter(|(i, _)| !links.whole.contains(i))
         .map(|(_, e)| e)
         .collect();
-    super::each_in_parallel(&rest, streams, |e| {
+    streams.each(&rest, |e| {
         gone_is_fine(set_one(src, dst, e, xattrs), live).map_err(io(
             "set owner, mode and times of",
             shown,

@@ -70,6 +70,15 @@ pub struct CopyRequest {
     pub base: Option<Arc<base::Base>>,
 }
 
+impl CopyRequest {
+    fn streams_with<'a>(&self, progress: &'a Progress) -> Streams<'a> {
+        Streams {
+            count: self.streams,
+            progress: Some(progress),
+        }
+    }
+}
+
 fn open_root(path: &Path) -> Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     open(path, flags, Mode::empty()).map_err(|e| Error::io("open", path, e.into()))
@@ -100,16 +109,10 @@ pub fn copy_tree_at(
         return Ok(plan.entries);
     }
     if !saved.structure_done {
-        meta::create_structure(
-            src,
-            dst,
-            &req.target,
-            &plan.copied,
-            &plan.links,
-            req.streams,
-            req.live,
-        )?;
-        link_from_base(src, dst, req, &plan)?;
+        let streams = req.streams_with(progress);
+        let (copied, links) = (&plan.copied, &plan.links);
+        meta::create_structure(src, dst, &req.target, copied, links, streams, req.live)?;
+        link_from_base(src, dst, req, &plan, progress)?;
         saved.structure_done = true;
         progress.set(saved.clone())?;
     }
@@ -117,9 +120,9 @@ pub fn copy_tree_at(
     copy_data(src, dst, req, &plan, &saved, progress)?;
     phases.end("data");
     saved = record_data_copied(&plan, progress)?;
-    link_and_verify(src, dst, req, &plan)?;
+    link_and_verify(src, dst, req, &plan, progress)?;
     phases.end("verify");
-    finish_metadata_and_sync(src, dst, req, &plan)?;
+    finish_metadata_and_sync(src, dst, req, &plan, progress)?;
     phases.end("metadata and sync");
     saved.done = true;
     progress.set(saved)?;
@@ -226,11 +229,13 @@ fn link_from_base(
     dst: BorrowedFd<'_>,
     req: &CopyRequest,
     plan: &TreePlan,
+    progress: &Progress,
 ) -> Result<()> {
     let Some(base) = &req.base else {
         return Ok(());
     };
-    let copied = base.link_into(src, dst, &req.target, &plan.linked, req.verify, req.streams)?;
+    let streams = req.streams_with(progress);
+    let copied = base.link_into(src, dst, &req.target, &plan.linked, req.verify, streams)?;
     crate::runtime::faults::reached(crate::runtime::faults::KillPoint::SnapshotAfterLinks);
     if copied > 0 {
         tracing::warn!(source = %req.label, base = %base.label, copied,
@@ -280,12 +285,13 @@ fn link_and_verify(
     dst: BorrowedFd<'_>,
     req: &CopyRequest,
     plan: &TreePlan,
+    progress: &Progress,
 ) -> Result<()> {
     let entries = &plan.copied;
     meta::link_all(dst, &req.target, entries, &plan.links)?;
     // Verified before times are set: reading a symlink or file moves its atime.
     if !req.live {
-        let (how, streams) = (req.verify, req.streams);
+        let (how, streams) = (req.verify, req.streams_with(progress));
         verify::verify(src, dst, &req.target, entries, &plan.links, how, streams)?;
     }
     Ok(())
@@ -298,12 +304,12 @@ fn finish_metadata_and_sync(
     dst: BorrowedFd<'_>,
     req: &CopyRequest,
     plan: &TreePlan,
+    progress: &Progress,
 ) -> Result<()> {
-    let entries = &plan.copied;
-    let links = &plan.links;
-    meta::finish_metadata(src, dst, &req.target, entries, links, req.streams, req.live)?;
+    let (entries, links, streams) = (&plan.copied, &plan.links, req.streams_with(progress));
+    meta::finish_metadata(src, dst, &req.target, entries, links, streams, req.live)?;
     if !req.live && meta::has_xattrs(src) {
-        verify::xattrs(src, dst, &req.target, entries, req.streams)?;
+        verify::xattrs(src, dst, &req.target, entries, links, streams)?;
     }
     nix::unistd::syncfs(dst).map_err(|e| Error::io("syncfs", &req.target, e.into()))
 }
@@ -342,10 +348,32 @@ fn walk_digest(plan: &TreePlan, base: Option<&base::Base>) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// The threads a per-entry phase runs on, and the copy's progress each finished entry
+/// keeps alive: on an NFS side every entry is a round trip, so a phase of many entries
+/// that moves no bytes (metadata, verification, links, the manifest) is no stalled store.
+#[derive(Clone, Copy)]
+pub struct Streams<'a> {
+    pub count: usize,
+    pub progress: Option<&'a Progress>,
+}
+
+impl Streams<'_> {
+    /// `f` on every item on `count` threads ([`each_in_parallel`]).
+    pub fn each<T: Sync>(&self, items: &[T], f: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+        each_in_parallel(items, self.count, |item| {
+            f(item)?;
+            if let Some(p) = self.progress {
+                p.answered();
+            }
+            Ok(())
+        })
+    }
+}
+
 /// `f` on every item, on `streams` threads; the first error stops the rest and is the
 /// answer. For the phases whose items need no order (metadata, verification): on an NFS
 /// side each item is a round trip, which one thread would wait for one after another.
-pub(crate) fn each_in_parallel<T: Sync>(
+fn each_in_parallel<T: Sync>(
     items: &[T],
     streams: usize,
     f: impl Fn(&T) -> Result<()> + Sync,

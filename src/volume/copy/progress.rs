@@ -185,12 +185,18 @@ impl Progress {
     pub fn moved(&self, n: u64) {
         self.read.fetch_add(n, Ordering::Relaxed);
         self.written.fetch_add(n, Ordering::Relaxed);
+        self.answered();
+    }
+
+    /// An entry of a phase that moves no bytes (metadata, verification, links) finished:
+    /// its filesystems answer, so the copy is not stalled.
+    pub fn answered(&self) {
         let ms = self.started.elapsed().as_millis() as u64;
         self.last_moved_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Seconds since bytes last moved (since this process began following the copy,
-    /// if none has).
+    /// Seconds since bytes last moved or an entry was last finished (since this process
+    /// began following the copy, if neither has).
     pub fn stalled_secs(&self) -> u64 {
         let now = self.started.elapsed().as_millis() as u64;
         now.saturating_sub(self.last_moved_ms.load(Ordering::Relaxed)) / 1000

@@ -40,13 +40,13 @@ pub fn verify(
     entries: &[Entry],
     links: &meta::Links,
     how: Verify,
-    streams: usize,
+    streams: super::Streams<'_>,
 ) -> Result<()> {
     let left: Vec<&Entry> = (entries.iter().enumerate().skip(1))
         .filter(|(i, _)| how == Verify::Checksum || !links.whole.contains(i))
         .map(|(_, e)| e)
         .collect();
-    super::each_in_parallel(&left, streams, |e| verify_one(src, dst, shown, e, how))
+    streams.each(&left, |e| verify_one(src, dst, shown, e, how))
 }
 
 pub(super) fn verify_one(
@@ -102,15 +102,22 @@ pub(super) fn verify_one(
 }
 
 /// Every file's and directory's copied extended attributes (`meta::copied_xattr`) equal
-/// the source's. Checked after times are set: reading attributes moves no time.
+/// the source's. Checked after times are set: reading attributes moves no time. The
+/// `whole` files' were read back from their open copies as the data phase set them
+/// (`meta::set_file_metadata`).
 pub fn xattrs(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     shown: &Path,
     entries: &[Entry],
-    streams: usize,
+    links: &meta::Links,
+    streams: super::Streams<'_>,
 ) -> Result<()> {
-    super::each_in_parallel(entries, streams, |e| xattrs_one(src, dst, shown, e))
+    let left: Vec<&Entry> = (entries.iter().enumerate())
+        .filter(|(i, _)| !links.whole.contains(i))
+        .map(|(_, e)| e)
+        .collect();
+    streams.each(&left, |e| xattrs_one(src, dst, shown, e))
 }
 
 fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry) -> Result<()> {
@@ -122,8 +129,21 @@ fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry)
         meta::holder_of(src, &e.rel).map_err(err)?,
         meta::holder_of(dst, &e.rel).map_err(err)?,
     );
-    let want = meta::xattrs_of(meta::at(sdir.as_fd(), name).as_path()).map_err(err)?;
-    let have = meta::xattrs_of(meta::at(ddir.as_fd(), name).as_path()).map_err(err)?;
+    let source = meta::at(sdir.as_fd(), name);
+    same_xattrs(&source, meta::at(ddir.as_fd(), name).as_path(), shown, e)
+}
+
+/// The copied extended attributes of `copy` (of the entry `e`) equal those of `source`
+/// (a name reached through its directory's descriptor, `meta::at`).
+pub(super) fn same_xattrs(
+    source: &Path,
+    copy: &(impl meta::Xattrs + ?Sized),
+    shown: &Path,
+    e: &Entry,
+) -> Result<()> {
+    let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
+    let want = meta::xattrs_of(source).map_err(err)?;
+    let have = meta::xattrs_of(copy).map_err(err)?;
     if want != have {
         let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
             m.keys()

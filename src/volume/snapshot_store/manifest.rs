@@ -78,13 +78,13 @@ impl Manifest {
     /// its copy's inode, and its SHA-256 when `checksums`: read from the copy in `tree`, or
     /// carried over from `base` for a file linked from it (the same inode, so the same
     /// bytes; linked only when the delta rules found it unchanged). The copies are looked
-    /// at on several threads: on an NFS store each stat is a round trip.
+    /// at on `streams`: on an NFS store each stat is a round trip.
     pub fn list(
         &mut self,
         entries: &[Entry],
         tree: &super::SnapshotDir,
-        checksums: bool,
-        base: Option<&Base>,
+        (checksums, base): (bool, Option<&Base>),
+        streams: crate::volume::copy::Streams<'_>,
     ) -> Result<()> {
         let root = tree.dup()?;
         let shown = Path::new(tree.location());
@@ -92,7 +92,7 @@ impl Manifest {
             .filter(|(_, e)| e.kind == Kind::File)
             .collect();
         let stored: Vec<OnceLock<Stored>> = entries.iter().map(|_| OnceLock::new()).collect();
-        crate::volume::copy::each_in_parallel(&files, crate::volume::copy::STREAMS, |&(i, e)| {
+        streams.each(&files, |&(i, e)| {
             let copy = Stored::of(root.as_fd(), shown, e, checksums, base)?;
             let _ = stored[i].set(copy);
             Ok(())
