@@ -4,8 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{Manifest, Snapshots};
+
+/// How long a call waits on long work on a directory store before answering Unavailable
+/// with its progress (the work goes on; a retry joins it).
+const LOCAL_STORE_WAIT: Duration = Duration::from_secs(20);
 use crate::error::{Error, Result, SnapshotError, VolumeError};
 use crate::os::Host;
 use crate::request::snapshot::{SnapshotId, Store};
@@ -59,6 +64,35 @@ impl Context<'_> {
                     .map_err(|e| store_unreachable(id, &e))?;
                 Ok((root, dir_below_root(id)))
             }
+        }
+    }
+
+    /// The store's root and `name` in the snapshot's directory below it.
+    pub(super) async fn store_path(
+        &self,
+        id: &SnapshotId,
+        name: &str,
+    ) -> Result<(PathBuf, String)> {
+        let (root, rel) = self.store_root(id).await?;
+        Ok((root, format!("{rel}/{name}")))
+    }
+
+    /// How long a call waits on long store work (a removal): the NFS backend's deadline for
+    /// an NFS store, a call's usual bound for a directory store.
+    pub(super) fn store_wait(&self, id: &SnapshotId) -> Result<Duration> {
+        match &id.store {
+            Store::Nfs(_) => Ok(self.nfs()?.store.op_timeout),
+            Store::Dir(_) => Ok(LOCAL_STORE_WAIT),
+        }
+    }
+
+    /// An error of long store work as `on_store` answers it, but a removal still going
+    /// (Unavailable with its progress) answered as it is.
+    pub(super) fn unreachable_unless_waiting(&self, id: &SnapshotId, e: Error) -> Error {
+        match (&id.store, e) {
+            (_, e @ (Error::NotReady(_) | Error::Store(_) | Error::Snapshot(_))) => e,
+            (Store::Nfs(_), e) => store_unreachable(id, &e),
+            (Store::Dir(_), e) => e,
         }
     }
 

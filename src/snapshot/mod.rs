@@ -110,6 +110,8 @@ pub struct Snapshots {
     work: PathBuf,
     state_dir: PathBuf,
     pub copies: Cloner,
+    /// Snapshot trees being removed from their stores (DeleteSnapshot).
+    pub removals: crate::volume::nfs::removal::Removals,
     pub freeze_limit: Duration,
     pub stall_limit: Duration,
     pub create_wait: Duration,
@@ -124,6 +126,7 @@ impl Snapshots {
             work: state_dir.join("snapshot-mnt"),
             state_dir: state_dir.to_owned(),
             copies: Cloner::default(),
+            removals: Default::default(),
             freeze_limit: FREEZE_LIMIT,
             stall_limit: STALL_LIMIT,
             create_wait: CREATE_WAIT,

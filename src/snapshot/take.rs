@@ -522,15 +522,46 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     })?
 }
 
-/// The snapshot's directory removed from its store, the manifest first (a snapshot half
-/// removed is never listed as ready), each component walked without following a symlink
-/// (a symlink in it is removed itself, never what it points to). Only a directory that is
-/// this snapshot's (`SnapshotDir::owner`) is touched.
+/// The snapshot's directory removed from its store: the manifest first (a snapshot half
+/// removed is never listed as ready), then its tree as a job a retry joins (one round trip
+/// per entry: a tree of many files outlasts a call), then the rest, the snapshot-id file
+/// last (a removal cut short at any point leaves a directory this snapshot's id file still
+/// claims, so the retry may go on). Each component is walked without following a symlink
+/// (a symlink in it is removed itself, never what it points to), and only a directory that
+/// is this snapshot's (`SnapshotDir::owner`) is touched.
 pub(super) async fn remove_snapshot_dir(ctx: &Context<'_>, id: &SnapshotId) -> Result<()> {
+    let what = format!("removing the snapshot on {}", id.location());
+    let ours = ctx
+        .on_store(id, &what, remove_in_dir(id, &[manifest::FILE]))
+        .await?;
+    if !ours {
+        return Ok(());
+    }
+    let tree = ctx.store_path(id, TREE).await?;
+    let key = format!("remove:{}", id.location());
+    let removals = &ctx.snapshots.removals;
+    removals
+        .remove_tree(&key, &what, tree, ctx.store_wait(id)?)
+        .await
+        .map_err(|e| ctx.unreachable_unless_waiting(id, e))?;
+    ctx.on_store(id, &what, remove_in_dir(id, &[IMAGE])).await?;
+    ctx.on_store(id, &what, move |root, rel| {
+        fsops::remove_tree(root, rel, &Default::default())
+            .map_err(|e| fs_error(format!("removing {rel}"), e))
+    })
+    .await
+}
+
+/// Removes `names` from the snapshot `id`'s directory when that directory is this
+/// snapshot's: whether it is (false: there is none; someone else's: refused).
+fn remove_in_dir(
+    id: &SnapshotId,
+    names: &'static [&'static str],
+) -> impl FnOnce(&Path, &str) -> Result<bool> + Send + 'static {
     let (text, shown) = (id.to_string(), id.location());
-    ctx.on_store(id, "removing the snapshot", move |root, rel| {
+    move |root, rel| {
         let Some(dir) = SnapshotDir::open(root, rel, &shown)? else {
-            return Ok(());
+            return Ok(false);
         };
         if let Owner::Foreign(why) = dir.owner(&text, None)? {
             return Err(StoreError::Foreign {
@@ -540,11 +571,11 @@ pub(super) async fn remove_snapshot_dir(ctx: &Context<'_>, id: &SnapshotId) -> R
             }
             .into());
         }
-        dir.remove_file(manifest::FILE)?;
-        drop(dir);
-        fsops::remove_tree(root, rel).map_err(|e| fs_error(format!("removing {shown}"), e))
-    })
-    .await
+        for name in names {
+            dir.remove_file(name)?;
+        }
+        Ok(true)
+    }
 }
 
 /// Mounts a killed driver left in the snapshot's private directory, taken down.

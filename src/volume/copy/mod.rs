@@ -484,6 +484,27 @@ impl Cloner {
 mod tests {
     use super::*;
 
+    #[test]
+    fn entries_finished_without_bytes_keep_a_copy_from_looking_stalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Progress::new(dir.path().join("p.json"), "src".into());
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(p.stalled_secs(), 1, "nothing moved for a second");
+        let items: Vec<usize> = (0..16).collect();
+        let quiet = Streams {
+            count: 4,
+            progress: None,
+        };
+        quiet.each(&items, |_| Ok(())).unwrap();
+        assert_eq!(p.stalled_secs(), 1, "entries of another copy");
+        let streams = Streams {
+            count: 4,
+            progress: Some(&p),
+        };
+        streams.each(&items, |_| Ok(())).unwrap();
+        assert_eq!(p.stalled_secs(), 0, "each entry finished is an answer");
+    }
+
     #[tokio::test]
     async fn a_stage_that_cannot_wait_answers_the_progress_and_the_retry_joins_the_copy() {
         let dir = tempfile::tempdir().unwrap();

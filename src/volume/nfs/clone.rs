@@ -391,11 +391,11 @@ pub async fn delete_filling(b: &NfsBackend, id: &NfsVolumeId) -> Result<bool> {
     }
     let root = b.export_root(id).await?;
     let rel = id.dir.clone();
-    b.blocking(
-        format!("removing the half copy {}", id.source()),
-        move || fsops::remove_tree(&root, &rel),
-    )
-    .await?;
+    let what = format!("removing the half copy {}", id.source());
+    let key = format!("remove:{id_text}");
+    (b.removals)
+        .remove_tree(&key, &what, (root, rel), b.store.op_timeout)
+        .await?;
     forget_progress(b, &id_text);
     crate::metrics::clone::forget(&id_text);
     info!(volume_id = %id_text, "half-copied clone removed");

@@ -133,10 +133,14 @@ pub async fn delete(b: &NfsBackend, id: &NfsVolumeId) -> Result<()> {
         _ if filling => {}
         OnDelete::Retain => info!(volume_id = %id_text, "onDelete=retain: directory kept"),
         OnDelete::Delete => {
-            b.blocking(format!("removing {}", id.source()), move || {
-                fsops::remove_tree(&root, &rel)
-            })
-            .await?;
+            let (key, what) = (
+                format!("remove:{id_text}"),
+                format!("removing {}", id.source()),
+            );
+            let wait = b.store.op_timeout;
+            b.removals
+                .remove_tree(&key, &what, (root, rel), wait)
+                .await?;
             info!(volume_id = %id_text, "directory removed");
         }
         OnDelete::Archive => {

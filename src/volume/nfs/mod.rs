@@ -13,6 +13,7 @@ pub mod controller;
 pub mod fsops;
 pub mod node;
 pub mod registry;
+pub mod removal;
 pub mod stats;
 
 use std::collections::HashMap;
@@ -83,6 +84,8 @@ pub struct NfsBackend {
     pub(crate) clones: Arc<crate::volume::copy::Cloner>,
     /// Clone sources' trees being measured (a block clone of an NFS directory).
     pub(crate) measures: Arc<crate::volume::copy::measure::Measures>,
+    /// Volume directories being removed (DeleteVolume, a half clone's delete).
+    pub(crate) removals: Arc<removal::Removals>,
 }
 
 impl NfsBackend {
@@ -99,6 +102,7 @@ impl NfsBackend {
             gate: None,
             driver_name,
             clones: Arc::default(),
+            removals: Arc::default(),
             measures: Arc::default(),
         }
     }
