@@ -349,6 +349,36 @@ async fn only_a_directory_that_names_the_snapshot_is_that_snapshot() {
     assert!(list(&mut c, &orig.snapshot_id).await.is_empty());
 }
 
+/// A DeleteSnapshot cut short after the manifest and the tree went (the id file is
+/// removed last) is finished by the next one; a directory whose id file is gone while its
+/// tree is there was never left so by a delete, and is refused, nothing removed.
+#[tokio::test]
+async fn a_delete_cut_short_is_finished_by_the_next_and_a_directory_without_its_id_is_kept() {
+    let Some(mut rig) = Rig::new(2) else { return };
+    let store = tmp("gds-store-");
+    let mut c = rig.start().await;
+    let a = volume_with(&mut c, &rig, "a", b"data of a").await;
+    let cut = take(&mut c, snapshot_req("cut", &a, store.path()))
+        .await
+        .unwrap();
+    let dir = store.path().join("cut");
+    fs::remove_file(dir.join("manifest.json")).unwrap();
+    fs::remove_dir_all(dir.join("tree")).unwrap();
+    delete_snapshot(&mut c, &cut.snapshot_id).await.unwrap();
+    assert!(!dir.exists(), "the rest of the cut delete left");
+
+    let kept = take(&mut c, snapshot_req("kept", &a, store.path()))
+        .await
+        .unwrap();
+    let dir = store.path().join("kept");
+    fs::remove_file(dir.join("snapshot-id")).unwrap();
+    let e = delete_snapshot(&mut c, &kept.snapshot_id)
+        .await
+        .unwrap_err();
+    assert_refused(&e, Code::FailedPrecondition, "snapshot-id");
+    assert!(dir.join("tree").exists() && dir.join("manifest.json").exists());
+}
+
 /// A store with no room left: ResourceExhausted naming the store, not Internal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_store_is_resource_exhausted() {

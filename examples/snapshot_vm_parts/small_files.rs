@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::figures::{fio_median, job_seconds, median, RUNS, TREE_READ};
-use super::{compare_trees, drop_caches, sh, vm_common, Result, Rig, MIB, SERVER, STORE};
+use super::{compare_trees, drop_caches, ensure, sh, vm_common, Result, Rig, MIB, SERVER, STORE};
 
 const DIRS: usize = 100;
 const FILES_PER_DIR: usize = 200;
@@ -91,13 +91,7 @@ pub async fn run(rig: &mut Rig) -> Result<String> {
     vm_common::teardown(&mut rig.c, &v).await?;
 
     let (store_write, store_read) = fio_on_store(files)?;
-    rig.c
-        .controller
-        .delete_snapshot(gds_csi::csi::DeleteSnapshotRequest {
-            snapshot_id: snap.snap.snapshot_id,
-            ..Default::default()
-        })
-        .await?;
+    let removed_in = delete_until_done(rig, &snap.snap.snapshot_id).await?;
 
     let mib = bytes as f64 / MIB as f64;
     let (snap_bw, restore_bw) = (mib / snap.secs, mib / restore_secs);
@@ -110,12 +104,50 @@ pub async fn run(rig: &mut Rig) -> Result<String> {
          directories; snapshot (full copy, CreateSnapshot to ready) {snap_bw:.2} MiB/s, the copy job alone {:.2}; fio tree read on the \
          volume {tree_read:.2} MiB/s, fio write of {files} files to the store (8 jobs) {store_write:.2} MiB/s: snapshot / slower = \
          {snap_ratio:.2} (goal >= 0.9: {}); restore (first NodeStage) {restore_bw:.2} MiB/s, the copy job alone {:.2}; fio tree read \
-         on the store {store_read:.2} MiB/s: restore / fio = {restore_ratio:.2} (goal >= 0.9: {})",
+         on the store {store_read:.2} MiB/s: restore / fio = {restore_ratio:.2} (goal >= 0.9: {}); DeleteSnapshot done in {:.1} s \
+         ({} calls: a retry joins the removal)",
         job(snapshot_job),
         verdict(snap_ratio),
         job(restore_job),
         verdict(restore_ratio),
+        removed_in.0,
+        removed_in.1,
     ))
+}
+
+/// DeleteSnapshot as the csi-snapshotter calls it: again while it answers Unavailable
+/// (a removal of 20,000 entries outlasts one call's deadline; a retry joins it). The
+/// seconds it took and the calls.
+async fn delete_until_done(rig: &mut Rig, id: &str) -> Result<(f64, u32)> {
+    let start = Instant::now();
+    let mut calls = 0;
+    loop {
+        calls += 1;
+        let answer = rig
+            .c
+            .controller
+            .delete_snapshot(gds_csi::csi::DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await;
+        match answer {
+            Ok(_) => break,
+            Err(e)
+                if e.code() == tonic::Code::Unavailable
+                    && start.elapsed() < Duration::from_secs(600) =>
+            {
+                println!("  DeleteSnapshot {calls}: {}", e.message());
+            }
+            Err(e) => return Err(format!("DeleteSnapshot after {calls} calls: {e}").into()),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    ensure(
+        !rig.store_dir("snap-small").exists(),
+        "DeleteSnapshot left the snapshot's directory",
+    )?;
+    Ok((secs, calls))
 }
 
 /// fio on a mount with the store's options: the write of `files` files of the dataset's

@@ -1,8 +1,9 @@
 //! The data phase: every regular file's bytes (a hard-linked inode once), cut into units
 //! of at most `chunk` bytes, copied by `streams` threads with large aligned `O_DIRECT`
 //! reads and writes (buffered where a filesystem refuses `O_DIRECT` with EINVAL). Only
-//! the data regions are copied (`SEEK_DATA`/`SEEK_HOLE`): holes stay holes, since the
-//! target file was made at its full size by `ftruncate` and never written there.
+//! the data regions are copied (`SEEK_DATA`/`SEEK_HOLE`): holes stay holes, since the target file was made at its
+//! full size by `ftruncate` and never written there, or cut to it. A file of one piece
+//! is made, copied and finished by one stream (`copy_whole_file`).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -84,6 +85,18 @@ pub struct Roots<'a> {
     pub live: bool,
     /// The source's filesystem has extended attributes (`meta::has_xattrs`).
     pub xattrs: bool,
+}
+
+impl<'a> Roots<'a> {
+    pub fn new(src: BorrowedFd<'a>, dst: BorrowedFd<'a>, shown: &'a Path, live: bool) -> Self {
+        Roots {
+            src,
+            dst,
+            shown,
+            live,
+            xattrs: super::meta::has_xattrs(src),
+        }
+    }
 }
 
 /// Copies `units[start..]` but those in `done` (finished by an earlier run) on `streams`

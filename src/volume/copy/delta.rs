@@ -139,13 +139,7 @@ fn copy_again(
     let units = data::units(subset, &links.primaries, piece);
     links.whole = data::whole_files(&units);
     meta::create_structure(src, dst, shown, subset, &links, streams, false)?;
-    let roots = data::Roots {
-        src,
-        dst,
-        shown,
-        live: false,
-        xattrs: meta::has_xattrs(src),
-    };
+    let roots = data::Roots::new(src, dst, shown, false);
     data::copy_units(&roots, subset, &units, (0, &[]), streams.count, progress)?;
     meta::link_all(dst, shown, subset, &links)?;
     verify::verify(src, dst, shown, subset, &links, verify_how, streams)?;

@@ -1,4 +1,6 @@
-//! Everything of a tree but the file data: directories, empty files at their size,
+//! Everything of a tree but the file data: directories, empty files at their size (the
+//! large ones: a file of one piece is made and finished by the data phase, through
+//! [`create_file`] and [`set_file_metadata`]),
 //! symlinks (as links: the text is copied, never resolved), device nodes and FIFOs,
 //! hard links (a second name of the first copy), and last owners, modes, attributes and
 //! times, once every name exists (so no later creation moves a directory's times). Every
@@ -81,8 +83,8 @@ fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Err
 
 /// Creates what `entries[1..]` name in the target (the root exists), files at their
 /// size without data; `secondaries` are left for `link_all`, `whole` files for the data
-/// phase. One depth at a time, each on
-/// `streams` threads: a directory exists before anything is made in it, and on an NFS
+/// phase. One depth at a time, each on `streams` threads: a directory exists before
+/// anything is made in it, and on an NFS
 /// target every creation is a round trip. `live`: the source may change meanwhile
 /// (`CopyRequest::live`), so an entry gone from it since the walk is skipped.
 pub fn create_structure(

@@ -253,13 +253,7 @@ fn copy_data(
     saved: &Saved,
     progress: &Progress,
 ) -> Result<()> {
-    let roots = data::Roots {
-        src,
-        dst,
-        shown: &req.source,
-        live: req.live,
-        xattrs: meta::has_xattrs(src),
-    };
+    let roots = data::Roots::new(src, dst, &req.source, req.live);
     data::copy_units(
         &roots,
         &plan.copied,

@@ -160,7 +160,7 @@ fn remove_at(
     };
     if !is_dir {
         return match unlinkat(fd, name, UnlinkatFlags::NoRemoveDir) {
-            Ok(()) | Err(Errno::ENOENT) => Ok(count(removed)),
+            Ok(()) | Err(Errno::ENOENT) => count(removed),
             // A directory after all (renamed into place since the listing).
             Err(Errno::EISDIR) => remove_at(fd, name, shown, Some(true), removed),
             Err(e) => Err(sys("removing", shown)(e)),
@@ -182,7 +182,7 @@ fn remove_at(
         .collect();
     remove_children(dir.as_fd(), &children, shown, removed)?;
     match unlinkat(fd, name, UnlinkatFlags::RemoveDir) {
-        Ok(()) | Err(Errno::ENOENT) => Ok(count(removed)),
+        Ok(()) | Err(Errno::ENOENT) => count(removed),
         Err(e) => Err(sys("removing", shown)(e)),
     }
 }
@@ -217,8 +217,10 @@ fn remove_children(
     }
 }
 
-fn count(removed: &AtomicU64) {
+/// One more entry removed: Ok, counted.
+fn count(removed: &AtomicU64) -> Result<(), FsError> {
     removed.fetch_add(1, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Renames `rel` to `archived-<leaf>-<suffix>` in the same parent. Missing: nothing to
