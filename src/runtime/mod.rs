@@ -5,4 +5,5 @@
 pub mod config;
 pub mod faults;
 pub mod overlap;
+pub mod parallel;
 pub mod state_dir;

@@ -352,47 +352,15 @@ pub struct Streams<'a> {
 }
 
 impl Streams<'_> {
-    /// `f` on every item on `count` threads ([`each_in_parallel`]).
+    /// `f` on every item on `count` threads (`runtime::parallel`).
     pub fn each<T: Sync>(&self, items: &[T], f: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
-        each_in_parallel(items, self.count, |item| {
+        crate::runtime::parallel::each_in_parallel(items, self.count, |item| {
             f(item)?;
             if let Some(p) = self.progress {
                 p.answered();
             }
             Ok(())
         })
-    }
-}
-
-/// `f` on every item, on `streams` threads; the first error stops the rest and is the
-/// answer. For the phases whose items need no order (metadata, verification): on an NFS
-/// side each item is a round trip, which one thread would wait for one after another.
-fn each_in_parallel<T: Sync>(
-    items: &[T],
-    streams: usize,
-    f: impl Fn(&T) -> Result<()> + Sync,
-) -> Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let first_error = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..streams.max(1) {
-            s.spawn(|| {
-                while let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if let Err(e) = f(item) {
-                        first_error
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(e);
-                        next.store(items.len(), Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
     }
 }
 

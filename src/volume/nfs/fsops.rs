@@ -8,7 +8,7 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::dir::Dir;
 use nix::errno::Errno;
@@ -195,26 +195,10 @@ fn remove_children(
     shown: &str,
     removed: &AtomicU64,
 ) -> Result<(), FsError> {
-    let next = AtomicUsize::new(0);
-    let first_error = std::sync::Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..REMOVERS.min(children.len()) {
-            s.spawn(|| {
-                while let Some((child, hint)) = children.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let child_shown = format!("{shown}/{}", child.to_string_lossy());
-                    if let Err(e) = remove_at(dir, child, &child_shown, *hint, removed) {
-                        let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                        first.get_or_insert(e);
-                        next.store(children.len(), Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    crate::runtime::parallel::each_in_parallel(children, REMOVERS, |(child, hint)| {
+        let child_shown = format!("{shown}/{}", child.to_string_lossy());
+        remove_at(dir, child, &child_shown, *hint, removed)
+    })
 }
 
 /// One more entry removed: Ok, counted.
