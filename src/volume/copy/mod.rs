@@ -451,14 +451,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = Progress::new(dir.path().join("p.json"), "src".into());
         std::thread::sleep(Duration::from_millis(1100));
-        assert_eq!(p.stalled_secs(), 1, "nothing moved for a second");
+        assert!(p.stalled_secs() >= 1, "nothing moved for a second");
         let items: Vec<usize> = (0..16).collect();
         let quiet = Streams {
             count: 4,
             progress: None,
         };
         quiet.each(&items, |_| Ok(())).unwrap();
-        assert_eq!(p.stalled_secs(), 1, "entries of another copy");
+        assert!(p.stalled_secs() >= 1, "entries of another copy");
         let streams = Streams {
             count: 4,
             progress: Some(&p),
