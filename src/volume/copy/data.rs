@@ -1,9 +1,10 @@
 //! The data phase: every regular file's bytes (a hard-linked inode once), cut into units
 //! of at most `chunk` bytes, copied by `streams` threads with large aligned `O_DIRECT`
 //! reads and writes (buffered where a filesystem refuses `O_DIRECT` with EINVAL). Only
-//! the data regions are copied (`SEEK_DATA`/`SEEK_HOLE`): holes stay holes, since the target file was made at its
-//! full size by `ftruncate` and never written there, or cut to it. A file of one piece
-//! is made, copied and finished by one stream (`copy_whole_file`).
+//! the data regions are copied (`SEEK_DATA`/`SEEK_HOLE`): holes stay holes, since the
+//! target file was made at its full size by `ftruncate` and never written there, or cut
+//! to it. A file of one piece is made, copied and finished by one stream
+//! (`copy_whole_file`).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -248,7 +249,7 @@ fn copy_whole_file(
         Err(Errno::EINVAL) => copy_whole_as(roots, entry, buf, progress, false),
         other => other,
     };
-    let (copy, st) = match copied {
+    let (copy, st, xattrs) = match copied {
         Ok(done) => done,
         Err(Errno::ENOENT | Errno::ENODATA | Errno::ELOOP | Errno::ENOTDIR) if roots.live => {
             return Ok(())
@@ -263,17 +264,17 @@ fn copy_whole_file(
         .into());
     }
     // Read back as the verification would (nothing is verified of a live source).
-    if roots.xattrs && !roots.live {
-        let (dir, name) = super::meta::holder_of(roots.src, &entry.rel)
-            .map_err(|e| Error::io("open the directory of", &shown, e.into()))?;
-        let source = super::meta::at(dir.as_fd(), name);
-        super::verify::same_xattrs(&source, &copy, roots.shown, entry)?;
+    match xattrs {
+        Some(want) if !roots.live => {
+            super::verify::copy_has_xattrs(&want, &copy, roots.shown, entry)
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// [`copy_whole_file`]'s steps, `O_DIRECT` on both sides where `direct` and the
-/// filesystems take it: the copy, open, and its stat once its metadata is set. The copy
+/// filesystems take it: the copy, open, its stat once its metadata is set, and the
+/// source's copied attributes where it has any (`meta::set_file_metadata`). The copy
 /// is made before the source is opened: in a live copy a source file gone since the walk
 /// leaves it empty, as the frozen pass expects of every name the walk found.
 fn copy_whole_as(
@@ -282,7 +283,7 @@ fn copy_whole_as(
     buf: &mut AlignedBuf,
     progress: &Progress,
     direct: bool,
-) -> nix::Result<(File, FileStat)> {
+) -> nix::Result<(File, FileStat, Option<super::meta::XattrMap>)> {
     let (dst, made_now) = super::meta::create_file(roots.dst, entry)?;
     let made = fstat(&dst)?;
     if kind_of(&made) != Kind::File {
@@ -305,9 +306,9 @@ fn copy_whole_as(
     if !made_now || end != size {
         nix::unistd::ftruncate(&dst, entry.st.st_size)?;
     }
-    super::meta::set_file_metadata(roots.src, &dst, entry, roots.xattrs, &made)?;
+    let xattrs = super::meta::set_file_metadata(roots.src, &dst, entry, roots.xattrs, &made)?;
     let st = fstat(&dst)?;
-    Ok((dst, st))
+    Ok((dst, st, xattrs))
 }
 
 fn copy_unit_as(

@@ -36,6 +36,16 @@ pub struct Links {
     pub whole: std::collections::HashSet<usize>,
 }
 
+impl Links {
+    /// `entries` but the `whole` files: what the phases after the data phase finish.
+    pub fn not_whole<'e>(&self, entries: &'e [Entry]) -> Vec<&'e Entry> {
+        (entries.iter().enumerate())
+            .filter(|(i, _)| !self.whole.contains(i))
+            .map(|(_, e)| e)
+            .collect()
+    }
+}
+
 pub fn links(entries: &[Entry]) -> Links {
     let mut first: HashMap<(libc::dev_t, libc::ino_t), usize> = HashMap::new();
     let (mut primaries, mut secondaries) = (Vec::new(), Vec::new());
@@ -84,9 +94,9 @@ fn io(what: &'static str, shown: &Path, rel: &Path) -> impl FnOnce(Errno) -> Err
 /// Creates what `entries[1..]` name in the target (the root exists), files at their
 /// size without data; `secondaries` are left for `link_all`, `whole` files for the data
 /// phase. One depth at a time, each on `streams` threads: a directory exists before
-/// anything is made in it, and on an NFS
-/// target every creation is a round trip. `live`: the source may change meanwhile
-/// (`CopyRequest::live`), so an entry gone from it since the walk is skipped.
+/// anything is made in it, and on an NFS target every creation is a round trip. `live`:
+/// the source may change meanwhile (`CopyRequest::live`), so an entry gone from it since
+/// the walk is skipped.
 pub fn create_structure(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
@@ -220,11 +230,7 @@ pub fn finish_metadata(
     live: bool,
 ) -> Result<()> {
     let xattrs = has_xattrs(src);
-    let rest: Vec<&Entry> = (entries.iter().enumerate())
-        .filter(|(i, _)| !links.whole.contains(i))
-        .map(|(_, e)| e)
-        .collect();
-    streams.each(&rest, |e| {
+    streams.each(&links.not_whole(entries), |e| {
         gone_is_fine(set_one(src, dst, e, xattrs), live).map_err(io(
             "set owner, mode and times of",
             shown,
@@ -312,10 +318,11 @@ fn xattr_errno(e: std::io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
+/// Copied extended attributes by name.
+pub type XattrMap = std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>;
+
 /// The copied extended attributes of `of`, by name (none where the filesystem has none).
-pub fn xattrs_of(
-    of: &(impl Xattrs + ?Sized),
-) -> nix::Result<std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>> {
+pub fn xattrs_of(of: &(impl Xattrs + ?Sized)) -> nix::Result<XattrMap> {
     let names = match of.list() {
         Ok(names) => names,
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(Default::default()),
@@ -332,8 +339,8 @@ pub fn xattrs_of(
 }
 
 /// The target's copied attributes made the source's: set, and those the source no longer
-/// has (a resumed copy) removed.
-fn copy_xattrs(src: &Path, dst: &(impl Xattrs + ?Sized)) -> nix::Result<()> {
+/// has (a resumed copy) removed. Returns the source's.
+fn copy_xattrs(src: &Path, dst: &(impl Xattrs + ?Sized)) -> nix::Result<XattrMap> {
     let (want, have) = (xattrs_of(src)?, xattrs_of(dst)?);
     for name in have.keys().filter(|n| !want.contains_key(*n)) {
         dst.remove(name).map_err(xattr_errno)?;
@@ -341,7 +348,7 @@ fn copy_xattrs(src: &Path, dst: &(impl Xattrs + ?Sized)) -> nix::Result<()> {
     for (name, value) in want.iter().filter(|(n, v)| have.get(*n) != Some(*v)) {
         dst.set(name, value).map_err(xattr_errno)?;
     }
-    Ok(())
+    Ok(want)
 }
 
 /// Opens the copy of the file `e` for writing, made now where the name is free (with the
@@ -377,14 +384,15 @@ pub(super) fn create_file(dst: BorrowedFd<'_>, e: &Entry) -> nix::Result<(File, 
 /// Owner, mode, copied attributes and times of the file `e` set on its open copy, in
 /// [`set_one`]'s order; `made` is the copy's stat before its data was written, so an
 /// owner or mode the create already gave is not set again (on an NFS target each is a
-/// round trip).
+/// round trip). Returns the source's copied attributes when `xattrs` (what the copy must
+/// read back).
 pub(super) fn set_file_metadata(
     src: BorrowedFd<'_>,
     file: &File,
     e: &Entry,
     xattrs: bool,
     made: &FileStat,
-) -> nix::Result<()> {
+) -> nix::Result<Option<XattrMap>> {
     let owner = (Uid::from_raw(e.st.st_uid), Gid::from_raw(e.st.st_gid));
     let chown = (made.st_uid, made.st_gid) != (e.st.st_uid, e.st.st_gid);
     if chown {
@@ -395,13 +403,17 @@ pub(super) fn set_file_metadata(
     if chown || made.st_mode & 0o7777 != mode {
         fchmod(file, Mode::from_bits_truncate(mode))?;
     }
-    if xattrs {
-        let (sdir, name) = parent_of(src, &e.rel)?;
-        copy_xattrs(&at(sdir.as_fd(), name), file)?;
-    }
+    let copied = match xattrs {
+        true => {
+            let (sdir, name) = parent_of(src, &e.rel)?;
+            Some(copy_xattrs(&at(sdir.as_fd(), name), file)?)
+        }
+        false => None,
+    };
     let atime = TimeSpec::new(e.st.st_atime, e.st.st_atime_nsec);
     let mtime = TimeSpec::new(e.st.st_mtime, e.st.st_mtime_nsec);
-    futimens(file, &atime, &mtime)
+    futimens(file, &atime, &mtime)?;
+    Ok(copied)
 }
 
 pub(super) fn set_one(

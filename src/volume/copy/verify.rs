@@ -42,11 +42,13 @@ pub fn verify(
     how: Verify,
     streams: super::Streams<'_>,
 ) -> Result<()> {
-    let left: Vec<&Entry> = (entries.iter().enumerate().skip(1))
-        .filter(|(i, _)| how == Verify::Checksum || !links.whole.contains(i))
-        .map(|(_, e)| e)
-        .collect();
-    streams.each(&left, |e| verify_one(src, dst, shown, e, how))
+    // The root (a directory, never `whole`) is first either way.
+    let left: Vec<&Entry> = match how {
+        Verify::Checksum => entries.iter().collect(),
+        Verify::Sizes => links.not_whole(entries),
+    };
+    let below_root = left.get(1..).unwrap_or_default();
+    streams.each(below_root, |e| verify_one(src, dst, shown, e, how))
 }
 
 pub(super) fn verify_one(
@@ -113,11 +115,9 @@ pub fn xattrs(
     links: &meta::Links,
     streams: super::Streams<'_>,
 ) -> Result<()> {
-    let left: Vec<&Entry> = (entries.iter().enumerate())
-        .filter(|(i, _)| !links.whole.contains(i))
-        .map(|(_, e)| e)
-        .collect();
-    streams.each(&left, |e| xattrs_one(src, dst, shown, e))
+    streams.each(&links.not_whole(entries), |e| {
+        xattrs_one(src, dst, shown, e)
+    })
 }
 
 fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry) -> Result<()> {
@@ -135,7 +135,7 @@ fn xattrs_one(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, shown: &Path, e: &Entry)
 
 /// The copied extended attributes of `copy` (of the entry `e`) equal those of `source`
 /// (a name reached through its directory's descriptor, `meta::at`).
-pub(super) fn same_xattrs(
+fn same_xattrs(
     source: &Path,
     copy: &(impl meta::Xattrs + ?Sized),
     shown: &Path,
@@ -143,9 +143,20 @@ pub(super) fn same_xattrs(
 ) -> Result<()> {
     let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
     let want = meta::xattrs_of(source).map_err(err)?;
+    copy_has_xattrs(&want, copy, shown, e)
+}
+
+/// The copied extended attributes of `copy` (of the entry `e`), read from it, are `want`.
+pub(super) fn copy_has_xattrs(
+    want: &meta::XattrMap,
+    copy: &(impl meta::Xattrs + ?Sized),
+    shown: &Path,
+    e: &Entry,
+) -> Result<()> {
+    let err = |x: nix::Error| Error::io("verify attributes of", shown.join(&e.rel), x.into());
     let have = meta::xattrs_of(copy).map_err(err)?;
-    if want != have {
-        let names = |m: &std::collections::BTreeMap<std::ffi::OsString, Vec<u8>>| {
+    if *want != have {
+        let names = |m: &meta::XattrMap| {
             m.keys()
                 .map(|k| k.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
@@ -156,7 +167,7 @@ pub(super) fn same_xattrs(
             format!(
                 "extended attributes {:?} instead of {:?}",
                 names(&have),
-                names(&want)
+                names(want)
             ),
         ));
     }
