@@ -130,6 +130,19 @@ pub enum CloneError {
         needed: u64,
         limit: u64,
     },
+    /// A Dataset larger than the claim's volume (`gds-csi populate`): nothing written.
+    #[error(
+        "the dataset {label} holds {data_bytes} bytes in {entries} entries and needs a volume \
+         of at least {needed} bytes; the claim's volume has {free} bytes free: ask for at \
+         least {needed} bytes in the claim's spec.resources.requests.storage"
+    )]
+    DatasetTooLarge {
+        label: String,
+        data_bytes: u64,
+        entries: usize,
+        needed: u64,
+        free: u64,
+    },
     /// The clone's private directory could not be made beneath the state directory.
     #[error("{} could not be created", path.display())]
     WorkDirNotMade { path: PathBuf },
@@ -172,9 +185,9 @@ impl CloneError {
             | CloneError::SourceAbsent { .. } => Code::NotFound,
             CloneError::TargetDirTaken { .. } => Code::AlreadyExists,
             CloneError::SourceOnOtherNode { .. } => Code::ResourceExhausted,
-            CloneError::LimitBelowSource { .. } | CloneError::LimitBelowFiles { .. } => {
-                Code::OutOfRange
-            }
+            CloneError::LimitBelowSource { .. }
+            | CloneError::LimitBelowFiles { .. }
+            | CloneError::DatasetTooLarge { .. } => Code::OutOfRange,
             CloneError::CopyStopped(_)
             | CloneError::TargetVanished { .. }
             | CloneError::DeletedWhileCopying { .. }

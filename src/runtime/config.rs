@@ -29,6 +29,10 @@ pub enum Command {
     /// In a workload container: read a file on a volume into GPU memory through cuFile as the
     /// container's own cufile.json sets it, and say which path cuFile took (GDS or compat).
     WorkloadRead(WorkloadReadArgs),
+    /// In the populator's pod: fill a claim's volume (mounted at --target) with a Dataset's
+    /// tree (at --source), resuming from --record; prints one JSON progress line every
+    /// --every and a last one saying how it ended.
+    Populate(PopulateArgs),
     /// Wait until the driver at --endpoint answers Probe ready (for scripts); exit 1 after --timeout.
     Probe {
         #[arg(long, default_value = "unix:///csi/csi.sock")]
@@ -139,6 +143,31 @@ pub struct WorkloadReadArgs {
     pub timeout: Duration,
     #[command(flatten)]
     pub driver: DriverName,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PopulateArgs {
+    /// The directory the Dataset's directory is beneath (read only).
+    #[arg(long)]
+    pub source: PathBuf,
+    /// The Dataset's directory beneath --source; nothing on the way is followed.
+    #[arg(long, default_value = ".")]
+    pub path: PathBuf,
+    /// The claim's volume, mounted.
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Where the copy keeps how far it got (beside the volume, never in it).
+    #[arg(long)]
+    pub record: PathBuf,
+    /// What the copy checks once done: `sizes` or `checksum` (every file read back).
+    #[arg(long, value_parser = ["sizes", "checksum"], default_value = "sizes")]
+    pub verify: String,
+    /// How the Dataset is named in messages.
+    #[arg(long, default_value = "the dataset")]
+    pub label: String,
+    /// Time between two progress lines.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub every: Duration,
 }
 
 /// The driver's name (the chart's `driverName`): the CSI plugin name, the prefix of the GDS

@@ -8,6 +8,7 @@ pub mod block;
 pub mod copy;
 pub mod mounts;
 pub mod nfs;
+pub mod populate;
 pub mod snapshot_store;
 
 use std::path::{Path, PathBuf};

@@ -4,11 +4,10 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
+use gds_csi_kube::Calls;
 use k8s_openapi::api::core::v1::{
-    Event, EventSource, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use serde_json::json;
@@ -49,15 +48,7 @@ impl Action {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}: no answer within {1:?}")]
-    Timeout(String, Duration),
-    #[error("{0}: {1}")]
-    Api(String, #[source] kube::Error),
-    #[error("{0}: {1}")]
-    Encode(String, #[source] serde_json::Error),
-}
+pub use gds_csi_kube::Error;
 
 type Result<T> = std::result::Result<T, Error>;
 
@@ -79,7 +70,7 @@ pub struct Controller {
     announced: BTreeSet<String>,
     /// PVs of ours passed over as ambiguous, logged once each.
     warned: HashSet<String>,
-    instance: String,
+    calls: Calls,
 }
 
 /// What `recreate` got to this pass.
@@ -92,6 +83,7 @@ enum Progress {
 impl Controller {
     pub fn new(client: Client, cfg: Config, metrics: Metrics) -> Self {
         Controller {
+            calls: Calls::new(client.clone(), cfg.api_timeout, COMPONENT),
             client,
             cfg,
             clock: Clock::default(),
@@ -99,7 +91,6 @@ impl Controller {
             reported: HashSet::new(),
             announced: BTreeSet::new(),
             warned: HashSet::new(),
-            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| COMPONENT.into()),
         }
     }
 
@@ -109,12 +100,7 @@ impl Controller {
         what: impl Into<String>,
         call: impl Future<Output = kube::Result<T>>,
     ) -> Result<T> {
-        let what = what.into();
-        match tokio::time::timeout(self.cfg.api_timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Api(what, e)),
-            Err(_) => Err(Error::Timeout(what, self.cfg.api_timeout)),
-        }
+        self.calls.call(what, call).await
     }
 
     pub async fn pass(&mut self) -> Result<()> {
@@ -633,42 +619,7 @@ impl Controller {
         reason: &str,
         message: &str,
     ) -> Result<()> {
-        let now = Time(Timestamp::now());
-        // Cluster-scoped objects' events go to `default`, as client-go's recorder does.
-        let ns = target.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = format!(
-            "{}.{:x}",
-            target.name.as_deref().unwrap_or(""),
-            now.0.as_nanosecond()
-        );
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(name),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: target.clone(),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            type_: Some(type_.into()),
-            count: Some(1),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            source: Some(EventSource {
-                component: Some(COMPONENT.into()),
-                host: None,
-            }),
-            reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(self.instance.clone()),
-            ..Default::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
-        self.api(
-            format!("create event {reason} in {ns}"),
-            api.create(&PostParams::default(), &ev),
-        )
-        .await?;
-        Ok(())
+        self.calls.event(target, type_, reason, message).await
     }
 }
 

@@ -79,7 +79,8 @@ impl CopyRequest {
     }
 }
 
-fn open_root(path: &Path) -> Result<OwnedFd> {
+/// Directory `path` opened read-only; its last component is never a symlink.
+pub fn open_root(path: &Path) -> Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     open(path, flags, Mode::empty()).map_err(|e| Error::io("open", path, e.into()))
 }

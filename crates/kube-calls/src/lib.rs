@@ -1,0 +1,134 @@
+//! What gds-csi's Kubernetes controllers (node-loss, the dataset populator) share: every
+//! API call under a deadline and named in its error, Events posted as client-go's
+//! recorder posts them, and their logging.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::Client;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: no answer within {1:?}")]
+    Timeout(String, Duration),
+    #[error("{0}: {1}")]
+    Api(String, #[source] kube::Error),
+    #[error("{0}: {1}")]
+    Encode(String, #[source] serde_json::Error),
+}
+
+impl Error {
+    /// The API server answered 404 (the object is gone or was never there).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Api(_, kube::Error::Api(s)) if s.code == 404)
+    }
+
+    /// The API server answered 409 (the object exists, or changed since it was read).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api(_, kube::Error::Api(s)) if s.code == 409)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The client, the deadline of each call, and who posts the Events.
+#[derive(Clone)]
+pub struct Calls {
+    pub client: Client,
+    pub deadline: Duration,
+    /// The reporting component (`gds-csi-node-loss`).
+    pub component: &'static str,
+    /// This replica (the pod's host name).
+    pub instance: String,
+}
+
+impl Calls {
+    pub fn new(client: Client, deadline: Duration, component: &'static str) -> Calls {
+        Calls {
+            client,
+            deadline,
+            component,
+            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| component.into()),
+        }
+    }
+
+    /// `call` under the deadline, named `what` in its error.
+    pub async fn call<T>(
+        &self,
+        what: impl Into<String>,
+        call: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        let what = what.into();
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Api(what, e)),
+            Err(_) => Err(Error::Timeout(what, self.deadline)),
+        }
+    }
+
+    /// An Event on `target` (`type_` Normal or Warning).
+    pub async fn event(
+        &self,
+        target: &ObjectReference,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        let now = Time(Timestamp::now());
+        // Cluster-scoped objects' events go to `default`, as client-go's recorder does.
+        let ns = target.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = format!(
+            "{}.{:x}",
+            target.name.as_deref().unwrap_or(""),
+            now.0.as_nanosecond()
+        );
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: target.clone(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(type_.into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(self.component.into()),
+                host: None,
+            }),
+            reporting_component: Some(self.component.into()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        self.call(
+            format!("create event {reason} in {ns}"),
+            api.create(&PostParams::default(), &ev),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Logs to stderr as `text` or `json`, filtered by RUST_LOG (default `info`).
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        // Colour codes only on a terminal: a pod's log or a file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
