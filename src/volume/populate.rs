@@ -180,3 +180,78 @@ fn report_every(every: Duration, progress: &Progress, m: &Measured, done: &Atomi
         ));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn request(root: &std::path::Path, path: &str, target: &std::path::Path) -> Populate {
+        Populate {
+            source: root.to_owned(),
+            path: path.into(),
+            target: target.to_owned(),
+            record: root.join("record.json"),
+            verify: Verify::Checksum,
+            label: "ml/ds".into(),
+            every: Duration::from_millis(50),
+        }
+    }
+
+    #[test]
+    fn the_tree_beneath_the_root_is_copied_verified_and_its_record_removed() {
+        let (root, target) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ds = root.path().join("ds/train");
+        std::fs::create_dir_all(&ds).unwrap();
+        std::fs::write(ds.join("a"), vec![7u8; 300_000]).unwrap();
+        std::os::unix::fs::symlink("a", ds.join("l")).unwrap();
+        let p = request(root.path(), "ds", target.path());
+        run(&p).unwrap();
+        assert_eq!(
+            std::fs::read(target.path().join("train/a")).unwrap(),
+            vec![7u8; 300_000]
+        );
+        assert_eq!(
+            std::fs::read_link(target.path().join("train/l")).unwrap(),
+            PathBuf::from("a")
+        );
+        assert!(!p.record.exists());
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_to_the_dataset_is_not_followed() {
+        let (root, target) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("secret"), b"host file").unwrap();
+        std::os::unix::fs::symlink(host.path(), root.path().join("planted")).unwrap();
+        for path in ["planted", "planted/."] {
+            let e = run(&request(root.path(), path, target.path())).unwrap_err();
+            assert!(matches!(e, Error::Io { .. }), "{path}: {e}");
+        }
+        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_dataset_larger_than_the_volume_is_refused_before_a_byte_is_written() {
+        use nix::mount::{mount, umount, MsFlags};
+        let (root, target) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // A 1 MiB filesystem as the claim's volume (root only, as the fill pod runs).
+        let small = mount(
+            Some("tmpfs"),
+            target.path(),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("size=1m"),
+        );
+        if small.is_err() {
+            panic!("mounting a tmpfs needs root: {small:?}");
+        }
+        std::fs::write(root.path().join("big"), vec![1u8; 3 << 20]).unwrap();
+        let outcome = run(&request(root.path(), ".", target.path()));
+        let listed = std::fs::read_dir(target.path()).unwrap().count();
+        umount(target.path()).unwrap();
+        let e = outcome.unwrap_err().to_string();
+        assert!(e.contains("ask for at least") && e.contains("ml/ds"), "{e}");
+        assert_eq!(listed, 0);
+    }
+}

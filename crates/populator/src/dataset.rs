@@ -67,7 +67,9 @@ fn node_source(path: &str, root: Option<&Path>) -> Result<Source, String> {
     // Segment by segment: `Path::components` would drop a `.` or an empty segment.
     let plain = path.len() > 1
         && path.starts_with('/')
-        && path[1..].split('/').all(|seg| !matches!(seg, "" | "." | ".."));
+        && path[1..]
+            .split('/')
+            .all(|seg| !matches!(seg, "" | "." | ".."));
     if !plain {
         return Err(format!(
             "spec.nodePath: {path:?} must be an absolute path without `.`, `..`, `//` or a \
