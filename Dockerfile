@@ -10,10 +10,12 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY crates ./crates
 COPY src ./src
-# The driver and the opt-in node-loss controller (crates/node-loss, chart value nodeLoss).
-RUN cargo build --profile dist --locked -p gds-csi -p gds-csi-node-loss \
+# The driver and the opt-in controllers: node-loss (crates/node-loss, chart value nodeLoss)
+# and the Dataset populator (crates/populator, chart value populator).
+RUN cargo build --profile dist --locked -p gds-csi -p gds-csi-node-loss -p gds-csi-populator \
  && install -D -m 0755 target/dist/gds-csi /out/gds-csi \
- && install -D -m 0755 target/dist/gds-csi-node-loss /out/gds-csi-node-loss
+ && install -D -m 0755 target/dist/gds-csi-node-loss /out/gds-csi-node-loss \
+ && install -D -m 0755 target/dist/gds-csi-populator /out/gds-csi-populator
 
 # Stage 2: NVIDIA's packaged cuFile (the nvidia-cufile wheel from PyPI): libcufile.so.0 and
 # libcufile_rdma.so.1, unmodified, with the wheel's License.txt. The GDS gate's cuFile probe
@@ -46,6 +48,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/gds-csi /usr/local/bin/gds-csi
 COPY --from=build /out/gds-csi-node-loss /usr/local/bin/gds-csi-node-loss
+COPY --from=build /out/gds-csi-populator /usr/local/bin/gds-csi-populator
 COPY --from=cufile /out/lib/ /usr/local/lib/gds-csi/
 COPY --from=cufile /out/doc/ /usr/share/doc/gds-csi/
 # libcufile.so.0 on the loader's path for the probe (it dlopens libcuda.so.1, which the

@@ -144,6 +144,8 @@ if [ "$DEPLOY" = chart ]; then
   mkdir -p "$WORK/images/driver/usr/local/bin" "$WORK/images/provisioner" "$WORK/images/registrar" \
     "$WORK/images/livenessprobe" "$WORK/images/resizer" "$WORK/images/snapshotter" "$WORK/images/snapshot-controller"
   cp "$GDS_CSI" "$WORK/images/driver/usr/local/bin/gds-csi"
+  # A script that deploys the Dataset populator builds it and names it here.
+  [ -z "${GDS_CSI_POPULATOR:-}" ] || cp "$GDS_CSI_POPULATOR" "$WORK/images/driver/usr/local/bin/gds-csi-populator"
   cp "$CACHE_BIN/csi-provisioner" "$WORK/images/provisioner/csi-provisioner"
   cp "$CACHE_BIN/gds-csi-registrar" "$WORK/images/registrar/csi-node-driver-registrar"
   cp "$CACHE_BIN/gds-csi-livenessprobe" "$WORK/images/livenessprobe/livenessprobe"

@@ -17,8 +17,8 @@ use tracing::{info, warn};
 
 use gds_csi_kube::{Calls, Result};
 
-use crate::dataset::{self, ClaimStatus, Source, Spec, Status};
-use crate::fill::{self, Fill, PodConfig, SELECTED_NODE};
+use crate::dataset::{self, ClaimStatus, Spec, Status};
+use crate::fill::{self, Fill, FillPlan, PodConfig, SELECTED_NODE};
 use crate::report::Report;
 
 pub const COMPONENT: &str = "gds-csi-populator";
@@ -163,6 +163,17 @@ impl Controller {
         if bound {
             return self.finish(c).await.map(Some);
         }
+        // A fill under way goes on with what its prime claim recorded: a Dataset changed
+        // or deleted since changes nothing in it.
+        match self.prime(c).await? {
+            Some(prime) => self.follow(c, &prime).await.map(Some),
+            None => self.start(c).await,
+        }
+    }
+
+    /// A claim whose fill has not started: its Dataset and class checked, then (once the
+    /// scheduler chose a node, where the class waits for one) its prime claim made.
+    async fn start(&mut self, c: &Claim<'_>) -> Result<Option<ClaimStatus>> {
         let datasets: Api<DynamicObject> =
             Api::namespaced_with(self.calls.client.clone(), &c.ns, &dataset::resource());
         let found = self
@@ -187,28 +198,6 @@ impl Controller {
                     .await
             }
         };
-        self.fill(c, &spec, &source).await
-    }
-
-    /// A claim that cannot be filled as it is: a Warning once, and Failed in the status.
-    async fn refuse(
-        &mut self,
-        c: &Claim<'_>,
-        reason: &str,
-        m: &str,
-    ) -> Result<Option<ClaimStatus>> {
-        self.once(c, "Warning", reason, m).await?;
-        let mut st = c.status("Failed", m);
-        st.last_error = m.into();
-        Ok(Some(st))
-    }
-
-    async fn fill(
-        &mut self,
-        c: &Claim<'_>,
-        spec: &Spec,
-        source: &Source,
-    ) -> Result<Option<ClaimStatus>> {
         let spec_of = c.pvc.spec.clone().unwrap_or_default();
         let Some(class) = self.class(spec_of.storage_class_name.as_deref()).await? else {
             return Ok(None);
@@ -232,26 +221,69 @@ impl Controller {
             )));
         }
         self.finalizer(c, true).await?;
-        let prime = self.prime(c, node.as_deref()).await?;
+        let plan = FillPlan {
+            source,
+            verify: spec.verify.clone().unwrap_or_else(|| "sizes".into()),
+            label: c.label(),
+        };
+        self.make_prime(c, node.as_deref(), &plan).await?;
+        Ok(Some(c.status("Pending", "waiting for the volume")))
+    }
+
+    /// A started fill moved on: its volume waited for, its pod made or followed.
+    async fn follow(
+        &mut self,
+        c: &Claim<'_>,
+        prime: &PersistentVolumeClaim,
+    ) -> Result<ClaimStatus> {
+        let node = prime
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SELECTED_NODE))
+            .cloned();
+        let plan = match FillPlan::of(prime) {
+            Ok(p) => p,
+            Err(m) => {
+                let m = format!(
+                    "the fill's prime claim {}: {m}; delete the claim and create it again",
+                    fill::prime_name(&c.uid)
+                );
+                self.once(c, "Warning", "FillFailed", &m).await?;
+                let mut st = c.status("Failed", &m);
+                st.last_error = m;
+                return Ok(st);
+            }
+        };
         let Some(pv) = prime.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
             let on = node
                 .as_deref()
                 .map(|n| format!(" on node {n}"))
                 .unwrap_or_default();
-            return Ok(Some(
-                c.status("Pending", format!("waiting for the volume{on}")),
-            ));
+            return Ok(c.status("Pending", format!("waiting for the volume{on}")));
         };
-        let verify = spec.verify.clone().unwrap_or_else(|| "sizes".into());
         let f = Fill {
             uid: &c.uid,
-            source,
-            verify: &verify,
-            label: &c.label(),
+            source: &plan.source,
+            verify: &plan.verify,
+            label: &plan.label,
             node: node.as_deref(),
         };
         let mut st = self.run_pod(c, &f, &pv).await?;
         st.node = node.unwrap_or_default();
+        Ok(st)
+    }
+
+    /// A claim that cannot be filled as it is: a Warning once, and Failed in the status.
+    async fn refuse(
+        &mut self,
+        c: &Claim<'_>,
+        reason: &str,
+        m: &str,
+    ) -> Result<Option<ClaimStatus>> {
+        self.once(c, "Warning", reason, m).await?;
+        let mut st = c.status("Failed", m);
+        st.last_error = m.into();
         Ok(Some(st))
     }
 
@@ -266,25 +298,38 @@ impl Controller {
         Ok(sc.filter(|sc| sc.provisioner == self.cfg.driver))
     }
 
-    async fn prime(&mut self, c: &Claim<'_>, node: Option<&str>) -> Result<PersistentVolumeClaim> {
-        let api: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.calls.client.clone(), &self.cfg.fill.namespace);
+    fn primes(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.calls.client.clone(), &self.cfg.fill.namespace)
+    }
+
+    async fn prime(&self, c: &Claim<'_>) -> Result<Option<PersistentVolumeClaim>> {
         let name = fill::prime_name(&c.uid);
-        if let Some(p) = self
-            .calls
+        let api = self.primes();
+        self.calls
             .call(format!("get claim {name}"), api.get_opt(&name))
-            .await?
-        {
-            return Ok(p);
-        }
-        let prime = fill::prime_claim(c.pvc, &c.uid, &self.cfg.fill, node);
-        let made = self
+            .await
+    }
+
+    async fn make_prime(
+        &mut self,
+        c: &Claim<'_>,
+        node: Option<&str>,
+        plan: &FillPlan,
+    ) -> Result<()> {
+        let name = fill::prime_name(&c.uid);
+        let prime = fill::prime_claim(c.pvc, &c.uid, &self.cfg.fill, node, plan);
+        let api = self.primes();
+        match self
             .calls
             .call(
                 format!("create claim {name}"),
                 api.create(&PostParams::default(), &prime),
             )
-            .await?;
+            .await
+        {
+            Err(e) if !e.is_conflict() => return Err(e),
+            _ => {}
+        }
         let on = node.map(|n| format!(" on node {n}")).unwrap_or_default();
         self.once(
             c,
@@ -292,8 +337,7 @@ impl Controller {
             "FillStarted",
             &format!("filling from Dataset {}{on}", c.label()),
         )
-        .await?;
-        Ok(made)
+        .await
     }
 
     /// The fill pod made, followed, or its outcome taken: a finished copy hands the

@@ -14,12 +14,15 @@ use k8s_openapi::api::core::v1::{
     SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
 
 use crate::dataset::Source;
 
 /// The scheduler's choice of node for a WaitForFirstConsumer claim (kubernetes
 /// pkg/controller/volume/persistentvolume/util: AnnSelectedNode).
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// On a prime claim: what its fill copies (`FillPlan`), fixed when the fill starts.
+pub const PLAN: &str = "gds-csi.io/fill";
 /// Labels every object of a fill carries, with the user's claim's uid.
 pub const CLAIM_UID: &str = "gds-csi.io/claim-uid";
 const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
@@ -57,14 +60,19 @@ pub fn prime_claim(
     uid: &str,
     cfg: &PodConfig,
     node: Option<&str>,
+    plan: &FillPlan,
 ) -> PersistentVolumeClaim {
     let spec = pvc.spec.clone().unwrap_or_default();
+    let mut annotations = BTreeMap::from([(PLAN.to_owned(), plan.to_annotation())]);
+    if let Some(n) = node {
+        annotations.insert(SELECTED_NODE.to_owned(), n.to_owned());
+    }
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(prime_name(uid)),
             namespace: Some(cfg.namespace.clone()),
             labels: Some(labels(uid)),
-            annotations: node.map(|n| BTreeMap::from([(SELECTED_NODE.to_owned(), n.to_owned())])),
+            annotations: Some(annotations),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
@@ -75,6 +83,61 @@ pub fn prime_claim(
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// What a fill copies, fixed when it starts and kept on its prime claim: a Dataset
+/// changed or deleted meanwhile changes nothing in a fill under way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FillPlan {
+    #[serde(with = "node_rel")]
+    pub source: Source,
+    pub verify: String,
+    pub label: String,
+}
+
+/// A node source as its path beneath the root.
+mod node_rel {
+    use super::Source;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Source, ser: S) -> Result<S::Ok, S::Error> {
+        let Source::Node { rel } = s;
+        ser.serialize_str(&rel.display().to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Source, D::Error> {
+        let rel = String::deserialize(de)?;
+        Ok(Source::Node { rel: rel.into() })
+    }
+}
+
+impl FillPlan {
+    fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The plan a prime claim records, checked again: the annotation is read back from
+    /// the API, where anyone who may edit claims in this namespace could have changed it.
+    pub fn of(prime: &PersistentVolumeClaim) -> Result<FillPlan, String> {
+        let text = prime
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PLAN))
+            .ok_or_else(|| format!("annotation {PLAN} is missing"))?;
+        let plan: FillPlan =
+            serde_json::from_str(text).map_err(|e| format!("annotation {PLAN}: {e}"))?;
+        let Source::Node { rel } = &plan.source;
+        let rel = rel.to_string_lossy();
+        let plain = rel == "." || rel.split('/').all(|s| !matches!(s, "" | "." | ".."));
+        let verify = plan.verify == "sizes" || plan.verify == "checksum";
+        match plain && verify {
+            true => Ok(plan),
+            false => Err(format!(
+                "annotation {PLAN}: {text:?} is not a fill this populator made"
+            )),
+        }
     }
 }
 
@@ -273,15 +336,35 @@ mod tests {
                      "dataSourceRef": {"apiGroup": "gds-csi.io", "kind": "Dataset", "name": "d"}}
         }))
         .unwrap();
-        let prime = prime_claim(&pvc, "u1", &cfg(), Some("gpu-7"));
+        let plan = FillPlan {
+            source: Source::Node { rel: "d/e".into() },
+            verify: "sizes".into(),
+            label: "ml/d".into(),
+        };
+        let prime = prime_claim(&pvc, "u1", &cfg(), Some("gpu-7"), &plan);
+        assert_eq!(FillPlan::of(&prime), Ok(plan));
         assert_eq!(prime.metadata.name.as_deref(), Some("prime-u1"));
         assert_eq!(prime.metadata.namespace.as_deref(), Some("gds-csi"));
-        let spec = prime.spec.unwrap();
+        let spec = prime.spec.clone().unwrap();
         assert!(spec.data_source_ref.is_none() && spec.data_source.is_none());
         assert_eq!(spec.storage_class_name.as_deref(), Some("nvme"));
         assert_eq!(
-            prime.metadata.annotations.unwrap()[SELECTED_NODE],
+            prime.metadata.annotations.clone().unwrap()[SELECTED_NODE],
             "gpu-7".to_owned()
         );
+        let mut tampered = prime.clone();
+        for bad in [
+            r#"{"source":"../etc","verify":"sizes","label":"x"}"#,
+            r#"{"source":"/etc","verify":"sizes","label":"x"}"#,
+            "{}",
+        ] {
+            tampered
+                .metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(PLAN.into(), bad.into());
+            assert!(FillPlan::of(&tampered).is_err(), "{bad}");
+        }
     }
 }
