@@ -977,6 +977,82 @@ expect_render_error "schema: nodeLoss.action other than report/recreate is refus
   "'/nodeLoss/action': value must be one of 'report', 'recreate'" --set nodeLoss.action=delete
 expect_render_error "schema: nodeLoss.gracePeriod must be a duration" "'/nodeLoss/gracePeriod'" --set nodeLoss.gracePeriod=30
 
+# --- Dataset populator (opt-in) ----------------------------------------------------------------
+# Off: nothing of it renders. On: its Deployment (one replica, Recreate, unprivileged), its
+# ServiceAccount, a ClusterRole and a Role in its namespace granting exactly what it calls,
+# and the Dataset CRD; the rest of the chart is the same as with it off.
+if python3 -c 'import yaml' 2>/dev/null; then
+  if render --set populator.enabled=true --set populator.nodeDatasetRoot=/srv/datasets --include-crds \
+      >"$tmp/populator.yaml" 2>"$tmp/err" && render --include-crds >"$tmp/default-crds.yaml" 2>>"$tmp/err"; then
+    if out=$(python3 - "$tmp/default.yaml" "$tmp/populator.yaml" "$tmp/default-crds.yaml" "$DRIVER" 2>&1 <<'PY'
+import sys, yaml
+default, on, default_crds = ([x for x in yaml.safe_load_all(open(f)) if x] for f in sys.argv[1:4])
+driver = sys.argv[4]
+errors = []
+def check(cond, msg):
+    if not cond: errors.append(msg)
+def ours(d): return d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "populator"
+def crd(d): return d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] == "datasets.gds-csi.io"
+check(not [d for d in default_crds if ours(d) or crd(d)], "populator off by default: nothing of it renders, no CRD")
+check(sorted((d["kind"], d["metadata"]["name"]) for d in on if ours(d)) ==
+      [("ClusterRole", "gds-csi-populator"), ("ClusterRoleBinding", "gds-csi-populator"),
+       ("Deployment", "gds-csi-populator"), ("Role", "gds-csi-populator"), ("RoleBinding", "gds-csi-populator"),
+       ("ServiceAccount", "gds-csi-populator")],
+      f"populator on: {[(d['kind'], d['metadata']['name']) for d in on if ours(d)]}")
+check([d for d in on if not ours(d) and d["kind"] != "CustomResourceDefinition"] == default,
+      "populator on changes nothing else in the chart")
+c = next((d for d in on if crd(d)), {})
+v = (c.get("spec", {}).get("versions") or [{}])[0]
+check(c.get("spec", {}).get("scope") == "Namespaced" and v.get("subresources") == {"status": {}}
+      and [x["name"] for x in v.get("additionalPrinterColumns", [])] == ["Source", "Filling", "Filled", "Progress", "Age"],
+      "the Dataset CRD: namespaced, a status subresource, progress columns")
+dep = next((d for d in on if d["kind"] == "Deployment" and ours(d)), {})
+spec = dep.get("spec", {})
+pod = spec.get("template", {}).get("spec", {})
+check(spec.get("replicas") == 1 and spec.get("strategy") == {"type": "Recreate"}, "populator: one replica, Recreate")
+check(pod.get("securityContext", {}).get("runAsNonRoot") is True, "populator pod: runAsNonRoot")
+c = (pod.get("containers") or [{}])[0]
+driver_image = next(x for d in default if d["kind"] == "DaemonSet" for x in d["spec"]["template"]["spec"]["containers"] if x["name"] == "gds-csi")["image"]
+check(c.get("image") == driver_image and c.get("command") == ["/usr/local/bin/gds-csi-populator"],
+      f"populator runs the driver's image's gds-csi-populator: {c.get('image')} {c.get('command')}")
+for a in (f"--driver-name={driver}", f"--image={driver_image}", "--node-dataset-root=/srv/datasets",
+          "--state-dir=/var/lib/gds-csi", "--interval=2s", "--retry-after=30s"):
+    check(a in c.get("args", []), f"populator arg {a} missing: {c.get('args')}")
+sc = c.get("securityContext", {})
+check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities") == {"drop": ["ALL"]},
+      f"populator container unprivileged: {sc}")
+def grants(kind):
+    r = next((d for d in on if d["kind"] == kind and ours(d)), {})
+    out = {}
+    for rule in r.get("rules", []):
+        for res in rule["resources"]:
+            out.setdefault((rule["apiGroups"][0], res), set()).update(rule["verbs"])
+    return out
+check(grants("ClusterRole") == {("", "persistentvolumeclaims"): {"get", "list", "patch"},
+                                ("", "persistentvolumes"): {"get", "patch"},
+                                ("storage.k8s.io", "storageclasses"): {"get"},
+                                ("gds-csi.io", "datasets"): {"get", "list"},
+                                ("gds-csi.io", "datasets/status"): {"patch"},
+                                ("", "events"): {"create"}},
+      f"populator ClusterRole grants exactly what it calls: {grants('ClusterRole')}")
+check(grants("Role") == {("", "persistentvolumeclaims"): {"create", "delete"}, ("", "pods"): {"get", "create", "delete"},
+                         ("", "pods/log"): {"get"}},
+      f"populator Role (its namespace only): {grants('Role')}")
+if errors:
+    print("\n".join(errors)); sys.exit(1)
+PY
+); then
+      pass "populator: off by default; on, a Deployment (1 replica, Recreate, unprivileged), exactly its RBAC and the Dataset CRD, nothing else changed"
+    else
+      fail "populator Deployment, RBAC and CRD" "$out"
+    fi
+  else
+    fail "helm template (populator enabled)" "$(cat "$tmp/err")"
+  fi
+fi
+expect_render_error "schema: populator.nodeDatasetRoot must be absolute" "'/populator/nodeDatasetRoot'" \
+  --set populator.nodeDatasetRoot=srv/datasets
+
 # --- snapshots (opt-in) --------------------------------------------------------------------
 # Off: nothing of it renders, CRDs included. On: the csi-snapshotter sidecar in the node
 # DaemonSet in its per-node mode, the snapshot-controller with distributed snapshotting, the
