@@ -59,6 +59,7 @@ suite "csi-sanity on loop devices" bash tests/sanity.sh
 suite "end to end on a real Kubernetes control plane" bash tests/e2e/run.sh
 suite "node-loss controller on a real API server (report, recreate, restart mid-grace, controls)" bash tests/e2e/node-loss.sh
 suite "end to end: helm install on a real kubelet node (containerd, runc, kube-proxy)" bash tests/e2e/kubelet.sh
+suite "Datasets per claim on the kubelet node (populator, fill pod killed mid-copy, bad input)" bash tests/e2e/populator.sh
 # Kubernetes' own External Storage suite against the chart on the kubelet node: one test of
 # each thing the classes promise (the full run: bash tests/e2e/storage-suite.sh).
 suite "Kubernetes' External Storage e2e suite (CI tier) on the kubelet node" bash tests/e2e/storage-suite.sh ci

@@ -1016,8 +1016,11 @@ driver_image = next(x for d in default if d["kind"] == "DaemonSet" for x in d["s
 check(c.get("image") == driver_image and c.get("command") == ["/usr/local/bin/gds-csi-populator"],
       f"populator runs the driver's image's gds-csi-populator: {c.get('image')} {c.get('command')}")
 for a in (f"--driver-name={driver}", f"--image={driver_image}", "--node-dataset-root=/srv/datasets",
-          "--state-dir=/var/lib/gds-csi", "--interval=2s", "--retry-after=30s"):
+          "--state-dir=/var/lib/gds-csi", "--interval=2s", "--retry-after=30s", "--metrics-address=0.0.0.0:9824"):
     check(a in c.get("args", []), f"populator arg {a} missing: {c.get('args')}")
+ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+check(ports == {"metrics": 9824}, f"populator: /metrics on a port named metrics (the metrics Service takes it in): {ports}")
+check(c.get("livenessProbe", {}).get("httpGet") == {"path": "/healthz", "port": "metrics"}, "populator liveness probe")
 sc = c.get("securityContext", {})
 check(not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities") == {"drop": ["ALL"]},
       f"populator container unprivileged: {sc}")

@@ -5,10 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gds_csi_metrics_http::serve;
-use tokio::net::TcpListener;
-use tracing::info;
-
 use super::{registry, PoolGauges};
 
 /// Binds `address` (HOST:PORT) and serves metrics on it in the background; an empty
@@ -22,11 +18,8 @@ pub async fn start(
     if address.is_empty() {
         return Ok(None);
     }
-    let listener = TcpListener::bind(address)
+    let bound = gds_csi_metrics_http::start(address, registry(pool, host_proc))
         .await
         .map_err(|e| format!("--metrics-address {address:?}: {e}"))?;
-    let bound = listener.local_addr().map_err(|e| e.to_string())?;
-    info!(address = %bound, "serving metrics on /metrics");
-    tokio::spawn(serve(listener, Arc::new(registry(pool, host_proc))));
     Ok(Some(bound))
 }

@@ -140,6 +140,10 @@ check "the Dataset's status shows c-alpha's copy under way" wait_for 180 copying
 first=$(copied)
 moved() { local c; c=$(copied); [ -n "$c" ] && [ "$c" -gt "$first" ]; }
 check "the status moves while the copy runs ($first bytes, then more)" wait_for 30 moved
+populator_ip=$("$KUBECTL" -n "$NS" get pod -l app.kubernetes.io/component=populator -o jsonpath='{.items[0].status.podIP}')
+metrics=$(curl -fsS --max-time 10 "http://$populator_ip:9824/metrics" || true)
+check "the populator's metrics show the fill's bytes" \
+  grep -Eq '^gds_csi_populator_copied_bytes\{.*claim="c-alpha".*\} [1-9]' <<<"$metrics"
 listed=$("$KUBECTL" get datasets -n ml)
 echo "  kubectl get datasets -n ml:"; sed 's/^/    /' <<<"$listed"
 check "kubectl get datasets shows the fill's progress" grep -Eq '^alpha .* [0-9]+% \(' <<<"$listed"

@@ -26,6 +26,16 @@ pub fn encode(registry: &Registry) -> String {
     text
 }
 
+/// Binds `address` (HOST:PORT) and serves `registry` on it in the background (`/metrics`,
+/// `/healthz`); returns the bound address (the port chosen, with port 0).
+pub async fn start(address: &str, registry: Registry) -> std::io::Result<std::net::SocketAddr> {
+    let listener = TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(address = %bound, "serving /metrics and /healthz");
+    tokio::spawn(serve(listener, Arc::new(registry)));
+    Ok(bound)
+}
+
 /// Serves `registry` on `listener` until the process exits.
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
     loop {

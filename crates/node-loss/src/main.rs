@@ -83,7 +83,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| format!("{}/node", args.driver_name));
     let metrics = metrics::Metrics::default();
     if !args.metrics_address.is_empty() {
-        metrics::start(&args.metrics_address, metrics.registry()).await?;
+        gds_csi_metrics_http::start(&args.metrics_address, metrics.registry()).await?;
     }
     // In the cluster: the pod's ServiceAccount; outside: KUBECONFIG. The client's own
     // timeouts bound connects and reads; each call also has --api-timeout.

@@ -1,17 +1,11 @@
 //! The controller's Prometheus metrics, served (`/metrics`, `/healthz`) by the server the
 //! driver's processes share (crates/metrics-http).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
-use gds_csi_metrics_http::serve;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tracing::info;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeAction {
@@ -71,13 +65,4 @@ impl Metrics {
         );
         r
     }
-}
-
-/// Binds `address` and serves in the background; returns the bound address.
-pub async fn start(address: &str, registry: Registry) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(address).await?;
-    let bound = listener.local_addr()?;
-    info!(address = %bound, "serving /metrics and /healthz");
-    tokio::spawn(serve(listener, Arc::new(registry)));
-    Ok(bound)
 }

@@ -19,6 +19,7 @@ use gds_csi_kube::{Calls, Result};
 
 use crate::dataset::{self, ClaimStatus, Spec, Status};
 use crate::fill::{self, Fill, FillPlan, PodConfig, SELECTED_NODE};
+use crate::metrics::{ClaimLabel, Metrics, OutcomeLabel, PhaseLabel};
 use crate::report::Report;
 
 pub const COMPONENT: &str = "gds-csi-populator";
@@ -41,6 +42,7 @@ pub struct Controller {
     posted: HashMap<String, BTreeSet<String>>,
     /// When a claim's fill last failed, and why.
     failed: HashMap<String, (Instant, String)>,
+    metrics: Metrics,
 }
 
 /// A claim of ours: its uid, namespace and name, and its Dataset's name.
@@ -86,16 +88,27 @@ fn dataset_of(pvc: &PersistentVolumeClaim) -> Option<String> {
 }
 
 impl Controller {
-    pub fn new(calls: Calls, cfg: Config) -> Controller {
+    pub fn new(calls: Calls, cfg: Config, metrics: Metrics) -> Controller {
         Controller {
             calls,
             cfg,
             posted: HashMap::new(),
             failed: HashMap::new(),
+            metrics,
         }
     }
 
     pub async fn pass(&mut self) -> Result<()> {
+        let result = self.pass_inner().await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        let label = OutcomeLabel {
+            outcome: outcome.into(),
+        };
+        self.metrics.passes.get_or_create(&label).inc();
+        result
+    }
+
+    async fn pass_inner(&mut self) -> Result<()> {
         let claims: Api<PersistentVolumeClaim> = Api::all(self.calls.client.clone());
         let list = self
             .calls
@@ -117,7 +130,40 @@ impl Controller {
                 }
             }
         }
+        self.update_gauges(&by_dataset);
         self.write_statuses(by_dataset).await
+    }
+
+    /// The gauges as this pass saw the claims: fills no longer under way drop out.
+    fn update_gauges(&self, by_dataset: &BTreeMap<(String, String), Vec<ClaimStatus>>) {
+        self.metrics.copied.clear();
+        self.metrics.total.clear();
+        self.metrics.claims.clear();
+        for ((ns, dataset), claims) in by_dataset {
+            for c in claims {
+                let phase = PhaseLabel {
+                    phase: c.phase.clone(),
+                };
+                self.metrics.claims.get_or_create(&phase).inc();
+                if c.phase != "Copying" {
+                    continue;
+                }
+                let label = ClaimLabel {
+                    namespace: ns.clone(),
+                    claim: c.claim.clone(),
+                    dataset: dataset.clone(),
+                };
+                let gauge = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+                self.metrics
+                    .copied
+                    .get_or_create(&label)
+                    .set(gauge(c.copied_bytes));
+                self.metrics
+                    .total
+                    .get_or_create(&label)
+                    .set(gauge(c.total_bytes));
+            }
+        }
     }
 
     fn claim_of<'a>(&mut self, pvc: &'a PersistentVolumeClaim) -> Option<Claim<'a>> {
@@ -381,6 +427,7 @@ impl Controller {
                 )
                 .await?;
                 self.failed.insert(c.uid.clone(), (Instant::now(), why));
+                self.metrics.failures.inc();
                 self.calls
                     .call(
                         format!("delete pod {name}"),

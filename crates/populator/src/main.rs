@@ -7,6 +7,7 @@
 mod controller;
 mod dataset;
 mod fill;
+mod metrics;
 mod report;
 
 use std::path::PathBuf;
@@ -51,6 +52,9 @@ struct Args {
     /// Deadline of each API call.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     api_timeout: Duration,
+    /// Serve /metrics and /healthz on HOST:PORT; empty: off.
+    #[arg(long, default_value = "")]
+    metrics_address: String,
     /// text or json.
     #[arg(long, env = "GDS_CSI_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -78,6 +82,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    let metrics = metrics::Metrics::default();
+    if !args.metrics_address.is_empty() {
+        gds_csi_metrics_http::start(&args.metrics_address, metrics.registry()).await?;
+    }
     let client = kube::Client::try_default().await?;
     let calls = gds_csi_kube::Calls::new(client, args.api_timeout, COMPONENT);
     info!(driver = %args.driver_name, namespace = %args.namespace, root = ?root, "started");
@@ -92,7 +100,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         retry_after: args.retry_after,
     };
-    let mut controller = Controller::new(calls, cfg);
+    let mut controller = Controller::new(calls, cfg, metrics);
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
