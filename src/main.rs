@@ -200,23 +200,6 @@ fn spawn_device_plugin(args: &ServeArgs) -> Option<gds_csi::gds::workload::Runni
     })
 }
 
-fn populate(args: &gds_csi::runtime::config::PopulateArgs) -> Result<(), String> {
-    let verify = match args.verify.as_str() {
-        "checksum" => gds_csi::volume::copy::Verify::Checksum,
-        _ => gds_csi::volume::copy::Verify::Sizes,
-    };
-    let p = gds_csi::volume::populate::Populate {
-        source: args.source.clone(),
-        path: args.path.clone(),
-        target: args.target.clone(),
-        record: args.record.clone(),
-        verify,
-        label: args.label.clone(),
-        every: args.every,
-    };
-    gds_csi::volume::populate::run(&p).map_err(|e| e.to_string())
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -237,7 +220,7 @@ async fn main() -> ExitCode {
             let prefix = gds_csi::gds::doctor::probe_prefix();
             return ExitCode::from(gds_csi::gds::doctor::read::main(&args, &exe, &prefix) as u8);
         }
-        Command::Populate(args) => populate(&args),
+        Command::Populate(args) => gds_csi::volume::populate::main(&args).await,
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
             match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {

@@ -168,6 +168,18 @@ fn transport(stored: &BTreeMap<String, String>, keys: &DirKeys) -> Result<Transp
     Ok(t)
 }
 
+/// A Dataset's `spec.nfs` (the populator's), by the same rules as a class's dataset.
+pub const DATASET_RESOURCE: DirKeys = DirKeys {
+    server: ("server", "spec.nfs.server"),
+    share: ("share", "spec.nfs.share"),
+    path: ("path", "spec.nfs.path"),
+    proto: ("proto", "spec.nfs.proto"),
+    port: ("port", "spec.nfs.port"),
+    vers: ("vers", "spec.nfs.vers"),
+    what: "a Dataset's NFS source",
+    path_optional: false,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

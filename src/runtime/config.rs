@@ -32,7 +32,7 @@ pub enum Command {
     /// In the populator's pod: fill a claim's volume (mounted at --target) with a Dataset's
     /// tree (at --source), resuming from --record; prints one JSON progress line every
     /// --every and a last one saying how it ended.
-    Populate(PopulateArgs),
+    Populate(Box<PopulateArgs>),
     /// Wait until the driver at --endpoint answers Probe ready (for scripts); exit 1 after --timeout.
     Probe {
         #[arg(long, default_value = "unix:///csi/csi.sock")]
@@ -147,12 +147,34 @@ pub struct WorkloadReadArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct PopulateArgs {
-    /// The directory the Dataset's directory is beneath (read only).
-    #[arg(long)]
-    pub source: PathBuf,
+    /// The directory the Dataset's directory is beneath (read only); or --nfs-server.
+    #[arg(
+        long,
+        conflicts_with = "nfs_server",
+        required_unless_present = "nfs_server"
+    )]
+    pub source: Option<PathBuf>,
     /// The Dataset's directory beneath --source; nothing on the way is followed.
     #[arg(long, default_value = ".")]
     pub path: PathBuf,
+    /// An NFS Dataset: its server, share and directory, checked as a class's `dataset*`.
+    #[arg(long, requires_all = ["nfs_share", "nfs_path", "work"])]
+    pub nfs_server: Option<String>,
+    #[arg(long)]
+    pub nfs_share: Option<String>,
+    #[arg(long)]
+    pub nfs_path: Option<String>,
+    /// Default rdma (port 20049), as a class's datasetProto.
+    #[arg(long)]
+    pub nfs_proto: Option<String>,
+    #[arg(long)]
+    pub nfs_port: Option<String>,
+    /// Default 4.1.
+    #[arg(long)]
+    pub nfs_vers: Option<String>,
+    /// A writable directory the NFS source is mounted below.
+    #[arg(long)]
+    pub work: Option<PathBuf>,
     /// The claim's volume, mounted.
     #[arg(long)]
     pub target: PathBuf,

@@ -5,32 +5,49 @@
 //! `--every`, the last line saying how it ended, which the populator reads from the pod's
 //! log to fill the Dataset's status and the claim's events.
 //!
+//! Two sources: a directory beneath the node's dataset root, opened one component at a
+//! time without following a symlink; or an NFS export, mounted read-only in the pod the
+//! way a clone's fill mounts its NFS source (`fill::mount::SourceMount::Nfs`: soft, its
+//! transport verified, `proto=rdma` by default) and taken down after the copy.
+//!
 //! The record lives beside the volume, not in it (a file of ours in the tree would be
 //! copied into the user's data): a pod killed mid-copy is replaced by one that resumes
 //! from it; a finished copy removes it.
 
 use std::io::Write;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CloneError, Error, Result};
+use crate::os::Host;
+use crate::request::NfsVolumeId;
+use crate::runtime::config::PopulateArgs;
+use crate::volume::block::fill::mount::SourceMount;
 use crate::volume::copy::measure::{measure, Measured};
 use crate::volume::copy::{
     copy_tree_at, open_root, walk, CopyRequest, Progress, Saved, Verify, CHUNK, STREAMS,
 };
+use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
+
+/// Where the Dataset is.
+#[derive(Debug, Clone)]
+pub enum From {
+    /// `path` beneath `root` (the node's dataset root): nothing on the way is followed,
+    /// so a symlink planted there cannot send the copy elsewhere on the host.
+    Node { root: PathBuf, path: PathBuf },
+    /// An NFS directory, mounted at `<work>/source` for the copy.
+    Nfs { id: NfsVolumeId, work: PathBuf },
+}
 
 /// What `populate` is asked to do.
 #[derive(Debug, Clone)]
 pub struct Populate {
-    /// The directory the Dataset's path is beneath (the node's dataset root).
-    pub source: PathBuf,
-    /// The Dataset's directory beneath `source`: nothing on the way is followed, so a
-    /// symlink planted there cannot send the copy elsewhere on the host.
-    pub path: PathBuf,
+    pub from: From,
     pub target: PathBuf,
     pub record: PathBuf,
     pub verify: Verify,
@@ -52,18 +69,81 @@ pub struct Report {
     pub message: String,
 }
 
+/// `gds-csi populate`: the Dataset named on the command line copied into --target.
+pub async fn main(args: &PopulateArgs) -> std::result::Result<(), String> {
+    let verify = match args.verify.as_str() {
+        "checksum" => Verify::Checksum,
+        _ => Verify::Sizes,
+    };
+    let from = match (&args.source, &args.work) {
+        (Some(root), _) => From::Node {
+            root: root.clone(),
+            path: args.path.clone(),
+        },
+        (None, Some(work)) => match nfs_dataset(args) {
+            Ok(id) => From::Nfs {
+                id,
+                work: work.clone(),
+            },
+            // Said as a report too: the populator reads the reason from the log.
+            Err(m) => {
+                emit(&report("Failed", 0, 0, 0, 0, m.clone()));
+                return Err(m);
+            }
+        },
+        (None, None) => return Err("--source or --nfs-server with --work is needed".into()),
+    };
+    let p = Populate {
+        from,
+        target: args.target.clone(),
+        record: args.record.clone(),
+        verify,
+        label: args.label.clone(),
+        every: args.every,
+    };
+    let host = Arc::new(crate::os::RealHost {
+        command_timeout: Duration::from_secs(300),
+        mount_timeout: Duration::from_secs(60),
+    });
+    run(&p, host).await.map_err(|e| e.to_string())
+}
+
+/// The NFS source of --nfs-*, by the rules of a class's `dataset*` parameters.
+fn nfs_dataset(args: &PopulateArgs) -> std::result::Result<NfsVolumeId, String> {
+    use crate::request::dataset::{parse_dir, DATASET_RESOURCE};
+    let given = [
+        ("server", &args.nfs_server),
+        ("share", &args.nfs_share),
+        ("path", &args.nfs_path),
+        ("proto", &args.nfs_proto),
+        ("port", &args.nfs_port),
+        ("vers", &args.nfs_vers),
+    ];
+    let map = given
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| ((*k).to_owned(), v.clone())))
+        .collect();
+    match parse_dir(&map, &DATASET_RESOURCE) {
+        Ok(Some(id)) => Ok(id),
+        Ok(None) => Err("--nfs-server, --nfs-share and --nfs-path are needed".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Runs the copy, printing a [`Report`] line every `every` and a last one (Done or
 /// Failed). The outcome is also the exit status.
-pub fn run(p: &Populate) -> Result<()> {
-    emit(&report(
-        "Measuring",
-        0,
-        0,
-        0,
-        0,
-        "measuring the dataset".into(),
-    ));
-    let outcome = measure_and_check(p).and_then(|m| copy(p, &m));
+pub async fn run(p: &Populate, host: Arc<dyn Host>) -> Result<()> {
+    // A run after one cut short says how far the last got: the copy resumes from there.
+    let before = Saved::load(&p.record)?.map_or(0, |s| s.copied_bytes);
+    let m = match before {
+        0 => "measuring the dataset".to_owned(),
+        b => format!("measuring the dataset; resuming after {b} bytes copied before"),
+    };
+    emit(&report("Measuring", before, 0, 0, 0, m));
+    let outcome = match &p.from {
+        From::Node { root, path } => copy_blocking(p, (root.clone(), path.clone()), None).await,
+        From::Nfs { id, work } => copy_from_nfs(p, host.as_ref(), id, work).await,
+    };
     match &outcome {
         Ok(m) => emit(&report(
             "Done",
@@ -76,6 +156,43 @@ pub fn run(p: &Populate) -> Result<()> {
         Err(e) => emit(&report("Failed", 0, 0, 0, 0, e.to_string())),
     }
     outcome.map(drop)
+}
+
+/// The export mounted read-only at `<work>/source` (a mount a killed run left there taken
+/// down first), the copy, and the mount taken down whatever the outcome.
+async fn copy_from_nfs(
+    p: &Populate,
+    host: &dyn Host,
+    id: &NfsVolumeId,
+    work: &Path,
+) -> Result<Measured> {
+    clean_copy_dir(host, work).await?;
+    let at = pin(work, "source")?;
+    let from = SourceMount::Nfs {
+        id: id.clone(),
+        label: p.label.clone(),
+    };
+    from.mount(host, &at).await?;
+    let copied = copy_blocking(p, (at.path().to_owned(), ".".into()), Some(from)).await;
+    let unmounted = unmount_retrying(host, &at).await;
+    let m = copied?;
+    unmounted.map(|()| m)
+}
+
+/// The measure and the copy, off the async runtime (every entry is a system call). A
+/// read of an NFS source that timed out is said so (`SourceMount::explain`).
+async fn copy_blocking(
+    p: &Populate,
+    (root, path): (PathBuf, PathBuf),
+    nfs: Option<SourceMount>,
+) -> Result<Measured> {
+    let p = p.clone();
+    tokio::task::spawn_blocking(move || {
+        let m = measure_and_check(&p, &root, &path)?;
+        copy(&p, (&root, &path), &m, nfs.as_ref())
+    })
+    .await
+    .map_err(|e| crate::error::CloneError::CopyStopped(e.to_string()))?
 }
 
 fn report(phase: &str, copied: u64, total: u64, entries: usize, rate: u64, m: String) -> Report {
@@ -100,8 +217,8 @@ fn emit(r: &Report) {
 /// The dataset measured and compared with the room the volume has: a dataset larger
 /// than the volume can hold is refused before a byte is written, naming the size to ask
 /// for. What an earlier run recorded as copied counts as room (it is rewritten in place).
-fn measure_and_check(p: &Populate) -> Result<Measured> {
-    let m = measure(&p.source, &p.path)?;
+fn measure_and_check(p: &Populate, root: &Path, path: &Path) -> Result<Measured> {
+    let m = measure(root, path)?;
     let st = nix::sys::statvfs::statvfs(&p.target)
         .map_err(|e| Error::io("statvfs", &p.target, e.into()))?;
     let frsize = st.fragment_size() as u64;
@@ -123,10 +240,15 @@ fn measure_and_check(p: &Populate) -> Result<Measured> {
     Ok(m)
 }
 
-fn copy(p: &Populate, m: &Measured) -> Result<Measured> {
-    let shown = p.source.join(&p.path);
-    let root = open_root(&p.source)?;
-    let src = walk::open_dir(root.as_fd(), &p.path)
+fn copy(
+    p: &Populate,
+    (root, path): (&Path, &Path),
+    m: &Measured,
+    nfs: Option<&SourceMount>,
+) -> Result<Measured> {
+    let shown = root.join(path);
+    let root = open_root(root)?;
+    let src = walk::open_dir(root.as_fd(), path)
         .map_err(|e| Error::io("open directory", &shown, e.into()))?;
     let dst = open_root(&p.target)?;
     let req = CopyRequest {
@@ -148,7 +270,10 @@ fn copy(p: &Populate, m: &Measured) -> Result<Measured> {
         done.store(true, Ordering::Relaxed);
         copied
     });
-    copied?;
+    copied.map_err(|e| match nfs {
+        Some(from) => from.explain(e, &progress),
+        None => e,
+    })?;
     match std::fs::remove_file(&p.record) {
         Ok(()) => Ok(*m),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(*m),
@@ -186,10 +311,24 @@ mod tests {
     use super::*;
     use crate::error::Error;
 
+    fn run_here(p: &Populate) -> Result<()> {
+        let host: Arc<dyn Host> = Arc::new(crate::os::RealHost {
+            command_timeout: Duration::from_secs(60),
+            mount_timeout: Duration::from_secs(60),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(run(p, host))
+    }
+
     fn request(root: &std::path::Path, path: &str, target: &std::path::Path) -> Populate {
         Populate {
-            source: root.to_owned(),
-            path: path.into(),
+            from: From::Node {
+                root: root.to_owned(),
+                path: path.into(),
+            },
             target: target.to_owned(),
             record: root.join("record.json"),
             verify: Verify::Checksum,
@@ -206,7 +345,7 @@ mod tests {
         std::fs::write(ds.join("a"), vec![7u8; 300_000]).unwrap();
         std::os::unix::fs::symlink("a", ds.join("l")).unwrap();
         let p = request(root.path(), "ds", target.path());
-        run(&p).unwrap();
+        run_here(&p).unwrap();
         assert_eq!(
             std::fs::read(target.path().join("train/a")).unwrap(),
             vec![7u8; 300_000]
@@ -225,7 +364,7 @@ mod tests {
         std::fs::write(host.path().join("secret"), b"host file").unwrap();
         std::os::unix::fs::symlink(host.path(), root.path().join("planted")).unwrap();
         for path in ["planted", "planted/."] {
-            let e = run(&request(root.path(), path, target.path())).unwrap_err();
+            let e = run_here(&request(root.path(), path, target.path())).unwrap_err();
             assert!(matches!(e, Error::Io { .. }), "{path}: {e}");
         }
         assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
@@ -247,7 +386,7 @@ mod tests {
             panic!("mounting a tmpfs needs root: {small:?}");
         }
         std::fs::write(root.path().join("big"), vec![1u8; 3 << 20]).unwrap();
-        let outcome = run(&request(root.path(), ".", target.path()));
+        let outcome = run_here(&request(root.path(), ".", target.path()));
         let listed = std::fs::read_dir(target.path()).unwrap().count();
         umount(target.path()).unwrap();
         let e = outcome.unwrap_err().to_string();
