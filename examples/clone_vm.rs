@@ -5,7 +5,8 @@
 //! Usage: clone_vm SOCKET WORK_DIR EXPORT
 //! Env: GUEST_HELPER (tests/vm/clone_guest.sh: kill-driver, start-driver, nfs-stop,
 //! nfs-start), CLONE_SCENARIOS (space-separated subset of `volume dataset kill stop
-//! nfs figures`, default all), CP_DEV (an ext4 NVMe namespace outside the pool, for cp -a).
+//! nfs populate figures`, default all), CP_DEV (an ext4 NVMe namespace outside the pool,
+//! for cp -a and the populate scenario).
 // A test or scenario panics on what it did not expect, and reads top to bottom.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
@@ -22,6 +23,8 @@ use vm_common::{ensure, mount_cap, report, sh, CsiResult, Result, Vol, MIB};
 
 #[path = "clone_vm_parts/figures.rs"]
 mod figures;
+#[path = "clone_vm_parts/populate.rs"]
+mod populate;
 
 const SERVER: &str = "192.0.2.1";
 /// The NFS volume (and the class's dataset) directory below the export.
@@ -443,7 +446,7 @@ async fn main() -> Result<()> {
         PathBuf::from(&args[3]),
     );
     let only = std::env::var("CLONE_SCENARIOS")
-        .unwrap_or_else(|_| "volume dataset kill stop nfs figures".into());
+        .unwrap_or_else(|_| "volume dataset kill stop nfs populate figures".into());
     let want = |s: &str| only.split_whitespace().any(|w| w == s);
     let mut rig = Rig {
         c: Clients::connect_ready(&socket, vm_common::READY_DEADLINE).await?,
@@ -474,6 +477,10 @@ async fn main() -> Result<()> {
     if want("nfs") {
         let r = nfs_to_nfs(&mut rig, &src).await;
         report("nfs-to-nfs-clone", r, &mut failed);
+    }
+    if want("populate") {
+        let r = populate::run(&rig);
+        report("populate-from-an-nfs-dataset", r, &mut failed);
     }
     if want("figures") {
         let r = figures::run(&rig).await;

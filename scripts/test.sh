@@ -74,7 +74,7 @@ suite "VM rig: md RAID0 stripes on 4 throttled NVMe drives (csi-sanity, scenario
 # docs/benchmarks.md), minutes of a VM under TCG that assert nothing the others do not.
 # `bash tests/vm/clone.sh` and `bash tests/vm/snapshot.sh` alone run them too.
 suite "VM rig: NFS -> NVMe clones (file by file, SIGKILL and server stop mid-copy)" \
-  env CLONE_SCENARIOS="volume dataset kill stop nfs" bash tests/vm/clone.sh
+  env CLONE_SCENARIOS="volume dataset kill stop nfs populate" bash tests/vm/clone.sh
 suite "VM rig: snapshots to an NFS-over-RDMA store (restore compared, live freeze, SIGKILL, server stop)" \
   env SNAPSHOT_SCENARIOS="restore live kill restore-kill delete stop" bash tests/vm/snapshot.sh
 suite "cuFile probe against the real library (no GPU)" env CARGO_TARGET_DIR="$REPO_ROOT/target" bash crates/gds-check/tests/cufile-wheel.sh

@@ -1004,7 +1004,7 @@ check([d for d in on if not ours(d) and d["kind"] != "CustomResourceDefinition"]
 c = next((d for d in on if crd(d)), {})
 v = (c.get("spec", {}).get("versions") or [{}])[0]
 check(c.get("spec", {}).get("scope") == "Namespaced" and v.get("subresources") == {"status": {}}
-      and [x["name"] for x in v.get("additionalPrinterColumns", [])] == ["Source", "Filling", "Filled", "Progress", "Age"],
+      and [x["name"] for x in v.get("additionalPrinterColumns", [])] == ["Node Path", "NFS Server", "Filling", "Filled", "Progress", "Age"],
       "the Dataset CRD: namespaced, a status subresource, progress columns")
 dep = next((d for d in on if d["kind"] == "Deployment" and ours(d)), {})
 spec = dep.get("spec", {})

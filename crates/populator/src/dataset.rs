@@ -19,17 +19,37 @@ pub fn resource() -> ApiResource {
 pub struct Spec {
     /// A directory on the node, beneath the chart's `populator.nodeDatasetRoot`.
     pub node_path: Option<String>,
-    /// An NFS export (not filled by this populator: see `source`).
-    pub nfs: Option<serde_json::Value>,
+    /// A directory on an NFS export.
+    pub nfs: Option<Nfs>,
     /// `sizes` (default) or `checksum`.
     pub verify: Option<String>,
 }
 
+/// `server:/share/path` and its transport. The fill pod checks it in full, by the rules
+/// of a class's `dataset*` parameters (`gds-csi populate`); the populator only what a
+/// claim's event should say before anything is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Nfs {
+    pub server: String,
+    pub share: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vers: Option<String>,
+}
+
 /// Where a Dataset's tree is, as the fill pod opens it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum Source {
     /// `rel` beneath the node's dataset root.
     Node { rel: PathBuf },
+    /// An NFS directory, mounted by the fill pod.
+    Nfs(Nfs),
 }
 
 /// The source a Dataset names, checked: an error says which field is wrong and how to
@@ -44,15 +64,37 @@ pub fn source(spec: &Spec, root: Option<&Path>) -> Result<Source, String> {
     }
     match (&spec.node_path, &spec.nfs) {
         (Some(_), Some(_)) => Err("spec: set nodePath or nfs, not both".into()),
-        (None, None) => Err("spec: set nodePath (a directory on the node)".into()),
-        (None, Some(_)) => Err(
-            "spec.nfs: this populator fills claims from node directories only; name the export \
-             in a block class's dataset* parameters, or copy the dataset beneath the node \
-             dataset root and use spec.nodePath"
-                .into(),
-        ),
+        (None, None) => {
+            Err("spec: set nodePath (a directory on the node) or nfs (server, share, path)".into())
+        }
+        (None, Some(n)) => nfs_source(n),
         (Some(p), None) => node_source(p, root),
     }
+}
+
+/// Whether `rel` is a plain relative path: no empty, `.` or `..` component.
+pub fn plain_relative(rel: &str) -> bool {
+    !rel.is_empty() && rel.split('/').all(|seg| !matches!(seg, "" | "." | ".."))
+}
+
+fn nfs_source(n: &Nfs) -> Result<Source, String> {
+    if n.server.is_empty() {
+        return Err("spec.nfs.server: required (a host name or address)".into());
+    }
+    if !n.share.starts_with('/') || n.share.split('/').any(|s| s == "..") {
+        return Err(format!(
+            "spec.nfs.share: {:?} must be the absolute exported path",
+            n.share
+        ));
+    }
+    if !plain_relative(n.path.trim_matches('/')) {
+        return Err(format!(
+            "spec.nfs.path: {:?} must name the dataset's directory below the share, without \
+             `.` or `..`",
+            n.path
+        ));
+    }
+    Ok(Source::Nfs(n.clone()))
 }
 
 fn node_source(path: &str, root: Option<&Path>) -> Result<Source, String> {
@@ -238,13 +280,26 @@ mod tests {
             ..Default::default()
         };
         assert!(source(&spec, None).unwrap_err().contains("nodeDatasetRoot"));
-        let nfs = Spec {
-            nfs: Some(serde_json::json!({"server": "nfs01"})),
+        let nfs = |share: &str, path: &str| Spec {
+            nfs: Some(Nfs {
+                server: "nfs01".into(),
+                share: share.into(),
+                path: path.into(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        assert!(source(&nfs, Some(Path::new("/srv")))
-            .unwrap_err()
-            .starts_with("spec.nfs:"));
+        assert!(source(&nfs("/export", "datasets/imagenet"), None).is_ok());
+        for (share, path, field) in [
+            ("export", "a", "spec.nfs.share"),
+            ("/export/..", "a", "spec.nfs.share"),
+            ("/export", "../a", "spec.nfs.path"),
+            ("/export", "", "spec.nfs.path"),
+            ("/export", "a/./b", "spec.nfs.path"),
+        ] {
+            let e = source(&nfs(share, path), None).unwrap_err();
+            assert!(e.starts_with(field), "{share} {path}: {e}");
+        }
         let bad = Spec {
             node_path: Some("/srv/a".into()),
             verify: Some("crc".into()),

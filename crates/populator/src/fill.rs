@@ -90,26 +90,9 @@ pub fn prime_claim(
 /// changed or deleted meanwhile changes nothing in a fill under way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FillPlan {
-    #[serde(with = "node_rel")]
     pub source: Source,
     pub verify: String,
     pub label: String,
-}
-
-/// A node source as its path beneath the root.
-mod node_rel {
-    use super::Source;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(s: &Source, ser: S) -> Result<S::Ok, S::Error> {
-        let Source::Node { rel } = s;
-        ser.serialize_str(&rel.display().to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Source, D::Error> {
-        let rel = String::deserialize(de)?;
-        Ok(Source::Node { rel: rel.into() })
-    }
 }
 
 impl FillPlan {
@@ -128,9 +111,14 @@ impl FillPlan {
             .ok_or_else(|| format!("annotation {PLAN} is missing"))?;
         let plan: FillPlan =
             serde_json::from_str(text).map_err(|e| format!("annotation {PLAN}: {e}"))?;
-        let Source::Node { rel } = &plan.source;
-        let rel = rel.to_string_lossy();
-        let plain = rel == "." || rel.split('/').all(|s| !matches!(s, "" | "." | ".."));
+        let plain = match &plan.source {
+            Source::Node { rel } => {
+                let rel = rel.to_string_lossy();
+                rel == "." || crate::dataset::plain_relative(&rel)
+            }
+            // The fill pod checks an NFS source in full before it mounts anything.
+            Source::Nfs(_) => true,
+        };
         let verify = plan.verify == "sizes" || plan.verify == "checksum";
         match plain && verify {
             true => Ok(plan),
@@ -152,16 +140,18 @@ pub struct Fill<'a> {
 
 /// `gds-csi populate` with the volume, the dataset root and the records' directory.
 fn fill_container(cfg: &PodConfig, f: &Fill<'_>) -> Container {
-    let Source::Node { rel } = f.source;
-    let args = vec![
+    let mut args = vec![
         "populate".to_owned(),
-        format!("--source={DATASETS}"),
-        format!("--path={}", rel.display()),
         format!("--target={VOLUME}"),
         format!("--record={STATE}/{}.json", f.uid),
         format!("--verify={}", f.verify),
         format!("--label={}", f.label),
     ];
+    args.extend(source_args(f.source));
+    let (privileges, source_mount) = match f.source {
+        Source::Node { .. } => (copy_privileges(), mount("datasets", DATASETS, true)),
+        Source::Nfs(_) => (mount_privileges(), mount("work", WORK, false)),
+    };
     Container {
         name: "populate".into(),
         image: Some(cfg.image.clone()),
@@ -170,24 +160,70 @@ fn fill_container(cfg: &PodConfig, f: &Fill<'_>) -> Container {
         args: Some(args),
         volume_mounts: Some(vec![
             mount("volume", VOLUME, false),
-            mount("datasets", DATASETS, true),
+            source_mount,
             mount("state", STATE, false),
         ]),
-        security_context: Some(copy_privileges()),
+        security_context: Some(privileges),
+        ..Default::default()
+    }
+}
+
+fn source_args(source: &Source) -> Vec<String> {
+    match source {
+        Source::Node { rel } => vec![
+            format!("--source={DATASETS}"),
+            format!("--path={}", rel.display()),
+        ],
+        Source::Nfs(n) => {
+            let mut a = vec![
+                format!("--nfs-server={}", n.server),
+                format!("--nfs-share={}", n.share),
+                format!("--nfs-path={}", n.path),
+                format!("--work={WORK}"),
+            ];
+            a.extend(n.proto.as_ref().map(|p| format!("--nfs-proto={p}")));
+            a.extend(n.port.map(|p| format!("--nfs-port={p}")));
+            a.extend(n.vers.as_ref().map(|v| format!("--nfs-vers={v}")));
+            a
+        }
+    }
+}
+
+/// An NFS fill mounts the export in its own mount namespace: mount(2) needs the
+/// container privileged (CAP_SYS_ADMIN alone is refused by the runtime's default
+/// AppArmor profile), as the node plugin is.
+fn mount_privileges() -> SecurityContext {
+    SecurityContext {
+        privileged: Some(true),
+        run_as_user: Some(0),
+        read_only_root_filesystem: Some(true),
         ..Default::default()
     }
 }
 
 const VOLUME: &str = "/volume";
 const DATASETS: &str = "/datasets";
+const WORK: &str = "/work";
 const STATE: &str = "/state";
 
 /// The pod that fills the prime claim's volume. It runs as root for the copy to keep
 /// every file's owner, with only the capabilities a copy of files needs; the dataset
 /// root is mounted read-only and the records' directory is the only other host path.
 pub fn fill_pod(cfg: &PodConfig, f: &Fill<'_>) -> Pod {
-    let root = cfg.node_root.clone().unwrap_or_default();
     let container = fill_container(cfg, f);
+    // An NFS source is reached over the node's own network (its RDMA devices).
+    let nfs = matches!(f.source, Source::Nfs(_));
+    let source_volume = match f.source {
+        Source::Node { .. } => {
+            let root = cfg.node_root.clone().unwrap_or_default();
+            host_volume("datasets", &root, "Directory")
+        }
+        Source::Nfs(_) => Volume {
+            name: "work".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        },
+    };
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(f.uid)),
@@ -198,6 +234,8 @@ pub fn fill_pod(cfg: &PodConfig, f: &Fill<'_>) -> Pod {
         spec: Some(PodSpec {
             node_name: f.node.map(str::to_owned),
             restart_policy: Some("Never".into()),
+            host_network: nfs.then_some(true),
+            dns_policy: nfs.then(|| "ClusterFirstWithHostNet".to_owned()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             // The volume is where it is: a fill runs on its node whatever the taints.
@@ -215,7 +253,7 @@ pub fn fill_pod(cfg: &PodConfig, f: &Fill<'_>) -> Pod {
             containers: vec![container],
             volumes: Some(vec![
                 claim_volume("volume", &prime_name(f.uid)),
-                host_volume("datasets", &root, "Directory"),
+                source_volume,
                 host_volume(
                     "state",
                     &cfg.state_dir.join("populate"),
@@ -328,6 +366,44 @@ mod tests {
     }
 
     #[test]
+    fn an_nfs_fill_mounts_the_export_itself_on_the_node_network_and_reads_no_host_path() {
+        let source = Source::Nfs(crate::dataset::Nfs {
+            server: "nfs01".into(),
+            share: "/export".into(),
+            path: "datasets/imagenet".into(),
+            port: Some(20049),
+            ..Default::default()
+        });
+        let f = Fill {
+            uid: "u2",
+            source: &source,
+            verify: "sizes",
+            label: "ml/imagenet",
+            node: Some("gpu-7"),
+        };
+        let spec = fill_pod(&cfg(), &f).spec.unwrap();
+        assert_eq!(spec.host_network, Some(true));
+        let args = spec.containers[0].args.clone().unwrap();
+        for a in [
+            "--nfs-server=nfs01",
+            "--nfs-share=/export",
+            "--nfs-path=datasets/imagenet",
+            "--nfs-port=20049",
+            "--work=/work",
+        ] {
+            assert!(args.contains(&a.to_owned()), "{a}: {args:?}");
+        }
+        assert!(!args.iter().any(|a| a.starts_with("--source")));
+        let host: Vec<String> = spec
+            .volumes
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+            .collect();
+        assert_eq!(host, ["/var/lib/gds-csi/populate"]);
+    }
+
+    #[test]
     fn the_prime_claim_copies_the_claim_less_its_source_on_the_chosen_node() {
         let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "c", "namespace": "ml", "uid": "u1"},
@@ -356,6 +432,9 @@ mod tests {
         for bad in [
             r#"{"source":"../etc","verify":"sizes","label":"x"}"#,
             r#"{"source":"/etc","verify":"sizes","label":"x"}"#,
+            r#"{"source":{"node":{"rel":"../etc"}},"verify":"sizes","label":"x"}"#,
+            r#"{"source":{"node":{"rel":"/etc"}},"verify":"sizes","label":"x"}"#,
+            r#"{"source":{"node":{"rel":"a"}},"verify":"sh -c","label":"x"}"#,
             "{}",
         ] {
             tampered
