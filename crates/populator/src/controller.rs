@@ -42,6 +42,8 @@ pub struct Controller {
     posted: HashMap<String, BTreeSet<String>>,
     /// When a claim's fill last failed, and why.
     failed: HashMap<String, (Instant, String)>,
+    /// Bound claims, by uid: whether their volume was filled from their Dataset.
+    filled: HashMap<String, bool>,
     metrics: Metrics,
 }
 
@@ -94,6 +96,7 @@ impl Controller {
             cfg,
             posted: HashMap::new(),
             failed: HashMap::new(),
+            filled: HashMap::new(),
             metrics,
         }
     }
@@ -115,10 +118,12 @@ impl Controller {
             .call("list claims", claims.list(&ListParams::default()))
             .await?;
         let mut by_dataset: BTreeMap<(String, String), Vec<ClaimStatus>> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
         for pvc in &list.items {
             let Some(c) = self.claim_of(pvc) else {
                 continue;
             };
+            seen.insert(c.uid.clone());
             match self.step(&c).await {
                 Ok(Some(st)) => by_dataset
                     .entry((c.ns.clone(), c.dataset.clone()))
@@ -130,6 +135,10 @@ impl Controller {
                 }
             }
         }
+        // What is remembered of claims gone since.
+        self.posted.retain(|uid, _| seen.contains(uid));
+        self.failed.retain(|uid, _| seen.contains(uid));
+        self.filled.retain(|uid, _| seen.contains(uid));
         self.update_gauges(&by_dataset);
         self.write_statuses(by_dataset).await
     }
@@ -207,7 +216,7 @@ impl Controller {
             .and_then(|s| s.volume_name.as_ref())
             .is_some();
         if bound {
-            return self.finish(c).await.map(Some);
+            return self.finish(c).await;
         }
         // A fill under way goes on with what its prime claim recorded: a Dataset changed
         // or deleted since changes nothing in it.
@@ -555,7 +564,7 @@ impl Controller {
     }
 
     /// A bound claim: the fill's objects removed once it holds the volume.
-    async fn finish(&mut self, c: &Claim<'_>) -> Result<ClaimStatus> {
+    async fn finish(&mut self, c: &Claim<'_>) -> Result<Option<ClaimStatus>> {
         let ours = c
             .pvc
             .metadata
@@ -571,9 +580,34 @@ impl Controller {
                 &format!("filled from Dataset {} and verified", c.label()),
             )
             .await?;
+            self.filled.insert(c.uid.clone(), true);
         }
         self.failed.remove(&c.uid);
-        Ok(c.status("Done", format!("filled from Dataset {}", c.label())))
+        let done = c.status("Done", format!("filled from Dataset {}", c.label()));
+        Ok(self.filled_from_it(c).await?.then_some(done))
+    }
+
+    /// Whether a bound claim's volume was filled from its Dataset (a claim bound some
+    /// other way is not listed as filled); asked of its volume once, then remembered.
+    async fn filled_from_it(&mut self, c: &Claim<'_>) -> Result<bool> {
+        if let Some(&known) = self.filled.get(&c.uid) {
+            return Ok(known);
+        }
+        let Some(pv) = c.pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+            return Ok(false);
+        };
+        let api: Api<PersistentVolume> = Api::all(self.calls.client.clone());
+        let vol = self
+            .calls
+            .call(format!("get volume {pv}"), api.get_opt(&pv))
+            .await?;
+        let from = vol
+            .as_ref()
+            .and_then(|v| v.metadata.annotations.as_ref())
+            .and_then(|a| a.get(POPULATED_FROM));
+        let known = from == Some(&c.label());
+        self.filled.insert(c.uid.clone(), known);
+        Ok(known)
     }
 
     /// The fill pod and the prime claim deleted (a prime claim whose volume was not
