@@ -7,7 +7,7 @@
 # Cases: two claims naming two Datasets each get their own tree (SHA-256 of every file,
 # owners, modes, a symlink); the Dataset's status, read with kubectl mid-copy, moves; the
 # fill pod killed mid-copy is replaced and resumes (its first line says how far the last
-# got); a missing Dataset, a claim too small for its Dataset, a nodePath outside the root
+# got); the populator restarted and the Dataset deleted mid-copy change nothing; a missing Dataset, a claim too small for its Dataset, a nodePath outside the root
 # and a symlink planted beneath the root each give the claim an event naming the cause,
 # and nothing of the host is copied; deleting the claims removes the fills' objects and
 # the volumes. Ends with "N passed, M failed".
@@ -153,6 +153,12 @@ check "the fill pod is killed mid-copy ($killed_at of $(total) bytes)" \
   "$KUBECTL" -n "$NS" delete pod "populate-$ALPHA_UID" --grace-period=1 --wait=true
 resumed() { "$KUBECTL" -n "$NS" logs "populate-$ALPHA_UID" 2>/dev/null | head -1 | grep -q 'resuming after'; }
 check "a new fill pod resumes where the killed one stopped (no second full copy)" wait_for 60 resumed
+# The populator restarted and the Dataset deleted while the copy goes on: the fill under way
+# finishes with the plan its prime claim recorded.
+at=$(copied)
+check "the populator is restarted mid-copy ($at of $(total) bytes)" \
+  "$KUBECTL" -n "$NS" delete pod -l app.kubernetes.io/component=populator --wait=true
+check "Dataset alpha is deleted mid-copy" "$KUBECTL" -n ml delete dataset alpha --wait=true
 check "c-alpha's reader pod runs once the claim is filled" wait_for 240 succeeded read-alpha
 check "c-beta's reader pod runs once the claim is filled" wait_for 120 succeeded read-beta
 out_alpha=$("$KUBECTL" -n ml logs read-alpha)
@@ -161,7 +167,9 @@ check "c-alpha holds Dataset alpha (SHA-256 of every file)" grep -q "digest=$ALP
 check "c-beta holds Dataset beta, not alpha" grep -q "digest=$BETA_DIGEST" <<<"$out_beta"
 check "owners, modes and symlinks are kept (private 1234 700, link -> big)" \
   grep -q "private=1234 700 link=big" <<<"$out_alpha"
-check "the Dataset's status says c-alpha is Done" [ "$(status_of alpha c-alpha phase)" = Done ]
+dataset alpha "$ROOT/alpha"
+alpha_done() { [ "$(status_of alpha c-alpha phase)" = Done ]; }
+check "Dataset alpha made again: its status says c-alpha is Done" wait_for 30 alpha_done
 check "the claim has the Filled event" has_event c-alpha Filled
 node_of_pod=$("$KUBECTL" -n ml get pod read-alpha -o jsonpath='{.spec.nodeName}')
 selected=$("$KUBECTL" -n ml get pvc c-alpha -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}')
