@@ -134,12 +134,13 @@ fn nfs_dataset(args: &PopulateArgs) -> std::result::Result<NfsVolumeId, String> 
 /// Failed). The outcome is also the exit status.
 pub async fn run(p: &Populate, host: Arc<dyn Host>) -> Result<()> {
     // A run after one cut short says how far the last got: the copy resumes from there.
-    let before = Saved::load(&p.record)?.map_or(0, |s| s.copied_bytes);
+    let (before, total) =
+        Saved::load(&p.record)?.map_or((0, 0), |s| (s.copied_bytes, s.total_bytes));
     let m = match before {
         0 => "measuring the dataset".to_owned(),
         b => format!("measuring the dataset; resuming after {b} bytes copied before"),
     };
-    emit(&report("Measuring", before, 0, 0, 0, m));
+    emit(&report("Measuring", before, total, 0, 0, m));
     let outcome = match &p.from {
         From::Node { root, path } => copy_blocking(p, (root.clone(), path.clone()), None).await,
         From::Nfs { id, work } => copy_from_nfs(p, host.as_ref(), id, work).await,

@@ -149,14 +149,15 @@ echo "  kubectl get datasets -n ml:"; sed 's/^/    /' <<<"$listed"
 check "kubectl get datasets shows the fill's progress" grep -Eq '^alpha .* [0-9]+% \(' <<<"$listed"
 ALPHA_UID=$(uid_of c-alpha)
 killed_at=$(copied)
-check "the fill pod is killed mid-copy ($killed_at of $(total) bytes)" \
+ALPHA_TOTAL=$(total)
+check "the fill pod is killed mid-copy ($killed_at of $ALPHA_TOTAL bytes)" \
   "$KUBECTL" -n "$NS" delete pod "populate-$ALPHA_UID" --grace-period=1 --wait=true
 resumed() { "$KUBECTL" -n "$NS" logs "populate-$ALPHA_UID" 2>/dev/null | head -1 | grep -q 'resuming after'; }
 check "a new fill pod resumes where the killed one stopped (no second full copy)" wait_for 60 resumed
 # The populator restarted and the Dataset deleted while the copy goes on: the fill under way
 # finishes with the plan its prime claim recorded.
 at=$(copied)
-check "the populator is restarted mid-copy ($at of $(total) bytes)" \
+check "the populator is restarted mid-copy ($at of $ALPHA_TOTAL bytes)" \
   "$KUBECTL" -n "$NS" delete pod -l app.kubernetes.io/component=populator --wait=true
 check "Dataset alpha is deleted mid-copy" "$KUBECTL" -n ml delete dataset alpha --wait=true
 check "c-alpha's reader pod runs once the claim is filled" wait_for 240 succeeded read-alpha
