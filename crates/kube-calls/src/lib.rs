@@ -1,6 +1,6 @@
 //! What gds-csi's Kubernetes controllers (node-loss, the dataset populator) share: every
 //! API call under a deadline and named in its error, Events posted as client-go's
-//! recorder posts them, and their logging.
+//! recorder posts them, their logging, and the loop of passes they run.
 
 use std::future::Future;
 use std::time::Duration;
@@ -131,4 +131,34 @@ pub fn init_logging(format: &str) {
     } else {
         builder.init();
     }
+}
+
+/// A controller that works in passes over the API's objects.
+pub trait Passes {
+    fn pass(&mut self) -> impl Future<Output = Result<()>>;
+}
+
+/// `p.pass()` every `interval` (a pass longer than it delays the next, never overlaps
+/// it) until SIGTERM or SIGINT; a failed pass is logged and the next one tries again.
+pub async fn run_passes<P: Passes>(p: &mut P, interval: Duration) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = p.pass().await {
+                    tracing::error!(error = %e, "pass failed; retried at the next interval");
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    tracing::info!("stopping on a signal");
+    Ok(())
 }

@@ -1,7 +1,6 @@
 //! One pass over Nodes and PersistentVolumes, and the two actions.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::future::Future;
 use std::time::Duration;
 
 use gds_csi_kube::Calls;
@@ -94,16 +93,7 @@ impl Controller {
         }
     }
 
-    /// Every API call goes through here: a deadline, and the call named in the error.
-    async fn api<T>(
-        &self,
-        what: impl Into<String>,
-        call: impl Future<Output = kube::Result<T>>,
-    ) -> Result<T> {
-        self.calls.call(what, call).await
-    }
-
-    pub async fn pass(&mut self) -> Result<()> {
+    async fn pass_counted(&mut self) -> Result<()> {
         let result = self.pass_inner().await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.metrics
@@ -156,7 +146,8 @@ impl Controller {
     /// The names of the Nodes the API lists now.
     async fn present_nodes(&mut self, nodes: &Api<Node>) -> Result<BTreeSet<String>> {
         let listed = self
-            .api("list nodes", nodes.list_metadata(&ListParams::default()))
+            .calls
+            .call("list nodes", nodes.list_metadata(&ListParams::default()))
             .await;
         match listed {
             Ok(list) => Ok(list
@@ -180,7 +171,8 @@ impl Controller {
     async fn volumes_by_node(&mut self) -> Result<BTreeMap<String, Vec<LocalVolume>>> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let pvs = self
-            .api("list persistentvolumes", pvs.list(&ListParams::default()))
+            .calls
+            .call("list persistentvolumes", pvs.list(&ListParams::default()))
             .await?;
         let mut by_node: BTreeMap<String, Vec<LocalVolume>> = BTreeMap::new();
         for pv in &pvs.items {
@@ -211,7 +203,8 @@ impl Controller {
         self.announced.insert(node.to_owned());
         // The list may be stale or partial: act only on a 404 for this node now.
         let exists = self
-            .api(format!("get node {node}"), nodes.get_metadata_opt(node))
+            .calls
+            .call(format!("get node {node}"), nodes.get_metadata_opt(node))
             .await?;
         if exists.is_some() {
             info!(%node, "node is back (seen by a direct read); nothing changed");
@@ -286,7 +279,8 @@ impl Controller {
         let Some(c) = &v.claim else { return Ok(None) };
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &c.namespace);
         let pvc = self
-            .api(
+            .calls
+            .call(
                 format!("get claim {}/{}", c.namespace, c.name),
                 api.get_opt(&c.name),
             )
@@ -310,7 +304,9 @@ impl Controller {
             Some(pvc) => claim_ref(&pvc),
             None => pv_ref(v),
         };
-        self.event(&target, "Warning", "NodeLost", &message).await?;
+        self.calls
+            .event(&target, "Warning", "NodeLost", &message)
+            .await?;
         warn!(pv = %v.pv_name, node = %v.node, claim = ?v.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)),
             gone = ?Duration::from_secs(gone.as_secs()), "node lost: reported (Event NodeLost), nothing changed");
         self.reported.insert(v.pv_uid.clone());
@@ -332,7 +328,8 @@ impl Controller {
     async fn recreate(&mut self, v: &LocalVolume, gone: Duration) -> Result<Progress> {
         let pv_api: Api<PersistentVolume> = Api::all(self.client.clone());
         let Some(pv) = self
-            .api(format!("get pv {}", v.pv_name), pv_api.get_opt(&v.pv_name))
+            .calls
+            .call(format!("get pv {}", v.pv_name), pv_api.get_opt(&v.pv_name))
             .await?
         else {
             return Ok(Progress::Done);
@@ -375,11 +372,12 @@ impl Controller {
             .map_err(|e| Error::Encode(format!("serialize claim {}/{}", c.namespace, c.name), e))?;
         let patch = json!({"metadata": {"annotations": {key: &text}}});
         let pv_api: Api<PersistentVolume> = Api::all(self.client.clone());
-        self.api(
-            format!("annotate pv {} with its claim", v.pv_name),
-            pv_api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await?;
+        self.calls
+            .call(
+                format!("annotate pv {} with its claim", v.pv_name),
+                pv_api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
         info!(pv = %v.pv_name, claim = %format!("{}/{}", c.namespace, c.name), "saved the claim's template on its PV");
         Ok(text)
     }
@@ -396,7 +394,8 @@ impl Controller {
             "{}; action recreate: deleting this claim to create it again unbound",
             self.message(v, gone)
         );
-        self.event(&claim_ref(old), "Warning", "NodeLost", &message)
+        self.calls
+            .event(&claim_ref(old), "Warning", "NodeLost", &message)
             .await?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -408,7 +407,8 @@ impl Controller {
         let pvc_api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &c.namespace);
         match self
-            .api(
+            .calls
+            .call(
                 format!("delete claim {}/{}", c.namespace, c.name),
                 pvc_api.delete(&c.name, &dp),
             )
@@ -449,14 +449,15 @@ impl Controller {
         }});
         let pvc_api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &c.namespace);
-        self.api(
-            format!(
-                "remove {PVC_PROTECTION} from claim {}/{}",
-                c.namespace, c.name
-            ),
-            pvc_api.patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await?;
+        self.calls
+            .call(
+                format!(
+                    "remove {PVC_PROTECTION} from claim {}/{}",
+                    c.namespace, c.name
+                ),
+                pvc_api.patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
         info!(claim = %format!("{}/{}", c.namespace, c.name), "no pod uses the deleted claim: removed its {PVC_PROTECTION} finalizer");
         if self.bound_claim(v).await?.is_some() {
             return Ok(Progress::Waiting(format!(
@@ -471,7 +472,8 @@ impl Controller {
     async fn pod_using_claim(&self, c: &ClaimRef) -> Result<Option<String>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &c.namespace);
         let pods = self
-            .api(
+            .calls
+            .call(
                 format!("list pods in {}", c.namespace),
                 pods.list(&ListParams::default()),
             )
@@ -526,7 +528,8 @@ impl Controller {
         };
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &c.namespace);
         match self
-            .api(
+            .calls
+            .call(
                 format!("create claim {}/{}", c.namespace, c.name),
                 api.create(&PostParams::default(), &new),
             )
@@ -537,13 +540,14 @@ impl Controller {
                     "re-created unbound: its volume {} was on node {}, deleted for good",
                     v.pv_name, v.node
                 );
-                self.event(
-                    &claim_ref(&created),
-                    "Normal",
-                    "NodeLostRecreated",
-                    &message,
-                )
-                .await?;
+                self.calls
+                    .event(
+                        &claim_ref(&created),
+                        "Normal",
+                        "NodeLostRecreated",
+                        &message,
+                    )
+                    .await?;
                 warn!(claim = %format!("{}/{}", c.namespace, c.name), pv = %v.pv_name, node = %v.node,
                     "node lost: re-created the claim unbound");
                 self.metrics
@@ -572,7 +576,8 @@ impl Controller {
             ..Default::default()
         };
         match self
-            .api(
+            .calls
+            .call(
                 format!("delete pv {}", v.pv_name),
                 api.delete(&v.pv_name, &dp),
             )
@@ -583,7 +588,8 @@ impl Controller {
             Err(e) => return Err(e),
         }
         let Some(pv) = self
-            .api(format!("get pv {}", v.pv_name), api.get_opt(&v.pv_name))
+            .calls
+            .call(format!("get pv {}", v.pv_name), api.get_opt(&v.pv_name))
             .await?
         else {
             warn!(pv = %v.pv_name, node = %v.node, "node lost: deleted the PV");
@@ -598,11 +604,12 @@ impl Controller {
                 "resourceVersion": pv.metadata.resource_version,
                 "finalizers": others,
             }});
-            self.api(
-                format!("remove finalizers {ours:?} from pv {}", v.pv_name),
-                api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
-            )
-            .await?;
+            self.calls
+                .call(
+                    format!("remove finalizers {ours:?} from pv {}", v.pv_name),
+                    api.patch(&v.pv_name, &PatchParams::default(), &Patch::Merge(&patch)),
+                )
+                .await?;
         }
         if others.is_empty() {
             warn!(pv = %v.pv_name, node = %v.node, removed_finalizers = ?ours, "node lost: deleted the PV");
@@ -610,16 +617,6 @@ impl Controller {
             warn!(pv = %v.pv_name, waiting_for = ?others, "PV deleted; other finalizers hold it");
         }
         Ok(())
-    }
-
-    async fn event(
-        &self,
-        target: &ObjectReference,
-        type_: &str,
-        reason: &str,
-        message: &str,
-    ) -> Result<()> {
-        self.calls.event(target, type_, reason, message).await
     }
 }
 
@@ -642,5 +639,11 @@ fn pv_ref(v: &LocalVolume) -> ObjectReference {
         name: Some(v.pv_name.clone()),
         uid: Some(v.pv_uid.clone()),
         ..Default::default()
+    }
+}
+
+impl gds_csi_kube::Passes for Controller {
+    async fn pass(&mut self) -> Result<()> {
+        self.pass_counted().await
     }
 }

@@ -101,7 +101,7 @@ impl Controller {
         }
     }
 
-    pub async fn pass(&mut self) -> Result<()> {
+    async fn pass_counted(&mut self) -> Result<()> {
         let result = self.pass_inner().await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         let label = OutcomeLabel {
@@ -758,4 +758,10 @@ fn pod_message(pod: &Pod) -> String {
         });
     term.or_else(|| s.and_then(|s| s.message.clone()))
         .unwrap_or_else(|| "no reason given".into())
+}
+
+impl gds_csi_kube::Passes for Controller {
+    async fn pass(&mut self) -> Result<()> {
+        self.pass_counted().await
+    }
 }

@@ -101,20 +101,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         retry_after: args.retry_after,
     };
     let mut controller = Controller::new(calls, cfg, metrics);
-    let mut tick = tokio::time::interval(args.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if let Err(e) = controller.pass().await {
-                    error!(error = %e, "pass failed; retried at the next interval");
-                }
-            }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-        }
-    }
-    info!("stopping on a signal");
+    gds_csi_kube::run_passes(&mut controller, args.interval).await?;
     Ok(())
 }
