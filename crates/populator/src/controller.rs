@@ -445,6 +445,11 @@ impl Controller {
                     .await?;
                 Ok(self.copying(c, &report, "failed; retried"))
             }
+            _ if report.phase.is_empty() => {
+                // Nothing printed yet: what holds the pod (an image, a mount, scheduling).
+                let m = format!("the fill pod {name} is starting: {}", pod_waiting(&pod));
+                Ok(self.copying(c, &report, &m))
+            }
             _ => {
                 self.progress_event(c, &report).await?;
                 Ok(self.copying(c, &report, &report.message))
@@ -764,4 +769,38 @@ impl gds_csi_kube::Passes for Controller {
     async fn pass(&mut self) -> Result<()> {
         self.pass_counted().await
     }
+}
+
+/// Why a pod that printed nothing yet is not running: its container's waiting reason, or
+/// the reason it is not scheduled.
+fn pod_waiting(pod: &Pod) -> String {
+    let s = pod.status.as_ref();
+    let waiting = s
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|st| st.waiting.as_ref())
+        .map(|w| {
+            format!(
+                "{} {}",
+                w.reason.clone().unwrap_or_default(),
+                w.message.clone().unwrap_or_default()
+            )
+        });
+    let unscheduled = s
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.status == "False" && c.message.is_some())
+        })
+        .and_then(|c| c.message.clone());
+    waiting
+        .or(unscheduled)
+        .map(|m| m.trim().to_owned())
+        .unwrap_or_else(|| {
+            format!(
+                "phase {}",
+                s.and_then(|s| s.phase.clone()).unwrap_or_default()
+            )
+        })
 }
