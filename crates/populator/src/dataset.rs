@@ -212,12 +212,11 @@ fn progress(active: &[&ClaimStatus], failed: bool) -> String {
     if total == 0 {
         return "starting".into();
     }
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut s = format!(
-        "{}% ({:.1} of {:.1} GiB)",
+        "{}% ({} of {})",
         copied * 100 / total,
-        gib(copied),
-        gib(total)
+        size(copied),
+        size(total)
     );
     if let Some(eta) = eta(copied, total, rate) {
         s.push_str(&format!(", {} left", short(eta)));
@@ -227,6 +226,16 @@ fn progress(active: &[&ClaimStatus], failed: bool) -> String {
 
 pub fn eta(copied: u64, total: u64, rate: u64) -> Option<u64> {
     (rate > 0 && total >= copied).then(|| (total - copied).div_ceil(rate))
+}
+
+/// `812.4 MiB`, `28.0 GiB`, `1.2 TiB`.
+fn size(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        n if n < 1 << 30 => format!("{:.1} MiB", b / (1u64 << 20) as f64),
+        n if n < 1 << 40 => format!("{:.1} GiB", b / (1u64 << 30) as f64),
+        _ => format!("{:.1} TiB", b / (1u64 << 40) as f64),
+    }
 }
 
 fn short(secs: u64) -> String {
@@ -344,5 +353,6 @@ mod tests {
         assert_eq!(now.claims[0].claim, "a");
         assert_eq!(now.claims[1].total_bytes, 4 << 30);
         assert_eq!(now.progress, "25% (1.0 of 4.0 GiB), 12s left");
+        assert_eq!(size(120 << 20), "120.0 MiB");
     }
 }
