@@ -197,7 +197,7 @@ impl Status {
     }
 }
 
-/// `43% (12.1 of 28.0 GiB), 3m left` over the fills in progress.
+/// `43% (12.1 GiB of 28.0 GiB), 3m left` over the fills in progress.
 fn progress(active: &[&ClaimStatus], failed: bool) -> String {
     let (copied, total, rate) = active.iter().fold((0u64, 0u64, 0u64), |a, c| {
         (
@@ -352,7 +352,7 @@ mod tests {
         assert_eq!((now.filling, now.filled), (1, 1));
         assert_eq!(now.claims[0].claim, "a");
         assert_eq!(now.claims[1].total_bytes, 4 << 30);
-        assert_eq!(now.progress, "25% (1.0 of 4.0 GiB), 12s left");
+        assert_eq!(now.progress, "25% (1.0 GiB of 4.0 GiB), 12s left");
         assert_eq!(size(120 << 20), "120.0 MiB");
     }
 }
