@@ -243,9 +243,11 @@ impl Controller {
             self.once(c, "Warning", "DatasetNotFound", &m).await?;
             return Ok(None);
         };
-        let spec: Spec = serde_json::from_value(ds.data.get("spec").cloned().unwrap_or_default())
-            .unwrap_or_default();
-        let source = match dataset::source(&spec, self.cfg.fill.node_root.as_deref()) {
+        let spec = ds.data.get("spec").cloned().unwrap_or_default();
+        let parsed = serde_json::from_value::<Spec>(spec).map_err(|e| format!("spec: {e}"));
+        let root = self.cfg.fill.node_root.as_deref();
+        let checked = parsed.and_then(|spec| Ok((dataset::source(&spec, root)?, spec)));
+        let (source, spec) = match checked {
             Ok(s) => s,
             Err(m) => {
                 return self
