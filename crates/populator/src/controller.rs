@@ -746,12 +746,15 @@ impl Controller {
     }
 }
 
+/// The fill container's state (the pod has one container).
+fn container_state(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.first()?.state.as_ref()
+}
+
 fn pod_message(pod: &Pod) -> String {
     let s = pod.status.as_ref();
-    let term = s
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.state.as_ref())
+    let term = container_state(pod)
         .and_then(|st| st.terminated.as_ref())
         .map(|t| {
             format!(
@@ -777,10 +780,7 @@ impl gds_csi_kube::Passes for Controller {
 /// the reason it is not scheduled.
 fn pod_waiting(pod: &Pod) -> String {
     let s = pod.status.as_ref();
-    let waiting = s
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.state.as_ref())
+    let waiting = container_state(pod)
         .and_then(|st| st.waiting.as_ref())
         .map(|w| {
             format!(
