@@ -36,7 +36,7 @@ use crate::volume::mounts::private::{clean_copy_dir, pin, unmount_retrying};
 
 /// Where the Dataset is.
 #[derive(Debug, Clone)]
-pub enum From {
+pub enum DatasetAt {
     /// `path` beneath `root` (the node's dataset root): nothing on the way is followed,
     /// so a symlink planted there cannot send the copy elsewhere on the host.
     Node { root: PathBuf, path: PathBuf },
@@ -47,7 +47,7 @@ pub enum From {
 /// What `populate` is asked to do.
 #[derive(Debug, Clone)]
 pub struct Populate {
-    pub from: From,
+    pub from: DatasetAt,
     pub target: PathBuf,
     pub record: PathBuf,
     pub verify: Verify,
@@ -76,12 +76,12 @@ pub async fn main(args: &PopulateArgs) -> std::result::Result<(), String> {
         _ => Verify::Sizes,
     };
     let from = match (&args.source, &args.work) {
-        (Some(root), _) => From::Node {
+        (Some(root), _) => DatasetAt::Node {
             root: root.clone(),
             path: args.path.clone(),
         },
         (None, Some(work)) => match nfs_dataset(args) {
-            Ok(id) => From::Nfs {
+            Ok(id) => DatasetAt::Nfs {
                 id,
                 work: work.clone(),
             },
@@ -142,8 +142,10 @@ pub async fn run(p: &Populate, host: Arc<dyn Host>) -> Result<()> {
     };
     emit(&report("Measuring", before, total, 0, 0, m));
     let outcome = match &p.from {
-        From::Node { root, path } => copy_blocking(p, (root.clone(), path.clone()), None).await,
-        From::Nfs { id, work } => copy_from_nfs(p, host.as_ref(), id, work).await,
+        DatasetAt::Node { root, path } => {
+            copy_blocking(p, (root.clone(), path.clone()), None).await
+        }
+        DatasetAt::Nfs { id, work } => copy_from_nfs(p, host.as_ref(), id, work).await,
     };
     match &outcome {
         Ok(m) => emit(&report(
@@ -326,7 +328,7 @@ mod tests {
 
     fn request(root: &std::path::Path, path: &str, target: &std::path::Path) -> Populate {
         Populate {
-            from: From::Node {
+            from: DatasetAt::Node {
                 root: root.to_owned(),
                 path: path.into(),
             },
