@@ -70,6 +70,20 @@ impl Calls {
         }
     }
 
+    /// `create` of an object under a fixed name: true when this call made it, false when
+    /// it was there already (409: an earlier pass or process made it).
+    pub async fn create_once<T>(
+        &self,
+        what: impl Into<String>,
+        create: impl Future<Output = kube::Result<T>>,
+    ) -> Result<bool> {
+        match self.call(what, create).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// An Event on `target` (`type_` Normal or Warning).
     pub async fn event(
         &self,
@@ -161,4 +175,17 @@ pub async fn run_passes<P: Passes>(p: &mut P, interval: Duration) -> std::io::Re
     }
     tracing::info!("stopping on a signal");
     Ok(())
+}
+
+/// A controller's exit status: the error logged, then failure.
+pub fn exit_code(
+    outcome: std::result::Result<(), Box<dyn std::error::Error>>,
+) -> std::process::ExitCode {
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "exiting");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use clap::Parser;
-use tracing::{error, info};
+use tracing::info;
 
 use controller::{Action, Config, Controller};
 use volumes::Selector;
@@ -67,13 +67,7 @@ struct Args {
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     gds_csi_kube::init_logging(&args.log_format);
-    match run(args).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            error!(error = %e, "exiting");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    gds_csi_kube::exit_code(run(args).await)
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {

@@ -376,17 +376,12 @@ impl Controller {
         let name = fill::prime_name(&c.uid);
         let prime = fill::prime_claim(c.pvc, &c.uid, &self.cfg.fill, node, plan);
         let api = self.primes();
-        match self
-            .calls
-            .call(
+        self.calls
+            .create_once(
                 format!("create claim {name}"),
                 api.create(&PostParams::default(), &prime),
             )
-            .await
-        {
-            Err(e) if !e.is_conflict() => return Err(e),
-            _ => {}
-        }
+            .await?;
         let on = node.map(|n| format!(" on node {n}")).unwrap_or_default();
         self.once(
             c,
@@ -474,17 +469,15 @@ impl Controller {
         }
         let pod = fill::fill_pod(&self.cfg.fill, f);
         let name = fill::pod_name(&c.uid);
-        match self
+        let made = self
             .calls
-            .call(
+            .create_once(
                 format!("create pod {name}"),
                 pods.create(&PostParams::default(), &pod),
             )
-            .await
-        {
-            Ok(_) => info!(claim = %format!("{}/{}", c.ns, c.name), pod = %name, "fill pod made"),
-            Err(e) if e.is_conflict() => {}
-            Err(e) => return Err(e),
+            .await?;
+        if made {
+            info!(claim = %format!("{}/{}", c.ns, c.name), pod = %name, "fill pod made");
         }
         Ok(c.status("Copying", "starting the copy"))
     }
