@@ -7,12 +7,18 @@
 //! (one fio job per member, the same request size and depth): what the rig itself gives N
 //! concurrent readers. A stripe passes at N x 0.9 of one drive, or at 0.9 of the rig's own
 //! figure (then below N, and the line says the rig is the limit); anything else fails.
+//!
+//! 1 MiB requests run 8 deep, 16 MiB requests one at a time (a synchronous `cuFileRead`):
+//! 8 and 16 MiB in flight. Deeper 16 MiB queues (64-128 MiB in flight, more than the
+//! file) measure the emulator's throttled queues, not md: on an idle host a 4-drive
+//! stripe reads 394, 385, 364 and 310 MiB/s at depth 1, 2, 4 and 8, and its members read
+//! without md fall with it (docs/benchmarks.md); `FIO_CHUNKS` records those depths.
 
 use super::{ensure, sh, vm_common, Result, Rig, MIB};
 
 const FILE_MIB: i64 = 96;
-const REQUESTS: [&str; 2] = ["1M", "16M"];
-const IODEPTH: u32 = 8;
+/// Request size and queue depth of each measured column.
+const REQUESTS: [(&str, u32); 2] = [("1M", 8), ("16M", 1)];
 
 fn env_or(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -22,10 +28,6 @@ fn env_or(key: &str, default: u64) -> u64 {
 }
 
 /// One fio run: read bandwidth in MiB/s (terse v3 field 7 is the read bandwidth in KiB/s).
-fn fio(file: &str, bs: &str, seconds: u64) -> Result<f64> {
-    fio_at(file, bs, IODEPTH, seconds)
-}
-
 fn fio_at(file: &str, bs: &str, iodepth: u32, seconds: u64) -> Result<f64> {
     let out = sh(&format!(
         "fio --name=seqread --filename={file} --rw=read --bs={bs} --direct=1 --ioengine=libaio \
@@ -64,14 +66,14 @@ fn members(src: &str) -> Vec<String> {
 
 /// One fio job per device, all at once, read-only: their summed read bandwidth in MiB/s
 /// (group reporting gives one terse line for the group).
-fn fio_parallel(devices: &[String], bs: &str, seconds: u64) -> Result<f64> {
+fn fio_parallel(devices: &[String], bs: &str, iodepth: u32, seconds: u64) -> Result<f64> {
     let jobs: String = devices
         .iter()
         .enumerate()
         .map(|(i, d)| format!(" --name=member{i} --filename={d}"))
         .collect();
     let out = sh(&format!(
-        "fio --readonly --rw=read --bs={bs} --direct=1 --ioengine=libaio --iodepth={IODEPTH} \
+        "fio --readonly --rw=read --bs={bs} --direct=1 --ioengine=libaio --iodepth={iodepth} \
          --runtime={seconds} --time_based --group_reporting --output-format=terse \
          --terse-version=3{jobs}"
     ))?;
@@ -151,28 +153,28 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
     let mut shared = vec![vec![Vec::new(); vols.len()]; REQUESTS.len()];
     let devices: Vec<Vec<String>> = vols.iter().map(|(_, _, _, src)| members(src)).collect();
     for _ in 0..runs {
-        for (b, bs) in REQUESTS.iter().enumerate() {
+        for (b, (bs, depth)) in REQUESTS.iter().enumerate() {
             for (i, (_, _, file, _)) in vols.iter().enumerate() {
-                mibs[b][i].push(fio(file, bs, seconds)?);
+                mibs[b][i].push(fio_at(file, bs, *depth, seconds)?);
                 if devices[i].len() > 1 {
-                    raw[b][i].push(fio_parallel(&devices[i], bs, seconds)?);
+                    raw[b][i].push(fio_parallel(&devices[i], bs, *depth, seconds)?);
                     if with_share {
                         let part = share(bs, devices[i].len());
-                        shared[b][i].push(fio_parallel(&devices[i], &part, seconds)?);
+                        shared[b][i].push(fio_parallel(&devices[i], &part, *depth, seconds)?);
                     }
                 }
             }
         }
     }
-    println!("fio: O_DIRECT sequential read of a {FILE_MIB} MiB file, iodepth {IODEPTH}, libaio, {runs} runs of {seconds} s each, median MiB/s; `members at once`: the stripe's member partitions read together without md, one job each, with the same request size (`same`) and with md's share of one request (`share`), as x one drive");
-    println!("| drives | volume | 1 MiB requests | x one drive | members, same | members, share | 16 MiB requests | x one drive | members, same | members, share |");
+    println!("fio: O_DIRECT sequential read of a {FILE_MIB} MiB file, libaio, {runs} runs of {seconds} s each, median MiB/s; `members at once`: the stripe's member partitions read together without md, one job each, with the same request size and depth (`same`) and with md's share of one request (`share`), as x one drive");
+    println!("| drives | volume | 1 MiB requests, depth 8 | x one drive | members, same | members, share | 16 MiB requests, depth 1 | x one drive | members, same | members, share |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let base: Vec<f64> = mibs.iter_mut().map(|per| median(&mut per[0])).collect();
     let (mut passed, mut failed) = (Vec::new(), Vec::new());
     for (i, (count, _, _, src)) in vols.iter().enumerate() {
         let n: f64 = count.parse()?;
         let mut row = format!("| {count} | {src} |");
-        for (b, bs) in REQUESTS.iter().enumerate() {
+        for (b, (bs, depth)) in REQUESTS.iter().enumerate() {
             let m = median(&mut mibs[b][i]);
             let ratio = m / base[b];
             row += &format!(" {m:.0} | {ratio:.2} |");
@@ -188,8 +190,8 @@ pub async fn bench(r: &mut Rig) -> Result<String> {
             };
             row += &format!(" {rig:.2} | {part} |");
             match verdict(n, ratio, rig) {
-                Ok(note) => passed.push(format!("{count} drives, {bs}: {note}")),
-                Err(why) => failed.push(format!("{count} drives, {bs}: {why}")),
+                Ok(note) => passed.push(format!("{count} drives, {bs} x{depth}: {note}")),
+                Err(why) => failed.push(format!("{count} drives, {bs} x{depth}: {why}")),
             }
         }
         println!("{row}");
@@ -222,7 +224,15 @@ pub async fn chunks(r: &mut Rig, chunks: &[String]) -> Result<String> {
         sh(&format!("dd if=/dev/urandom of={file} bs=1M count={FILE_MIB} oflag=direct conv=fsync status=none"))?;
         vols.push((chunk, v, file));
     }
-    let cases: Vec<(&str, u32)> = [("1M", 1), ("1M", 8), ("16M", 1), ("16M", 8)].to_vec();
+    let cases: Vec<(&str, u32)> = [
+        ("1M", 1),
+        ("1M", 8),
+        ("16M", 1),
+        ("16M", 2),
+        ("16M", 4),
+        ("16M", 8),
+    ]
+    .to_vec();
     let mut mibs = vec![vec![Vec::new(); cases.len()]; vols.len()];
     for _ in 0..runs {
         for (c, (bs, depth)) in cases.iter().enumerate() {
@@ -232,26 +242,26 @@ pub async fn chunks(r: &mut Rig, chunks: &[String]) -> Result<String> {
         }
     }
     println!("fio by chunk: 4-drive stripes, O_DIRECT sequential read of a {FILE_MIB} MiB file, {runs} runs of {seconds} s, median MiB/s");
-    println!("| chunk | 1 MiB, depth 1 | 1 MiB, depth 8 | 16 MiB, depth 1 | 16 MiB, depth 8 |");
-    println!("|---|---|---|---|---|");
+    let head: Vec<String> = cases
+        .iter()
+        .map(|(bs, d)| format!("{bs}, depth {d}"))
+        .collect();
+    println!("| chunk | {} |", head.join(" | "));
+    println!("|---|{}", "---|".repeat(cases.len()));
     let mut summary = Vec::new();
     for (i, (chunk, _, _)) in vols.iter().enumerate() {
         let m: Vec<f64> = mibs[i].iter_mut().map(|per| median(per)).collect();
-        println!(
-            "| {chunk} | {:.0} | {:.0} | {:.0} | {:.0} |",
-            m[0], m[1], m[2], m[3]
-        );
-        summary.push(format!(
-            "{chunk}: {:.0}/{:.0}/{:.0}/{:.0}",
-            m[0], m[1], m[2], m[3]
-        ));
+        let cells: Vec<String> = m.iter().map(|v| format!("{v:.0}")).collect();
+        println!("| {chunk} | {} |", cells.join(" | "));
+        summary.push(format!("{chunk}: {}", cells.join("/")));
     }
     for (_, v, _) in &vols {
         vm_common::unstage(&mut r.c, v).await?;
         vm_common::delete(&mut r.c, v).await?;
     }
     Ok(format!(
-        "MiB/s at 1M d1/1M d8/16M d1/16M d8: {}",
+        "MiB/s at {}: {}",
+        head.join("/"),
         summary.join("; ")
     ))
 }
