@@ -1,8 +1,9 @@
 //! Root-only: volume expansion through the real binary on real loop devices.
 //! A published partition volume grows (ControllerExpandVolume, then NodeExpandVolume)
 //! with `df` showing the new size and the data intact, for ext4 and xfs, across a
-//! restart between the two calls; a neighbouring partition blocks the growth, named, and
-//! nothing on the device changes; a whole-device volume grows only up to its device.
+//! restart between the two calls; a neighbour in the way of a volume in use refuses the
+//! growth, named, and nothing changes, while an unused volume moves past it; a
+//! whole-device volume grows only up to its device.
 // A test or scenario panics on what it did not expect, and reads top to bottom.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
@@ -12,7 +13,7 @@ use std::path::Path;
 use gds_csi::csi::volume_capability::{AccessType, MountVolume};
 use gds_csi::csi::Clients;
 use gds_csi::csi::*;
-use gds_csi::disk::gpt::{kernel, Held};
+use gds_csi::disk::gpt::Held;
 use tonic::Code;
 
 mod common;
@@ -215,8 +216,35 @@ async fn an_xfs_partition_volume_grows_online_keeping_its_data() {
     grows_online("xfs", 320 * MIB, 512 * MIB, 640 * MIB).await;
 }
 
+/// The label as `sfdisk -J` reads it: (name, PARTUUID, start byte, bytes) per entry.
+fn gpt_entries(disk: &Path) -> Vec<(String, String, u64, u64)> {
+    let out = run("sfdisk", &["-J", disk.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let parts = v["partitiontable"]["partitions"].as_array().cloned();
+    parts
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_owned(),
+                p["uuid"].as_str().unwrap_or_default().to_lowercase(),
+                p["start"].as_u64().unwrap() * 512,
+                p["size"].as_u64().unwrap() * 512,
+            )
+        })
+        .collect()
+}
+
+fn entry_of(disk: &Path, id: &str) -> (String, String, u64, u64) {
+    let alloc = gds_csi::csi::id::BlockVolumeId::parse(id)
+        .unwrap()
+        .allocation;
+    let entries = gpt_entries(disk);
+    entries.into_iter().find(|e| e.0 == alloc).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
+async fn a_neighbour_in_the_way_moves_an_unused_volume_and_refuses_a_used_one() {
     let Some(mut rig) = part_rig(256 * MIB) else {
         return;
     };
@@ -228,16 +256,30 @@ async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
     let b = requests::create_volume(&mut c, create_req("pv-b", 32 * MIB, "ext4", "partition"))
         .await
         .volume_id;
-    let before = digest_file(&dev);
-    let state = rig.0.state();
+    let staging = rig.0.path("staging-a");
+    requests::stage(&mut c, &a, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    fs::write(staging.join("data"), data()).unwrap();
+    run("sync", &[]);
+    let sum = digest_file(&staging.join("data"));
+    let (label, state) = (gpt_entries(&dev), rig.0.state());
 
+    // In use: refused with the numbers and when it can grow; nothing changes.
     let err = c
         .controller
         .controller_expand_volume(expand_req(&a, 64 * MIB, 0))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::OutOfRange, "{err}");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     assert!(err.message().contains(&b), "names the neighbour: {err}");
+    assert!(err.message().contains("once no pod uses it"), "{err}");
+    assert!(
+        err.message().contains("at most 50331648 bytes fit"),
+        "{err}"
+    );
+    assert_eq!(gpt_entries(&dev), label, "the label changed");
+    assert_eq!(rig.0.state(), state, "the state changed");
     // No 1 MiB-aligned size fits between required and limit.
     let err = c
         .controller
@@ -278,19 +320,54 @@ async fn a_neighbour_blocks_growth_named_and_nothing_changes() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err}");
-    rig.0.kill9();
-    assert_eq!(digest_file(&dev), before, "the device changed");
-    assert_eq!(rig.0.state(), state, "the state changed");
+    assert_eq!(gpt_entries(&dev), label, "the label changed");
 
-    // The last partition grows into the free space after it.
-    let mut c = rig.0.start().await;
-    assert_eq!(controller_expand(&mut c, &b, 100 * MIB).await.0, 100 * MIB);
-    let parts = kernel::list(&dev).unwrap();
+    // Unused: moved past b to an extent of the new size, PARTUUID and data kept.
+    requests::unstage(&mut c, &a, &staging).await.unwrap();
+    let old = entry_of(&dev, &a);
     assert_eq!(
-        parts.iter().map(|p| p.len).max(),
-        Some(100 * MIB),
-        "{parts:?}"
+        controller_expand(&mut c, &a, 64 * MIB).await,
+        (64 * MIB, true)
     );
+    assert_eq!(
+        controller_expand(&mut c, &a, 64 * MIB).await.0,
+        64 * MIB,
+        "a retry"
+    );
+    let moved = entry_of(&dev, &a);
+    assert_eq!(
+        (moved.1.as_str(), moved.3),
+        (old.1.as_str(), 64 * MIB),
+        "{old:?} -> {moved:?}"
+    );
+    assert!(
+        moved.2 >= old.2 + old.3,
+        "moved past the neighbour: {moved:?}"
+    );
+    assert_eq!(gpt_entries(&dev).len(), 2, "no spare entry left");
+    let verify = run("sgdisk", &["-v", dev.to_str().unwrap()]);
+    assert!(verify.contains("No problems found"), "{verify}");
+    requests::stage(&mut c, &a, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    assert_eq!(
+        digest_file(&staging.join("data")),
+        sum,
+        "data after the move"
+    );
+    requests::unstage(&mut c, &a, &staging).await.unwrap();
+
+    // Nowhere large enough: OutOfRange with what fits.
+    let err = c
+        .controller
+        .controller_expand_volume(expand_req(&a, 200 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err}");
+    assert!(err.message().contains("no free extent that large"), "{err}");
+    // b grows in place into the room kept after it.
+    assert_eq!(controller_expand(&mut c, &b, 48 * MIB).await.0, 48 * MIB);
+    rig.0.kill9();
 }
 
 /// EXPAND_VOLUME on the controller and the node, VolumeExpansion ONLINE on the plugin:

@@ -17,6 +17,8 @@
 mod common;
 #[path = "faults/partition.rs"]
 mod partition;
+#[path = "faults/relocate.rs"]
+mod relocate;
 #[path = "faults/snapshot.rs"]
 mod snapshot;
 
@@ -460,4 +462,13 @@ async fn every_partition_kill_point_converges_after_restart() {
         return;
     }
     run_points(&KillPoint::PARTITION, partition::scenario).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_move_kill_point_converges_after_restart() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root for loop devices and mounts");
+        return;
+    }
+    run_points(&KillPoint::MOVE, relocate::scenario).await;
 }

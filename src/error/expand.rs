@@ -53,14 +53,32 @@ pub enum ExpandError {
         limit: u64,
     },
     #[error(
-        "capacity_range: volume {volume} cannot grow in place: {why}{neighbour}; ask for at \
-         most that size, or delete the neighbouring volume"
+        "capacity_range: volume {volume} cannot grow to {wanted} bytes in place ({blocked}) \
+         while it is in use ({uses}); it grows once no pod uses it (offline expansion: the \
+         driver then moves it to a larger extent of its drive, {free} bytes free there, the \
+         largest free extent {largest} bytes)"
     )]
-    Blocked {
+    InUse {
         volume: String,
-        why: String,
-        /// ` (volume <id>)` when the partition in the way is a volume's, else empty.
-        neighbour: String,
+        wanted: u64,
+        blocked: String,
+        uses: String,
+        free: u64,
+        largest: u64,
+    },
+    #[error(
+        "capacity_range: volume {volume} cannot grow to {wanted} bytes: {blocked}, and {} has \
+         no free extent that large to move it to ({free} bytes free, the largest extent \
+         {largest} bytes); ask for less, or free space on that drive",
+        device.display()
+    )]
+    NoRoomToMove {
+        volume: String,
+        blocked: String,
+        device: PathBuf,
+        wanted: u64,
+        free: u64,
+        largest: u64,
     },
     #[error(
         "capacity_range: the device of volume {volume} has {size} bytes, less than \
@@ -86,6 +104,7 @@ impl ExpandError {
         match self {
             ExpandError::OtherNode { .. } => Code::Aborted,
             ExpandError::DeviceNotInPool { .. }
+            | ExpandError::InUse { .. }
             | ExpandError::NoPartitionRecorded { .. }
             | ExpandError::BadPartuuid { .. } => Code::FailedPrecondition,
             _ => Code::OutOfRange,

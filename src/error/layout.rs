@@ -117,6 +117,12 @@ pub enum LayoutError {
     PartitionGone { node: PathBuf },
     #[error("volume {volume} is still in use: {uses}; unpublish and unstage it first")]
     PartitionInUse { volume: String, uses: String },
+    /// ControllerExpandVolume is moving the volume to a larger extent of its drive.
+    #[error(
+        "volume {volume} is being moved to a larger extent of its drive to grow \
+         (ControllerExpandVolume); retry once that finishes"
+    )]
+    Moving { volume: String },
     /// What a partition to be erased carries is not the volume's own: left as it is.
     #[error("{why}")]
     NotOurs { why: String },
@@ -169,7 +175,9 @@ impl LayoutError {
             LayoutError::TooLarge { .. } | LayoutError::StripeBeyondLimit { .. } => {
                 Code::OutOfRange
             }
-            LayoutError::DeviceStuck { .. } | LayoutError::Overran { .. } => Code::Aborted,
+            LayoutError::DeviceStuck { .. }
+            | LayoutError::Overran { .. }
+            | LayoutError::Moving { .. } => Code::Aborted,
             _ => Code::FailedPrecondition,
         }
     }

@@ -15,7 +15,9 @@ use tracing::{info, warn};
 
 pub use inventory::{Excluded, Observed, PoolDevice};
 pub use source::{Content, RecordedSource, SourceOf};
-pub use state::{PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord};
+pub use state::{
+    MoveRecord, PartitionRecord, State, StateStore, StripeMember, StripeRecord, VolumeRecord,
+};
 
 use crate::error::{Result, VolumeError};
 use crate::os::{blockdev, FsType, Host, MountEntry, Signature};

@@ -124,6 +124,31 @@ pub struct PartitionRecord {
     /// own removal, not another tool's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub erased: bool,
+    /// A move to a larger extent under way (an expansion the space after the partition
+    /// cannot take; `block::partition::relocate`). Nothing stages the volume meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<MoveRecord>,
+}
+
+/// A partition being moved to a larger extent of its device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    /// The extent it moves to, (start, length) in bytes.
+    pub to: (u64, u64),
+    /// The extent it leaves.
+    pub from: (u64, u64),
+    /// The PARTUUID of the spare label entry: over `to` until the switch, over the
+    /// extent left behind after it, until that is erased.
+    pub spare: String,
+}
+
+impl MoveRecord {
+    pub fn to_span(&self) -> crate::disk::gpt::Extent {
+        crate::disk::gpt::Extent {
+            start: self.to.0,
+            len: self.to.1,
+        }
+    }
 }
 
 impl PartitionRecord {

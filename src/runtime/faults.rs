@@ -43,10 +43,21 @@ pub enum KillPoint {
     /// CreateSnapshot (an incremental one): the unchanged files are linked from the base
     /// snapshot, nothing else copied, no manifest written.
     SnapshotAfterLinks,
+    /// ControllerExpandVolume moving a partition: the move is in the record, the label
+    /// unchanged.
+    MoveAfterRecord,
+    /// The move's spare entry holds the new extent in the label, nothing copied.
+    MoveAfterReserve,
+    /// The volume's bytes are on the new extent (flushed), the label not switched.
+    MoveAfterCopy,
+    /// The label gives the volume the new extent, the old one not erased.
+    MoveAfterSwitch,
+    /// The old extent is zeroed, its spare entry still in the label.
+    MoveAfterErase,
 }
 
 impl KillPoint {
-    pub const ALL: [KillPoint; 11] = [
+    pub const ALL: [KillPoint; 16] = [
         KillPoint::AfterAllocate,
         KillPoint::AfterMkfs,
         KillPoint::AfterStageMount,
@@ -58,6 +69,21 @@ impl KillPoint {
         KillPoint::PartAfterUnshow,
         KillPoint::PartAfterRemove,
         KillPoint::SnapshotAfterLinks,
+        KillPoint::MoveAfterRecord,
+        KillPoint::MoveAfterReserve,
+        KillPoint::MoveAfterCopy,
+        KillPoint::MoveAfterSwitch,
+        KillPoint::MoveAfterErase,
+    ];
+
+    /// The points a move of a partition passes (an expansion the space after it cannot
+    /// take), in order.
+    pub const MOVE: [KillPoint; 5] = [
+        KillPoint::MoveAfterRecord,
+        KillPoint::MoveAfterReserve,
+        KillPoint::MoveAfterCopy,
+        KillPoint::MoveAfterSwitch,
+        KillPoint::MoveAfterErase,
     ];
 
     /// The points the partition layout passes, in the order of a volume's life (it also
@@ -86,6 +112,11 @@ impl KillPoint {
             KillPoint::PartAfterUnshow => "part-after-unshow",
             KillPoint::PartAfterRemove => "part-after-remove",
             KillPoint::SnapshotAfterLinks => "snapshot-after-links",
+            KillPoint::MoveAfterRecord => "move-after-record",
+            KillPoint::MoveAfterReserve => "move-after-reserve",
+            KillPoint::MoveAfterCopy => "move-after-copy",
+            KillPoint::MoveAfterSwitch => "move-after-switch",
+            KillPoint::MoveAfterErase => "move-after-erase",
         }
     }
 

@@ -76,16 +76,80 @@ impl SizeRange {
     }
 }
 
-/// The best fit for `size` among `free`: the smallest extent that holds it, the lowest
-/// on a tie; the allocation starts at that extent's start.
-pub fn best_fit(free: &[Extent], size: u64) -> Option<Extent> {
-    free.iter()
-        .filter(|e| e.len >= size)
-        .min_by_key(|e| (e.len, e.start))
-        .map(|e| Extent {
-            start: e.start,
+/// Free space kept after each partition so that it can grow in place later, as a
+/// percentage of its size: a new partition is carved that far past the one before it
+/// while the device has the room.
+pub const GROWTH_ROOM_PERCENT: u64 = 50;
+
+/// The room a partition of `len` bytes keeps after it (whole MiB).
+pub fn growth_room(len: u64) -> u64 {
+    let share = (u128::from(len) * u128::from(GROWTH_ROOM_PERCENT) / 100) as u64;
+    align_up(share).unwrap_or(align_down(u64::MAX))
+}
+
+/// Where a new partition goes, and how well that placement keeps room to grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The new partition's span.
+    pub at: Extent,
+    /// The free extent it is carved from.
+    pub gap: Extent,
+    /// Both the partition before the gap and the new one keep their whole growth room.
+    pub full_room: bool,
+}
+
+impl Placement {
+    /// Orders placements, best first: those that keep every growth room, the smallest
+    /// gap first (large extents stay whole for large claims); then the rest, the largest
+    /// gap first (the most room shared out).
+    pub fn rank(&self) -> (bool, u64, u64) {
+        let key = if self.full_room {
+            self.gap.len
+        } else {
+            u64::MAX - self.gap.len
+        };
+        (!self.full_room, key, self.gap.start)
+    }
+}
+
+/// The placement of a new partition of `size` bytes in gap `gap`, whose predecessor (the
+/// partition ending where the gap starts, if any) wants `room_before` bytes after it.
+/// With enough space both keep their whole room; otherwise the gap's slack is shared in
+/// proportion to the rooms wanted, so a claim as large as the gap still fits.
+fn place_in(gap: Extent, size: u64, room_before: u64) -> Option<Placement> {
+    let slack = gap.len.checked_sub(size)?;
+    let room_after = growth_room(size);
+    let full_room = slack >= room_before.saturating_add(room_after);
+    let offset = if full_room {
+        room_before
+    } else {
+        let wanted = u128::from(room_before) + u128::from(room_after);
+        let share = u128::from(slack) * u128::from(room_before) / wanted.max(1);
+        align_down(share as u64)
+    };
+    Some(Placement {
+        at: Extent {
+            start: gap.start + offset,
             len: size,
+        },
+        gap,
+        full_room,
+    })
+}
+
+/// The best placement for `size` among the `free` gaps, `used` being every span taken
+/// (partitions and held spans): see [`Placement::rank`].
+pub fn place(free: &[Extent], used: &[Extent], size: u64) -> Option<Placement> {
+    free.iter()
+        .filter_map(|&gap| {
+            let before = used
+                .iter()
+                .filter(|u| u.len > 0 && u.end() <= gap.start)
+                .max_by_key(|u| u.end())
+                .filter(|u| align_up(u.end()) == Some(gap.start));
+            place_in(gap, size, before.map_or(0, |u| growth_room(u.len)))
         })
+        .min_by_key(Placement::rank)
 }
 
 /// Partition numbers and spans the label does not list that must stay untouched: a
@@ -152,9 +216,7 @@ impl Label {
             return Vec::new();
         }
         let usable = self.usable();
-        let mut used: Vec<Extent> = self.partitions().map(|(_, e)| self.span(e)).collect();
-        used.extend(held.spans.iter().filter(|h| h.len > 0));
-        used.sort_unstable();
+        let used = self.used_spans(held);
         let mut free = Vec::new();
         let mut at = usable.start;
         for u in used.iter().chain(std::iter::once(&Extent {
@@ -173,6 +235,23 @@ impl Label {
         free
     }
 
+    /// The spans of the partitions and the `held` spans, in device order.
+    pub fn used_spans(&self, held: &Held) -> Vec<Extent> {
+        let mut used: Vec<Extent> = self.partitions().map(|(_, e)| self.span(e)).collect();
+        used.extend(held.spans.iter().filter(|h| h.len > 0));
+        used.sort_unstable();
+        used
+    }
+
+    /// Where a new partition of `size` would go, clear of `held` ([`place`]).
+    pub fn placement(&self, size: u64, held: &Held) -> Option<Placement> {
+        place(
+            &self.free_extents_clear_of(held),
+            &self.used_spans(held),
+            size,
+        )
+    }
+
     /// Free bytes (CSI `available_capacity`) and the largest single extent (CSI
     /// `maximum_volume_size`).
     pub fn capacity(&self) -> (u64, u64) {
@@ -189,8 +268,9 @@ impl Label {
         self.partitions().find(|(_, e)| &e.guid == guid)
     }
 
-    /// Adds a partition of `size` bytes named `name` at the best fit, in the lowest free
-    /// slot, with a fresh PARTUUID; returns its number. Only in memory: write the label.
+    /// Adds a partition of `size` bytes named `name` where [`place`] puts it, in the
+    /// lowest free slot, with a fresh PARTUUID; returns its number. Only in memory: write
+    /// the label.
     pub fn allocate(&mut self, name: &str, size: u64) -> Result<u32> {
         self.allocate_clear_of(name, size, &Held::default())
     }
@@ -213,10 +293,12 @@ impl Label {
         let slot = self.free_slot(held).ok_or(Error::NoEntry {
             entries: self.usable_entries(),
         })?;
-        let free = self.free_extents_clear_of(held);
-        let at = best_fit(&free, size).ok_or(Error::NoSpace {
-            wanted: size,
-            largest: free.iter().map(|e| e.len).max().unwrap_or(0),
+        let at = self.placement(size, held).map(|p| p.at).ok_or_else(|| {
+            let free = self.free_extents_clear_of(held);
+            Error::NoSpace {
+                wanted: size,
+                largest: free.iter().map(|e| e.len).max().unwrap_or(0),
+            }
         })?;
         let slot = slot as usize - 1;
         self.slots[slot] = Some(Entry {
@@ -228,6 +310,64 @@ impl Label {
             name: name.to_owned(),
         });
         Ok(slot as u32 + 1)
+    }
+
+    /// Adds partition `name` with PARTUUID `guid` exactly over `span` (free, clear of
+    /// `held`), in the lowest free slot; returns its number. Only in memory.
+    pub fn insert_at(&mut self, name: &str, guid: Uuid, span: Extent, held: &Held) -> Result<u32> {
+        check_name(name)?;
+        if span.len == 0 || !span.start.is_multiple_of(ALIGN) || !span.len.is_multiple_of(ALIGN) {
+            return Err(Error::Invalid(format!(
+                "span {span:?} is not aligned to {ALIGN}"
+            )));
+        }
+        if let Some((number, _)) = self.by_name(name) {
+            return Err(Error::NameTaken {
+                name: name.to_owned(),
+                number,
+                len: self.extent(number).map_or(0, |e| e.len),
+            });
+        }
+        let slot = self.free_slot(held).ok_or(Error::NoEntry {
+            entries: self.usable_entries(),
+        })?;
+        let free = self.free_extents_clear_of(held);
+        if !free
+            .iter()
+            .any(|g| g.start <= span.start && span.end() <= g.end())
+        {
+            return Err(Error::NoSpace {
+                wanted: span.len,
+                largest: free.iter().map(|e| e.len).max().unwrap_or(0),
+            });
+        }
+        self.slots[slot as usize - 1] = Some(Entry {
+            type_guid: TYPE_GUID,
+            guid,
+            first_lba: span.start / self.sector,
+            last_lba: span.end() / self.sector - 1,
+            attributes: 0,
+            name: name.to_owned(),
+        });
+        Ok(slot)
+    }
+
+    /// Gives partition `number` the span `span` (only in memory; the caller has checked
+    /// that nothing else holds it).
+    pub fn set_span(&mut self, number: u32, span: Extent) -> Result<()> {
+        let sector = self.sector;
+        let e = self
+            .slots
+            .get_mut(
+                number
+                    .checked_sub(1)
+                    .ok_or_else(|| Error::NotInLabel(number.to_string()))? as usize,
+            )
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
+        e.first_lba = span.start / sector;
+        e.last_lba = span.end() / sector - 1;
+        Ok(())
     }
 
     /// Grows partition `number` in place to `size` bytes; `Ok(false)` when it is already

@@ -63,32 +63,30 @@ fn an_empty_label_has_one_aligned_extent() {
 }
 
 #[test]
-fn best_fit_takes_the_smallest_hole_that_holds_it() {
+fn placement_keeps_room_to_grow_after_each_partition() {
     let mut l = label(64);
     let a = l.allocate("a", 4 * MIB).unwrap();
-    let _b = l.allocate("b", 2 * MIB).unwrap();
+    let b = l.allocate("b", 2 * MIB).unwrap();
     let c = l.allocate("c", 8 * MIB).unwrap();
-    let _d = l.allocate("d", 2 * MIB).unwrap();
-    l.remove(a); // a 4 MiB hole at 1 MiB
-    l.remove(c); // an 8 MiB hole at 7 MiB
-    let e = l.allocate("e", 3 * MIB).unwrap();
+    let at = |l: &Label, n: u32| l.extent(n).unwrap().start / MIB;
     assert_eq!(
-        l.extent(e).unwrap().start,
-        MIB,
-        "the 4 MiB hole, not the 8 MiB one"
+        (at(&l, a), at(&l, b), at(&l, c)),
+        (1, 7, 10),
+        "each one past its predecessor's room (half the predecessor's size)"
     );
-    assert_eq!(e, 1, "the lowest free slot");
-    let f = l.allocate("f", 6 * MIB).unwrap();
-    assert_eq!(l.extent(f).unwrap().start, 7 * MIB);
+    assert_eq!(a, 1, "the lowest free slot");
+    assert!(l.grow(a, 6 * MIB).unwrap(), "a grows into its room");
+    assert!(l.grow(b, 3 * MIB).unwrap(), "and b into its own");
+    assert!(l.grow(a, 7 * MIB).is_err(), "but not into b");
     let err = l.allocate("g", 60 * MIB).unwrap_err();
     assert!(
-        matches!(err, Error::NoSpace { wanted, largest } if wanted == 60 * MIB && largest == 46 * MIB),
+        matches!(err, Error::NoSpace { wanted, largest } if wanted == 60 * MIB && largest == 45 * MIB),
         "{err}"
     );
     assert!(
         matches!(
-            l.allocate("f", MIB),
-            Err(Error::NameTaken { number, .. }) if number == f
+            l.allocate("c", MIB),
+            Err(Error::NameTaken { number, .. }) if number == c
         ),
         "names are unique"
     );
@@ -100,20 +98,88 @@ fn best_fit_takes_the_smallest_hole_that_holds_it() {
 }
 
 #[test]
+fn the_smallest_hole_that_keeps_every_room_is_taken_first() {
+    let mut l = label(256);
+    let sizes = [("a", 4), ("b", 8), ("c", 16), ("d", 4), ("e", 4)];
+    let n: Vec<u32> = sizes
+        .iter()
+        .map(|(name, mib)| l.allocate(name, mib * MIB).unwrap())
+        .collect();
+    let starts: Vec<u64> = n
+        .iter()
+        .map(|&n| l.extent(n).unwrap().start / MIB)
+        .collect();
+    assert_eq!(starts, [1, 7, 19, 43, 49]);
+    l.remove(n[1]); // a 14 MiB hole after a (which wants 2 MiB of room)
+    l.remove(n[3]); // a 14 MiB hole after c (which wants 8)
+    let x = l.allocate("x", 2 * MIB).unwrap();
+    assert_eq!(
+        l.extent(x).unwrap().start,
+        7 * MIB,
+        "the first of the two smallest holes, past a's room, not the large free end"
+    );
+    let y = l.allocate("y", 6 * MIB).unwrap();
+    assert_eq!(
+        l.extent(y).unwrap().start,
+        10 * MIB,
+        "the rest of the hole after a keeps x's room and y's own; after c it would not"
+    );
+}
+
+#[test]
+fn when_room_runs_short_the_slack_is_shared_and_every_claim_that_fits_is_carved() {
+    let mut l = label(64); // 62 MiB usable
+    let a = l.allocate("a", 30 * MIB).unwrap();
+    assert_eq!(l.extent(a).unwrap().start, MIB);
+    // 32 MiB follow a, which wants 15 of room, the new one 10: the 12 spare MiB are
+    // shared 15:10.
+    let b = l.allocate("b", 20 * MIB).unwrap();
+    assert_eq!(l.extent(b).unwrap().start, 38 * MIB);
+    let (free, largest) = l.capacity();
+    assert_eq!((free, largest), (12 * MIB, 7 * MIB));
+    let c = l.allocate("c", largest).unwrap();
+    assert_eq!(
+        l.extent(c).unwrap().start,
+        31 * MIB,
+        "a claim as large as the largest free extent is still carved"
+    );
+    let d = l.allocate("d", 5 * MIB).unwrap();
+    assert_eq!(l.extent(d).unwrap().start, 58 * MIB);
+}
+
+#[test]
+fn twenty_four_claims_on_a_4_gib_drive_each_grow_by_half_in_place() {
+    let mut l = label(4096);
+    let sizes: Vec<u64> = (0..24).map(|i| (64 + (i * 37) % 97) * MIB).collect();
+    let carved: u64 = sizes.iter().sum();
+    assert!(carved > 2 * GIB + GIB / 2, "{carved}");
+    let parts: Vec<u32> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| l.allocate(&format!("v{i}"), size).unwrap())
+        .collect();
+    for (i, n) in parts.into_iter().enumerate() {
+        let now = l.extent(n).unwrap().len;
+        let wanted = (now * 3 / 2).next_multiple_of(MIB);
+        assert!(l.grow(n, wanted).unwrap(), "claim {i}: {now} -> {wanted}");
+    }
+}
+
+#[test]
 fn grow_in_place_or_name_the_neighbour() {
     let mut l = label(64);
     let a = l.allocate("a", 4 * MIB).unwrap();
     let b = l.allocate("b", 4 * MIB).unwrap();
     let c = l.allocate("c", 50 * MIB).unwrap();
-    assert_eq!(l.extent(c).unwrap().start, 9 * MIB);
-    let err = l.grow(a, 5 * MIB).unwrap_err();
+    assert_eq!(l.extent(c).unwrap().start, 11 * MIB);
+    let err = l.grow(a, 7 * MIB).unwrap_err();
     assert!(
         err.to_string()
-            .contains("partition 2 (\"b\") starts at byte 5242880"),
+            .contains("partition 2 (\"b\") starts at byte 7340032"),
         "{err}"
     );
     l.remove(b);
-    assert!(l.grow(a, 8 * MIB).unwrap(), "4 free MiB follow a");
+    assert!(l.grow(a, 8 * MIB).unwrap(), "6 free MiB follow a");
     assert!(
         !l.grow(a, 8 * MIB).unwrap(),
         "already that large: nothing to do"
@@ -126,15 +192,16 @@ fn grow_in_place_or_name_the_neighbour() {
             len: 8 * MIB
         }
     );
-    let err = l.grow(a, 9 * MIB).unwrap_err();
+    let err = l.grow(a, 11 * MIB).unwrap_err();
     assert!(
         err.to_string()
-            .contains("partition 3 (\"c\") starts at byte 9437184"),
+            .contains("partition 3 (\"c\") starts at byte 11534336"),
         "{err}"
     );
+    assert!(l.grow(a, 10 * MIB).unwrap());
     let err = l.grow(c, 60 * MIB).unwrap_err();
     assert!(err.to_string().contains("usable space ends"), "{err}");
-    assert!(l.grow(c, 54 * MIB).unwrap());
+    assert!(l.grow(c, 52 * MIB).unwrap());
     assert_eq!(l.capacity(), (0, 0));
     assert!(matches!(l.grow(7, 2 * MIB), Err(Error::NotInLabel(_))));
 }
@@ -151,6 +218,16 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// The room the partition right before `gap` wants (none at the usable start).
+fn room_before(l: &Label, gap: &Extent) -> u64 {
+    l.partitions()
+        .map(|(n, _)| l.extent(n).unwrap())
+        .filter(|e| e.end() <= gap.start && e.end().next_multiple_of(ALIGN) == gap.start)
+        .map(|e| growth_room(e.len))
+        .max()
+        .unwrap_or(0)
 }
 
 /// No overlaps, all aligned and inside the usable span, free + used == usable, and
@@ -182,7 +259,7 @@ fn check_invariants(l: &Label) {
 }
 
 #[test]
-fn random_allocations_keep_the_invariants_and_fit_best() {
+fn random_allocations_keep_the_invariants_and_the_room() {
     for seed in 1..=40u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut l = label(256 + rng.below(768));
@@ -193,13 +270,27 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
                     let size = (1 + rng.below(48)) * MIB;
                     let free = l.free_extents();
                     let fits: Vec<&Extent> = free.iter().filter(|e| e.len >= size).collect();
+                    // Gaps where the partition before and the new one keep their room.
+                    let roomy: Vec<&Extent> = fits
+                        .iter()
+                        .copied()
+                        .filter(|g| g.len >= room_before(&l, g) + size + growth_room(size))
+                        .collect();
                     match l.allocate(&format!("s{seed}n{step}"), size) {
                         Ok(n) => {
                             let got = l.extent(n).unwrap();
-                            let best = fits.iter().map(|e| e.len).min().unwrap();
-                            let hole = free.iter().find(|e| e.start == got.start).unwrap();
-                            assert_eq!(hole.len, best, "seed {seed} step {step}: not the best fit");
                             assert_eq!(got.len, size);
+                            let hole = free
+                                .iter()
+                                .find(|g| g.start <= got.start && got.end() <= g.end())
+                                .expect("inside a free extent");
+                            if let Some(best) = roomy.iter().map(|g| g.len).min() {
+                                assert_eq!(
+                                    hole.len, best,
+                                    "seed {seed} step {step}: not the smallest roomy gap"
+                                );
+                                assert_eq!(got.start, hole.start + room_before(&l, hole));
+                            }
                         }
                         Err(Error::NoSpace { .. }) => {
                             assert!(
@@ -226,7 +317,7 @@ fn random_allocations_keep_the_invariants_and_fit_best() {
 }
 
 #[test]
-fn choose_picks_the_best_hole_across_devices() {
+fn choose_prefers_the_device_that_keeps_growth_room() {
     use crate::disk::gpt::volume::choose;
     use std::path::PathBuf;
     let mut small = label(64);
@@ -239,10 +330,21 @@ fn choose_picks_the_best_hole_across_devices() {
     let (dev, at) = choose(&labels, 3 * MIB).unwrap();
     assert_eq!(
         (dev, at.start),
-        (PathBuf::from("/dev/b").as_path(), 59 * MIB)
+        (PathBuf::from("/dev/a").as_path(), MIB),
+        "not squeezed into x's room on /dev/b"
     );
-    let (dev, _) = choose(&labels, 5 * MIB).unwrap();
-    assert_eq!(dev, PathBuf::from("/dev/a").as_path());
+    let mut roomy = label(64);
+    roomy.allocate("y", 8 * MIB).unwrap(); // [1, 9), room 4: 50 MiB after it
+    let labels = vec![
+        labels[0].clone(),
+        (PathBuf::from("/dev/c"), roomy, Default::default()),
+    ];
+    let (dev, at) = choose(&labels, 3 * MIB).unwrap();
+    assert_eq!(
+        (dev, at.start),
+        (PathBuf::from("/dev/c").as_path(), 13 * MIB),
+        "the smaller gap that keeps every room"
+    );
     assert!(choose(&labels, 300 * MIB).is_none());
 }
 

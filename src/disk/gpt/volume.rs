@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
 
-use super::alloc::{best_fit, Extent, Held};
+use super::alloc::{Extent, Held};
 use super::format::{Label, TYPE_GUID};
 use super::label::{self, OnDisk};
 use super::{kernel, Error, Result};
@@ -77,20 +77,15 @@ pub fn held_on(device: &Path, label: &Label, held: &Held) -> Result<Held> {
     Ok(all)
 }
 
-/// The pool device and extent that fit `size` best among the carved devices' labels,
-/// clear of what each device holds (smallest hole that holds it; the first device on a
-/// tie).
+/// The pool device and extent for a new partition of `size` among the carved devices'
+/// labels, clear of what each device holds: the best [`super::alloc::Placement::rank`]
+/// (growth room kept, then the smallest gap; the first device on a tie).
 pub fn choose(labels: &[(PathBuf, Label, Held)], size: u64) -> Option<(&Path, Extent)> {
     labels
         .iter()
-        .filter_map(|(dev, l, h)| {
-            let free = l.free_extents_clear_of(h);
-            let at = best_fit(&free, size)?;
-            let hole = free.iter().find(|f| f.start == at.start).map(|f| f.len);
-            Some((dev, at, hole.unwrap_or(u64::MAX)))
-        })
-        .min_by_key(|(_, _, hole)| *hole)
-        .map(|(dev, e, _)| (dev.as_path(), e))
+        .filter_map(|(dev, l, h)| Some((dev, l.placement(size, h)?)))
+        .min_by_key(|(_, p)| p.rank())
+        .map(|(dev, p)| (dev.as_path(), p.at))
 }
 
 /// Carves partition `name` of `size` bytes on `device` (our label), clear of `held` and
@@ -169,6 +164,65 @@ pub fn grow(device: &Path, partuuid: &Uuid, size: u64, held: &Held) -> Result<Ca
             };
             kernel::zero_span(device, added, GROW_ZERO_CHUNK)?;
         }
+        label::write(device, &label)?;
+    }
+    shown(device, &label, number)
+}
+
+/// Where a move of partition `partuuid` stands in the label: its span, and the span of
+/// its spare entry `spare` when the label lists it (the extent it moves to until the
+/// switch, the one it leaves after it).
+pub fn move_spans(
+    device: &Path,
+    partuuid: &Uuid,
+    spare: &Uuid,
+) -> Result<(Extent, Option<Extent>)> {
+    let (label, number) = find(device, partuuid)?;
+    let span = label
+        .extent(number)
+        .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
+    let spare = label.by_guid(spare).and_then(|(n, _)| label.extent(n));
+    Ok((span, spare))
+}
+
+/// The first step of a move: spare entry `name` (PARTUUID `spare`) over `to`, free and
+/// clear of `held`, so nothing is carved there while the volume is copied. Not shown to
+/// the kernel. Done already when the entry is there.
+pub fn reserve(device: &Path, name: &str, spare: &Uuid, to: Extent, held: &Held) -> Result<()> {
+    let mut label = ours(device)?;
+    if let Some((n, _)) = label.by_guid(spare) {
+        return match label.extent(n) {
+            Some(at) if at == to => Ok(()),
+            other => Err(Error::Changed(format!(
+                "the spare entry {spare} of a move on {} spans {other:?}, not {to:?}",
+                device.display()
+            ))),
+        };
+    }
+    let held = held_on(device, &label, held)?;
+    label.insert_at(name, *spare, to, &held)?;
+    label::write(device, &label)
+}
+
+/// The switch of a move, one label write: partition `partuuid` takes `to` (where its
+/// bytes were copied) and the spare entry the span it leaves; then the kernel shows the
+/// partition at `to` (refused while its old node is open). Done already when the
+/// partition spans `to`.
+pub fn switch(device: &Path, partuuid: &Uuid, spare: &Uuid, to: Extent) -> Result<Carved> {
+    let (mut label, number) = find(device, partuuid)?;
+    let now = label
+        .extent(number)
+        .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
+    if now != to {
+        let s = label.by_guid(spare).map(|(n, _)| n);
+        let s = s.filter(|&n| label.extent(n) == Some(to)).ok_or_else(|| {
+            Error::Changed(format!(
+                "the spare entry {spare} of a move on {} no longer spans {to:?}",
+                device.display()
+            ))
+        })?;
+        label.set_span(number, to)?;
+        label.set_span(s, now)?;
         label::write(device, &label)?;
     }
     shown(device, &label, number)

@@ -47,7 +47,7 @@ pub async fn expand(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Resul
         // Not located: a stripe's device is its array, running only while staged.
         IdLayout::Stripe => return stripe_fixed(b, id, req),
         IdLayout::Device => whole_device(&b.locate(id)?, req)?,
-        IdLayout::Partition => grow_partition(b, &b.locate(id)?, req).await?,
+        IdLayout::Partition => grow_or_move(b, id, req).await?,
     };
     // A whole device's filesystem fills it from mkfs on; a raw block volume has none.
     let grew_fs = id.layout == IdLayout::Partition && !req.block;
@@ -104,8 +104,60 @@ fn never_shrinks(vol: &Located, size: u64, req: &Expand) -> Result<()> {
     Ok(())
 }
 
-/// Grows the partition to the range's size under the device's lock; its size after.
-async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result<u64> {
+/// What an in-place grow came to.
+enum Grown {
+    To(u64),
+    /// The space after the partition is taken: by what, and the size asked for.
+    Blocked(String, u64),
+}
+
+/// Grows the partition in place, or moves it to a larger extent of its drive when the
+/// space after it is taken and nothing uses it (`partition::relocate`); its size after.
+/// A move under way or cut short is joined or settled first.
+async fn grow_or_move(b: &BlockBackend, id: &BlockVolumeId, req: &Expand) -> Result<u64> {
+    let raw = id.to_string();
+    let parts = &b.partitioned;
+    let rec = b.record(&raw)?;
+    let recorded_move = rec.partition.as_ref().is_some_and(|p| p.moving.is_some());
+    if parts.moving_now(&raw) || recorded_move {
+        let size = SizeRange {
+            required: req.required,
+            limit: req.limit,
+        }
+        .size(ALIGN)?;
+        let blocked = "a move under way";
+        parts
+            .relocate(id, size, blocked, &b.mounter.mount_table()?)
+            .await?;
+    }
+    let (blocked, size) = match grow_partition(b, &b.locate(id)?, req).await? {
+        Grown::To(size) => return Ok(size),
+        Grown::Blocked(e, size) => (e, size),
+    };
+    let located = b.locate(id)?;
+    let mounts = b.mounter.mount_table()?;
+    if let Some(u) = b.pool.uses(&located.device, &mounts).first() {
+        let parent = b.partitioned.pool.device(&located.record.device_id);
+        let label = parent.and_then(|p| volume::ours(&p.path).ok());
+        let (free, largest) = label.map_or((0, 0), |l| l.capacity());
+        return Err(ExpandError::InUse {
+            volume: raw,
+            wanted: size,
+            blocked: blocked.clone(),
+            uses: u.to_string(),
+            free,
+            largest,
+        }
+        .into());
+    }
+    parts.relocate(id, size, &blocked, &mounts).await?;
+    let moved = b.locate(id)?;
+    record_size(b, &raw, moved.device.size_bytes)
+}
+
+/// Grows the partition to the range's size under the device's lock: its size after, or
+/// why it cannot grow in place.
+async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result<Grown> {
     let raw = vol.id.to_string();
     // The one place expansion takes the partition layout's lock.
     let _guard = b.partitioned.device_lock(&vol.record.device_id).await;
@@ -113,7 +165,7 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
     let now = located.device.size_bytes;
     if req.required <= now {
         never_shrinks(&located, now, req)?;
-        return record_size(b, &raw, now);
+        return record_size(b, &raw, now).map(Grown::To);
     }
     let range = SizeRange {
         required: req.required,
@@ -140,10 +192,14 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
         },
     )
     .await?;
-    let carved = grown.map_err(|e| match e {
-        gpt::Error::Blocked { .. } => blocked(b, &raw, &located.record.device_id, e),
-        other => Error::from(other),
-    })?;
+    let carved = match grown {
+        Ok(carved) => carved,
+        Err(e @ gpt::Error::Blocked { .. }) => {
+            let why = blocked(b, &raw, &located.record.device_id, e);
+            return Ok(Grown::Blocked(why, size));
+        }
+        Err(other) => return Err(other.into()),
+    };
     info!(
         volume_id = raw,
         from = now,
@@ -157,7 +213,7 @@ async fn grow_partition(b: &BlockBackend, vol: &Located, req: &Expand) -> Result
         }
         Ok(())
     })?;
-    record_size(b, &raw, carved.span.len)
+    record_size(b, &raw, carved.span.len).map(Grown::To)
 }
 
 fn partuuid(vol: &Located) -> Result<uuid::Uuid> {
@@ -177,9 +233,9 @@ fn partuuid(vol: &Located) -> Result<uuid::Uuid> {
     })
 }
 
-/// OutOfRange naming the volume whose partition is in the way (partitions are named by
-/// their volume's allocation id).
-fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error {
+/// Why the partition cannot grow in place, naming the volume whose partition is in the
+/// way (partitions are named by their volume's allocation id).
+fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> String {
     let msg = e.to_string();
     let state = b.pool.state.snapshot();
     let neighbour = state.entries().find_map(|(id, r)| {
@@ -187,12 +243,10 @@ fn blocked(b: &BlockBackend, raw: &str, device_id: &str, e: gpt::Error) -> Error
         let other = id.to_string();
         (r.device_id == device_id && other != raw && named).then_some(other)
     });
-    ExpandError::Blocked {
-        volume: raw.to_owned(),
-        why: msg,
-        neighbour: neighbour.map_or(String::new(), |n| format!(" (volume {n})")),
+    match neighbour {
+        Some(n) => format!("{msg} (volume {n})"),
+        None => msg,
     }
-    .into()
 }
 
 /// Makes the record say `size` (a grow the record missed is adopted); returns it.

@@ -124,6 +124,7 @@ impl BlockBackend {
         self.pool.rescan(&mounts);
         self.pool.classify_free(self.mounter.host.as_ref()).await;
         self.partitioned.resync();
+        self.partitioned.settle_moves().await;
         info!(
             devices = self.pool.devices().len(),
             free = self.pool.free_devices().len(),

@@ -9,6 +9,7 @@
 //! - `erase`: discarding and zeroing partitions and spans of a device.
 
 mod blkpg;
+mod copy;
 mod erase;
 pub(super) mod sysfs;
 
@@ -22,6 +23,7 @@ use super::label::{self, OnDisk};
 use super::{Error, Result};
 
 pub use blkpg::{add, delete, resize};
+pub use copy::{copy_extent, Copied};
 pub use erase::{
     discard, open_exclusive, zero_extent, zero_file, zero_offloaded, zero_span, Erased,
 };

@@ -271,6 +271,7 @@ impl Partitioned {
             number: carved.number,
             span: Some((carved.span.start, carved.span.len)),
             erased: false,
+            moving: None,
         };
         let rec = self.pool.state.update(|s| {
             let r = s

@@ -52,16 +52,24 @@ impl Partitioned {
         let Ok(rec) = self.record(volume_id) else {
             return Ok(());
         };
+        if self.moving_now(volume_id) {
+            return Err(LayoutError::Moving {
+                volume: volume_id.to_owned(),
+            }
+            .into());
+        }
         let _device = self.device_lock(&rec.device_id).await;
-        // Read again under the lock: an earlier job may have finished it meanwhile.
+        let parent = self.pool.fresh_device(&rec.device_id, mounts);
+        if let Some(parent) = parent.as_ref().filter(|p| volume::ours(&p.path).is_ok()) {
+            self.repair_label(&parent.path).await?;
+            self.settle(volume_id, &parent.path).await?;
+        }
+        // Read again under the lock (and after a move settled): an earlier job may have
+        // finished it meanwhile.
         let Ok(rec) = self.record(volume_id) else {
             return Ok(());
         };
-        let parent = self.pool.fresh_device(&rec.device_id, mounts);
         if let Some(parent) = &parent {
-            if volume::ours(&parent.path).is_ok() {
-                self.repair_label(&parent.path).await?;
-            }
             if let Some(carved) = self.carved(id, &rec, &parent.path)? {
                 self.erase(host, volume_id, &rec, parent, &carved, mounts)
                     .await?;

@@ -17,6 +17,7 @@
 mod create;
 mod delete;
 pub mod guard;
+mod relocate;
 
 pub(crate) use delete::erase_partition;
 
@@ -193,6 +194,8 @@ impl Partitioned {
                 let held = by_device.entry(device_id.clone()).or_default();
                 held.numbers.push(p.number);
                 held.spans.extend(p.held_span());
+                // The extent a move copies to, before and after its spare entry is written.
+                held.spans.extend(p.moving.as_ref().map(|m| m.to_span()));
             }
         }
         by_device
@@ -350,6 +353,12 @@ impl Layout for Partitioned {
         let Some(part) = record.partition.as_ref() else {
             return Ok(None);
         };
+        if part.moving.is_some() {
+            return Err(LayoutError::Moving {
+                volume: record.name.clone(),
+            }
+            .into());
+        }
         let want = part.recorded(None).ok_or_else(|| Error::State {
             path: parent.path.clone(),
             reason: format!("bad PARTUUID {:?}", part.partuuid),

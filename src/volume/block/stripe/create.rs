@@ -334,6 +334,7 @@ impl Striped {
                 number: carved.number,
                 span: Some((carved.span.start, carved.span.len)),
                 erased: false,
+                moving: None,
             };
             self.pool.state.update(|s| {
                 let r = s.get_mut(raw).and_then(|r| r.stripe.as_mut());
