@@ -512,3 +512,187 @@ async fn a_crash_between_label_and_record_converges_on_retry() {
     assert_eq!(rig.0.mkfs_count(), 1, "formatted once");
     requests::unstage(&mut c, &id, &staging).await.unwrap();
 }
+
+/// Rewrites the record of volume `id` in the stopped driver's state dir with `change`.
+fn edit_record(rig: &Rig, id: &str, change: impl FnOnce(&mut serde_json::Value)) {
+    for entry in fs::read_dir(rig.path("state").join("volumes")).unwrap() {
+        let path = entry.unwrap().path();
+        let mut stored: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        if stored["id"] == id {
+            change(&mut stored["record"]);
+            fs::write(&path, serde_json::to_vec_pretty(&stored).unwrap()).unwrap();
+            return;
+        }
+    }
+    panic!("no record of {id}");
+}
+
+fn bytes_at(disk: &Path, start: u64, len: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    run("blockdev", &["--flushbufs", disk.to_str().unwrap()]);
+    let mut f = fs::File::open(disk).unwrap();
+    f.seek(SeekFrom::Start(start)).unwrap();
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// A move recorded that the label does not bear out (a planted record, an entry moved by
+/// another tool) is refused at start-up and by every call on the volume, and nothing is
+/// zeroed: neither the neighbour the record points at nor the extent the entry was moved to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_the_label_does_not_bear_out_zeroes_nothing() {
+    let Some(mut rig) = part_rig(256 * MIB) else {
+        return;
+    };
+    let dev = rig.0.loops[0].clone();
+    let mut c = rig.0.start().await;
+    let a = requests::create_volume(&mut c, create_req("pv-a", 32 * MIB, "ext4", "partition"))
+        .await
+        .volume_id;
+    let b = requests::create_volume(&mut c, create_req("pv-b", 32 * MIB, "ext4", "partition"))
+        .await
+        .volume_id;
+    let staging = rig.0.path("staging");
+    requests::stage(&mut c, &b, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    fs::write(staging.join("data"), data()).unwrap();
+    run("sync", &[]);
+    let sum = digest_file(&staging.join("data"));
+    requests::unstage(&mut c, &b, &staging).await.unwrap();
+    let (ea, eb) = (entry_of(&dev, &a), entry_of(&dev, &b));
+    let b_bytes = bytes_at(&dev, eb.2, eb.3);
+
+    // A planted move whose spare entry is b's own.
+    rig.0.kill9();
+    edit_record(&rig.0, &a, |r| {
+        r["partition"]["moving"] = serde_json::json!({
+            "to": [eb.2, eb.3], "from": [ea.2, ea.3], "spare": eb.1,
+        });
+    });
+    let mut c = rig.0.start().await;
+    assert!(
+        rig.0.logs().contains("a move could not be settled"),
+        "logged at start-up"
+    );
+    assert_eq!(bytes_at(&dev, eb.2, eb.3), b_bytes, "b untouched");
+    let err = requests::stage(&mut c, &a, &staging, mount_cap("ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err}");
+    assert!(err.message().contains("being moved"), "{err}");
+    let err = c
+        .controller
+        .controller_expand_volume(expand_req(&a, 64 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.message().contains("not as this driver left it"),
+        "{err}"
+    );
+    let err = c
+        .controller
+        .delete_volume(requests::delete_request(&a))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert_eq!(bytes_at(&dev, eb.2, eb.3), b_bytes, "b untouched");
+
+    // A spare entry of the right name that another tool moved off the recorded extent.
+    rig.0.kill9();
+    let spare = "0a1b2c3d-0000-4000-8000-00000000abcd";
+    let alloc = ea.0.clone();
+    let (to, moved_to) = ((160 * MIB, 16 * MIB), (200 * MIB, 16 * MIB));
+    let (first, last) = (moved_to.0 / 512, (moved_to.0 + moved_to.1) / 512 - 1);
+    run(
+        "sgdisk",
+        &[
+            &format!("--new=9:{first}:{last}"),
+            &format!("--partition-guid=9:{spare}"),
+            &format!("--typecode=9:{}", gds_csi::disk::gpt::TYPE_GUID),
+            &format!("--change-name=9:{alloc}.move"),
+            dev.to_str().unwrap(),
+        ],
+    );
+    let pattern = vec![0x5a_u8; 4096];
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&dev).unwrap();
+        f.write_all_at(&pattern, moved_to.0).unwrap();
+        f.sync_all().unwrap();
+    }
+    edit_record(&rig.0, &a, |r| {
+        r["partition"]["moving"] = serde_json::json!({
+            "to": [to.0, to.1], "from": [ea.2, ea.3], "spare": spare,
+        });
+    });
+    let mut c = rig.0.start().await;
+    assert!(rig.0.logs().contains("a move could not be settled"));
+    assert_eq!(bytes_at(&dev, moved_to.0, 4096), pattern, "nothing zeroed");
+    let err = c
+        .controller
+        .controller_expand_volume(expand_req(&a, 64 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.message().contains(".move"),
+        "names the spare entry: {err}"
+    );
+    assert_eq!(bytes_at(&dev, moved_to.0, 4096), pattern, "nothing zeroed");
+
+    // The record put right: the move goes through, b intact.
+    rig.0.kill9();
+    edit_record(&rig.0, &a, |r| {
+        r["partition"].as_object_mut().unwrap().remove("moving");
+    });
+    run("sgdisk", &["--delete=9", dev.to_str().unwrap()]);
+    let mut c = rig.0.start().await;
+    assert_eq!(controller_expand(&mut c, &a, 64 * MIB).await.0, 64 * MIB);
+    requests::stage(&mut c, &b, &staging, mount_cap("ext4"))
+        .await
+        .unwrap();
+    assert_eq!(digest_file(&staging.join("data")), sum, "b's data");
+    requests::unstage(&mut c, &b, &staging).await.unwrap();
+    rig.0.kill9();
+}
+
+/// A partition another program holds open exclusively is in use: no move, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_held_open_is_not_moved() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(mut rig) = part_rig(256 * MIB) else {
+        return;
+    };
+    let dev = rig.0.loops[0].clone();
+    let mut c = rig.0.start().await;
+    let a = requests::create_volume(&mut c, create_req("pv-a", 32 * MIB, "ext4", "partition"))
+        .await
+        .volume_id;
+    requests::create_volume(&mut c, create_req("pv-b", 32 * MIB, "ext4", "partition")).await;
+    let ea = entry_of(&dev, &a);
+    let parts = gds_csi::disk::gpt::kernel::list(&dev).unwrap();
+    let k = parts.iter().find(|k| k.start == ea.2).expect("a shown");
+    let node = Path::new("/dev").join(&k.name);
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&node)
+        .unwrap();
+    let (label, state) = (gpt_entries(&dev), rig.0.state());
+    let err = c
+        .controller
+        .controller_expand_volume(expand_req(&a, 64 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("once no pod uses it"), "{err}");
+    assert_eq!(gpt_entries(&dev), label, "the label changed");
+    assert_eq!(rig.0.state(), state, "the state changed");
+    drop(held);
+    assert_eq!(controller_expand(&mut c, &a, 64 * MIB).await.0, 64 * MIB);
+    rig.0.kill9();
+}

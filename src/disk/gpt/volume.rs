@@ -169,19 +169,21 @@ pub fn grow(device: &Path, partuuid: &Uuid, size: u64, held: &Held) -> Result<Ca
     shown(device, &label, number)
 }
 
-/// Where a move of partition `partuuid` stands in the label: its span, and the span of
-/// its spare entry `spare` when the label lists it (the extent it moves to until the
-/// switch, the one it leaves after it).
+/// Where a move of partition `partuuid` stands in the label: its span, and the span and
+/// name of its spare entry `spare` when the label lists it (over the extent it moves to
+/// until the switch, the one it leaves after it).
 pub fn move_spans(
     device: &Path,
     partuuid: &Uuid,
     spare: &Uuid,
-) -> Result<(Extent, Option<Extent>)> {
+) -> Result<(Extent, Option<(Extent, String)>)> {
     let (label, number) = find(device, partuuid)?;
     let span = label
         .extent(number)
         .ok_or_else(|| Error::NotInLabel(number.to_string()))?;
-    let spare = label.by_guid(spare).and_then(|(n, _)| label.extent(n));
+    let spare = label
+        .by_guid(spare)
+        .and_then(|(n, e)| Some((label.extent(n)?, e.name.clone())));
     Ok((span, spare))
 }
 

@@ -52,6 +52,11 @@ fn spare_name(id: &BlockVolumeId) -> String {
     format!("{}.move", id.allocation)
 }
 
+/// [`spare_name`] of volume id `raw`.
+fn spare_of(raw: &str) -> Option<String> {
+    BlockVolumeId::parse(raw).map(|id| spare_name(&id))
+}
+
 /// What a move needs that the record says.
 struct Planned {
     partuuid: Uuid,
@@ -331,13 +336,11 @@ impl Partitioned {
                 &format!("the volume's entry spans {span:?}"),
             ));
         };
-        if let Some(s) = spare_span {
-            if s != leftover {
-                return Err(changed(
-                    raw,
-                    parent,
-                    &format!("the spare entry spans {s:?}"),
-                ));
+        if let Some((s, name)) = spare_span {
+            // Another volume's entry (planted PARTUUID) has another name, or another span.
+            if s != leftover || Some(name.as_str()) != spare_of(raw).as_deref() {
+                let what = format!("the spare entry {name:?} spans {s:?}");
+                return Err(changed(raw, parent, &what));
             }
             self.clear_spare(parent, s, spare).await?;
         }
