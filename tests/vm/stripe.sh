@@ -49,7 +49,7 @@ q+=" -drive file=$WORK/f1.img,if=none,id=f1,format=raw -device nvme-ns,drive=f1,
 q+=" -drive file=$WORK/f2.img,if=none,id=f2,format=raw -device nvme-ns,drive=f2,bus=nvmef,nsid=2"
 T0=$SECONDS
 set +e
-PATH="$VENV/bin:$PATH" timeout 1800 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
+PATH="$VENV/bin:$PATH" timeout 2100 vng --run "$KERNEL" --disable-kvm --memory 2G --cpus 2 --rwdir "$WORK" \
   --qemu-opts="$q" --exec "FIO_CHUNKS='${FIO_CHUNKS:-}' FIO_SHARE='${FIO_SHARE:-1}' bash $REPO_ROOT/tests/vm/stripe_guest.sh run $OUT $REPO_ROOT/target/debug $MDADM_DIR $CACHE_BIN" \
   >"$WORK/console.log" 2>&1
 rc=$?
