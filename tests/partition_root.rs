@@ -295,7 +295,8 @@ async fn grow_in_place_keeps_the_data_and_names_the_neighbour() {
         "the open node sees it"
     );
     assert_eq!(read_mib(&a, 0), pattern(7), "data kept");
-    let err = label.grow(1, 13 * MIB).unwrap_err();
+    // 3 starts past 2's growth room (2 MiB), at 19 MiB.
+    let err = label.grow(1, 19 * MIB).unwrap_err();
     assert!(
         err.to_string().contains("partition 3 (\"alloc2\")"),
         "{err}"
@@ -453,18 +454,19 @@ async fn the_layout_steps_are_idempotent_and_find_partitions_by_partuuid() {
     let again = volume::locate(&l.dev, &a.partuuid).unwrap();
     assert_eq!(again, a);
     assert_eq!(read_mib(&again.node, 7), pattern(3));
-    // Grow is blocked by b; after b is removed it grows, and a retry is a no-op.
-    let err = volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap_err();
+    // Grow is blocked by b (past a's 4 MiB of growth room); after b is removed it grows,
+    // and a retry is a no-op.
+    let err = volume::grow(&l.dev, &a.partuuid, 16 * MIB, &Held::default()).unwrap_err();
     assert!(err.to_string().contains("\"bbbb2222\""), "{err}");
     volume::remove(&l.dev, &b.partuuid).unwrap();
     volume::remove(&l.dev, &b.partuuid).unwrap();
-    let grown = volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap();
-    assert_eq!(grown.span.len, 12 * MIB);
+    let grown = volume::grow(&l.dev, &a.partuuid, 16 * MIB, &Held::default()).unwrap();
+    assert_eq!(grown.span.len, 16 * MIB);
     assert_eq!(
-        volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).unwrap(),
+        volume::grow(&l.dev, &a.partuuid, 16 * MIB, &Held::default()).unwrap(),
         grown
     );
-    assert_eq!(sysfs(&l, a.number), Some((a.span.start, 12 * MIB)));
+    assert_eq!(sysfs(&l, a.number), Some((a.span.start, 16 * MIB)));
     assert_eq!(read_mib(&grown.node, 7), pattern(3), "data kept");
     // Remove refuses while open and leaves label and kernel as they were.
     let held = fs::File::open(&grown.node).unwrap();
@@ -561,6 +563,6 @@ async fn a_partition_the_kernel_shows_but_the_label_lacks_is_never_carved_over()
         c_end <= b.span.start || b_end <= c.span.start,
         "b's blocks are not carved over: {c:?} {b:?}"
     );
-    // Nor does a grow reach into them.
-    assert!(volume::grow(&l.dev, &a.partuuid, 12 * MIB, &Held::default()).is_err());
+    // Nor does a grow reach into them (past a's growth room).
+    assert!(volume::grow(&l.dev, &a.partuuid, 16 * MIB, &Held::default()).is_err());
 }
