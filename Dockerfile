@@ -20,7 +20,7 @@ RUN cargo build --profile dist --locked -p gds-csi -p gds-csi-node-loss -p gds-c
 # Stage 2: NVIDIA's packaged cuFile (the nvidia-cufile wheel from PyPI): libcufile.so.0 and
 # libcufile_rdma.so.1, unmodified, with the wheel's License.txt. The GDS gate's cuFile probe
 # loads it; libcuda and the device nodes come from the host (chart: runtimeClassName nvidia,
-# NVIDIA_VISIBLE_DEVICES=all). Licence basis: README.md, "Dependencies and why".
+# NVIDIA_VISIBLE_DEVICES=all). Licence basis: docs/design.md, "Dependencies and why".
 FROM python:3.11-slim-bookworm AS cufile
 ARG CUFILE_VERSION=1.20.0.107
 RUN pip install --no-cache-dir --no-deps --target /wheel "nvidia-cufile==${CUFILE_VERSION}" \

@@ -13,7 +13,7 @@ use gds_csi::metrics::PoolGauges;
 use gds_csi::os::RealHost;
 use gds_csi::os::TimedHost;
 use gds_csi::pool::{Pool, PoolConfig};
-use gds_csi::runtime::config::{Cli, Command, LogFormat, ServeArgs};
+use gds_csi::runtime::config::{Cli, Command, DiscoverArgs, LogFormat, PoolCommand, ServeArgs};
 use gds_csi::service::server;
 use gds_csi::service::Driver;
 
@@ -92,6 +92,30 @@ fn build_driver(args: &ServeArgs) -> Result<Driver, String> {
     .with_gds_gate(gds_gate(args)?)
     .with_nfs(nfs)
     .with_snapshots(snapshots))
+}
+
+/// `gds-csi pool discover`: the pool's verdict on every device, printed.
+async fn discover(args: &DiscoverArgs) -> Result<(), String> {
+    let host = RealHost {
+        command_timeout: args.command_timeout,
+        mount_timeout: args.command_timeout,
+    };
+    let config = PoolConfig {
+        node_id: "discover".to_owned(),
+        host_sys: args.host_sys.clone(),
+        host_dev: args.host_dev.clone(),
+        listed: args.pool_devices.clone(),
+        nvme_discover: args.nvme_discover,
+        state_dir: args.state_dir.clone(),
+    };
+    let found = gds_csi::pool::discover::discover(config, &host).await?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&found).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print!("{}", gds_csi::pool::discover::render(&found));
+    }
+    Ok(())
 }
 
 /// How often the device plugin looks for a restarted kubelet and re-reads the pieces it
@@ -221,6 +245,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(gds_csi::gds::doctor::read::main(&args, &exe, &prefix) as u8);
         }
         Command::Populate(args) => gds_csi::volume::populate::main(&args).await,
+        Command::Pool(PoolCommand::Discover(args)) => discover(&args).await,
         Command::Probe { endpoint, timeout } => {
             let socket = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
             match gds_csi::csi::Clients::connect_ready(socket.as_ref(), timeout).await {

@@ -1298,6 +1298,42 @@ case $pair in
   *) fail "registrar/livenessprobe '$pair' are not a released pair (v2.18.0/v2.20.0 is the newest)" ;;
 esac
 
+# --- the example values files -----------------------------------------------------------
+# Each renders against the schema; the trial file turns off what needs a GPU node, the GPU
+# file keeps the gate and names the filer.
+for f in deploy/examples/values-*.yaml; do
+  if render -f "$f" >"$tmp/example.yaml" 2>"$tmp/err"; then
+    pass "helm template -f $f"
+  else
+    fail "helm template -f $f" "$(cat "$tmp/err")"
+  fi
+done
+render -f deploy/examples/values-trial.yaml --set 'node.poolDevices={/dev/loop0}' >"$tmp/trial.yaml" 2>"$tmp/err" || fail "trial values" "$(cat "$tmp/err")"
+if out=$(python3 - "$tmp/trial.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ds = next(d for d in docs if d["kind"] == "DaemonSet")
+spec = ds["spec"]["template"]["spec"]
+bad = []
+if spec.get("runtimeClassName"):
+    bad.append(f"runtimeClassName {spec['runtimeClassName']}")
+if spec.get("nodeSelector"):
+    bad.append(f"nodeSelector {spec['nodeSelector']}")
+paths = [v.get("hostPath", {}).get("path") for v in spec.get("volumes", [])]
+if "/etc/cufile.json" in paths:
+    bad.append("mounts /etc/cufile.json")
+for sc in (d for d in docs if d["kind"] == "StorageClass"):
+    if sc["parameters"].get("gdsPolicy") != "disabled":
+        bad.append(f"{sc['metadata']['name']} gdsPolicy {sc['parameters'].get('gdsPolicy')}")
+print("; ".join(bad))
+sys.exit(1 if bad else 0)
+PY
+); then
+  pass "values-trial.yaml: no runtime class, no GPU node selector, no cufile.json mount, GDS disabled on every class"
+else
+  fail "values-trial.yaml still needs a GPU node" "$out"
+fi
+
 # --- rendered manifests in sync --------------------------------------------------
 if out=$(HELM=$HELM scripts/render-manifests.sh "$tmp/manifests" 2>&1); then
   if out=$(diff -ru deploy/manifests "$tmp/manifests" 2>&1); then

@@ -1,6 +1,7 @@
 //! The node's pool of whole block devices, and the allocation domain operations.
 
 mod allocate;
+pub mod discover;
 pub mod fs_min;
 mod gauges;
 pub mod inventory;

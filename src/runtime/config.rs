@@ -33,6 +33,9 @@ pub enum Command {
     /// tree (at --source), resuming from --record; prints one JSON progress line every
     /// --every and a last one saying how it ended.
     Populate(Box<PopulateArgs>),
+    /// The device pool, looked at without the driver.
+    #[command(subcommand)]
+    Pool(PoolCommand),
     /// Wait until the driver at --endpoint answers Probe ready (for scripts); exit 1 after --timeout.
     Probe {
         #[arg(long, default_value = "unix:///csi/csi.sock")]
@@ -46,6 +49,44 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    /// List every NVMe namespace and listed device with what is on it (partitions, holders,
+    /// mounts, signatures, model, NUMA node, PCI address) and whether the pool configured by
+    /// these flags (`serve`'s, read from the same variables) takes it: the pool's own scan
+    /// and probes; nothing is written.
+    Discover(DiscoverArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DiscoverArgs {
+    /// The driver's state dir (read only; volumes recorded there keep their devices).
+    #[arg(long, env = "GDS_CSI_STATE_DIR", default_value = "/var/lib/gds-csi")]
+    pub state_dir: PathBuf,
+    /// The host's sysfs, as seen here.
+    #[arg(long, env = "GDS_CSI_HOST_SYS", default_value = "/sys")]
+    pub host_sys: PathBuf,
+    /// The host's /dev, as seen here.
+    #[arg(long, env = "GDS_CSI_HOST_DEV", default_value = "/dev")]
+    pub host_dev: PathBuf,
+    /// As `serve --nvme-discover`: says whether clean namespaces are taken or only listed.
+    #[arg(long, env = "GDS_CSI_NVME_DISCOVER")]
+    pub nvme_discover: bool,
+    /// As `serve --pool-device`.
+    #[arg(
+        long = "pool-device",
+        env = "GDS_CSI_POOL_DEVICES",
+        value_delimiter = ','
+    )]
+    pub pool_devices: Vec<PathBuf>,
+    /// Deadline of each signature probe.
+    #[arg(long, env = "GDS_CSI_COMMAND_TIMEOUT", value_parser = humantime::parse_duration, default_value = "300s")]
+    pub command_timeout: Duration,
+    /// One JSON array instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where GDS's files are and how the cuFile probe runs; shared by `serve` and `doctor`.

@@ -282,9 +282,13 @@ rig_chart_values() {
   devices=$(IFS=,; echo "$*")
   # The chart mounts the host's udev database read-only; this machine runs no udev.
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
-  helm_set=(--set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
-    --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state" --set cufile.mount=false
-    --set gds.runtimeClassName= --set "node.poolDevices={$devices}"
+  # The GPU-less install a trial starts from (deploy/examples/values-trial.yaml), with the
+  # chart's `required` default kept on its classes: the e2e checks that it refuses here.
+  helm_set=(-f "$REPO_ROOT/deploy/examples/values-trial.yaml"
+    --set storageClasses.nvme.gdsPolicy=required --set storageClasses.nvmeWhole.gdsPolicy=required
+    --set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
+    --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state"
+    --set "node.poolDevices={$devices}"
     --set "workload.runtimeStateDir=${GDS_E2E_RUNTIME_STATE_DIR-$RUNTIME_TASKS}")
   # The resizer's image holds the stand-in (tests/e2e/tools/k8s/resizer): the module proxy
   # refuses github.com/kubernetes-csi/external-resizer at every version (403).

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use stage::{decide_format, FormatDecision};
 
@@ -125,12 +125,22 @@ impl BlockBackend {
         self.pool.classify_free(self.mounter.host.as_ref()).await;
         self.partitioned.resync();
         self.partitioned.settle_moves().await;
+        let devices = self.pool.devices().len();
         info!(
-            devices = self.pool.devices().len(),
+            devices,
             free = self.pool.free_devices().len(),
             excluded = self.pool.excluded().len(),
             "pool ready"
         );
+        if devices == 0 {
+            warn!(
+                excluded = self.pool.excluded().len(),
+                "the device pool is empty: no block volume can be made on this node; list \
+                 drives with --pool-device (chart: node.poolDevices) or turn on \
+                 --nvme-discover (node.nvmeDiscover); `gds-csi pool discover` shows what each \
+                 drive holds and whether it would be taken"
+            );
+        }
         self.ready.store(true, Ordering::Release);
         Ok(())
     }
