@@ -40,6 +40,54 @@ install_host_tools() {
   fi
 }
 
+# version_at_least HAVE WANT: dotted versions, numerically.
+version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+# ensure_cargo: a cargo and rustc of at least the workspace's rust-version. Debian 12's own
+# rustc is 1.63; its rustc-web and cargo-web (bookworm security updates) are new enough.
+ensure_cargo() {
+  local want have
+  want=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -n1)
+  have=$(cargo --version 2>/dev/null | awk '{print $2}')
+  if [ -n "$have" ] && version_at_least "$have" "$want"; then return 0; fi
+  echo "Rust $want or newer is needed (found: ${have:-no cargo}); installing Debian's rustc-web and cargo-web"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web >/dev/null ||
+    { echo "could not install rustc-web/cargo-web: install Rust $want or newer (https://rustup.rs) and retry" >&2; exit 1; }
+  hash -r
+}
+
+# ensure_go: a Go toolchain as new as the test tools' go.mod files ask (tests/e2e/tools),
+# for the tools built with `go install` (csi-sanity, helm, the e2e's Kubernetes parts).
+# Debian 12 has Go 1.19: the toolchain comes from the Go module proxy then (the module
+# golang.org/toolchain, as Go's own GOTOOLCHAIN downloads it), into the cache.
+ensure_go() {
+  local want have dir zip
+  want=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$REPO_ROOT"/tests/e2e/tools/*/go.mod | sort -V | tail -n1)
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  if [ -n "$have" ] && version_at_least "$have" "$want"; then return 0; fi
+  dir="$HOME/.cache/gds-csi/go$want"
+  if [ ! -x "$dir/bin/go" ]; then
+    echo "Go $want or newer is needed (found: ${have:-no go}); fetching go$want from the Go module proxy"
+    command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl >/dev/null; }
+    zip=$(mktemp --suffix .zip)
+    curl -fsSL -o "$zip" "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-go$want.linux-amd64.zip" ||
+      { rm -f "$zip"; echo "could not fetch Go $want: install it (https://go.dev/dl) and retry" >&2; exit 1; }
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    python3 -m zipfile -e "$zip" "$dir.tmp" && rm -f "$zip"
+    mv "$dir.tmp/golang.org/toolchain@v0.0.1-go$want.linux-amd64" "$dir" && rm -rf "$dir.tmp"
+    chmod -R u+x "$dir/bin" "$dir/pkg/tool"
+  fi
+  export PATH="$dir/bin:$PATH"
+}
+
+# ensure_rust_lints: the test suite's fmt and clippy steps need rustfmt and clippy of the
+# toolchain, which Debian does not package new enough: said at once, before anything runs.
+ensure_rust_lints() {
+  cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 && return 0
+  echo "scripts/test.sh needs rustfmt and clippy for $(cargo --version): rustup component add rustfmt clippy (https://rustup.rs)" >&2
+  exit 1
+}
+
 # The container runtime the kubelet e2e test runs pods with, and what it builds its
 # local images from (a static pause binary, Debian's static busybox).
 install_container_runtime() {
@@ -100,6 +148,18 @@ install_helm() {
     echo "installing helm $HELM_VERSION"
     GOBIN="$CACHE_BIN" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   fi
+}
+
+# build_with_progress CARGO-BUILD-ARGS...: cargo build in the checkout, saying every 20
+# crates how far it got instead of a line per crate; errors and warnings as cargo prints them.
+build_with_progress() {
+  (cd "$REPO_ROOT" && cargo build "$@" 2>&1) | awk '
+    /^ *(Compiling|Downloaded|Downloading|Updating|Locking|Adding|Blocking)/ {
+      if ($1 == "Compiling" && ++n % 20 == 0) { printf "  %d crates compiled\n", n; fflush() }
+      next
+    }
+    { print; fflush() }'
+  return "${PIPESTATUS[0]}"
 }
 
 # build_driver [PROFILE]: the driver built with PROFILE (release; `dist` is the image's).

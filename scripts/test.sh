@@ -6,6 +6,9 @@ set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
 cd "$REPO_ROOT" || exit 1
+ensure_cargo
+ensure_rust_lints
+ensure_go
 install_host_tools
 # A test that cannot run here (no root, no block device, no C compiler) fails instead of
 # reporting ok (tests/common/mod.rs `skip`).
