@@ -31,4 +31,4 @@ if ! "$TARGET_DIR/release/examples/demo" "$WORK/csi.sock" "$WORK"; then
 fi
 echo "driver log: $LOG ($(grep -c 'call' "$LOG") calls logged, $(grep -c 'formatting fresh device' "$LOG") mkfs)"
 echo "next: a cluster. bash scripts/image.sh writes the driver's image; then helm install with"
-echo "  deploy/examples/values-trial.yaml (no GPU) or values-gpu-nvme.yaml (docs/operations.md)."
+echo "  deploy/values/trial.yaml (no GPU) or deploy/values/gpu-nvme.yaml (docs/operations.md)."

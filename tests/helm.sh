@@ -1301,14 +1301,14 @@ esac
 # --- the example values files -----------------------------------------------------------
 # Each renders against the schema; the trial file turns off what needs a GPU node, the GPU
 # file keeps the gate and names the filer.
-for f in deploy/examples/values-*.yaml; do
+for f in deploy/values/*.yaml; do
   if render -f "$f" >"$tmp/example.yaml" 2>"$tmp/err"; then
     pass "helm template -f $f"
   else
     fail "helm template -f $f" "$(cat "$tmp/err")"
   fi
 done
-render -f deploy/examples/values-trial.yaml --set 'node.poolDevices={/dev/loop0}' >"$tmp/trial.yaml" 2>"$tmp/err" || fail "trial values" "$(cat "$tmp/err")"
+render -f deploy/values/trial.yaml --set 'node.poolDevices={/dev/loop0}' >"$tmp/trial.yaml" 2>"$tmp/err" || fail "trial values" "$(cat "$tmp/err")"
 if out=$(python3 - "$tmp/trial.yaml" <<'PY'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
@@ -1329,9 +1329,9 @@ print("; ".join(bad))
 sys.exit(1 if bad else 0)
 PY
 ); then
-  pass "values-trial.yaml: no runtime class, no GPU node selector, no cufile.json mount, GDS disabled on every class"
+  pass "deploy/values/trial.yaml: no runtime class, no GPU node selector, no cufile.json mount, GDS disabled on every class"
 else
-  fail "values-trial.yaml still needs a GPU node" "$out"
+  fail "deploy/values/trial.yaml still needs a GPU node" "$out"
 fi
 
 # --- rendered manifests in sync --------------------------------------------------

@@ -118,7 +118,8 @@ pub struct GdsArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct DoctorArgs {
-    /// The storage path to check for.
+    /// The storage path to check for: nvme (local NVMe namespaces, partitions and md
+    /// stripes) or nfs-rdma (NFS over RDMA).
     #[arg(long, value_parser = parse_backend, default_value = "nvme")]
     pub backend: gds_check::Backend,
     /// A mounted volume (a directory on it) to check, and to probe with --probe.
@@ -173,7 +174,7 @@ pub struct WorkloadReadArgs {
     /// Exit 1 unless the read took the GDS path (compat mode counts as a failure).
     #[arg(long)]
     pub require_gds: bool,
-    /// The storage path the volume is on.
+    /// The storage path the volume is on: nvme or nfs-rdma.
     #[arg(long, value_parser = parse_backend, default_value = "nvme")]
     pub backend: gds_check::Backend,
     /// libcufile to load (default: libcufile.so.0 from the loader's search path).

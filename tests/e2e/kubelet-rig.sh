@@ -282,9 +282,9 @@ rig_chart_values() {
   devices=$(IFS=,; echo "$*")
   # The chart mounts the host's udev database read-only; this machine runs no udev.
   [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
-  # The GPU-less install a trial starts from (deploy/examples/values-trial.yaml), with the
+  # The GPU-less install a trial starts from (deploy/values/trial.yaml), with the
   # chart's `required` default kept on its classes: the e2e checks that it refuses here.
-  helm_set=(-f "$REPO_ROOT/deploy/examples/values-trial.yaml"
+  helm_set=(-f "$REPO_ROOT/deploy/values/trial.yaml"
     --set storageClasses.nvme.gdsPolicy=required --set storageClasses.nvmeWhole.gdsPolicy=required
     --set "image.repository=$IMAGES/gds-csi" --set image.tag=e2e --set image.pullPolicy=Never
     --set kubeletDir="$KUBELET_DIR" --set stateDir="$WORK/driver-state"

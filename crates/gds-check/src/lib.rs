@@ -125,6 +125,15 @@ impl fmt::Display for Backend {
     }
 }
 
+/// `n thing` or `n things`.
+fn plural(n: usize, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
 impl FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -266,11 +275,11 @@ impl Report {
         let warnings = self.warnings();
         let _ = writeln!(
             out,
-            "GDS readiness: {} ({} checks, {} failed, {} warnings)",
+            "GDS readiness: {} ({} checks, {} failed, {})",
             if self.ready() { "READY" } else { "NOT READY" },
             self.checks.len(),
             failures.len(),
-            warnings.len()
+            plural(warnings.len(), "warning")
         );
         for c in &self.checks {
             let _ = writeln!(
@@ -286,7 +295,20 @@ impl Report {
                 continue;
             }
             let _ = writeln!(out, "\n{label}:");
-            for c in list.iter() {
+            for (i, c) in list.iter().enumerate() {
+                // One cause, one remedy: a later finding with the remedy of an earlier one
+                // refers to it instead of repeating it.
+                let same = list[..i]
+                    .iter()
+                    .find(|e| e.remedy.is_some() && e.remedy == c.remedy);
+                if let Some(first) = same {
+                    let _ = writeln!(
+                        out,
+                        "- {} ({}): the same cause as {}, the same remedy",
+                        c.summary, c.id, first.id
+                    );
+                    continue;
+                }
                 let _ = writeln!(out, "- {} ({})", c.summary, c.id);
                 if !c.evidence.is_empty() {
                     let _ = writeln!(out, "    evidence: {}", c.evidence);
@@ -320,5 +342,25 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(j["checks"][2]["status"], "fail");
         assert_eq!("nfs-rdma".parse::<Backend>().unwrap(), Backend::NfsRdma);
+        assert!(t.contains("1 failed, 1 warning)"), "{t}");
+    }
+
+    #[test]
+    fn one_cause_is_told_once_and_the_others_refer_to_it() {
+        let r = Report::new(vec![
+            Check::fail("m", "module missing", "absent", "load it"),
+            Check::fail("d", "no device nodes", "none", "load it"),
+            Check::fail("x", "other", "broken", "mend it"),
+            Check::warn("w1", "W1", "e", "r"),
+            Check::warn("w2", "W2", "e", "s"),
+        ]);
+        let t = r.to_text();
+        assert_eq!(t.matches("load it").count(), 1, "{t}");
+        assert!(
+            t.contains("- no device nodes (d): the same cause as m, the same remedy"),
+            "{t}"
+        );
+        assert!(t.contains("remedy:   mend it"), "{t}");
+        assert!(t.contains("3 failed, 2 warnings)"), "{t}");
     }
 }

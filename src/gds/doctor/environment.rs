@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 pub struct Piece {
     pub name: &'static str,
     pub present: bool,
-    /// What to change when it is missing (the chart value or node setting).
+    /// What to change when it is missing, in the node pod (the chart value).
     pub remedy: &'static str,
+    /// The same on a host, outside any pod.
+    pub host_remedy: &'static str,
 }
 
 /// Where to look: the process's own `/dev`, the udev data dir and cufile.json the checks
@@ -40,43 +42,76 @@ pub fn pieces(env: &Env) -> Vec<Piece> {
             name: "libcufile.so.0",
             present: libcufile,
             remedy: "the gds-csi image ships it from the nvidia-cufile wheel; elsewhere pass --cufile-library",
+            host_remedy: "install the GDS packages (libcufile) or pass --cufile-library",
         },
         Piece {
             name: "libcuda.so.1",
             present: on_loader_path(env.lib_dirs, "libcuda.so.1"),
             remedy: "brought by the NVIDIA container runtime: chart value \
                      gds.runtimeClassName=nvidia, NVIDIA_DRIVER_CAPABILITIES with compute",
+            host_remedy: "install the NVIDIA driver",
         },
         Piece {
             name: "/dev/nvidiactl and /dev/nvidia<N>",
             present: env.dev.join("nvidiactl").exists() && has_gpu_node(env.dev),
             remedy: "made by the NVIDIA container runtime: chart values gds.runtimeClassName, \
                      gds.visibleDevices=all",
+            host_remedy: "load the NVIDIA driver (nvidia-modprobe makes the nodes)",
         },
         Piece {
             name: "the udev database",
             present: dir_has_entries(env.udev_data_dir),
             remedy: "the host's /run/udev mounted read-only, as the chart does, on a host that runs udev",
+            host_remedy: "run systemd-udevd",
         },
         Piece {
             name: "cufile.json",
             present: env.cufile_json.is_file(),
             remedy:
                 "chart values cufile.mount=true and cufile.hostPath, the host's /etc/cufile.json",
+            host_remedy: "install /etc/cufile.json (the GDS packages ship one) or set \
+                          CUFILE_ENV_PATH_JSON",
         },
     ]
 }
 
-/// One sentence naming every missing piece with its remedy; None when all are here.
-pub fn missing_note(pieces: &[Piece]) -> Option<String> {
+/// Where `doctor` runs, which decides which remedy fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// In a pod (the node plugin's): remedies are chart values.
+    Pod,
+    /// On a host: remedies are packages and node settings.
+    Host,
+}
+
+impl Place {
+    /// A pod has the API server's service variables in its environment.
+    pub fn here() -> Place {
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+            Place::Pod
+        } else {
+            Place::Host
+        }
+    }
+}
+
+/// One sentence naming every missing piece with the remedy that fits `place`; None when all
+/// are here.
+pub fn missing_note(pieces: &[Piece], place: Place) -> Option<String> {
     let missing: Vec<String> = pieces
         .iter()
         .filter(|p| !p.present)
-        .map(|p| format!("{} [{}]", p.name, p.remedy))
+        .map(|p| {
+            let remedy = match place {
+                Place::Pod => p.remedy,
+                Place::Host => p.host_remedy,
+            };
+            format!("{} ({remedy})", p.name)
+        })
         .collect();
     (!missing.is_empty()).then(|| {
         format!(
-            "The cuFile probe cannot run in this environment; missing: {}.",
+            "The cuFile probe cannot run here; missing: {}.",
             missing.join("; ")
         )
     })
@@ -180,7 +215,7 @@ mod tests {
             cufile_library: None,
             lib_dirs: &dirs,
         };
-        let note = missing_note(&pieces(&env)).unwrap();
+        let note = missing_note(&pieces(&env), Place::Pod).unwrap();
         for name in [
             "libcufile.so.0",
             "libcuda.so.1",
@@ -191,11 +226,17 @@ mod tests {
             assert!(note.contains(name), "{name} not named in: {note}");
         }
         assert!(note.contains("gds.runtimeClassName"), "{note}");
+        let on_host = missing_note(&pieces(&env), Place::Host).unwrap();
+        assert!(
+            !on_host.contains("chart value"),
+            "a host has no chart: {on_host}"
+        );
+        assert!(on_host.contains("install the NVIDIA driver"), "{on_host}");
 
         std::fs::write(lib.join("libcufile.so.0"), b"").unwrap();
         std::fs::write(dev.join("nvidiactl"), b"").unwrap();
         std::fs::write(dev.join("nvidia-uvm"), b"").unwrap();
-        let note = missing_note(&pieces(&env)).unwrap();
+        let note = missing_note(&pieces(&env), Place::Pod).unwrap();
         assert!(!note.contains("libcufile"), "{note}");
         assert!(
             note.contains("/dev/nvidiactl"),
@@ -206,7 +247,7 @@ mod tests {
         std::fs::write(dev.join("nvidia0"), b"").unwrap();
         std::fs::write(udev.join("b259:0"), b"").unwrap();
         std::fs::write(&json, b"{}").unwrap();
-        assert_eq!(missing_note(&pieces(&env)), None);
+        assert_eq!(missing_note(&pieces(&env), Place::Pod), None);
     }
 
     #[test]

@@ -81,24 +81,21 @@ fn status_of(report: &Report, id: &str) -> Option<Status> {
     report.get(id).map(|c| c.status)
 }
 
-/// What the node pod lacks, and what the node's failed checks mean for GDS.
+/// What the node's failed checks mean for GDS, the cause first, then what the probe's
+/// environment lacks (when there is a GPU to probe; without one that is the cause).
 fn pod_and_node_notes(
     paths: &gds_check::HostPaths,
     args: &DoctorArgs,
     report: &Report,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    let lib_dirs = environment::loader_dirs();
-    let env = environment::Env {
-        dev: Path::new("/dev"),
-        udev_data_dir: &paths.udev_data_dir,
-        cufile_json: &paths.cufile_json,
-        cufile_library: args.gds.cufile_library.as_deref(),
-        lib_dirs: &lib_dirs,
-    };
-    notes.extend(environment::missing_note(&environment::pieces(&env)));
-    if status_of(report, "gpu.driver") == Some(Status::Fail) {
-        notes.push("No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot work here.".into());
+    let no_gpu = status_of(report, "gpu.driver") == Some(Status::Fail);
+    if no_gpu {
+        notes.push(
+            "No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot \
+             work here, and the cuFile probe cannot run."
+                .into(),
+        );
     }
     if status_of(report, "nvidia_fs.module") == Some(Status::Fail) {
         notes.push(
@@ -106,6 +103,21 @@ fn pod_and_node_notes(
              compat mode, reading through POSIX bounce buffers."
                 .into(),
         );
+    }
+    if !no_gpu {
+        let lib_dirs = environment::loader_dirs();
+        let env = environment::Env {
+            dev: Path::new("/dev"),
+            udev_data_dir: &paths.udev_data_dir,
+            cufile_json: &paths.cufile_json,
+            cufile_library: args.gds.cufile_library.as_deref(),
+            lib_dirs: &lib_dirs,
+        };
+        let pieces = environment::pieces(&env);
+        notes.extend(environment::missing_note(
+            &pieces,
+            environment::Place::here(),
+        ));
     }
     notes
 }
@@ -174,7 +186,11 @@ pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) ->
 
     let mut notes = pod_and_node_notes(&paths, args, &report);
     notes.extend(md_note(&report));
-    notes.push(probe_note(probe.as_ref(), args.gds.probe_timeout));
+    // "Add --probe" only where the probe could run.
+    let gpu = status_of(&report, "gpu.driver") != Some(Status::Fail);
+    if probe.is_some() || gpu {
+        notes.push(probe_note(probe.as_ref(), args.gds.probe_timeout));
+    }
     Diagnosis {
         backend,
         path: args.path.clone(),
