@@ -57,7 +57,16 @@ async fn discover_gives_the_pools_own_verdict_and_changes_nothing() {
     let gpt = d[2].to_str().unwrap();
     run("sgdisk", &["--new=1:2048:+8M", "--new=2:0:+8M", gpt]);
     run("partx", &["-u", gpt]);
-    run("mkfs.ext4", &["-q", d[3].to_str().unwrap()]);
+    // Inode tables written by mkfs: ext4's lazy init thread would write them while mounted.
+    run(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0",
+            d[3].to_str().unwrap(),
+        ],
+    );
     let mnt = rig.0.path("mnt-3");
     fs::create_dir_all(&mnt).unwrap();
     run("mount", &[d[3].to_str().unwrap(), mnt.to_str().unwrap()]);
@@ -112,4 +121,28 @@ async fn discover_gives_the_pools_own_verdict_and_changes_nothing() {
     let blank = entry(&found, &d[0]);
     assert_eq!(blank["verdict"]["verdict"], "inPool", "{blank}");
     run("umount", &[mnt.to_str().unwrap()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pool_warns_and_every_layout_says_what_to_set() {
+    let Some(mut rig) = common::Rig::with_sizes(&[]) else {
+        return;
+    };
+    let mut c = rig.start().await;
+    let whole = requests::create_without_gds("whole", requests::single_writer_mount());
+    let part = requests::partition_create("part", 16 * MIB);
+    for req in [whole, part] {
+        let err = c.controller.create_volume(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        for words in [
+            "node node-a's device pool is empty",
+            "node.poolDevices",
+            "pool discover",
+        ] {
+            assert!(err.message().contains(words), "{words:?} in {err}");
+        }
+    }
+    let log = fs::read_to_string(rig.log_path(1)).unwrap();
+    let warn = log.lines().find(|l| l.contains("device pool is empty"));
+    assert!(warn.is_some_and(|l| l.contains("WARN")), "{log}");
 }

@@ -65,6 +65,15 @@ pub enum AllocationError {
         range: String,
         sizes: String,
     },
+    /// The node's pool holds no device at all: its configuration, not the request, is at
+    /// fault. Said so the claim's event tells the operator what to set.
+    #[error(
+        "node {node}'s device pool is empty{}: no block volume can be made there; list drives \
+         with node.poolDevices (--pool-device) or set node.nvmeDiscover (--nvme-discover); \
+         `gds-csi pool discover` on the node shows what each drive holds",
+        if excluded.is_empty() { String::new() } else { format!(" (left out: {})", excluded.join("; ")) }
+    )]
+    EmptyPool { node: String, excluded: Vec<String> },
     /// Devices fit, but none is free and clean now.
     #[error(
         "no free clean device with {range} on node {node}; free one by deleting a volume or \
@@ -101,9 +110,9 @@ impl AllocationError {
             | AllocationError::NameTakenOtherLayout { .. }
             | AllocationError::DirectoryTaken { .. } => Code::AlreadyExists,
             AllocationError::NoDeviceFits { .. } => Code::OutOfRange,
-            AllocationError::NoneFree { .. } | AllocationError::NotThisNode { .. } => {
-                Code::ResourceExhausted
-            }
+            AllocationError::NoneFree { .. }
+            | AllocationError::NotThisNode { .. }
+            | AllocationError::EmptyPool { .. } => Code::ResourceExhausted,
         }
     }
 }

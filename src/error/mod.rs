@@ -251,6 +251,16 @@ impl Error {
         )
     }
 
+    /// Nothing could be carved or chosen: the range, or the node's free space, or both.
+    pub fn is_out_of_room(&self) -> bool {
+        self.is_range_unsatisfiable()
+            || matches!(
+                self,
+                Error::Allocation(AllocationError::NoneFree { .. })
+                    | Error::Layout(LayoutError::NoRoom { .. })
+            )
+    }
+
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument {
             field,

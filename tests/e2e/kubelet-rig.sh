@@ -3,8 +3,8 @@
 # processes): a real control plane, containerd and runc (Debian's packages), kube-proxy and a
 # kubelet registered as $NODE, all on this machine, removed again on exit. No image registry
 # is reachable, so every image is built here and imported into containerd: a static pause
-# binary, Debian's static busybox, and (chart mode) the driver's image as the Dockerfile's
-# runtime stage makes it plus images of the sidecars. Leaves the node Ready and KUBECONFIG
+# binary, Debian's static busybox, and (chart mode) the driver's image from scripts/image.sh
+# plus images of the sidecars. Leaves the node Ready and KUBECONFIG
 # set; the caller installs the driver.
 # The kubelet refuses a loopback node IP; the node, the API server (which pods reach
 # through kube-proxy's rules for the `kubernetes` Service) and kubectl logs use this
@@ -139,13 +139,13 @@ build_image "$APP_IMAGE" "$WORK/images/busybox.tar" --layer "$WORK/images/busybo
 # A script sourcing this one may add images of its own (rig_more_images, run here).
 ! declare -F rig_more_images >/dev/null || rig_more_images
 if [ "$DEPLOY" = chart ]; then
-  # The driver as the Dockerfile's runtime stage holds it, and each sidecar binary at the
-  # path its upstream image uses (the chart's registrar probe runs /csi-node-driver-registrar).
-  mkdir -p "$WORK/images/driver/usr/local/bin" "$WORK/images/provisioner" "$WORK/images/registrar" \
+  # The driver's image is the archive a user builds (scripts/image.sh); a script that deploys
+  # the Dataset populator builds it and names it in GDS_CSI_POPULATOR. Each sidecar binary
+  # goes at the path its upstream image uses (the registrar probe runs /csi-node-driver-registrar).
+  GDS_CSI=$GDS_CSI GDS_CSI_NODE_LOSS=${GDS_CSI_NODE_LOSS:-} GDS_CSI_POPULATOR=${GDS_CSI_POPULATOR:-} \
+    bash "$REPO_ROOT/scripts/image.sh" "$WORK/images/gds-csi.tar" "$IMAGES/gds-csi:e2e" >/dev/null
+  mkdir -p "$WORK/images/provisioner" "$WORK/images/registrar" \
     "$WORK/images/livenessprobe" "$WORK/images/resizer" "$WORK/images/snapshotter" "$WORK/images/snapshot-controller"
-  cp "$GDS_CSI" "$WORK/images/driver/usr/local/bin/gds-csi"
-  # A script that deploys the Dataset populator builds it and names it here.
-  [ -z "${GDS_CSI_POPULATOR:-}" ] || cp "$GDS_CSI_POPULATOR" "$WORK/images/driver/usr/local/bin/gds-csi-populator"
   cp "$CACHE_BIN/csi-provisioner" "$WORK/images/provisioner/csi-provisioner"
   cp "$CACHE_BIN/gds-csi-registrar" "$WORK/images/registrar/csi-node-driver-registrar"
   cp "$CACHE_BIN/gds-csi-livenessprobe" "$WORK/images/livenessprobe/livenessprobe"
@@ -154,8 +154,6 @@ if [ "$DEPLOY" = chart ]; then
   # (v8.7.0 cmd/csi-snapshotter/Dockerfile:6-7, cmd/snapshot-controller/Dockerfile:6-7).
   cp "$CACHE_BIN/csi-snapshotter" "$WORK/images/snapshotter/csi-snapshotter"
   cp "$CACHE_BIN/snapshot-controller" "$WORK/images/snapshot-controller/snapshot-controller"
-  build_image "$IMAGES/gds-csi:e2e" "$WORK/images/gds-csi.tar" --layer "$RUNTIME_BASE" \
-    --layer "$WORK/images/driver" --entrypoint /usr/local/bin/gds-csi serve
   for part in provisioner:csi-provisioner registrar:csi-node-driver-registrar livenessprobe:livenessprobe; do
     build_image "$IMAGES/${part%%:*}:e2e" "$WORK/images/${part%%:*}.tar" --layer "$RUNTIME_BASE" \
       --layer "$WORK/images/${part%%:*}" --entrypoint "/${part##*:}"

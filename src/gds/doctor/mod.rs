@@ -82,7 +82,7 @@ fn status_of(report: &Report, id: &str) -> Option<Status> {
 }
 
 /// What the node's failed checks mean for GDS, the cause first, then what the probe's
-/// environment lacks (when there is a GPU to probe; without one that is the cause).
+/// environment lacks.
 fn pod_and_node_notes(
     paths: &gds_check::HostPaths,
     args: &DoctorArgs,
@@ -104,7 +104,10 @@ fn pod_and_node_notes(
                 .into(),
         );
     }
-    if !no_gpu {
+    // In a pod the missing pieces may be the chart's doing (runtime class, device mounts),
+    // so they follow the cause; on a host without a GPU they would only repeat it.
+    let place = environment::Place::here();
+    if !no_gpu || place == environment::Place::Pod {
         let lib_dirs = environment::loader_dirs();
         let env = environment::Env {
             dev: Path::new("/dev"),
@@ -114,10 +117,7 @@ fn pod_and_node_notes(
             lib_dirs: &lib_dirs,
         };
         let pieces = environment::pieces(&env);
-        notes.extend(environment::missing_note(
-            &pieces,
-            environment::Place::here(),
-        ));
+        notes.extend(environment::missing_note(&pieces, place));
     }
     notes
 }

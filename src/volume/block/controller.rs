@@ -105,6 +105,7 @@ pub async fn create(
         .allocate(b.mounter.host.as_ref(), &alloc)
         .await
         .map_err(|e| match e {
+            e if b.pool.devices().is_empty() && e.is_out_of_room() => b.empty_pool().into(),
             e if e.is_range_unsatisfiable() && required_bytes > req.required_bytes => {
                 AllocationError::RaisedToFsMinimum {
                     inner: Box::new(e),

@@ -133,16 +133,20 @@ impl BlockBackend {
             "pool ready"
         );
         if devices == 0 {
-            warn!(
-                excluded = self.pool.excluded().len(),
-                "the device pool is empty: no block volume can be made on this node; list \
-                 drives with --pool-device (chart: node.poolDevices) or turn on \
-                 --nvme-discover (node.nvmeDiscover); `gds-csi pool discover` shows what each \
-                 drive holds and whether it would be taken"
-            );
+            warn!("{}", self.empty_pool());
         }
         self.ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Why no block volume can be made here: the pool holds no device, and what it left out.
+    pub(crate) fn empty_pool(&self) -> crate::error::AllocationError {
+        crate::error::AllocationError::EmptyPool {
+            node: self.node.node_id.clone(),
+            excluded: (self.pool.excluded().iter())
+                .map(|e| format!("{}: {}", e.device, e.reason))
+                .collect(),
+        }
     }
 
     pub fn is_ready(&self) -> bool {

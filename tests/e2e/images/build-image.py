@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a container image as a docker-archive tarball that `ctr images import` takes.
+"""Writes a container image as an archive that docker, podman and `ctr images import` load.
 
 The e2e tests cannot reach an image registry, so their images are built here from files
 on this machine: layers made from directories (or taken from tarballs as they are), a
@@ -66,20 +66,59 @@ def main() -> None:
             "config": config_body,
             "rootfs": {"type": "layers", "diff_ids": [digest for _, _, digest in layers]},
         }).encode()
-        config_name = hashlib.sha256(config).hexdigest() + ".json"
-        manifest = json.dumps([{
-            "Config": config_name,
-            "RepoTags": [args.name],
-            "Layers": [member for member, _, _ in layers],
-        }]).encode()
-        with tarfile.open(args.out, "w") as tar:
-            for member, path, _ in layers:
-                tar.add(path, arcname=member)
-            for member, data in ((config_name, config), ("manifest.json", manifest)):
-                info = tarfile.TarInfo(member)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+        write_archive(args.name, args.out, layers, config)
 
+
+def blob_name(digest: str) -> str:
+    return "blobs/sha256/" + digest.split(":", 1)[1]
+
+
+def write_archive(name: str, out: str, layers: list, config: bytes) -> None:
+    # An OCI image layout (oci-layout, index.json, blobs/) with docker's manifest.json
+    # naming the same blobs: the archive `docker save` writes since Docker 25, which
+    # docker load, podman load and ctr images import all read.
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest, "size": os.path.getsize(path)} for _, path, digest in layers],
+    }).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
+    index = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest, "size": len(manifest),
+            "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag},
+        }],
+    }).encode()
+    docker_manifest = json.dumps([{
+        "Config": blob_name(config_digest),
+        "RepoTags": [name],
+        "Layers": [blob_name(digest) for _, _, digest in layers],
+    }]).encode()
+    files = [(blob_name(config_digest), config), (blob_name(manifest_digest), manifest),
+             ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", index),
+             ("manifest.json", docker_manifest)]
+    with tarfile.open(out, "w") as tar:
+        for directory in ("blobs", "blobs/sha256"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        written = set()
+        for _, path, digest in layers:
+            if digest not in written:
+                tar.add(path, arcname=blob_name(digest))
+                written.add(digest)
+        for member, data in files:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
 
 if __name__ == "__main__":
     main()
