@@ -275,14 +275,10 @@ impl Label {
         self.allocate_clear_of(name, size, &Held::default())
     }
 
-    /// [`Label::allocate`] outside the `held` spans and numbers.
-    pub fn allocate_clear_of(&mut self, name: &str, size: u64, held: &Held) -> Result<u32> {
+    /// The free entry slot a new partition `name` takes: the name valid and not taken, a
+    /// slot free and clear of `held`.
+    fn slot_for_new(&self, name: &str, held: &Held) -> Result<u32> {
         check_name(name)?;
-        if size == 0 || !size.is_multiple_of(ALIGN) {
-            return Err(Error::Invalid(format!(
-                "size {size} is not a positive multiple of {ALIGN}"
-            )));
-        }
         if let Some((number, _)) = self.by_name(name) {
             return Err(Error::NameTaken {
                 name: name.to_owned(),
@@ -290,9 +286,19 @@ impl Label {
                 len: self.extent(number).map_or(0, |e| e.len),
             });
         }
-        let slot = self.free_slot(held).ok_or(Error::NoEntry {
+        self.free_slot(held).ok_or(Error::NoEntry {
             entries: self.usable_entries(),
-        })?;
+        })
+    }
+
+    /// [`Label::allocate`] outside the `held` spans and numbers.
+    pub fn allocate_clear_of(&mut self, name: &str, size: u64, held: &Held) -> Result<u32> {
+        if size == 0 || !size.is_multiple_of(ALIGN) {
+            return Err(Error::Invalid(format!(
+                "size {size} is not a positive multiple of {ALIGN}"
+            )));
+        }
+        let slot = self.slot_for_new(name, held)?;
         let at = self.placement(size, held).map(|p| p.at).ok_or_else(|| {
             let free = self.free_extents_clear_of(held);
             Error::NoSpace {
@@ -315,22 +321,12 @@ impl Label {
     /// Adds partition `name` with PARTUUID `guid` exactly over `span` (free, clear of
     /// `held`), in the lowest free slot; returns its number. Only in memory.
     pub fn insert_at(&mut self, name: &str, guid: Uuid, span: Extent, held: &Held) -> Result<u32> {
-        check_name(name)?;
         if span.len == 0 || !span.start.is_multiple_of(ALIGN) || !span.len.is_multiple_of(ALIGN) {
             return Err(Error::Invalid(format!(
                 "span {span:?} is not aligned to {ALIGN}"
             )));
         }
-        if let Some((number, _)) = self.by_name(name) {
-            return Err(Error::NameTaken {
-                name: name.to_owned(),
-                number,
-                len: self.extent(number).map_or(0, |e| e.len),
-            });
-        }
-        let slot = self.free_slot(held).ok_or(Error::NoEntry {
-            entries: self.usable_entries(),
-        })?;
+        let slot = self.slot_for_new(name, held)?;
         let free = self.free_extents_clear_of(held);
         if !free
             .iter()
