@@ -48,7 +48,7 @@ version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "
 ensure_cargo() {
   local want have
   want=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -n1)
-  have=$(cargo --version 2>/dev/null | awk '{print $2}')
+  have=$(cargo --version 2>/dev/null | awk '{print $2}' || true)
   if [ -n "$have" ] && version_at_least "$have" "$want"; then return 0; fi
   echo "Rust $want or newer is needed (found: ${have:-no cargo}); installing Debian's rustc-web and cargo-web"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web >/dev/null ||
@@ -63,7 +63,7 @@ ensure_cargo() {
 ensure_go() {
   local want have dir zip
   want=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$REPO_ROOT"/tests/e2e/tools/*/go.mod | sort -V | tail -n1)
-  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//' || true)
   if [ -n "$have" ] && version_at_least "$have" "$want"; then return 0; fi
   dir="$HOME/.cache/gds-csi/go$want"
   if [ ! -x "$dir/bin/go" ]; then
