@@ -54,6 +54,13 @@ ensure_cargo() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web cargo-web >/dev/null ||
     { echo "could not install rustc-web/cargo-web: install Rust $want or newer (https://rustup.rs) and retry" >&2; exit 1; }
   hash -r
+  have=$(cargo --version 2>/dev/null | awk '{print $2}' || true)
+  if [ -z "$have" ] || ! version_at_least "$have" "$want"; then
+    # bookworm's own rustc-web is 1.85; bookworm-security carries the newer one.
+    echo "Debian's rustc-web here is ${have:-missing}, older than $want: add bookworm-security to the apt" \
+      "sources (a standard Debian 12 install has it) or install Rust from https://rustup.rs, then retry" >&2
+    exit 1
+  fi
 }
 
 # ensure_go: a Go toolchain as new as the test tools' go.mod files ask (tests/e2e/tools),
