@@ -88,9 +88,15 @@ ensure_go() {
 }
 
 # ensure_rust_lints: the test suite's fmt and clippy steps need rustfmt and clippy of the
-# toolchain, which Debian does not package new enough: said at once, before anything runs.
+# toolchain: Debian's rustfmt-web and rust-web-clippy go with its cargo-web; for any other
+# cargo (rustup's) the command to run is said at once, before anything runs.
 ensure_rust_lints() {
   cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 && return 0
+  if [ "$(command -v cargo)" = /usr/bin/cargo ] && dpkg-query -W -f='${Status}' cargo-web 2>/dev/null | grep -q installed; then
+    echo "installing Debian's rustfmt-web and rust-web-clippy (for the Rust of cargo-web)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustfmt-web rust-web-clippy >/dev/null
+    cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 && return 0
+  fi
   echo "scripts/test.sh needs rustfmt and clippy for $(cargo --version): rustup component add rustfmt clippy (https://rustup.rs)" >&2
   exit 1
 }
