@@ -2,9 +2,9 @@
 # The driver's image without a container engine or a registry: Debian bookworm with the
 # packages and NVIDIA's libcufile the Dockerfile's runtime stage installs
 # (tests/e2e/images/runtime-base.sh, debootstrap), plus gds-csi, gds-csi-node-loss and
-# gds-csi-populator, written as one image archive (docker-archive format) that
-# `docker load -i`, `podman load -i` and `ctr -n k8s.io images import` take. The kubelet
-# end-to-end test runs the image this writes.
+# gds-csi-populator, written as one image archive (an OCI image layout with docker's
+# manifest.json beside it) that `docker load -i`, `podman load -i` and
+# `ctr -n k8s.io images import` take. The kubelet end-to-end test runs the image this writes.
 #
 #   bash scripts/image.sh [OUT.tar] [NAME:TAG]     root; default target/gds-csi-image.tar,
 #                                                  gds-csi:<chart appVersion>
@@ -37,4 +37,5 @@ python3 tests/e2e/images/build-image.py "$NAME" "$OUT" --layer "$BASE" --layer "
   --entrypoint /usr/local/bin/gds-csi serve
 echo "wrote $OUT ($NAME, $(du -h "$OUT" | cut -f1))"
 echo "load it: docker load -i $OUT | podman load -i $OUT | ctr -n k8s.io images import $OUT"
-echo "then tag and push it to your registry and install with --set image.repository=<registry>/gds-csi --set image.tag=$VERSION"
+echo "then push $NAME to your registry (named there; else docker tag first) and install the chart with"
+echo "  --set image.repository=${NAME%:*} --set image.tag=${NAME##*:}"
