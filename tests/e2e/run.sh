@@ -41,6 +41,7 @@ check "GDS workload pod template, read job and snapshot example pass a server-si
 # --- two nodes, each with a plugin, a pool and a provisioner ---------------------------
 MiB=$((1024 * 1024))
 declare -A POOL=( [node-a]="64 64" [node-b]="128" )
+declare -A PROVISIONER_PID=()
 for node in node-a node-b; do
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -74,6 +75,7 @@ YAML
   PIDS+=($!)
   wait_for_socket "$WORK/$node/csi.sock"
   start_provisioner "$node" "$WORK/$node/csi.sock" "$WORK/$node/provisioner.log"
+  PROVISIONER_PID[$node]=${PIDS[-1]}
 done
 
 # Capacity checks without a class are for nvme-gds-whole (layout: device); the partition
@@ -215,6 +217,32 @@ check "maximumVolumeSize is reported and fits in the rest" max_fits
 "$KUBECTL" delete pvc p1 p2 --wait=false --ignore-not-found >/dev/null
 back() { [ "$(part_free)" = "$free0" ]; }
 check "after deleting both, nvme-gds capacity on node-b is back to $free0 MiB" wait_for 60 back
+
+# --- a lost node's volume, freed when the node comes back ------------------------------
+# What the node-loss controller's `recreate` leaves (tests/e2e/node-loss.sh): the claim
+# gone, the PV deleted but held by the provisioner's finalizer, the node's provisioner not
+# running. When it runs again (the node back under its name), it calls DeleteVolume and the
+# driver frees the volume.
+pvc_and_pod lost 100Mi nvme-gds-whole node-b
+check "PVC lost is bound on node-b" wait_for 90 is_bound lost
+lost_pv=$("$KUBECTL" get pvc lost -o jsonpath='{.spec.volumeName}')
+deletes() { grep -cE "(^|[[:space:]])call method=DeleteVolume( |\$)" "$WORK/node-b/driver.log"; }
+# shellcheck disable=SC2034 # read in the checks' eval
+deletes0=$(deletes)
+kill "${PROVISIONER_PID[node-b]}" && wait "${PROVISIONER_PID[node-b]}" 2>/dev/null || true
+"$KUBECTL" delete pod lost --grace-period=0 --force >/dev/null 2>&1 || true
+"$KUBECTL" delete pvc lost --wait=false >/dev/null
+"$KUBECTL" delete pv "$lost_pv" --wait=false >/dev/null
+"$KUBECTL" patch pv "$lost_pv" --type=json \
+  -p '[{"op":"replace","path":"/metadata/finalizers","value":["external-provisioner.volume.kubernetes.io/finalizer"]}]' >/dev/null
+released() { [ "$("$KUBECTL" get pv "$lost_pv" -o jsonpath='{.status.phase}')" = Released ]; }
+check "with node-b's provisioner gone, the deleted PV stays (Released, the provisioner's finalizer)" \
+  eval 'wait_for 30 released && [ "$(deletes)" = "$deletes0" ]'
+start_provisioner node-b "$WORK/node-b/csi.sock" "$WORK/node-b/provisioner.log"
+lost_pv_gone() { ! "$KUBECTL" get pv "$lost_pv" >/dev/null 2>&1; }
+check "node-b's provisioner back: DeleteVolume frees the volume and the PV goes" \
+  eval 'wait_for 60 lost_pv_gone && [ "$(deletes)" -gt "$deletes0" ]'
+check "node-b's capacity is back to 128 MiB" wait_for 60 has_capacity node-b 128
 
 echo "e2e wall time: $((SECONDS - start)) s"
 echo "$passed passed, $failed failed"

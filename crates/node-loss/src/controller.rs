@@ -20,15 +20,15 @@ use crate::volumes::{ClaimRef, LocalVolume, Selector, Skip};
 
 pub const COMPONENT: &str = "gds-csi-node-loss";
 
-/// Finalizers only the lost node could ever remove: the external-provisioner's (it
-/// runs on that node, in distributed mode, and removes it after DeleteVolume:
-/// sig-storage-lib-external-provisioner v13 controller/controller.go:90) and the PV
-/// protection one, removed by Kubernetes once no claim is bound (kubernetes
-/// pkg/volume/util/finalizer.go:24); by then the old claim is gone.
-const PV_FINALIZERS: &[&str] = &[
-    "external-provisioner.volume.kubernetes.io/finalizer",
-    "kubernetes.io/pv-protection",
-];
+/// The PV protection finalizer, removed by Kubernetes once no claim is bound (kubernetes
+/// pkg/volume/util/finalizer.go:24); by then the old claim is gone, so it goes at once.
+const PV_FINALIZERS: &[&str] = &["kubernetes.io/pv-protection"];
+
+/// The external-provisioner's finalizer is kept: that node's provisioner (distributed
+/// mode) still handles a deleted PV holding it (sig-storage-lib-external-provisioner v13
+/// controller/controller.go:1294-1299), so if the node comes back under its name it calls
+/// DeleteVolume and its driver frees and erases the volume, then removes the finalizer.
+const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Action {
@@ -321,8 +321,8 @@ impl Controller {
     ///    (as local-static-provisioner's deletePVC, controller.go:296) and, once no pod
     ///    uses it, its pvc-protection finalizer is removed if Kubernetes has not yet;
     /// 3. the claim is created again from the template, unbound;
-    /// 4. the PV is deleted and the finalizers only the lost node would remove are
-    ///    removed (local-static-provisioner deletes such PVs too, deleter.go:96-98;
+    /// 4. the PV is deleted and its protection finalizer removed, the provisioner's kept
+    ///    for the node's return (local-static-provisioner deletes such PVs too, deleter.go:96-98;
     ///    TopoLVM's node finalizer deletes the claims of a deleted node,
     ///    internal/controller/node_controller.go:122).
     async fn recreate(&mut self, v: &LocalVolume, gone: Duration) -> Result<Progress> {
@@ -334,7 +334,7 @@ impl Controller {
         else {
             return Ok(Progress::Done);
         };
-        if pv.metadata.uid.as_deref() != Some(v.pv_uid.as_str()) {
+        if pv.metadata.uid.as_deref() != Some(v.pv_uid.as_str()) || awaits_its_node(&pv) {
             return Ok(Progress::Done);
         }
         let key = self.template_annotation();
@@ -613,11 +613,23 @@ impl Controller {
         }
         if others.is_empty() {
             warn!(pv = %v.pv_name, node = %v.node, removed_finalizers = ?ours, "node lost: deleted the PV");
+        } else if others == [PROVISIONER_FINALIZER] {
+            warn!(pv = %v.pv_name, node = %v.node, removed_finalizers = ?ours,
+                "node lost: deleted the PV; it stays until the node's provisioner frees its volume \
+                 (DeleteVolume) should the node come back; if it never will, remove the finalizer \
+                 {PROVISIONER_FINALIZER}");
         } else {
             warn!(pv = %v.pv_name, waiting_for = ?others, "PV deleted; other finalizers hold it");
         }
         Ok(())
     }
+}
+
+/// A PV this controller deleted in an earlier pass, held only by the provisioner's
+/// finalizer: the claim is re-created, and the rest is the node's, should it return.
+fn awaits_its_node(pv: &PersistentVolume) -> bool {
+    pv.metadata.deletion_timestamp.is_some()
+        && pv.metadata.finalizers.as_deref() == Some(&[PROVISIONER_FINALIZER.to_owned()][..])
 }
 
 fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
