@@ -334,10 +334,10 @@ impl Controller {
         else {
             return Ok(Progress::Done);
         };
-        if pv.metadata.uid.as_deref() != Some(v.pv_uid.as_str()) || awaits_its_node(&pv) {
+        let key = self.template_annotation();
+        if pv.metadata.uid.as_deref() != Some(v.pv_uid.as_str()) || awaits_its_node(&pv, &key) {
             return Ok(Progress::Done);
         }
-        let key = self.template_annotation();
         let mut saved = pv
             .metadata
             .annotations
@@ -625,10 +625,14 @@ impl Controller {
     }
 }
 
-/// A PV this controller deleted in an earlier pass, held only by the provisioner's
-/// finalizer: the claim is re-created, and the rest is the node's, should it return.
-fn awaits_its_node(pv: &PersistentVolume) -> bool {
+/// A PV this controller deleted in an earlier pass (it bears the claim's template, saved
+/// before anything else, and is deleted only once the claim is re-created), held only by
+/// the provisioner's finalizer: the rest is the node's, should it return. A PV someone
+/// else deleted goes through every step as before.
+fn awaits_its_node(pv: &PersistentVolume, template_key: &str) -> bool {
+    let saved = pv.metadata.annotations.as_ref();
     pv.metadata.deletion_timestamp.is_some()
+        && saved.is_some_and(|a| a.contains_key(template_key))
         && pv.metadata.finalizers.as_deref() == Some(&[PROVISIONER_FINALIZER.to_owned()][..])
 }
 
@@ -657,5 +661,42 @@ fn pv_ref(v: &LocalVolume) -> ObjectReference {
 impl gds_csi_kube::Passes for Controller {
     async fn pass(&mut self) -> Result<()> {
         self.pass_counted().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const KEY: &str = "gds.csi.gds-csi.io/node-loss-claim";
+
+    fn pv(deleted: bool, template: bool, finalizers: &[&str]) -> PersistentVolume {
+        let mut pv = PersistentVolume::default();
+        let m = &mut pv.metadata;
+        m.deletion_timestamp = deleted.then(|| Time(k8s_openapi::jiff::Timestamp::now()));
+        m.annotations = template.then(|| [(KEY.to_owned(), "{}".to_owned())].into());
+        m.finalizers = Some(finalizers.iter().map(|f| (*f).to_owned()).collect());
+        pv
+    }
+
+    #[test]
+    fn only_a_pv_this_controller_deleted_and_only_the_provisioner_holds_awaits_its_node() {
+        assert!(awaits_its_node(
+            &pv(true, true, &[PROVISIONER_FINALIZER]),
+            KEY
+        ));
+        // Deleted by someone else (no saved template): every step runs as before.
+        assert!(!awaits_its_node(
+            &pv(true, false, &[PROVISIONER_FINALIZER]),
+            KEY
+        ));
+        assert!(!awaits_its_node(
+            &pv(false, true, &[PROVISIONER_FINALIZER]),
+            KEY
+        ));
+        let both = [PROVISIONER_FINALIZER, "kubernetes.io/pv-protection"];
+        assert!(!awaits_its_node(&pv(true, true, &both), KEY));
+        assert!(!awaits_its_node(&pv(true, true, &[]), KEY));
     }
 }
