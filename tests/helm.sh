@@ -1298,6 +1298,20 @@ case $pair in
   *) fail "registrar/livenessprobe '$pair' are not a released pair (v2.18.0/v2.20.0 is the newest)" ;;
 esac
 
+# --- NOTES.txt previewed without a cluster (scripts/chart-notes.sh) ------------------------
+notes=$(bash scripts/chart-notes.sh 2>"$tmp/err") || fail "chart-notes.sh" "$(cat "$tmp/err")"
+if grep -q "the pool is empty" <<<"$notes" && grep -q "gds-csi pool discover" <<<"$notes"; then
+  pass "NOTES (defaults): the empty pool is a warning that names pool discover"
+else
+  fail "NOTES (defaults) say nothing of the empty pool" "$notes"
+fi
+notes=$(bash scripts/chart-notes.sh -f deploy/values/gpu-nvme.yaml 2>"$tmp/err") || fail "chart-notes.sh -f" "$(cat "$tmp/err")"
+if grep -q "gds-csi .* is installed" <<<"$notes" && ! grep -q "the pool is empty" <<<"$notes"; then
+  pass "NOTES (deploy/values/gpu-nvme.yaml): no empty-pool warning"
+else
+  fail "NOTES (deploy/values/gpu-nvme.yaml)" "$notes"
+fi
+
 # --- the example values files -----------------------------------------------------------
 # Each renders against the schema; the trial file turns off what needs a GPU node, the GPU
 # file keeps the gate and names the filer.
