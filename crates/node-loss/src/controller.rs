@@ -94,7 +94,11 @@ impl Controller {
     }
 
     async fn pass_counted(&mut self) -> Result<()> {
+        let began = Instant::now();
         let result = self.pass_inner().await;
+        let seconds = began.elapsed().as_secs_f64();
+        self.metrics.pass_seconds.observe(seconds);
+        debug!(elapsed_ms = seconds * 1e3, "pass");
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.metrics
             .passes

@@ -5,6 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -28,7 +29,7 @@ pub struct NodeLabel {
     pub node: String,
 }
 
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub struct Metrics {
     /// Our local volumes on nodes deleted longer than the grace period, still there.
     pub claims: Family<NodeAction, Gauge>,
@@ -38,6 +39,21 @@ pub struct Metrics {
     pub recreated: Family<NodeLabel, Counter>,
     /// Passes, by `ok`/`error`.
     pub passes: Family<OutcomeLabel, Counter>,
+    /// How long a pass takes: it grows with the Nodes and PVs listed.
+    pub pass_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            claims: Family::default(),
+            missing_nodes: Family::default(),
+            recreated: Family::default(),
+            passes: Family::default(),
+            // 1 ms to about 16 s.
+            pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
 }
 
 impl Metrics {
@@ -57,6 +73,11 @@ impl Metrics {
             "recreated_claims",
             "Claims re-created unbound after their node was lost (their PV deleted)",
             self.recreated.clone(),
+        );
+        r.register(
+            "pass_seconds",
+            "Time a reconcile pass over Nodes and PersistentVolumes takes",
+            self.pass_seconds.clone(),
         );
         r.register(
             "passes",
