@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, ObjectList, PostParams};
 use kube::Client;
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,36 @@ impl Calls {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Error::Api(what, e)),
             Err(_) => Err(Error::Timeout(what, self.deadline)),
+        }
+    }
+
+    /// Every object a list call gives, in pages of `page` (the API server's `limit` and
+    /// `continue`), each page under the deadline: a caller holds one page of objects at a
+    /// time, not the whole cluster's. `each` sees every item, in the server's order.
+    pub async fn list_pages<T, F, Fut>(
+        &self,
+        what: &str,
+        page: u32,
+        list: F,
+        mut each: impl FnMut(T),
+    ) -> Result<()>
+    where
+        T: Clone,
+        F: Fn(ListParams) -> Fut,
+        Fut: Future<Output = kube::Result<ObjectList<T>>>,
+    {
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default().limit(page);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let got = self.call(what, list(params)).await?;
+            token = got.metadata.continue_.filter(|t| !t.is_empty());
+            got.items.into_iter().for_each(&mut each);
+            if token.is_none() {
+                return Ok(());
+            }
         }
     }
 
@@ -187,5 +217,53 @@ pub fn exit_code(
             tracing::error!(error = %e, "exiting");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+    use std::sync::Mutex;
+
+    #[tokio::test]
+    async fn list_pages_follows_continue_tokens_to_the_end_with_the_page_limit() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let calls = Calls::new(
+            Client::try_from(config).unwrap(),
+            Duration::from_secs(5),
+            "t",
+        );
+        let asked = Mutex::new(Vec::new());
+        let list = |p: ListParams| {
+            asked
+                .lock()
+                .unwrap()
+                .push((p.limit, p.continue_token.clone()));
+            let (items, next) = match p.continue_token.as_deref() {
+                None => (vec![1, 2], Some("a")),
+                Some("a") => (vec![3, 4], Some("b")),
+                _ => (vec![5], Some("")),
+            };
+            let page = ObjectList {
+                types: Default::default(),
+                metadata: ListMeta {
+                    continue_: next.map(str::to_owned),
+                    ..ListMeta::default()
+                },
+                items,
+            };
+            async move { Ok(page) }
+        };
+        let mut seen = Vec::new();
+        calls
+            .list_pages("list numbers", 2, list, |n: i32| seen.push(n))
+            .await
+            .unwrap();
+        assert_eq!(seen, [1, 2, 3, 4, 5]);
+        let asked = asked.into_inner().unwrap();
+        let tokens: Vec<_> = asked.iter().map(|(_, t)| t.as_deref()).collect();
+        assert_eq!(tokens, [None, Some("a"), Some("b")]);
+        assert!(asked.iter().all(|(limit, _)| *limit == Some(2)));
     }
 }

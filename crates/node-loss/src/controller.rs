@@ -20,6 +20,10 @@ use crate::volumes::{ClaimRef, LocalVolume, Selector, Skip};
 
 pub const COMPONENT: &str = "gds-csi-node-loss";
 
+/// Objects per page of a pass's lists: the controller holds one page at a time, so its
+/// memory does not grow with the cluster's Nodes and PVs (only with our local volumes).
+const LIST_PAGE: u32 = 500;
+
 /// The PV protection finalizer, removed by Kubernetes once no claim is bound (kubernetes
 /// pkg/volume/util/finalizer.go:24); by then the old claim is gone, so it goes at once.
 const PV_FINALIZERS: &[&str] = &["kubernetes.io/pv-protection"];
@@ -149,16 +153,18 @@ impl Controller {
 
     /// The names of the Nodes the API lists now.
     async fn present_nodes(&mut self, nodes: &Api<Node>) -> Result<BTreeSet<String>> {
+        let mut names = BTreeSet::new();
         let listed = self
             .calls
-            .call("list nodes", nodes.list_metadata(&ListParams::default()))
+            .list_pages(
+                "list nodes",
+                LIST_PAGE,
+                |p| async move { nodes.list_metadata(&p).await },
+                |n| names.extend(n.metadata.name),
+            )
             .await;
         match listed {
-            Ok(list) => Ok(list
-                .items
-                .into_iter()
-                .filter_map(|n| n.metadata.name)
-                .collect()),
+            Ok(()) => Ok(names),
             Err(e) => {
                 // Absence seen with a gap proves nothing: start every clock again.
                 if !self.announced.is_empty() {
@@ -174,23 +180,28 @@ impl Controller {
     /// left alone (and logged once).
     async fn volumes_by_node(&mut self) -> Result<BTreeMap<String, Vec<LocalVolume>>> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pvs = self
-            .calls
-            .call("list persistentvolumes", pvs.list(&ListParams::default()))
-            .await?;
+        let (selector, warned) = (&self.cfg.selector, &mut self.warned);
         let mut by_node: BTreeMap<String, Vec<LocalVolume>> = BTreeMap::new();
-        for pv in &pvs.items {
-            match self.cfg.selector.select(pv) {
-                Ok(v) => by_node.entry(v.node.clone()).or_default().push(v),
-                Err(Skip::Ambiguous(why)) => {
-                    let name = pv.metadata.name.clone().unwrap_or_default();
-                    if self.warned.insert(name.clone()) {
-                        warn!(pv = %name, %why, "left alone: cannot tell which node holds this volume");
+        self.calls
+            .list_pages(
+                "list persistentvolumes",
+                LIST_PAGE,
+                |p| {
+                    let pvs = pvs.clone();
+                    async move { pvs.list(&p).await }
+                },
+                |pv| match selector.select(&pv) {
+                    Ok(v) => by_node.entry(v.node.clone()).or_default().push(v),
+                    Err(Skip::Ambiguous(why)) => {
+                        let name = pv.metadata.name.clone().unwrap_or_default();
+                        if warned.insert(name.clone()) {
+                            warn!(pv = %name, %why, "left alone: cannot tell which node holds this volume");
+                        }
                     }
-                }
-                Err(_) => {}
-            }
-        }
+                    Err(_) => {}
+                },
+            )
+            .await?;
         Ok(by_node)
     }
 
