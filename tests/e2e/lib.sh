@@ -51,6 +51,19 @@ e2e_stop_all() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
+# controller_workdir NAME: WORK, a temporary directory that goes on exit with the control
+# plane and the controller under test (its pid in CTRL_PID, when one runs).
+controller_workdir() {
+  WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+  CTRL_PID=
+  trap controller_cleanup EXIT
+}
+controller_cleanup() {
+  [ -z "$CTRL_PID" ] || kill "$CTRL_PID" 2>/dev/null || true
+  e2e_stop_all
+  rm -rf "$WORK"
+}
+
 # write_kubeconfig FILE TOKEN
 write_kubeconfig() {
   cat > "$1" <<KC

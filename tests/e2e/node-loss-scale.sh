@@ -18,14 +18,7 @@ COUNTS=${1:-100,1000,5000}
 ROUNDS=${2:-30}
 (cd "$REPO_ROOT" && cargo build --release --quiet -p gds-csi-node-loss)
 NODE_LOSS_BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/gds-csi-node-loss"
-WORK=$(mktemp -d /tmp/gds-node-loss-scale.XXXXXX)
-CTRL_PID=
-cleanup() {
-  [ -z "$CTRL_PID" ] || kill "$CTRL_PID" 2>/dev/null || true
-  e2e_stop_all
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+controller_workdir gds-node-loss-scale
 METRICS=127.0.0.1:19833
 start_control_plane '*,-node-lifecycle-controller'
 

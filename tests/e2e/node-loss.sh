@@ -30,14 +30,7 @@ if [ -z "${NODE_LOSS_BIN:-}" ]; then
   (cd "$REPO_ROOT" && cargo build --quiet -p gds-csi-node-loss)
   NODE_LOSS_BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug/gds-csi-node-loss"
 fi
-WORK=$(mktemp -d /tmp/gds-node-loss.XXXXXX)
-CTRL_PID=
-cleanup() {
-  [ -z "$CTRL_PID" ] || kill "$CTRL_PID" 2>/dev/null || true
-  e2e_stop_all
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+controller_workdir gds-node-loss
 start=$SECONDS
 METRICS=127.0.0.1:19823
 

@@ -81,6 +81,11 @@ fn status_of(report: &Report, id: &str) -> Option<Status> {
     report.get(id).map(|c| c.status)
 }
 
+/// No GPU or GPU driver here: the cause of every other GDS failure, and no probe can run.
+fn no_gpu(report: &Report) -> bool {
+    status_of(report, "gpu.driver") == Some(Status::Fail)
+}
+
 /// What the node's failed checks mean for GDS, the cause first, then what the probe's
 /// environment lacks.
 fn pod_and_node_notes(
@@ -89,7 +94,7 @@ fn pod_and_node_notes(
     report: &Report,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    let no_gpu = status_of(report, "gpu.driver") == Some(Status::Fail);
+    let no_gpu = no_gpu(report);
     if no_gpu {
         notes.push(
             "No NVIDIA GPU or GPU driver is visible on this node: GPUDirect Storage cannot \
@@ -187,8 +192,7 @@ pub fn diagnose(args: &DoctorArgs, probe_exe: &Path, probe_prefix: &[String]) ->
     let mut notes = pod_and_node_notes(&paths, args, &report);
     notes.extend(md_note(&report));
     // "Add --probe" only where the probe could run.
-    let gpu = status_of(&report, "gpu.driver") != Some(Status::Fail);
-    if probe.is_some() || gpu {
+    if probe.is_some() || !no_gpu(&report) {
         notes.push(probe_note(probe.as_ref(), args.gds.probe_timeout));
     }
     Diagnosis {
