@@ -2,7 +2,7 @@
 //!
 //! `block`: how each call's cost grows with the volumes a node holds. For each count, a
 //! pool of a fixed number of devices (a node with eight drives), the driver filled with
-//! that many 1 MiB volumes, then ROUNDS of CreateVolume, NodeStage (an ext4 of 16 MiB),
+//! that many 2 MiB volumes, then ROUNDS of CreateVolume, NodeStage (an ext4 of 16 MiB),
 //! NodePublish, DeleteVolume, every page of ListVolumes (100 a page) and GetCapacity,
 //! three restarts to Probe ready, the driver's RSS and the state's size. Prints a
 //! markdown table of p50 (p99) and the ratio of the largest count to the smallest.
@@ -35,12 +35,20 @@ const DEVICES: usize = 8;
 /// Partition volumes one pool device holds: the usable entries of its GPT label (255;
 /// 128 in builds before labels of 256 entries). The storm's devices follow from it.
 const PER_DEVICE: usize = 255;
-const FILL_BYTES: u64 = MIB;
+/// The fill volumes: the smallest ext4 with a journal the driver carves (its mkfs's floor,
+/// rounded up to whole MiB).
+const FILL_BYTES: u64 = 2 * MIB;
 /// The measured volumes: large enough for an ext4 with a journal (`data=ordered`).
 const ROUND_BYTES: u64 = 16 * MIB;
+/// What one volume of `bytes` takes while the device has room: its span and the growth
+/// room kept after it (half its size, whole MiB).
+const fn span(bytes: u64) -> u64 {
+    bytes + (bytes / 2).div_ceil(MIB) * MIB
+}
 /// A create may land on any device (best fit, busy devices passed over), so each must hold
-/// a full label of fill volumes and a measured one, beside the label (2 MiB with alignment).
-const DEVICE_BYTES: u64 = PER_DEVICE as u64 * FILL_BYTES + ROUND_BYTES + 16 * MIB;
+/// a full label of fill volumes and a measured one with their growth room, beside the label
+/// (2 MiB with alignment). Sparse files: the size costs nothing.
+const DEVICE_BYTES: u64 = PER_DEVICE as u64 * span(FILL_BYTES) + span(ROUND_BYTES) + 16 * MIB;
 
 fn params() -> HashMap<String, String> {
     [
@@ -230,7 +238,7 @@ async fn main() -> Result<()> {
         all.push((n, measure(&bin, &work, n, rounds, devices).await?));
     }
     println!(
-        "Block, `layout: partition`: {devices} loop devices, 1 MiB volumes, {rounds} rounds \
+        "Block, `layout: partition`: {devices} loop devices, 2 MiB volumes, {rounds} rounds \
          on 16 MiB volumes"
     );
     println!();

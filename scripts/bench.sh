@@ -12,7 +12,7 @@
 #
 #        scripts/bench.sh scale [COUNTS=10,100,1000] [ROUNDS=30]
 # The scale benchmark (examples/scale.rs): each call's p50/p99 with COUNTS volumes on the
-# node (`layout: partition`, 1 MiB each, on SCALE_DEVICES=8 loop devices whatever the
+# node (`layout: partition`, 2 MiB each, on SCALE_DEVICES=8 loop devices whatever the
 # count), start-up, RSS and the state's size, and the ratio of the largest count to the
 # smallest.
 #        scripts/bench.sh scale-nfs [COUNTS=10,100,1000,10000] [ROUNDS=30]

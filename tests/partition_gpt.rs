@@ -171,6 +171,64 @@ fn a_label_of_255_partitions_verifies_and_a_128_entry_label_still_reads() {
     }
 }
 
+/// A reader that counts the reads it answers.
+struct Counted<'a> {
+    file: &'a File,
+    reads: std::cell::Cell<usize>,
+}
+
+impl gds_csi::disk::gpt::label::ReadAt for Counted<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.set(self.reads.get() + 1);
+        FileExt::read_exact_at(self.file, buf, offset)
+    }
+}
+
+/// GetCapacity and every create read each pool device's label, and a block device's
+/// page cache is dropped at each last close, so each read goes to the device: a label
+/// of ours, full or not, and a blank device cost two reads (the two ends), not five.
+#[test]
+fn a_label_is_read_in_two_device_reads_whatever_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (f, _) = image(dir.path());
+    let size = 320 << 20;
+    f.set_len(size).unwrap();
+    let reads = |sector: u64| {
+        let counted = Counted {
+            file: &f,
+            reads: std::cell::Cell::new(0),
+        };
+        let on = read_image(&counted, sector, size).unwrap();
+        (on, counted.reads.get())
+    };
+    assert_eq!(reads(512), (OnDisk::Blank, 2));
+    for (sector, entries, count) in [
+        (512, gpt::ENTRIES, 1),
+        (512, gpt::ENTRIES, gpt::MAX_PARTITION_NUMBER),
+        (512, gpt::ENTRIES_BEFORE, 3),
+        (4096, gpt::ENTRIES, 200),
+    ] {
+        let mut label =
+            Label::with_entries(sector, size / sector, gpt::new_disk_guid(), entries).unwrap();
+        for i in 0..count {
+            label.allocate(&format!("v{i}"), ALIGN).unwrap();
+        }
+        write_image(&f, &label).unwrap();
+        let (on, n) = reads(sector);
+        assert_eq!(n, 2, "{count} partitions, {sector}-byte sectors");
+        assert_eq!(
+            on,
+            OnDisk::Ours {
+                label,
+                repair: None
+            }
+        );
+        // Zero the image for the next label.
+        f.set_len(0).unwrap();
+        f.set_len(size).unwrap();
+    }
+}
+
 #[test]
 fn a_label_sgdisk_wrote_is_foreign_even_with_our_type() {
     if !have("sgdisk") {

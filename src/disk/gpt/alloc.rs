@@ -193,11 +193,19 @@ impl Label {
     /// The lowest partition number with a free entry, outside the `held` numbers and
     /// within the numbers the kernel registers.
     pub fn free_slot(&self, held: &Held) -> Option<u32> {
+        // One flag per entry, not a scan of `held.numbers` per entry: a full label's
+        // search would be quadratic in the volume count.
+        let usable = self.usable_entries();
+        let mut taken = vec![false; usable];
+        for n in &held.numbers {
+            if let Some(t) = (*n as usize).checked_sub(1).and_then(|i| taken.get_mut(i)) {
+                *t = true;
+            }
+        }
         self.slots
             .iter()
-            .take(self.usable_entries())
-            .enumerate()
-            .position(|(i, e)| e.is_none() && !held.numbers.contains(&(i as u32 + 1)))
+            .zip(taken)
+            .position(|(e, held)| e.is_none() && !held)
             .map(|i| i as u32 + 1)
     }
 

@@ -389,6 +389,12 @@ fn a_label_with_every_entry_used_offers_nothing() {
     };
     assert_eq!(l.free_slot(&held), None);
     assert!(l.free_extents_clear_of(&held).is_empty());
+    // Numbers no entry has (0, past the label) hold nothing.
+    let odd = Held {
+        numbers: vec![0, 300, u32::MAX],
+        spans: Vec::new(),
+    };
+    assert_eq!(l.free_slot(&odd), Some(7));
     use crate::disk::gpt::volume::choose;
     let full = (std::path::PathBuf::from("/dev/full"), l.clone(), held);
     let blank = (

@@ -21,7 +21,7 @@ mod relocate;
 
 pub(crate) use delete::erase_partition;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,25 +178,28 @@ impl Partitioned {
     /// Spans and numbers on pool device `device_id` that the state's records (volumes and
     /// stripe members) hold, whatever its label says now.
     pub(crate) fn held(&self, device_id: &str) -> Held {
-        self.held_by_device().remove(device_id).unwrap_or_default()
+        let state = self.pool.state.snapshot();
+        let mut held = Held::default();
+        for (_, p) in recorded_partitions(&state).filter(|(d, _)| *d == device_id) {
+            hold(&mut held, p);
+        }
+        held
     }
 
-    /// [`Self::held`] of every device at once: one pass over the records, so GetCapacity
-    /// costs the same per device at 10 volumes as at 1,000.
-    fn held_by_device(&self) -> HashMap<String, Held> {
-        let state = self.pool.state.snapshot();
-        let mut by_device: HashMap<String, Held> = HashMap::new();
-        for r in state.values() {
-            let own = r.partition.as_ref().map(|p| (&r.device_id, p));
-            let members = r.stripe.iter().flat_map(|s| &s.members);
-            let members = members.filter_map(|m| Some((&m.device_id, m.partition.as_ref()?)));
-            for (device_id, p) in own.into_iter().chain(members) {
-                let held = by_device.entry(device_id.clone()).or_default();
-                held.numbers.push(p.number);
-                held.spans.extend(p.held_span());
-                // The extent a move copies to, before and after its spare entry is written.
-                held.spans.extend(p.moving.as_ref().map(|m| m.to_span()));
-            }
+    /// [`Self::held`] of every device at once: one pass over the records, the devices
+    /// (a node's few) found by a scan of their ids borrowed from the state, so that
+    /// GetCapacity's cost barely follows the volume count.
+    fn held_by_device(state: &crate::pool::State) -> Vec<(&str, Held)> {
+        let mut by_device: Vec<(&str, Held)> = Vec::new();
+        for (device_id, p) in recorded_partitions(state) {
+            let i = match by_device.iter().position(|(d, _)| *d == device_id) {
+                Some(i) => i,
+                None => {
+                    by_device.push((device_id, Held::default()));
+                    by_device.len() - 1
+                }
+            };
+            hold(&mut by_device[i].1, p);
         }
         by_device
     }
@@ -298,6 +301,27 @@ fn read_label(d: PoolDevice) -> Option<(PoolDevice, OnDisk)> {
     }
 }
 
+/// Every partition the state's records hold (a volume's own, a stripe member's), with
+/// the pool device it lies on.
+fn recorded_partitions(
+    state: &crate::pool::State,
+) -> impl Iterator<Item = (&str, &crate::pool::PartitionRecord)> {
+    state.values().flat_map(|r| {
+        let own = r.partition.as_ref().map(|p| (r.device_id.as_str(), p));
+        let members = r.stripe.iter().flat_map(|s| &s.members);
+        let members = members.filter_map(|m| Some((m.device_id.as_str(), m.partition.as_ref()?)));
+        own.into_iter().chain(members)
+    })
+}
+
+/// Adds partition `p`'s number and spans to `held`: its own span and, during a move, the
+/// extent it is copied to (before and after its spare entry is written).
+fn hold(held: &mut Held, p: &crate::pool::PartitionRecord) {
+    held.numbers.push(p.number);
+    held.spans.extend(p.held_span());
+    held.spans.extend(p.moving.as_ref().map(|m| m.to_span()));
+}
+
 /// What a blank device would offer once labelled: (available, largest).
 pub(crate) fn blank_capacity(dev: &PoolDevice) -> (u64, u64) {
     let geometry = std::fs::File::open(&dev.path)
@@ -394,11 +418,13 @@ impl Layout for Partitioned {
 
     fn capacity(&self) -> Capacity {
         let (mut available, mut maximum) = (0u64, 0u64);
-        let (held, nothing) = (self.held_by_device(), Held::default());
+        let state = self.pool.state.snapshot();
+        let (held, nothing) = (Self::held_by_device(&state), Held::default());
         for (dev, on) in self.candidates() {
             let (a, m) = match on {
                 OnDisk::Ours { label, .. } => {
-                    let held = held.get(&dev.id).unwrap_or(&nothing);
+                    let on_dev = held.iter().find(|(d, _)| *d == dev.id);
+                    let held = on_dev.map_or(&nothing, |(_, h)| h);
                     let free = label.free_extents_clear_of(held);
                     let total = free.iter().map(|e| e.len).sum();
                     (total, free.iter().map(|e| e.len).max().unwrap_or(0))
