@@ -67,6 +67,8 @@ cleanup() {
     [ "$DEPLOY" != chart ] || "$HELM" uninstall gds-csi -n "$NS" --cascade foreground --wait --timeout 60s >/dev/null 2>&1
     kill "$KUBELET_PID"; wait "$KUBELET_PID"
   fi
+  # A script's own nodes go next, their pods deleted above (rig_more_cleanup).
+  ! declare -F rig_more_cleanup >/dev/null || rig_more_cleanup
   if [ -n "$CONTAINERD_PID" ]; then
     for task in $("${CTR[@]}" tasks ls -q 2>/dev/null); do
       "${CTR[@]}" tasks kill --signal SIGKILL "$task" >/dev/null 2>&1
@@ -204,7 +206,8 @@ wait_for 30 "${CTR[@]}" version || { tail -20 "$WORK/containerd.log"; exit 1; }
 n_images=0
 for image in "$WORK"/images/*.tar; do
   "${CTR[@]}" images import "$image" >/dev/null
-  rm "$image"
+  # A script that starts more nodes imports them there too (RIG_KEEP_IMAGES).
+  [ -n "${RIG_KEEP_IMAGES:-}" ] || rm "$image"
   n_images=$((n_images + 1))
 done
 echo "containerd up with $n_images local images in $((SECONDS - start)) s"
@@ -213,8 +216,9 @@ echo "containerd up with $n_images local images in $((SECONDS - start)) s"
 ip addr replace "$NODE_IP/32" dev lo
 NODE_TOKEN=$(random_token)
 PROXY_TOKEN=$(random_token)
+# RIG_MORE_TOKENS: the identities of a script's own nodes (token file lines).
 start_control_plane '*' "$NODE_TOKEN,system:node:$NODE,$NODE,system:nodes" \
-  "$PROXY_TOKEN,system:kube-proxy,kube-proxy,"
+  "$PROXY_TOKEN,system:kube-proxy,kube-proxy," ${RIG_MORE_TOKENS[@]+"${RIG_MORE_TOKENS[@]}"}
 echo "control plane up in $((SECONDS - start)) s"
 
 # --- kube-proxy: the `kubernetes` Service's ClusterIP leads to the API server -----------
