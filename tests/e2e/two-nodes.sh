@@ -209,11 +209,20 @@ check "its old PV is not the new one" [ "$("$KUBECTL" get pvc precious -o jsonpa
 check "the trainer's new pod runs on node B with the snapshot's bytes" wait_for 180 trainer_on "$NODE_B"
 recreated() { "$KUBECTL" get events -n default --field-selector involvedObject.name=precious -o jsonpath='{.items[*].reason}'; }
 echo "     events of the claim: $(recreated)"
-# Node A returns: its kubelet registers it again, and its provisioner deletes the old volume.
+# Node A returns after a reboot: its containers and mounts are gone (its drives and the
+# driver's state directory are not); its kubelet registers it again, and its provisioner
+# deletes the old volume.
+reboot_node_a() {
+  local task
+  for task in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks kill --signal SIGKILL "$task" >/dev/null 2>&1; done
+  awk -v d="$KUBELET_DIR/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r umount -l
+}
+reboot_node_a
 start_kubelet
 check "node A returns (its kubelet registers it again)" wait_for 120 node_ready
 old_pv_gone() { ! "$KUBECTL" get pv "$old_pv" >/dev/null 2>&1; }
-check "the lost node's old volume is deleted once it is back" wait_for 120 old_pv_gone
+check "the lost node's old volume is deleted once it is back" wait_for 180 old_pv_gone
+old_pv_gone || "$KUBECTL" get pv "$old_pv" -o jsonpath='{.metadata.finalizers} {.status.phase}{"\n"}' | sed 's/^/     /'
 "$KUBECTL" delete deployment trainer --wait=false >/dev/null
 
 echo "two nodes: $passed passed, $failed failed ($((SECONDS - start)) s)"
