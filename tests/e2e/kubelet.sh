@@ -226,33 +226,10 @@ check "CSIStorageCapacity shows the carving class too" wait_for 60 part_publishe
 part_capacity=$(capacity_of "$NODE" nvme-gds)
 echo "node and driver ready in $((SECONDS - start)) s"
 
-# pod NAME CLAIM SCRIPT: a run-once busybox pod on $NODE with CLAIM at /data. It runs as
-# an unprivileged user and writes through fsGroup, which the kubelet applies because the
-# CSIDriver says fsGroupPolicy: File (a fresh ext4 root is root-owned, mode 755).
-pod() {
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  nodeSelector: {kubernetes.io/hostname: $NODE}
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}
-  containers:
-  - name: app
-    image: $APP_IMAGE
-    imagePullPolicy: Never
-    command: [sh, -c, '$3']
-    volumeMounts: [{name: data, mountPath: /data}]
-  volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]
-YAML
-}
-pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
+# pod NAME CLAIM SCRIPT: claim_pod (tests/e2e/lib.sh) on $NODE.
+pod() { claim_pod "$1" "$2" "$3" "$NODE"; }
 pod_succeeded() { [ "$(pod_phase "$1")" = Succeeded ]; }
 pod_gone() { ! "$KUBECTL" get pod "$1" >/dev/null 2>&1; }
-events_of() { "$KUBECTL" get events -n default --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
 # called METHOD...: each METHOD succeeded at least once (the driver logs JSON, as in the chart).
 called() {
   local m

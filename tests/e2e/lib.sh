@@ -160,6 +160,34 @@ start_provisioner() {
   PIDS+=($!)
 }
 
+# claim_pod NAME CLAIM SCRIPT [NODE]: a run-once busybox pod with CLAIM at /data, on NODE
+# when given (else where the scheduler puts it). It runs as an unprivileged user and writes
+# through fsGroup, which the kubelet applies because the CSIDriver says fsGroupPolicy: File
+# (a fresh ext4 root is root-owned, mode 755).
+claim_pod() {
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  ${4:+nodeSelector: {kubernetes.io/hostname: $4\}}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: Never
+    command: [sh, -c, '$3']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]
+YAML
+}
+pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
+# events_of NAME [NAMESPACE]: the reasons and messages of the events of object NAME.
+events_of() { "$KUBECTL" get events -n "${2:-default}" --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
+
 pvc() { # NAME CLASS SIZE [SOURCE_CLAIM: a clone of that claim, its dataSource]
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1

@@ -120,8 +120,7 @@ YAML
 status_of() { # status_of DATASET CLAIM FIELD
   "$KUBECTL" -n ml get dataset "$1" -o jsonpath="{.status.claims[?(@.claim==\"$2\")].$3}" 2>/dev/null
 }
-events_of() { "$KUBECTL" get events -n ml --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
-has_event() { events_of "$1" | grep -q "$2"; }
+has_event() { events_of "$1" ml | grep -q "$2"; }
 succeeded() { [ "$("$KUBECTL" -n ml get pod "$1" -o jsonpath='{.status.phase}')" = Succeeded ]; }
 uid_of() { "$KUBECTL" -n ml get pvc "$1" -o jsonpath='{.metadata.uid}'; }
 

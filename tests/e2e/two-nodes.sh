@@ -65,35 +65,13 @@ check "node B's is its own (under 1024 MiB, over 900)" \
   wait_for 90 eval '[ "$(capacity_of "$NODE_B" nvme-gds)" -gt 900 ] && [ "$(capacity_of "$NODE_B" nvme-gds)" -lt 1024 ]'
 
 # --- pods -----------------------------------------------------------------------------------
-# pod NAME CLAIM SCRIPT [NODE]: a busybox pod with CLAIM at /data, pinned to NODE if given.
-pod() {
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  ${4:+nodeSelector: {kubernetes.io/hostname: $4\}}
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}
-  containers:
-  - name: app
-    image: $APP_IMAGE
-    imagePullPolicy: Never
-    command: [sh, -c, '$3']
-    volumeMounts: [{name: data, mountPath: /data}]
-  volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]
-YAML
-}
-pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
+pod() { claim_pod "$@"; }
 pod_is() { [ "$(pod_phase "$1")" = "$2" ]; }
 pod_node() { "$KUBECTL" get pod "$1" -o jsonpath='{.spec.nodeName}'; }
 pv_node() {
   "$KUBECTL" get pv "$("$KUBECTL" get pvc "$1" -o jsonpath='{.spec.volumeName}')" \
     -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}'
 }
-events_of() { "$KUBECTL" get events -n default --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
 
 # --- capacity decides the node --------------------------------------------------------------
 pvc big nvme-gds 600Mi
@@ -137,18 +115,22 @@ spec:
   volumeSnapshotClassName: gds-csi-snapshots
   source: {persistentVolumeClaimName: snap-src}
 YAML
-snap_ready() { [ "$("$KUBECTL" get volumesnapshot snap -o jsonpath='{.status.readyToUse}')" = true ]; }
-check "the VolumeSnapshot is readyToUse (node A's csi-snapshotter and driver)" wait_for 120 snap_ready
-"$KUBECTL" apply -f - >/dev/null <<YAML
+# restored_claim NAME: a 64 MiB claim of the carving class restored from VolumeSnapshot snap.
+restored_claim() {
+  "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
-metadata: {name: restored, namespace: default}
+metadata: {name: $1, namespace: default}
 spec:
   accessModes: [ReadWriteOnce]
   storageClassName: nvme-gds
   resources: {requests: {storage: 64Mi}}
   dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
 YAML
+}
+snap_ready() { [ "$("$KUBECTL" get volumesnapshot snap -o jsonpath='{.status.readyToUse}')" = true ]; }
+check "the VolumeSnapshot is readyToUse (node A's csi-snapshotter and driver)" wait_for 120 snap_ready
+restored_claim restored
 pod restored-reader restored 'sha256sum /data/blob | cut -d" " -f1' "$NODE_B"
 check "a pod on node B reads the restored claim" wait_for 180 pod_is restored-reader Succeeded
 check "the restored volume is node B's ($(pv_node restored))" [ "$(pv_node restored)" = "$NODE_B" ]
@@ -162,16 +144,8 @@ check "with node A's bytes (SHA-256 $sum)" [ "$("$KUBECTL" logs restored-reader 
 # the claim and its PV and creates the claim again, which the provisioner fills from its
 # dataSource on node B, where the Deployment's new pod runs.
 "$KUBECTL" cordon "$NODE_B" >/dev/null
+restored_claim precious
 "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: precious, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: nvme-gds
-  resources: {requests: {storage: 64Mi}}
-  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
----
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: trainer, namespace: default}
