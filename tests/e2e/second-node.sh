@@ -4,7 +4,9 @@
 # started with start_second_node once the rig's node is Ready.
 #
 # The node is kept apart as a real one is: its own network namespace (its node IP on a veth
-# pair to the host, its pods' bridge and CIDR, its kube-proxy's iptables) and its own mount
+# pair to the host, its pods' bridge and CIDR, its kube-proxy's iptables), its own PID
+# namespace with its own /proc (a hostPID pod there, such as the storage suite's host-exec
+# pod entering /proc/1/ns/mnt, reaches this node and not the rig's) and its own mount
 # namespace, in which its kubelet, containerd and every container run. There, the
 # per-node paths the chart's hostPath volumes name are this node's own directories mounted
 # over the rig's: the kubelet root, containerd's root and state, the CNI config, the pod
@@ -26,15 +28,15 @@ NODE_B_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 RIG_MORE_TOKENS=("$NODE_B_TOKEN,system:node:$NODE_B,$NODE_B,system:nodes")
 # shellcheck disable=SC2034
 RIG_KEEP_IMAGES=1
-NODE_B_KUBELET_PID=
-NODE_B_CONTAINERD_PID=
-NODE_B_PROXY_PID=
+# The node's init (PID 1 of its PID namespace, this shell's pid for it) and the nsenter
+# processes its daemons run under (this shell's children, waited for at cleanup).
+NODE_B_INIT=
+NODE_B_PIDS=()
 MADE_POOL_DIR=
 # The kubelet's cgroups of this node, below the rig node's (cgroupRoot).
 NODE_B_CGROUP=gds-e2e-node-b
 
-# in_node_b COMMAND...: runs COMMAND in the second node's namespaces. nsenter execs it, so
-# a command started in the background with "${NODE_B_ENTER[@]}" has $! as its own pid.
+# in_node_b COMMAND...: runs COMMAND in the second node's namespaces.
 NODE_B_ENTER=()
 in_node_b() { "${NODE_B_ENTER[@]}" "$@"; }
 node_b_ctr() { in_node_b ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
@@ -94,6 +96,29 @@ node_b_mounts() {
   in_node_b mount -t tmpfs -o size=1m,mode=0755 gds-e2e-pool "$POOL_DIR"
 }
 
+# The PID namespace: its init mounts the namespace's /proc in the node's mount namespace
+# and reaps the processes it inherits (bash reaps every child it is given) until it is
+# killed, which kills everything of the node.
+node_b_init() {
+  local ready=$NODE_B_DIR/init-ready unshare_pid
+  rm -f "$ready"
+  "${NODE_B_ENTER[@]}" unshare --pid --fork bash -c \
+    'mount -t proc proc /proc && : >"$1" && while :; do sleep 3600 & wait $!; done' node-b-init "$ready" &
+  unshare_pid=$!
+  NODE_B_PIDS+=("$unshare_pid")
+  wait_for 10 test -e "$ready" || return 1
+  NODE_B_INIT=$(pgrep -P "$unshare_pid")
+  NODE_B_ENTER=(nsenter --target "$NODE_B_INIT" --mount --net --pid --)
+}
+
+# node_b_daemon LOG COMMAND...: COMMAND in the background in the node's namespaces.
+node_b_daemon() {
+  local log=$1
+  shift
+  "${NODE_B_ENTER[@]}" "$@" >>"$log" 2>&1 &
+  NODE_B_PIDS+=("$!")
+}
+
 # start_second_node: the node's namespaces, containerd with the rig's images, kube-proxy and
 # the kubelet, Ready.
 start_second_node() {
@@ -101,17 +126,15 @@ start_second_node() {
   NODE_B_ENTER=(nsenter --mount="$NODE_B_DIR/ns/mnt" --net="/run/netns/$NODE_B_NETNS" --)
   node_b_network
   node_b_mounts
-  "${NODE_B_ENTER[@]}" containerd --config "$WORK/containerd/config.toml" >"$NODE_B_DIR/containerd.log" 2>&1 &
-  NODE_B_CONTAINERD_PID=$!
+  node_b_init || { echo "node B's PID namespace did not start" >&2; return 1; }
+  node_b_daemon "$NODE_B_DIR/containerd.log" containerd --config "$WORK/containerd/config.toml"
   wait_for 30 node_b_ctr version || { tail -20 "$NODE_B_DIR/containerd.log"; return 1; }
   local image
   for image in "$WORK"/images/*.tar; do node_b_ctr images import "$image" >/dev/null; done
   rm -f "$WORK"/images/*.tar
-  "${NODE_B_ENTER[@]}" "$CACHE_BIN/kube-proxy" --kubeconfig "$WORK/kube-proxy.kubeconfig" --hostname-override "$NODE_B" \
-    --proxy-mode iptables --cluster-cidr "$NODE_B_POD_CIDR" --conntrack-max-per-core 0 \
-    --bind-address "$NODE_B_IP" --healthz-bind-address 127.0.0.1:64452 --metrics-bind-address 127.0.0.1:64453 \
-    >"$NODE_B_DIR/kube-proxy.log" 2>&1 &
-  NODE_B_PROXY_PID=$!
+  node_b_daemon "$NODE_B_DIR/kube-proxy.log" "$CACHE_BIN/kube-proxy" --kubeconfig "$WORK/kube-proxy.kubeconfig" \
+    --hostname-override "$NODE_B" --proxy-mode iptables --cluster-cidr "$NODE_B_POD_CIDR" --conntrack-max-per-core 0 \
+    --bind-address "$NODE_B_IP" --healthz-bind-address 127.0.0.1:64452 --metrics-bind-address 127.0.0.1:64453
   local cg
   for cg in /sys/fs/cgroup/*/; do
     mkdir -p "$cg$NODE_B_CGROUP"
@@ -122,10 +145,9 @@ start_second_node() {
   write_kubeconfig "$NODE_B_DIR/kubelet.kubeconfig" "$NODE_B_TOKEN"
   sed -e "s|^address: .*|address: $NODE_B_IP|" "$WORK/kubelet.yaml" >"$NODE_B_DIR/kubelet.yaml"
   echo "cgroupRoot: /$NODE_B_CGROUP" >>"$NODE_B_DIR/kubelet.yaml"
-  "${NODE_B_ENTER[@]}" "$CACHE_BIN/kubelet" --config "$NODE_B_DIR/kubelet.yaml" --kubeconfig "$NODE_B_DIR/kubelet.kubeconfig" \
-    --root-dir "$KUBELET_DIR" --hostname-override "$NODE_B" --node-ip "$NODE_B_IP" \
-    --node-labels nvidia.com/gpu.present=true --v=2 >>"$NODE_B_DIR/kubelet.log" 2>&1 &
-  NODE_B_KUBELET_PID=$!
+  node_b_daemon "$NODE_B_DIR/kubelet.log" "$CACHE_BIN/kubelet" --config "$NODE_B_DIR/kubelet.yaml" \
+    --kubeconfig "$NODE_B_DIR/kubelet.kubeconfig" --root-dir "$KUBELET_DIR" --hostname-override "$NODE_B" \
+    --node-ip "$NODE_B_IP" --node-labels nvidia.com/gpu.present=true --v=2
   node_b_ready() { "$KUBECTL" wait "node/$NODE_B" --for=condition=Ready --timeout=5s; }
   check "the second kubelet registered $NODE_B (own network and mount namespaces) and it is Ready" \
     wait_for 120 node_b_ready
@@ -133,14 +155,10 @@ start_second_node() {
 
 rig_more_cleanup() {
   [ -n "${NODE_B_DIR:-}" ] || return 0
-  if [ -n "$NODE_B_KUBELET_PID" ]; then kill "$NODE_B_KUBELET_PID"; wait "$NODE_B_KUBELET_PID"; fi
-  if [ -n "$NODE_B_CONTAINERD_PID" ]; then
-    local task
-    for task in $(node_b_ctr tasks ls -q 2>/dev/null); do node_b_ctr tasks kill --signal SIGKILL "$task" >/dev/null 2>&1; done
-    sleep 1
-    kill "$NODE_B_CONTAINERD_PID"; wait "$NODE_B_CONTAINERD_PID"
-  fi
-  if [ -n "$NODE_B_PROXY_PID" ]; then kill "$NODE_B_PROXY_PID"; wait "$NODE_B_PROXY_PID"; fi
+  # Its init killed, the kernel kills every process of the node (kubelet, containerd, its
+  # shims and containers, kube-proxy).
+  [ -z "$NODE_B_INIT" ] || kill -KILL "$NODE_B_INIT"
+  [ ${#NODE_B_PIDS[@]} -eq 0 ] || wait "${NODE_B_PIDS[@]}" 2>/dev/null
   # Every mount of the node lives in its namespace: it goes with the namespace file.
   umount "$NODE_B_DIR/ns/mnt" 2>/dev/null
   umount "$NODE_B_DIR/ns" 2>/dev/null

@@ -6,9 +6,14 @@
 # capabilities the suite may rely on; the suite copies the chart's class for each test.
 #
 # usage: storage-suite.sh [full|ci]
-#   full (default)  every External Storage test that can run on one Linux node
+#   full (default)  every External Storage test our classes can run, on two kubelet nodes
+#                   (tests/e2e/second-node.sh), each with its own pool of the same shape:
+#                   the scheduler spreads the tests' pods over both, and the topology tests
+#                   that need a second node (a pod whose node the class's allowedTopologies
+#                   exclude stays unscheduled) run
 #   ci              the tier scripts/test.sh runs: one test of each thing the classes
-#                   promise (CI_TESTS), in the CI time budget
+#                   promise (CI_TESTS), in the CI time budget, on one node
+# GDS_SUITE_NODES=1|2 overrides the number of nodes.
 # Prints every test run with its state and ends with `External.Storage: N passed, M failed,
 # K skipped`; the runner's log and the JSON report are left in target/storage-suite/.
 set -euo pipefail
@@ -19,6 +24,8 @@ case $TIER in full | ci) ;; *) echo "usage: $0 [full|ci]" >&2; exit 2 ;; esac
 # machine's PID 1 withholds its namespaces even from root, so the rig runs in a PID and
 # mount namespace of its own whose PID 1 is this script, as a node's systemd would be.
 [ "$$" = 1 ] || exec unshare --pid --fork --mount-proc bash "$0" "$@"
+NODES=${GDS_SUITE_NODES:-$([ "$TIER" = full ] && echo 2 || echo 1)}
+case $NODES in 1 | 2) ;; *) echo "GDS_SUITE_NODES must be 1 or 2" >&2; exit 2 ;; esac
 DEPLOY=chart
 RIG_KUBELET_DIR=/var/lib/kubelet
 export GDS_E2E_STORAGE_SUITE=1
@@ -43,29 +50,47 @@ rig_more_images() {
   build_image "$SUITE_REGISTRY/agnhost:2.56" "$WORK/images/suite-agnhost.tar" --layer "$WORK/images/busybox" \
     --layer "$WORK/images/agnhost" --entrypoint /agnhost pause
 }
+if [ "$NODES" = 2 ]; then
+  # shellcheck source=tests/e2e/second-node.sh
+  . "$HERE/second-node.sh"
+fi
 # shellcheck source=tests/e2e/kubelet-rig.sh
 . "$HERE/kubelet-rig.sh"
+[ "$NODES" = 1 ] || start_second_node
+[ "$failed" -eq 0 ] || exit 1
 
 # --- the chart, on a pool shaped for both classes -----------------------------------------
 GiB=$((1 << 30))
-# Two large namespaces (sparse) for the carving class and eight of exactly 1 GiB for the
-# whole-namespace class: a partition of 1 GiB or more (the partition class's smallest claim)
-# does not fit a 1 GiB namespace, and each of the whole class's claims asks for 1 GiB.
-DEVICES=()
-for i in 1 2; do DEVICES+=("$(make_loop "$WORK/carve$i.img" $((48 * GiB)))"); done
-for i in 1 2 3 4 5 6 7 8; do DEVICES+=("$(make_loop "$WORK/whole$i.img" "$GiB")"); done
-rig_chart_values "${DEVICES[@]}"
+# node_devices PREFIX: two large namespaces (sparse) for the carving class and eight of
+# exactly 1 GiB for the whole-namespace class: a partition of 1 GiB or more (the partition
+# class's smallest claim) does not fit a 1 GiB namespace, and each of the whole class's
+# claims asks for 1 GiB.
+node_devices() {
+  local i
+  for i in 1 2; do make_loop "$WORK/$1carve$i.img" $((48 * GiB)); done
+  for i in 1 2 3 4 5 6 7 8; do make_loop "$WORK/$1whole$i.img" "$GiB"; done
+}
+mapfile -t DEVICES < <(node_devices "")
+if [ "$NODES" = 1 ]; then
+  rig_chart_values "${DEVICES[@]}"
+else
+  # One set of values for both nodes: each node's POOL_DIR links to its own devices.
+  mapfile -t DEVICES_B < <(node_devices node-b-)
+  node_pool "$NODE_B" "${DEVICES_B[@]}" >/dev/null
+  rig_chart_values "$(node_pool "$NODE" "${DEVICES[@]}")"
+fi
 # gdsPolicy preferred: this node has no GPU; volumes publish in compat mode and say so.
 helm_set+=(--set storageClasses.nvme.gdsPolicy=preferred --set storageClasses.nvmeWhole.gdsPolicy=preferred
   --set sidecars.provisioner.capacityPollInterval=5s --set sidecars.provisioner.nodeDeploymentBaseDelay=1s
   --set snapshots.enabled=true --set snapshots.class.storeDir="$WORK/snapshot-store")
 check "helm install of the chart" "$HELM" install gds-csi "$HERE/../../deploy/helm/gds-csi" \
   --namespace "$NS" --create-namespace "${helm_set[@]}"
-check "the node DaemonSet rolls out" "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 180s
+check "the node DaemonSet rolls out" "$KUBECTL" -n "$NS" rollout status ds/gds-csi-node --timeout 240s
 csinode_driver() {
-  [[ "$("$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].name}")" == "$DRIVER" ]]
+  [[ "$("$KUBECTL" get csinode "$1" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].name}")" == "$DRIVER" ]]
 }
-check "the kubelet registered the driver" wait_for 60 csinode_driver
+check "the kubelet registered the driver" wait_for 60 csinode_driver "$NODE"
+[ "$NODES" = 1 ] || check "node B's kubelet registered the driver" wait_for 60 csinode_driver "$NODE_B"
 [ "$failed" -eq 0 ] || exit 1
 echo "node and chart ready in $((SECONDS - start)) s"
 
