@@ -91,6 +91,14 @@ node_b_mounts() {
     in_node_b mount --bind "$NODE_B_DIR/${pair%%:*}" "${pair#*:}"
   done
   in_node_b mount --make-rshared "$KUBELET_DIR"
+  # The kubelet's device plugin directory is /var/lib/kubelet/device-plugins whatever its
+  # root directory (k8s.io/kubelet v0.34.3
+  # pkg/apis/deviceplugin/v1beta1/constants.go:30 `DevicePluginPath`): this node's own too.
+  local plugins=/var/lib/kubelet/device-plugins
+  if [[ "$plugins/" != "$KUBELET_DIR/"* ]]; then
+    mkdir -p "$plugins" "$NODE_B_DIR/device-plugins"
+    in_node_b mount --bind "$NODE_B_DIR/device-plugins" "$plugins"
+  fi
   in_node_b mount --bind "$WORK/containerd/state" "$WORK/containerd/state"
   in_node_b mount --make-rshared "$WORK/containerd/state"
   in_node_b mount -t tmpfs -o size=1m,mode=0755 gds-e2e-pool "$POOL_DIR"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # End to end on two kubelet nodes: the rig's node (kubelet-node) and a second one in its own
-# network and mount namespaces (tests/e2e/second-node.sh), one `helm install` serving both,
+# network, PID and mount namespaces (tests/e2e/second-node.sh), one `helm install` serving both,
 # each node with its own pool: node A one 256 MiB drive, node B one 1 GiB drive.
 #
 # What only two nodes show:
 # - capacity: a claim only node B can hold binds there and its pod runs there
 #   (WaitForFirstConsumer with CSIStorageCapacity per node); a claim no node can hold stays
 #   Pending, the scheduler's event naming the storage;
-# - attachment: a claim in use on node B is never mounted on node A: a second pod pinned to
-#   node A stays Pending (the volume's node affinity), nothing staged there;
+# - attachment: a filesystem claim in use on node B is never mounted on node A, a raw block
+#   claim in use on node A never mapped on node B: a second pod pinned to the other node
+#   stays Pending (the volume's node affinity), nothing of the claim there;
 # - snapshots across nodes: a claim written on node A, snapshotted into the store both
 #   nodes share, restored as a claim whose pod the scheduler puts on node B, bytes compared;
 # - each node's own driver, pool, state, device plugin and labels.
@@ -55,9 +56,17 @@ check "one node plugin pod on each node ($(plugin_nodes))" [ "$(plugin_nodes)" =
 csinode_keys() { "$KUBECTL" get csinode "$1" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
 node_label() { "$KUBECTL" get node "$1" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$2}"; }
 registered() { [[ "$(csinode_keys "$1")" == *"$DRIVER/node"* ]]; }
+# resource_count NODE SUFFIX: the node's capacity of the extended resource <driver>/SUFFIX.
+resource_count() {
+  "$KUBECTL" get node "$1" -o json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["capacity"].get(sys.argv[1], "0"))' "$DRIVER/$2"
+}
 for n in "$NODE" "$NODE_B"; do
   check "$n: the kubelet registered the driver (CSINode with topology keys)" wait_for 90 registered "$n"
   check "$n: its topology label names itself ($DRIVER/node=$n)" [ "$(node_label "$n" node)" = "$n" ]
+  check "$n: no GDS readiness label (its own checks: no nvidia_fs here)" [ -z "$(node_label "$n" gds-nvme)" ]
+  check "$n: its own node plugin's device plugin offers both resources (110 shares each)" \
+    wait_for 60 eval '[ "$(resource_count "$n" gds)" = 110 ] && [ "$(resource_count "$n" gds-compat)" = 110 ]'
 done
 check "node A's CSIStorageCapacity is its own drive (the carving class, under 256 MiB)" \
   wait_for 90 eval '[ "$(capacity_of "$NODE" nvme-gds)" -gt 200 ] && [ "$(capacity_of "$NODE" nvme-gds)" -lt 256 ]'
@@ -99,6 +108,52 @@ mounts_of_big() { "$@" grep -c "$big_pv" /proc/self/mountinfo || true; }
 check "nothing of the claim is mounted on node A" [ "$(mounts_of_big)" -eq 0 ]
 check "on node B it is mounted (the pod's volume)" [ "$(mounts_of_big in_node_b)" -ge 1 ]
 "$KUBECTL" delete pod big-on-a big-user --wait=false >/dev/null
+
+# --- a raw block claim in use on node A is never mapped on node B --------------------------
+"$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: raw, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  storageClassName: nvme-gds
+  resources: {requests: {storage: 32Mi}}
+YAML
+# raw_pod NAME NODE SCRIPT: a pod on NODE with the claim as /dev/xvda.
+raw_pod() {
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $2}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: Never
+    command: [sh, -c, '$3']
+    volumeDevices: [{name: data, devicePath: /dev/xvda}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: raw}}]
+YAML
+}
+raw_pod raw-user "$NODE" 'head -c 1048576 /dev/urandom >/tmp/b && dd if=/tmp/b of=/dev/xvda bs=1M conv=fsync 2>/dev/null && sha256sum /tmp/b | cut -d" " -f1 && sleep 3600'
+raw_written() { pod_is raw-user Running && [ -n "$("$KUBECTL" logs raw-user 2>/dev/null)" ]; }
+check "a raw block claim: a pod on node A writes 1 MiB to it" wait_for 120 raw_written
+check "its volume is node A's" [ "$(pv_node raw)" = "$NODE" ]
+raw_pod raw-on-b "$NODE_B" 'dd if=/dev/xvda bs=1M count=1 2>/dev/null | sha256sum'
+raw_conflict() { events_of raw-on-b | grep -q "FailedScheduling.*didn't match PersistentVolume's node affinity"; }
+check "a second pod asking for it on node B is not scheduled (volume node affinity)" wait_for 60 raw_conflict
+check "it stays Pending" pod_is raw-on-b Pending
+raw_pv=$("$KUBECTL" get pvc raw -o jsonpath='{.spec.volumeName}')
+maps_of_raw() { "$@" grep -c "$raw_pv" /proc/self/mountinfo || true; }
+check "nothing of the claim is mapped on node B" [ "$(maps_of_raw in_node_b)" -eq 0 ]
+check "on node A it is (the pod's device)" [ "$(maps_of_raw)" -ge 1 ]
+"$KUBECTL" delete pod raw-on-b raw-user --wait=false >/dev/null
+"$KUBECTL" delete pvc raw --wait=false >/dev/null
 
 # --- a snapshot on node A restored on node B -----------------------------------------------
 pvc snap-src nvme-gds 64Mi
