@@ -29,17 +29,21 @@ fn main() {
     };
     let host_dev = PathBuf::from(args.get(3).map_or("/dev", String::as_str));
     let udev = PathBuf::from(args.get(4).map_or("/run/udev/data", String::as_str));
-    let shared = Shared::new(Config {
-        driver_name: DEFAULT_DRIVER_NAME.into(),
-        plugin_dir: PathBuf::from("/nonexistent"),
-        host_dev: host_dev.clone(),
-        udev_data_dir: udev.clone(),
-        cufile_json: node_json.into(),
-        out_dir: out_dir.into(),
-        shares: 1,
-        interval: Duration::from_secs(1),
-        kubelet_timeout: Duration::from_secs(1),
-    });
+    let shared = Shared::new(
+        Config {
+            driver_name: DEFAULT_DRIVER_NAME.into(),
+            plugin_dir: PathBuf::from("/nonexistent"),
+            host_dev: host_dev.clone(),
+            udev_data_dir: udev.clone(),
+            cufile_json: node_json.into(),
+            out_dir: out_dir.into(),
+            shares: 1,
+            interval: Duration::from_secs(1),
+            kubelet_timeout: Duration::from_secs(1),
+        },
+        // Allocate's answer only: health is not asked for here.
+        None,
+    );
     let cufile_json = shared.prepare(resource).unwrap_or_else(|e| fail(&e));
     let devices = nvfs_devices(&host_dev).unwrap_or_else(|e| fail(&e.to_string()));
     let r = container_response(&Pieces {

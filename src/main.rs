@@ -161,7 +161,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 
     spawn_initialisation(&driver);
     spawn_readiness_watch(&args, &driver);
-    let workload = spawn_device_plugin(&args);
+    let workload = spawn_device_plugin(&args, &driver);
     let gauges: Arc<dyn PoolGauges> = driver.clone();
     gds_csi::metrics::start(&args.metrics_address, Some(gauges), args.host_proc.clone()).await?;
 
@@ -207,20 +207,31 @@ fn spawn_readiness_watch(args: &ServeArgs, driver: &Driver) {
     }
 }
 
-/// The GDS device plugin, when `--gds-device-plugin` asks for it.
-fn spawn_device_plugin(args: &ServeArgs) -> Option<gds_csi::gds::workload::Running> {
+/// The GDS device plugin, when `--gds-device-plugin` asks for it; its `gds` resource is
+/// healthy only while the gate's node checks pass.
+fn spawn_device_plugin(
+    args: &ServeArgs,
+    driver: &Driver,
+) -> Option<gds_csi::gds::workload::Running> {
+    let node_gds = driver.gds_gate.clone().map(|gate| {
+        let check: gds_csi::gds::workload::NodeGds = Arc::new(move || gate.node_not_ready());
+        check
+    });
     args.gds_device_plugin.then(|| {
-        gds_csi::gds::workload::spawn(gds_csi::gds::workload::Config {
-            driver_name: args.driver.name.clone(),
-            plugin_dir: args.device_plugin_dir.clone(),
-            host_dev: args.host_dev.clone(),
-            udev_data_dir: args.gds.udev_data_dir.clone(),
-            cufile_json: args.gds.cufile_json.clone(),
-            out_dir: gds_csi::gds::workload::out_dir(&args.state_dir),
-            shares: args.gds_device_shares,
-            interval: WORKLOAD_INTERVAL,
-            kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
-        })
+        gds_csi::gds::workload::spawn(
+            gds_csi::gds::workload::Config {
+                driver_name: args.driver.name.clone(),
+                plugin_dir: args.device_plugin_dir.clone(),
+                host_dev: args.host_dev.clone(),
+                udev_data_dir: args.gds.udev_data_dir.clone(),
+                cufile_json: args.gds.cufile_json.clone(),
+                out_dir: gds_csi::gds::workload::out_dir(&args.state_dir),
+                shares: args.gds_device_shares,
+                interval: WORKLOAD_INTERVAL,
+                kubelet_timeout: WORKLOAD_KUBELET_TIMEOUT,
+            },
+            node_gds,
+        )
     })
 }
 

@@ -4,7 +4,8 @@
 //! its devices. Then the kubelet's Allocate on each resource's socket, the health that
 //! follows the node's pieces, and a restarted kubelet (every socket in the directory
 //! removed, a new Registration server) that gets both resources registered again; stopped,
-//! the plugin takes its sockets away.
+//! the plugin takes its sockets away. `gds` also follows GDS on the node: the real gate's
+//! node checks over a fixture host tree (no nvidia_fs or GPU on this machine).
 // A test or scenario panics on what it did not expect, and reads top to bottom.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
@@ -16,13 +17,17 @@ use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use gds_csi::gds::gate::{GateConfig, GdsGate};
 use gds_csi::gds::workload::api::device_plugin_client::DevicePluginClient;
 use gds_csi::gds::workload::api::registration_server::{Registration, RegistrationServer};
 use gds_csi::gds::workload::api::{
     AllocateRequest, ContainerAllocateRequest, DevicePluginOptions, Empty, ListAndWatchResponse,
     RegisterRequest,
 };
-use gds_csi::gds::workload::{self, Config};
+use gds_csi::gds::workload::{self, Config, NodeGds};
+
+mod common;
+use common::gds_fixture::Tree;
 
 const DRIVER: &str = "d.example";
 const SHARES: u32 = 8;
@@ -160,18 +165,33 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
     let node_cufile = t.path().join("cufile.json");
     std::fs::write(&node_cufile, NODE_CUFILE).unwrap();
     let out = t.path().join("state/workload");
-
-    let running = workload::spawn(Config {
-        driver_name: DRIVER.into(),
-        plugin_dir: dir.clone(),
-        host_dev,
-        udev_data_dir: udev.clone(),
-        cufile_json: node_cufile.clone(),
-        out_dir: out.clone(),
-        shares: SHARES,
-        interval: Duration::from_millis(100),
-        kubelet_timeout: Duration::from_secs(10),
+    // The gate's view of the host: a GPU node with nvidia_fs and the NVMe driver registered.
+    let host = Tree::new(&t.path().join("host"));
+    host.gpu_node().nvidia_fs("nvme: 1\n");
+    let gate = GdsGate::new(GateConfig {
+        paths: host.paths.clone(),
+        probe_exe: PathBuf::from("/nonexistent"),
+        probe_prefix: Vec::new(),
+        cufile_library: None,
+        probe_timeout: Duration::from_secs(1),
+        cache_ttl: Duration::from_secs(1),
     });
+    let node_gds: NodeGds = std::sync::Arc::new(move || gate.node_not_ready());
+
+    let running = workload::spawn(
+        Config {
+            driver_name: DRIVER.into(),
+            plugin_dir: dir.clone(),
+            host_dev,
+            udev_data_dir: udev.clone(),
+            cufile_json: node_cufile.clone(),
+            out_dir: out.clone(),
+            shares: SHARES,
+            interval: Duration::from_millis(100),
+            kubelet_timeout: Duration::from_secs(10),
+        },
+        Some(node_gds),
+    );
     // No kubelet yet: its directory is the kubelet's to make, and nothing is served.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!dir.exists(), "the plugin made the kubelet's directory");
@@ -281,6 +301,38 @@ async fn registers_allocates_follows_health_and_registers_again_after_a_kubelet_
     assert!(
         back.devices.iter().all(|d| d.health == "Healthy"),
         "{back:?}"
+    );
+
+    // nvidia_fs unloaded: GDS no longer works on the node, so `gds` (compat mode off) turns
+    // unhealthy while `gds-compat` stays healthy; loaded again, healthy again.
+    let mut compat =
+        DevicePluginClient::new(dial(&dir.join("d.example-gds-compat.sock")).await.unwrap());
+    let mut compat_list = compat.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let compat_first = compat_list.message().await.unwrap().unwrap();
+    assert!(compat_first.devices.iter().all(|d| d.health == "Healthy"));
+    host.remove("sys/module/nvidia_fs")
+        .remove("proc/driver/nvidia-fs")
+        .remove("dev/nvidia-fs0");
+    let unloaded = tokio::time::timeout(WAIT, list.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        unloaded.devices.iter().all(|d| d.health == "Unhealthy"),
+        "{unloaded:?}"
+    );
+    let quiet = tokio::time::timeout(Duration::from_millis(500), compat_list.message()).await;
+    assert!(quiet.is_err(), "gds-compat changed: {quiet:?}");
+    host.nvidia_fs("nvme: 1\n");
+    let loaded = tokio::time::timeout(WAIT, list.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        loaded.devices.iter().all(|d| d.health == "Healthy"),
+        "{loaded:?}"
     );
 
     // The kubelet restarts: it removes every socket in its directory (devicemanager

@@ -259,7 +259,7 @@ check(vols.get("state-dir", {}).get("hostPath", {}).get("path") == "/var/lib/gds
 check(vols.get("socket-dir", {}).get("hostPath", {}).get("path") == f"/var/lib/kubelet/plugins/{driver}",
       "socket dir path")
 prov = container(pod, "csi-provisioner")
-for a in ("--node-deployment=true", "--enable-capacity=true", "--capacity-ownerref-level=1",
+for a in ("--node-deployment=true", "--enable-capacity=true", "--capacity-ownerref-level=0",
           "--feature-gates=Topology=true", "--strict-topology", "--immediate-topology=false",
           "--node-deployment-immediate-binding=true"):
     check(a in prov["args"], f"node provisioner arg {a} missing")

@@ -682,9 +682,10 @@ kill "$OTHER_DRIVER_PID"
 # limits gets, through the kubelet and containerd, /dev/nvidia-fs* (none on this machine),
 # the host's /run/udev/data read-only and the resource's cufile.json read-only, named by
 # CUFILE_ENV_PATH_JSON. The pods run in a namespace where the baseline Pod Security level is
-# enforced: no privileged container, no hostPath. A claim of a `required` class cannot be
-# published on this GPU-less node (above), so both pods mount a `preferred` claim; what the
-# resource decides is the cufile.json, whichever claim the pod mounts.
+# enforced: no privileged container, no hostPath. GDS does not work on this GPU-less node,
+# so the resource for `required` (compat mode off) has no allocatable share here and a pod
+# asking for it is not scheduled; the pods ask for the compat resource and mount a
+# `preferred` claim. (GDS-ready nodes are shown at the end, with a fixture host.)
 GDS_RES=$DRIVER/gds
 COMPAT_RES=$DRIVER/gds-compat
 WL_NS=gds-workload
@@ -693,12 +694,13 @@ node_count() { # RESOURCE capacity|allocatable
     python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' "$1" "$2"
 }
 offered() { [ "$(node_count "$GDS_RES" "$1")" = "$2" ] && [ "$(node_count "$COMPAT_RES" "$1")" = "$2" ]; }
+compat_allocatable() { [ "$(node_count "$COMPAT_RES" allocatable)" = 110 ]; }
 check "the kubelet lists both resources, 110 shares each ($GDS_RES, $COMPAT_RES)" wait_for 60 offered capacity 110
 # This machine runs no udevd: the test plays its part, with an empty database first.
 [ -d /run/udev ] || { mkdir /run/udev && MADE_RUN_UDEV=1; }
 if [ -d /run/udev/data ]; then
   echo "     /run/udev/data exists (udevd runs here): its entries are udevd's"
-  check "with the host's udev database, every share is allocatable" wait_for 60 offered allocatable 110
+  check "with the host's udev database, every $COMPAT_RES share is allocatable" wait_for 60 compat_allocatable
 else
   check "without a udev database on the host no share is allocatable (the devices are unhealthy)" \
     wait_for 60 offered allocatable 0
@@ -706,21 +708,28 @@ else
   said_why() {
     local log
     log=$(driver_log)
-    grep -q 'GDS workload resources unhealthy.*no udev database at /run/udev/data' <<<"$log"
+    grep -q 'GDS workload resource unhealthy.*no udev database at /run/udev/data' <<<"$log"
   }
   check "and the driver's log says why (no udev database at /run/udev/data)" said_why
   mkdir /run/udev/data
   MADE_UDEV_DATA=1
-  check "/run/udev/data made: every share becomes allocatable" wait_for 60 offered allocatable 110
+  check "/run/udev/data made: every $COMPAT_RES share becomes allocatable" wait_for 60 compat_allocatable
 fi
+check "GDS does not work here: no $GDS_RES share is allocatable" [ "$(node_count "$GDS_RES" allocatable)" = 0 ]
+not_ready_said() {
+  local log
+  log=$(driver_log)
+  grep 'GDS workload resource unhealthy' <<<"$log" | grep -F "\"$GDS_RES\"" | grep -q 'GDS does not work on this node'
+}
+check "and the driver's log says why ($GDS_RES: GDS does not work on this node, with the failed checks)" not_ready_said
 if [ "$DEPLOY" = chart ]; then
   # The command the release's notes print (helm get notes), run as printed.
   notes_columns=$("$HELM" get notes gds-csi -n "$NS" | sed -n "s/^ *kubectl get nodes -o custom-columns='\\(.*\\)'$/\\1/p")
   notes_says() {
     local out
-    out=$("$KUBECTL" get nodes -o "custom-columns=$notes_columns" --no-headers) && grep -qx "$NODE  *110" <<<"$out"
+    out=$("$KUBECTL" get nodes -o "custom-columns=$notes_columns" --no-headers) && grep -qx "$NODE  *0" <<<"$out"
   }
-  check "the command the chart's notes print shows the node's 110 allocatable shares" wait_for 60 notes_says
+  check "the command the chart's notes print shows the node with 0 GDS shares (not GDS-ready)" wait_for 60 notes_says
 fi
 
 "$KUBECTL" create namespace "$WL_NS" >/dev/null
@@ -769,12 +778,17 @@ YAML
 # Root in the pod (not privileged): a refused write then proves a read-only mount, not
 # file permissions.
 wl_pod gds-app "$GDS_RES" 0 >/dev/null
+gds_unschedulable() { events_of gds-app "$WL_NS" | grep -q "FailedScheduling.*Insufficient $GDS_RES"; }
+check "a pod asking for $GDS_RES: 1 is not scheduled where GDS does not work (Insufficient $GDS_RES)" \
+  wait_for 60 gds_unschedulable
+"$KUBECTL" -n "$WL_NS" delete pod gds-app --wait=false >/dev/null
+wl_pod root-app "$COMPAT_RES" 0 >/dev/null
 wl_running() { [ "$("$KUBECTL" -n "$WL_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Running ]; }
-check "a non-privileged pod asking for $GDS_RES: 1 runs on a claim" wait_for 120 wl_running gds-app
-if ! wl_running gds-app; then "$KUBECTL" -n "$WL_NS" describe pod gds-app | tail -15; fi
+check "a non-privileged pod asking for $COMPAT_RES: 1 runs on a claim" wait_for 120 wl_running root-app
+if ! wl_running root-app; then "$KUBECTL" -n "$WL_NS" describe pod root-app | tail -15; fi
 in_pod() { "$KUBECTL" -n "$WL_NS" exec "$1" -- sh -c "$2"; }
 # The volume's block device, as the pod's own mount table names it (major:minor).
-vol_dev=$(in_pod gds-app 'awk '\''$5 == "/data" {print $3}'\'' /proc/self/mountinfo' 2>/dev/null || true)
+vol_dev=$(in_pod root-app 'awk '\''$5 == "/data" {print $3}'\'' /proc/self/mountinfo' 2>/dev/null || true)
 staged_dev=$(awk -v d="$KUBELET_DIR/plugins/kubernetes.io/csi/$DRIVER/" 'index($5, d) == 1 {print $3; exit}' /proc/self/mountinfo)
 same_dev() { [ -n "$vol_dev" ] && [ "$vol_dev" = "$staged_dev" ]; }
 check "the pod's /data is the staged volume's device ($vol_dev; the host's staging mount: $staged_dev)" same_dev
@@ -783,16 +797,16 @@ if [ -n "$MADE_UDEV_DATA" ] && [ -n "$vol_dev" ]; then
   printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n' >"/run/udev/data/b$vol_dev"
 fi
 mount_opts() { in_pod "$1" "awk '\$5 == \"$2\" {print \$6}' /proc/self/mountinfo"; }
-udev_ro() { [[ "$(mount_opts gds-app /run/udev/data)" == ro,* ]]; }
+udev_ro() { [[ "$(mount_opts root-app /run/udev/data)" == ro,* ]]; }
 check "in the pod: /run/udev/data is mounted read-only" udev_ro
 udev_write_refused() {
   local out
-  out=$(in_pod gds-app 'id -u; touch /run/udev/data/written-by-pod 2>&1' 2>&1) || true
+  out=$(in_pod root-app 'id -u; touch /run/udev/data/written-by-pod 2>&1' 2>&1) || true
   [[ "$out" == 0$'\n'*"Read-only file system"* ]] && [ ! -e /run/udev/data/written-by-pod ]
 }
 check "in the pod: a write there fails as root (Read-only file system)" udev_write_refused
 check "in the pod: the volume's udev entry b$vol_dev is there (E:ID_FS_USAGE=filesystem)" \
-  in_pod gds-app "grep -qx E:ID_FS_USAGE=filesystem /run/udev/data/b$vol_dev"
+  in_pod root-app "grep -qx E:ID_FS_USAGE=filesystem /run/udev/data/b$vol_dev"
 cufile_of() { in_pod "$1" 'echo "$CUFILE_ENV_PATH_JSON"; cat "$CUFILE_ENV_PATH_JSON"'; }
 # cufile_is POD true|false: CUFILE_ENV_PATH_JSON names /etc/gds-csi/cufile.json, which holds
 # allow_compat_mode as asked and the node's own max_direct_io_size_kb (8192).
@@ -805,8 +819,8 @@ assert path == "/etc/gds-csi/cufile.json", path
 assert c["properties"]["allow_compat_mode"] is (sys.argv[1] == "true"), c
 assert c["properties"]["max_direct_io_size_kb"] == 8192, c' "$2"
 }
-check "in the pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": false and the node's settings" cufile_is gds-app false
-cufile_ro() { [[ "$(mount_opts gds-app /etc/gds-csi/cufile.json)" == ro,* ]]; }
+check "in the pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": true and the node's settings" cufile_is root-app true
+cufile_ro() { [[ "$(mount_opts root-app /etc/gds-csi/cufile.json)" == ro,* ]]; }
 check "in the pod: the cufile.json is mounted read-only" cufile_ro
 # What the container runtime puts in every container's /dev (runc's default devices and
 # links, the pts/shm/mqueue mounts, the kubelet's termination-log), plus the node's
@@ -815,7 +829,7 @@ host_nvfs=$(find /dev -maxdepth 1 -name 'nvidia-fs[0-9]*' -printf '%f\n' | sort 
 echo "     nvidia-fs nodes on this host: ${host_nvfs:-none}"
 only_default_dev() {
   local listing
-  listing=$(in_pod gds-app 'ls -A /dev') || return 1
+  listing=$(in_pod root-app 'ls -A /dev') || return 1
   echo "     pod /dev: $(echo "$listing" | tr '\n' ' ')"
   python3 -c '
 import sys
@@ -828,8 +842,8 @@ assert not extra, f"host devices in the pod: {sorted(extra)}"' "$host_nvfs" "$li
 check "in the pod: /dev holds the runtime's default nodes and the node's nvidia-fs ones (${host_nvfs:-none}), nothing else" \
   only_default_dev
 not_privileged() {
-  [ "$(in_pod gds-app "awk '/^CapEff/ {print \$2}' /proc/self/status")" != 000001ffffffffff ] &&
-    [ "$("$KUBECTL" -n "$WL_NS" get pod gds-app -o jsonpath='{.spec.containers[0].securityContext.privileged}')" = false ]
+  [ "$(in_pod root-app "awk '/^CapEff/ {print \$2}' /proc/self/status")" != 000001ffffffffff ] &&
+    [ "$("$KUBECTL" -n "$WL_NS" get pod root-app -o jsonpath='{.spec.containers[0].securityContext.privileged}')" = false ]
 }
 check "the pod is not privileged (privileged: false, not every capability)" not_privileged
 
@@ -868,19 +882,20 @@ for e in expected:
 ' "$@"
 }
 doctor_rc=0
-doctor_out=$(doctor_pod "$WL_NS/gds-app") || doctor_rc=$?
+doctor_out=$(doctor_pod "$WL_NS/root-app") || doctor_rc=$?
 echo "$doctor_out" | grep -o '"summary": "[^"]*"' | sed 's/^/     /' || true
 # The claim's class is `preferred` and this node has no GDS path, so the driver published it
-# in compat mode: a container whose cufile.json turns compat off (the `gds` resource) would
-# fail every read of it, which the doctor says (exit 1).
+# in compat mode: the container's cufile.json allows compat mode, so its reads go through
+# host memory, which the doctor says as a warning (exit 0). (A container whose cufile.json
+# turned compat off would fail every read of it: the doctor's unit tests, src/gds/doctor.)
 doctor_sees_the_resource() {
-  [ "$doctor_rc" -eq 1 ] && pod_findings "$doctor_out" "$WL_NS/gds-app/app" \
+  [ "$doctor_rc" -eq 0 ] && pod_findings "$doctor_out" "$WL_NS/root-app/app" \
     pod.nvidia_fs=warn pod.host_devices=pass pod.udev=pass pod.cufile_json=pass pod.volume=pass \
-    pod.compat_policy=fail "pod.compat_policy~$wl_pv (" "pod.compat_policy~$COMPAT_RES" \
-    "pod.udev~b$vol_dev" "pod.cufile_json~/etc/gds-csi/cufile.json (CUFILE_ENV_PATH_JSON): allow_compat_mode false" \
+    pod.compat_policy=warn "pod.compat_policy~$wl_pv" \
+    "pod.udev~b$vol_dev" "pod.cufile_json~/etc/gds-csi/cufile.json (CUFILE_ENV_PATH_JSON): allow_compat_mode true" \
     "pod.volume~$wl_pv at /data (device $vol_dev)" "pod.nvidia_fs~nvidia_fs is not loaded"
 }
-check "doctor --pod $WL_NS/gds-app from the node: udev entry b$vol_dev, compat off, no host device, $wl_pv, no nvidia_fs; its reads of a volume published in compat mode would fail (exit $doctor_rc)" \
+check "doctor --pod $WL_NS/root-app from the node: udev entry b$vol_dev, compat allowed, no host device, $wl_pv, no nvidia_fs; its reads go through host memory (a warning, exit $doctor_rc)" \
   doctor_sees_the_resource
 missing_pod() {
   local out rc=0
@@ -924,28 +939,28 @@ spec:
     imagePullPolicy: Never
     command: [sh, -c, 'dd if=/dev/urandom of=/data/read-check.bin bs=1M count=4 oflag=direct 2>/dev/null && gds-csi workload-read /data/read-check.bin --json --timeout 10s; echo "exit=\$?"']
     securityContext: {privileged: false, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
-    resources: {limits: {$GDS_RES: 1}}
+    resources: {limits: {$COMPAT_RES: 1}}
     volumeMounts: [{name: data, mountPath: /data}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: workload}}]
 YAML
   wl_done() { [ "$("$KUBECTL" -n "$WL_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Succeeded ]; }
-  check "a pod of the driver's image asking for $GDS_RES runs gds-csi workload-read on the claim" wait_for 120 wl_done read-check
+  check "a pod of the driver's image asking for $COMPAT_RES runs gds-csi workload-read on the claim" wait_for 120 wl_done read-check
   read_out=$("$KUBECTL" -n "$WL_NS" logs read-check 2>&1 || true)
   read_names_all() {
     [[ "$read_out" == *'"cufile_path": "none"'* && "$read_out" == *"exit=1"* ]] &&
       pod_findings "$read_out" "this container" pod.nvidia_fs=warn pod.host_devices=pass pod.udev=pass \
-        pod.cufile_json=pass "pod.udev~b$vol_dev" "pod.cufile_json~allow_compat_mode false" "pod.volume~/data (device $vol_dev)"
+        pod.cufile_json=pass "pod.udev~b$vol_dev" "pod.cufile_json~allow_compat_mode true" "pod.volume~/data (device $vol_dev)"
   }
-  check "workload-read from inside: the same findings (udev entry, compat off, no host device), no GPU so path none, exit 1" \
+  check "workload-read from inside: the same findings (udev entry, compat allowed, no host device), no GPU so path none, exit 1" \
     read_names_all
   read_names_all || echo "$read_out" | tail -40 | sed 's/^/     /'
   "$KUBECTL" -n "$WL_NS" delete pod read-check --wait=false >/dev/null
 fi
 
-# The other resource, as a non-root user: compat allowed, the same udev database.
-"$KUBECTL" -n "$WL_NS" delete pod gds-app --wait=false >/dev/null
+# The same resource as a non-root user (uid 1000): the same cufile.json and udev database.
+"$KUBECTL" -n "$WL_NS" delete pod root-app --wait=false >/dev/null
 wl_gone() { ! "$KUBECTL" -n "$WL_NS" get pod "$1" >/dev/null 2>&1; }
-check "the first pod is deleted" wait_for 90 wl_gone gds-app
+check "the first pod is deleted" wait_for 90 wl_gone root-app
 wl_pod compat-app "$COMPAT_RES" 1000 >/dev/null
 check "a pod asking for $COMPAT_RES: 1 (uid 1000) runs on the same claim" wait_for 120 wl_running compat-app
 check "in that pod: \$CUFILE_ENV_PATH_JSON has \"allow_compat_mode\": true" cufile_is compat-app true
@@ -972,26 +987,28 @@ wait "$KUBELET_PID" || true
 restart_at=$SECONDS
 start_kubelet
 check "the kubelet restarts and its node is Ready again" wait_for 120 node_ready
-registered_again() { [ "$(registrations)" -ge $((before + 2)) ] && offered allocatable 110; }
-check "the driver registers both resources with the new kubelet (allocatable 110 again)" wait_for 90 registered_again
+registered_again() { [ "$(registrations)" -ge $((before + 2)) ] && offered capacity 110 && compat_allocatable; }
+check "the driver registers both resources with the new kubelet ($COMPAT_RES allocatable 110 again)" wait_for 90 registered_again
 echo "     registered again $((SECONDS - restart_at)) s after the kubelet was restarted"
 check "the running pod kept running across the kubelet's restart" wl_running compat-app
 "$KUBECTL" -n "$WL_NS" delete pod compat-app --wait=false >/dev/null
 check "the compat pod is deleted" wait_for 90 wl_gone compat-app
-wl_pod gds-again "$GDS_RES" 0 >/dev/null
-check "a new pod asking for $GDS_RES is admitted through the new registration and runs" wait_for 120 wl_running gds-again
-check "and gets its cufile.json (compat mode off)" cufile_is gds-again false
+wl_pod compat-again "$COMPAT_RES" 0 >/dev/null
+check "a new pod asking for $COMPAT_RES is admitted through the new registration and runs" wait_for 120 wl_running compat-again
+check "and gets its cufile.json (compat mode allowed)" cufile_is compat-again true
 "$KUBECTL" delete namespace "$WL_NS" --wait=false >/dev/null
 wl_pv_gone() { [ -z "$("$KUBECTL" get pv -o jsonpath="{.items[?(@.spec.claimRef.namespace==\"$WL_NS\")].metadata.name}")" ]; }
 check "the workload namespace goes, with its claim and volume" wait_for 120 wl_pv_gone
 [ -z "$MADE_UDEV_DATA" ] || rm -f "/run/udev/data/b$vol_dev"
 
-# --- GDS readiness that follows the node (issue 16 item 7) -------------------------------
+# --- GDS readiness that follows the node ---------------------------------------------------
 # A second instance of the driver, with the stand-in registrar, as host processes in both
 # modes: its node checks read a fixture host tree (this machine has no GPU and no nvidia_fs),
 # where "loading nvidia_fs" is writing the files the checks read. The kubelet must label the
 # node without the driver or the registrar restarting: the driver's readiness watcher relinks
-# the registration socket and the kubelet registers it again (src/gds/readiness).
+# the registration socket and the kubelet registers it again (src/gds/readiness). Its device
+# plugin's `gds` resource (compat mode off) follows the same checks: allocatable only while
+# GDS works, so pods asking for it go to GDS-ready nodes only.
 WATCHED_DRIVER=readiness.gds-csi.test
 R_HOST=$WORK/readiness-host
 R_SOCKET=$KUBELET_DIR/plugins/$WATCHED_DRIVER/csi.sock
@@ -1012,7 +1029,7 @@ JSON
   --host-proc "$R_HOST/proc" --host-sys "$R_HOST/sys" --host-dev "$R_HOST/dev" \
   --cufile-json "$R_HOST/etc/cufile.json" --udev-data-dir "$R_HOST/run/udev/data" \
   --registration-socket "$KUBELET_DIR/plugins_registry/$WATCHED_DRIVER-reg.sock" --readiness-interval 1s \
-  2>"$WORK/readiness-driver.log" &
+  --gds-device-plugin 2>"$WORK/readiness-driver.log" &
 R_DRIVER_PID=$!
 PIDS+=("$R_DRIVER_PID")
 wait_for_socket "$R_SOCKET"
@@ -1030,6 +1047,33 @@ r_registered() { [[ "$(r_keys)" == *"$WATCHED_DRIVER/node"* ]]; }
 check "a second driver (fixture GDS host without nvidia_fs) registers with the kubelet" wait_for 60 r_registered
 r_not_ready() { [ -z "$(r_label)" ] && [[ "$(r_keys)" != *gds-nvme* ]]; }
 check "not ready: no $WATCHED_DRIVER/gds-nvme label, no gds-nvme topology key" r_not_ready
+R_GDS=$WATCHED_DRIVER/gds
+r_gds_is() { [ "$(node_count "$R_GDS" capacity)" = 110 ] && [ "$(node_count "$R_GDS" allocatable)" = "$1" ]; }
+check "and its device plugin's $R_GDS: 110 shares, none allocatable" wait_for 60 r_gds_is 0
+# r_pod NAME: a pod on the node asking for one share of $R_GDS, printing the compat setting
+# of the cufile.json it was given. (The fixture's nvidia-fs node is a plain file, which the
+# device plugin does not hand out.)
+r_pod() {
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: Never
+    command: [sh, -c, 'grep -o "\"allow_compat_mode\": *[a-z]*" "\$CUFILE_ENV_PATH_JSON"; sleep 3600']
+    resources: {limits: {$R_GDS: 1}}
+YAML
+}
+r_unschedulable() { events_of "$1" | grep -q "FailedScheduling.*Insufficient $R_GDS"; }
+r_pod r-before
+check "a pod asking for $R_GDS is not scheduled (Insufficient $R_GDS)" wait_for 60 r_unschedulable r-before
 registrations() { grep -c "registered with the kubelet" "$WORK/readiness-registrar.log"; }
 first_registrations=$(registrations)
 # nvidia_fs loaded after the driver started, with the NVMe driver registered with it.
@@ -1042,6 +1086,9 @@ flip=$SECONDS
 r_ready() { [ "$(r_label)" = true ] && [[ "$(r_keys)" == *"$WATCHED_DRIVER/gds-nvme"* ]]; }
 check "nvidia_fs loaded later: the kubelet labels the node $WATCHED_DRIVER/gds-nvme=true" wait_for 60 r_ready
 echo "     label changed $((SECONDS - flip)) s after the flip (watcher interval 1s)"
+check "its $R_GDS shares become allocatable (110)" wait_for 60 r_gds_is 110
+r_running() { [ "$(pod_phase "$1")" = Running ] && [[ "$("$KUBECTL" logs "$1" 2>/dev/null)" == *'"allow_compat_mode": false'* ]]; }
+check "the waiting pod is scheduled and runs, its cufile.json with compat mode off" wait_for 90 r_running r-before
 same_processes() {
   kill -0 "$R_DRIVER_PID" && kill -0 "$R_REGISTRAR_PID" &&
     [ "$(registrations)" -gt "$first_registrations" ] &&
@@ -1059,6 +1106,11 @@ r_key_dropped() {
 check "nvidia_fs unloaded: re-registered, the CSINode's topology keys drop gds-nvme" wait_for 60 r_key_dropped
 check "while the kubelet keeps the label (it never removes one; the publish gate still refuses)" \
   [ "$(r_label)" = true ]
+check "but no $R_GDS share is allocatable any more" wait_for 60 r_gds_is 0
+r_pod r-after
+check "so a new pod asking for it is not scheduled (Insufficient $R_GDS)" wait_for 60 r_unschedulable r-after
+check "the pod that got its share before keeps running" r_running r-before
+"$KUBECTL" delete pod r-before r-after --wait=false >/dev/null
 kill "$R_REGISTRAR_PID" "$R_DRIVER_PID"
 
 echo "kubelet e2e wall time: $((SECONDS - start)) s"

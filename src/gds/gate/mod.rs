@@ -157,6 +157,11 @@ impl GdsGate {
     pub fn node_readiness(&self) -> Vec<(&'static str, bool)> {
         node_readiness(self.checks.paths())
     }
+
+    /// None when some backend is GDS-ready on this node, else why none is.
+    pub fn node_not_ready(&self) -> Option<String> {
+        topology::node_not_ready(self.checks.paths())
+    }
 }
 
 /// NodeGetVolumeStats: a healthy-looking volume that was published in compat mode is reported

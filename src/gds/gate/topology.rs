@@ -10,9 +10,14 @@ use super::checks::node_report;
 use super::policy::{failure_lines, Policy};
 use super::GdsGate;
 
+const BACKENDS: [(Backend, &str); 2] = [
+    (Backend::Nvme, "gds-nvme"),
+    (Backend::NfsRdma, "gds-nfs-rdma"),
+];
+
 /// Readiness per backend from the node checks: `("gds-nvme", true)`, ...
 pub fn node_readiness(paths: &HostPaths) -> Vec<(&'static str, bool)> {
-    [(Backend::Nvme, "gds-nvme"), (Backend::NfsRdma, "gds-nfs-rdma")]
+    BACKENDS
         .into_iter()
         .map(|(b, key)| {
             let r = node_report(paths, b);
@@ -23,6 +28,20 @@ pub fn node_readiness(paths: &HostPaths) -> Vec<(&'static str, bool)> {
             (key, ready)
         })
         .collect()
+}
+
+/// None when some backend passes the node checks; otherwise what fails, per backend: what
+/// a container that reads with compat mode off would run into on this node.
+pub fn node_not_ready(paths: &HostPaths) -> Option<String> {
+    let mut why = Vec::new();
+    for (b, key) in BACKENDS {
+        let r = node_report(paths, b);
+        if r.ready() {
+            return None;
+        }
+        why.push(format!("{key}: {}", failure_lines(&r).replace('\n', "; ")));
+    }
+    Some(why.join(" | "))
 }
 
 /// NodeGetInfo's topology: the node's own `segments`, plus `<driver>/gds-nvme` and

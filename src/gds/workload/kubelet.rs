@@ -65,10 +65,16 @@ pub async fn run(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let checker = Arc::clone(&shared);
-        if let Ok(true) = tokio::task::spawn_blocking(move || checker.check()).await {
-            match shared.current_health() {
-                Health::Ready => info!("GDS workload resources healthy"),
-                Health::Missing(why) => warn!(reason = %why, "GDS workload resources unhealthy"),
+        let changed = tokio::task::spawn_blocking(move || checker.check())
+            .await
+            .unwrap_or_default();
+        for resource in changed {
+            let name = resource.name(&shared.config.driver_name);
+            match shared.current_health(resource) {
+                Health::Ready => info!(resource = %name, "GDS workload resource healthy"),
+                Health::Missing(why) => {
+                    warn!(resource = %name, reason = %why, "GDS workload resource unhealthy")
+                }
             }
         }
         for (i, resource) in Resource::ALL.into_iter().enumerate() {

@@ -6,6 +6,13 @@
 //!   so a read that cannot take the GDS path is an error, not a silent slowdown;
 //! - `<driver>/gds-compat` for `preferred`: compat mode allowed.
 //!
+//! Each resource's ids are healthy while the node can hand out its pieces; `gds`'s also
+//! only while GDS works on the node (the gate's node checks, as for the readiness labels).
+//! The kubelet counts only healthy ids as allocatable, so a pod asking for `gds` is
+//! scheduled only to a node where its reads can take the GDS path, and a node that stops
+//! being one stops getting such pods (the readiness label cannot do that: the kubelet
+//! never removes a label).
+//!
 //! A container that lists one in `resources.limits` gets every `/dev/nvidia-fs*` of the host
 //! (read-write), the host's udev database read-only, and that cufile.json read-only with
 //! `CUFILE_ENV_PATH_JSON` naming it; nothing else of the host. The resources are shares,
@@ -49,6 +56,14 @@ impl Resource {
 
     pub fn compat_allowed(self) -> bool {
         self == Resource::GdsCompat
+    }
+
+    /// Its place in [`Resource::ALL`].
+    fn index(self) -> usize {
+        match self {
+            Resource::Gds => 0,
+            Resource::GdsCompat => 1,
+        }
     }
 
     /// The extended resource name, under the driver's name as the topology keys are, so two
@@ -101,36 +116,46 @@ pub struct Config {
     pub kubelet_timeout: Duration,
 }
 
-/// Whether the node can hand out what a container needs now; the devices' health.
+/// Whether the node can hand out what a container of a resource needs now; its devices'
+/// health.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
     Ready,
-    /// Why not: the scheduler places no new pod asking for the resources meanwhile.
+    /// Why not: the scheduler places no new pod asking for the resource meanwhile.
     Missing(String),
 }
+
+/// Whether GDS works on the node: None when it does, else why not (`GdsGate::node_not_ready`).
+pub type NodeGds = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What the services and the kubelet loop share.
 pub struct Shared {
     pub config: Config,
+    /// What `gds` needs of the node besides its pieces; None: nothing is checked.
+    node_gds: Option<NodeGds>,
     /// One writer of the cufile.json files at a time.
     writing: Mutex<()>,
     /// The sockets served now, with the identity each had when bound.
     sockets: Mutex<Vec<(PathBuf, kubelet::FileId)>>,
-    health: tokio::sync::watch::Sender<Health>,
+    /// Per resource, in [`Resource::ALL`]'s order.
+    health: [tokio::sync::watch::Sender<Health>; 2],
 }
 
 impl Shared {
-    pub fn new(config: Config) -> Shared {
+    pub fn new(config: Config, node_gds: Option<NodeGds>) -> Shared {
+        let unchecked =
+            || tokio::sync::watch::Sender::new(Health::Missing("not checked yet".into()));
         Shared {
             config,
+            node_gds,
             writing: Mutex::new(()),
             sockets: Mutex::new(Vec::new()),
-            health: tokio::sync::watch::Sender::new(Health::Missing("not checked yet".into())),
+            health: [unchecked(), unchecked()],
         }
     }
 
-    pub fn health(&self) -> tokio::sync::watch::Receiver<Health> {
-        self.health.subscribe()
+    pub fn health(&self, resource: Resource) -> tokio::sync::watch::Receiver<Health> {
+        self.health[resource.index()].subscribe()
     }
 
     /// Writes `resource`'s cufile.json from the node's current one and checks the udev
@@ -148,23 +173,40 @@ impl Shared {
         cufile::write(&c.out_dir, &c.cufile_json, resource)
     }
 
-    /// Looks at the pieces again and publishes the health they give (both resources share
-    /// it); true when it changed.
-    pub fn check(&self) -> bool {
-        let now = Resource::ALL
-            .iter()
-            .map(|r| self.prepare(*r))
-            .find_map(Result::err)
-            .map_or(Health::Ready, Health::Missing);
-        self.health.send_if_modified(|h| {
-            let changed = *h != now;
-            *h = now;
-            changed
-        })
+    /// Looks at the pieces (and, for `gds`, at GDS on the node) again and publishes each
+    /// resource's health; the resources whose health changed.
+    pub fn check(&self) -> Vec<Resource> {
+        Resource::ALL
+            .into_iter()
+            .filter(|&r| {
+                let now = self.health_now(r);
+                self.health[r.index()].send_if_modified(|h| {
+                    let changed = *h != now;
+                    *h = now;
+                    changed
+                })
+            })
+            .collect()
     }
 
-    pub fn current_health(&self) -> Health {
-        self.health.borrow().clone()
+    fn health_now(&self, resource: Resource) -> Health {
+        if let Err(why) = self.prepare(resource) {
+            return Health::Missing(why);
+        }
+        if !resource.compat_allowed() {
+            if let Some(why) = self.node_gds.as_ref().and_then(|not_ready| not_ready()) {
+                return Health::Missing(format!(
+                    "GDS does not work on this node, and a container of {} reads with compat \
+                     mode off: {why}",
+                    resource.name(&self.config.driver_name)
+                ));
+            }
+        }
+        Health::Ready
+    }
+
+    pub fn current_health(&self, resource: Resource) -> Health {
+        self.health[resource.index()].borrow().clone()
     }
 }
 
@@ -175,8 +217,8 @@ pub struct Running {
 }
 
 /// Serves the device plugin until [`Running::stop`] (see [`kubelet::run`]).
-pub fn spawn(config: Config) -> Running {
-    let shared = std::sync::Arc::new(Shared::new(config));
+pub fn spawn(config: Config, node_gds: Option<NodeGds>) -> Running {
+    let shared = std::sync::Arc::new(Shared::new(config, node_gds));
     let task = tokio::spawn(kubelet::run(std::sync::Arc::clone(&shared)));
     Running { shared, task }
 }
@@ -234,37 +276,71 @@ mod tests {
         assert!(!Resource::GdsCompat.owns_device_id("gds-1"));
     }
 
-    #[test]
-    fn health_needs_the_udev_database_and_a_readable_cufile_json() {
-        let t = tempfile::tempdir().unwrap();
-        let udev = t.path().join("udev-data");
-        let node = t.path().join("cufile.json");
-        let shared = Shared::new(Config {
+    fn config(dir: &Path) -> Config {
+        Config {
             driver_name: "d.example".into(),
-            plugin_dir: t.path().join("plugins"),
-            host_dev: t.path().join("dev"),
-            udev_data_dir: udev.clone(),
-            cufile_json: node.clone(),
-            out_dir: t.path().join("out"),
+            plugin_dir: dir.join("plugins"),
+            host_dev: dir.join("dev"),
+            udev_data_dir: dir.join("udev-data"),
+            cufile_json: dir.join("cufile.json"),
+            out_dir: dir.join("out"),
             shares: 4,
             interval: Duration::from_secs(1),
             kubelet_timeout: Duration::from_secs(1),
-        });
-        assert!(shared.check());
-        let Health::Missing(why) = shared.current_health() else {
-            panic!("ready without a udev database")
-        };
-        assert!(why.contains("udev") && why.contains("udev-data"), "{why}");
+        }
+    }
+
+    fn missing(shared: &Shared, r: Resource) -> String {
+        match shared.current_health(r) {
+            Health::Missing(why) => why,
+            Health::Ready => panic!("{r:?} ready"),
+        }
+    }
+
+    #[test]
+    fn health_needs_the_udev_database_and_a_readable_cufile_json() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        let (udev, node) = (c.udev_data_dir.clone(), c.cufile_json.clone());
+        let shared = Shared::new(c, None);
+        assert_eq!(shared.check(), Resource::ALL);
+        for r in Resource::ALL {
+            let why = missing(&shared, r);
+            assert!(why.contains("udev") && why.contains("udev-data"), "{why}");
+        }
         std::fs::create_dir(&udev).unwrap();
         // No cufile.json on the node: the policy alone, ready.
-        assert!(shared.check());
-        assert_eq!(shared.current_health(), Health::Ready);
-        assert!(!shared.check(), "unchanged");
+        assert_eq!(shared.check(), Resource::ALL);
+        for r in Resource::ALL {
+            assert_eq!(shared.current_health(r), Health::Ready);
+        }
+        assert!(shared.check().is_empty(), "unchanged");
         std::fs::write(&node, "{ oops").unwrap();
-        assert!(shared.check());
-        let Health::Missing(why) = shared.current_health() else {
-            panic!("ready with a broken cufile.json")
-        };
-        assert!(why.contains("cufile.json"), "{why}");
+        assert_eq!(shared.check(), Resource::ALL);
+        assert!(missing(&shared, Resource::GdsCompat).contains("cufile.json"));
+    }
+
+    #[test]
+    fn gds_is_healthy_only_while_gds_works_on_the_node_and_gds_compat_regardless() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        std::fs::create_dir(&c.udev_data_dir).unwrap();
+        let broken = std::sync::Arc::new(Mutex::new(Some("nvidia_fs is not loaded".to_string())));
+        let source = std::sync::Arc::clone(&broken);
+        let node_gds: NodeGds = std::sync::Arc::new(move || source.lock().unwrap().clone());
+        let shared = Shared::new(c, Some(node_gds));
+        assert_eq!(shared.check(), Resource::ALL);
+        let why = missing(&shared, Resource::Gds);
+        assert!(
+            why.contains("d.example/gds") && why.contains("nvidia_fs is not loaded"),
+            "{why}"
+        );
+        assert_eq!(shared.current_health(Resource::GdsCompat), Health::Ready);
+        *broken.lock().unwrap() = None;
+        assert_eq!(shared.check(), [Resource::Gds], "only gds changed");
+        assert_eq!(shared.current_health(Resource::Gds), Health::Ready);
+        *broken.lock().unwrap() = Some("no GPU".into());
+        assert_eq!(shared.check(), [Resource::Gds]);
+        assert!(missing(&shared, Resource::Gds).contains("no GPU"));
     }
 }

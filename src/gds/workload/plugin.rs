@@ -57,7 +57,7 @@ impl DevicePlugin for DevicePluginService {
 
     type ListAndWatchStream = DeviceStream;
 
-    /// The ids with the node's health now, and again whenever it changes. The kubelet
+    /// The ids with the resource's health now, and again whenever it changes. The kubelet
     /// reads this stream for as long as the plugin is registered (devicemanager
     /// plugin/v1beta1/client.go:80-96) and counts the healthy ids as allocatable.
     async fn list_and_watch(
@@ -68,8 +68,8 @@ impl DevicePlugin for DevicePluginService {
             resource: self.resource,
             shared: Arc::clone(&self.shared),
         };
-        let stream =
-            tokio_stream::wrappers::WatchStream::new(self.shared.health()).map(move |health| {
+        let stream = tokio_stream::wrappers::WatchStream::new(self.shared.health(self.resource))
+            .map(move |health| {
                 Ok(ListAndWatchResponse {
                     devices: this.devices(&health),
                 })
