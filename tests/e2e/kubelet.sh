@@ -1013,17 +1013,8 @@ WATCHED_DRIVER=readiness.gds-csi.test
 R_HOST=$WORK/readiness-host
 R_SOCKET=$KUBELET_DIR/plugins/$WATCHED_DRIVER/csi.sock
 R_HEALTH=127.0.0.1:64455
-mkdir -p "$R_HOST/proc/driver/nvidia/gpus/0000:18:00.0" "$R_HOST/proc/sys/kernel" "$R_HOST/dev" \
-  "$R_HOST/sys/module" "$R_HOST/etc" "$R_HOST/run/udev/data" "$(dirname "$R_SOCKET")"
-echo "Model: NVIDIA H200" >"$R_HOST/proc/driver/nvidia/gpus/0000:18:00.0/information"
-: >"$R_HOST/dev/nvidia0"
-echo "BOOT_IMAGE=/vmlinuz ro iommu=pt" >"$R_HOST/proc/cmdline"
-echo "5.15.0-100-generic" >"$R_HOST/proc/sys/kernel/osrelease"
-cat >"$R_HOST/etc/cufile.json" <<'JSON'
-{ "logging": { "level": "ERROR" },
-  "properties": { "allow_compat_mode": false, "max_direct_io_size_kb": 16384 },
-  "denylist": { "drivers": [], "devices": [], "mounts": [], "filesystems": [] } }
-JSON
+gds_fixture_host "$R_HOST"
+mkdir -p "$(dirname "$R_SOCKET")"
 "$GDS_CSI" serve --mode node --endpoint "unix://$R_SOCKET" --node-id "$NODE" --driver-name "$WATCHED_DRIVER" \
   --state-dir "$WORK/readiness-state" --allowed-path-root "$KUBELET_DIR" --log-format json \
   --host-proc "$R_HOST/proc" --host-sys "$R_HOST/sys" --host-dev "$R_HOST/dev" \
@@ -1077,11 +1068,7 @@ check "a pod asking for $R_GDS is not scheduled (Insufficient $R_GDS)" wait_for 
 registrations() { grep -c "registered with the kubelet" "$WORK/readiness-registrar.log"; }
 first_registrations=$(registrations)
 # nvidia_fs loaded after the driver started, with the NVMe driver registered with it.
-mkdir -p "$R_HOST/sys/module/nvidia_fs" "$R_HOST/proc/driver/nvidia-fs"
-echo "2.20.5" >"$R_HOST/sys/module/nvidia_fs/version"
-echo "version: 2.20" >"$R_HOST/proc/driver/nvidia-fs/version"
-echo "nvme: 1" >"$R_HOST/proc/driver/nvidia-fs/modules"
-: >"$R_HOST/dev/nvidia-fs0"
+gds_fixture_nvidia_fs "$R_HOST" load
 flip=$SECONDS
 r_ready() { [ "$(r_label)" = true ] && [[ "$(r_keys)" == *"$WATCHED_DRIVER/gds-nvme"* ]]; }
 check "nvidia_fs loaded later: the kubelet labels the node $WATCHED_DRIVER/gds-nvme=true" wait_for 60 r_ready
@@ -1099,7 +1086,7 @@ relinked() { grep -q "registration socket relinked" "$WORK/readiness-driver.log"
 check "the driver's log says it relinked the registration socket" relinked
 # Unloaded again: the CSINode's keys follow; the label is the kubelet's and stays.
 ready_registrations=$(registrations)
-rm -rf "$R_HOST/sys/module/nvidia_fs" "$R_HOST/proc/driver/nvidia-fs" "$R_HOST/dev/nvidia-fs0"
+gds_fixture_nvidia_fs "$R_HOST" unload
 r_key_dropped() {
   [ "$(registrations)" -gt "$ready_registrations" ] && r_registered && [[ "$(r_keys)" != *gds-nvme* ]]
 }

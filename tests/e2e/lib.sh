@@ -221,3 +221,35 @@ print((max(values, default=0) if field == "maximumVolumeSize" else sum(values)) 
     "$1" "$DRIVER/node" "${2:-nvme-gds-whole}" "${3:-capacity}"
 }
 has_capacity() { [ "$(capacity_of "$1" "${3:-nvme-gds-whole}")" = "$2" ]; } # NODE MIB [CLASS]
+
+# gds_fixture_host DIR: the files the GDS node checks read on a GPU node (the GPU driver,
+# cufile.json with compat mode off, IOMMU passthrough, a 5.15 kernel, an empty udev
+# database), under DIR: this machine has no GPU. nvidia_fs is not loaded yet.
+gds_fixture_host() {
+  mkdir -p "$1/proc/driver/nvidia/gpus/0000:18:00.0" "$1/proc/sys/kernel" "$1/dev" "$1/sys/module" \
+    "$1/etc" "$1/run/udev/data"
+  echo "Model: NVIDIA H200" >"$1/proc/driver/nvidia/gpus/0000:18:00.0/information"
+  : >"$1/dev/nvidia0"
+  echo "BOOT_IMAGE=/vmlinuz ro iommu=pt" >"$1/proc/cmdline"
+  echo "5.15.0-100-generic" >"$1/proc/sys/kernel/osrelease"
+  cat >"$1/etc/cufile.json" <<'JSON'
+{ "logging": { "level": "ERROR" },
+  "properties": { "allow_compat_mode": false, "max_direct_io_size_kb": 16384 },
+  "denylist": { "drivers": [], "devices": [], "mounts": [], "filesystems": [] } }
+JSON
+}
+
+# gds_fixture_nvidia_fs DIR load|unload: nvidia_fs loaded (with the NVMe driver registered)
+# or unloaded in the fixture host DIR. Its device node is a plain file, which the device
+# plugin does not hand out to containers.
+gds_fixture_nvidia_fs() {
+  if [ "$2" = load ]; then
+    mkdir -p "$1/sys/module/nvidia_fs" "$1/proc/driver/nvidia-fs"
+    echo "2.20.5" >"$1/sys/module/nvidia_fs/version"
+    echo "version: 2.20" >"$1/proc/driver/nvidia-fs/version"
+    echo "nvme: 1" >"$1/proc/driver/nvidia-fs/modules"
+    : >"$1/dev/nvidia-fs0"
+  else
+    rm -rf "$1/sys/module/nvidia_fs" "$1/proc/driver/nvidia-fs" "$1/dev/nvidia-fs0"
+  fi
+}

@@ -157,7 +157,7 @@ start_second_node() {
     --kubeconfig "$NODE_B_DIR/kubelet.kubeconfig" --root-dir "$KUBELET_DIR" --hostname-override "$NODE_B" \
     --node-ip "$NODE_B_IP" --node-labels nvidia.com/gpu.present=true --v=2
   node_b_ready() { "$KUBECTL" wait "node/$NODE_B" --for=condition=Ready --timeout=5s; }
-  check "the second kubelet registered $NODE_B (own network and mount namespaces) and it is Ready" \
+  check "the second kubelet registered $NODE_B (own network, PID and mount namespaces) and it is Ready" \
     wait_for 120 node_b_ready
 }
 

@@ -12,7 +12,8 @@
 #   stays Pending (the volume's node affinity), nothing of the claim there;
 # - snapshots across nodes: a claim written on node A, snapshotted into the store both
 #   nodes share, restored as a claim whose pod the scheduler puts on node B, bytes compared;
-# - each node's own driver, pool, state, device plugin and labels.
+# - each node's own driver, pool, state, device plugin and labels; with a GDS-ready node and
+#   one that stops being so (fixture host trees), a pod asking for `gds` goes to the ready one.
 set -euo pipefail
 DEPLOY=chart
 E2E_HERE=$(cd "$(dirname "$0")" && pwd)
@@ -56,22 +57,30 @@ check "one node plugin pod on each node ($(plugin_nodes))" [ "$(plugin_nodes)" =
 csinode_keys() { "$KUBECTL" get csinode "$1" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
 node_label() { "$KUBECTL" get node "$1" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$2}"; }
 registered() { [[ "$(csinode_keys "$1")" == *"$DRIVER/node"* ]]; }
-# resource_count NODE SUFFIX: the node's capacity of the extended resource <driver>/SUFFIX.
+# resource_count NODE RESOURCE [capacity|allocatable]: the node's count of an extended resource.
 resource_count() {
   "$KUBECTL" get node "$1" -o json |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["capacity"].get(sys.argv[1], "0"))' "$DRIVER/$2"
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' \
+      "$2" "${3:-capacity}"
 }
 for n in "$NODE" "$NODE_B"; do
   check "$n: the kubelet registered the driver (CSINode with topology keys)" wait_for 90 registered "$n"
   check "$n: its topology label names itself ($DRIVER/node=$n)" [ "$(node_label "$n" node)" = "$n" ]
   check "$n: no GDS readiness label (its own checks: no nvidia_fs here)" [ -z "$(node_label "$n" gds-nvme)" ]
   check "$n: its own node plugin's device plugin offers both resources (110 shares each)" \
-    wait_for 60 eval '[ "$(resource_count "$n" gds)" = 110 ] && [ "$(resource_count "$n" gds-compat)" = 110 ]'
+    wait_for 60 eval '[ "$(resource_count "$n" "$DRIVER/gds")" = 110 ] && [ "$(resource_count "$n" "$DRIVER/gds-compat")" = 110 ]'
 done
 check "node A's CSIStorageCapacity is its own drive (the carving class, under 256 MiB)" \
   wait_for 90 eval '[ "$(capacity_of "$NODE" nvme-gds)" -gt 200 ] && [ "$(capacity_of "$NODE" nvme-gds)" -lt 256 ]'
 check "node B's is its own (under 1024 MiB, over 900)" \
   wait_for 90 eval '[ "$(capacity_of "$NODE_B" nvme-gds)" -gt 900 ] && [ "$(capacity_of "$NODE_B" nvme-gds)" -lt 1024 ]'
+# capacity_owners NODE: the owner kinds of NODE's CSIStorageCapacity objects, one a line.
+capacity_owners() {
+  "$KUBECTL" -n "$NS" get csistoragecapacities -l "csi.storage.k8s.io/managed-by=external-provisioner-$1" \
+    -o jsonpath='{range .items[*]}{.metadata.ownerReferences[0].kind}{"\n"}{end}'
+}
+check "node A's CSIStorageCapacity objects are owned by its node plugin pod (they go with it)" \
+  eval '[ -n "$(capacity_owners "$NODE")" ] && [ -z "$(capacity_owners "$NODE" | grep -vx Pod)" ]'
 
 # --- pods -----------------------------------------------------------------------------------
 pod() { claim_pod "$@"; }
@@ -140,7 +149,8 @@ spec:
   volumes: [{name: data, persistentVolumeClaim: {claimName: raw}}]
 YAML
 }
-raw_pod raw-user "$NODE" 'head -c 1048576 /dev/urandom >/tmp/b && dd if=/tmp/b of=/dev/xvda bs=1M conv=fsync 2>/dev/null && sha256sum /tmp/b | cut -d" " -f1 && sleep 3600'
+raw_pod raw-user "$NODE" 'dd if=/dev/urandom of=/dev/xvda bs=1M count=1 conv=fsync 2>/dev/null &&
+  dd if=/dev/xvda bs=1M count=1 2>/dev/null | sha256sum | cut -d" " -f1 && sleep 3600'
 raw_written() { pod_is raw-user Running && [ -n "$("$KUBECTL" logs raw-user 2>/dev/null)" ]; }
 check "a raw block claim: a pod on node A writes 1 MiB to it" wait_for 120 raw_written
 check "its volume is node A's" [ "$(pv_node raw)" = "$NODE" ]
@@ -154,6 +164,71 @@ check "nothing of the claim is mapped on node B" [ "$(maps_of_raw in_node_b)" -e
 check "on node A it is (the pod's device)" [ "$(maps_of_raw)" -ge 1 ]
 "$KUBECTL" delete pod raw-on-b raw-user --wait=false >/dev/null
 "$KUBECTL" delete pvc raw --wait=false >/dev/null
+
+# --- GDS readiness per node: pods asking for `gds` go where GDS works ----------------------
+# Neither node can be GDS-ready for the chart's driver (no GPU, no nvidia_fs here): each
+# node gets a second driver instance, with its device plugin, whose node checks read a
+# fixture host tree of that node's own (tests/e2e/lib.sh), registered with that node's
+# kubelet by a registrar running there.
+R_DRIVER=readiness.gds-csi.test
+R_GDS=$R_DRIVER/gds
+# fixture_driver NODE: the instance and its registrar on NODE, nvidia_fs loaded there.
+fixture_driver() {
+  local host=$WORK/fixture-$1 socket=$KUBELET_DIR/plugins/$R_DRIVER/csi.sock run=()
+  [ "$1" = "$NODE" ] || run=("${NODE_B_ENTER[@]}")
+  gds_fixture_host "$host"
+  gds_fixture_nvidia_fs "$host" load
+  "${run[@]}" mkdir -p "$(dirname "$socket")"
+  "${run[@]}" "$GDS_CSI" serve --mode node --endpoint "unix://$socket" --node-id "$1" --driver-name "$R_DRIVER" \
+    --state-dir "$host/state" --allowed-path-root "$KUBELET_DIR" --log-format json \
+    --host-proc "$host/proc" --host-sys "$host/sys" --host-dev "$host/dev" --cufile-json "$host/etc/cufile.json" \
+    --udev-data-dir "$host/run/udev/data" --registration-socket "$KUBELET_DIR/plugins_registry/$R_DRIVER-reg.sock" \
+    --readiness-interval 1s --gds-device-plugin 2>"$host/driver.log" &
+  PIDS+=("$!")
+  wait_for 30 "${run[@]}" test -S "$socket"
+  "${run[@]}" "$CACHE_BIN/gds-csi-registrar" --csi-address "$socket" --kubelet-registration-path "$socket" \
+    --plugin-registration-path "$KUBELET_DIR/plugins_registry" --http-endpoint 127.0.0.1:64455 \
+    >"$host/registrar.log" 2>&1 &
+  PIDS+=("$!")
+}
+label_of() { "$KUBECTL" get node "$1" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["labels"].get(sys.argv[1], ""))' "$2"; }
+gds_ready() {
+  [ "$(label_of "$1" "$R_DRIVER/gds-nvme")" = true ] && [ "$(resource_count "$1" "$R_GDS" allocatable)" = 110 ]
+}
+for n in "$NODE" "$NODE_B"; do
+  fixture_driver "$n"
+  check "$n: GDS-ready by its own checks ($R_DRIVER/gds-nvme=true, 110 $R_GDS shares allocatable)" wait_for 90 gds_ready "$n"
+done
+gds_fixture_nvidia_fs "$WORK/fixture-$NODE" unload
+check "nvidia_fs unloaded on node A: none of node A's $R_GDS shares is allocatable" \
+  wait_for 60 eval '[ "$(resource_count "$NODE" "$R_GDS" allocatable)" = 0 ]'
+check "node B's still are (its checks are its own)" gds_ready "$NODE_B"
+# gds_pod NAME [NODE]: a pod asking for one share of $R_GDS, on NODE if given.
+gds_pod() {
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  ${2:+nodeSelector: {kubernetes.io/hostname: $2\}}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    resources: {limits: {$R_GDS: 1}}
+YAML
+}
+gds_pod gds-any
+check "a pod asking for $R_GDS runs on node B, the GDS-ready one" \
+  wait_for 90 eval '[ "$(pod_node gds-any)" = "$NODE_B" ] && pod_is gds-any Running'
+gds_pod gds-on-a "$NODE"
+insufficient() { events_of gds-on-a | grep -q "FailedScheduling.*Insufficient $R_GDS"; }
+check "one that must run on node A is not scheduled (Insufficient $R_GDS)" wait_for 60 insufficient
+"$KUBECTL" delete pod gds-any gds-on-a --wait=false >/dev/null
 
 # --- a snapshot on node A restored on node B -----------------------------------------------
 pvc snap-src nvme-gds 64Mi
@@ -236,6 +311,10 @@ check "with node A gone, the claim is re-created and bound again, on node B" \
   wait_for 240 eval '[ "$(pv_node precious)" = "$NODE_B" ]'
 check "its old PV is not the new one" [ "$("$KUBECTL" get pvc precious -o jsonpath='{.spec.volumeName}')" != "$old_pv" ]
 check "the trainer's new pod runs on node B with the snapshot's bytes" wait_for 180 trainer_on "$NODE_B"
+# The pod garbage collector removes a deleted node's pods, the garbage collector their
+# objects: no capacity is left offered on a node no provisioner serves.
+check "node A's CSIStorageCapacity objects are gone with its node plugin pod" \
+  wait_for 180 eval '[ -z "$(capacity_owners "$NODE")" ]'
 recreated() { "$KUBECTL" get events -n default --field-selector involvedObject.name=precious -o jsonpath='{.items[*].reason}'; }
 echo "     events of the claim: $(recreated)"
 # Node A returns after a reboot: its containers and mounts are gone (its drives and the
@@ -249,6 +328,8 @@ reboot_node_a() {
 reboot_node_a
 start_kubelet
 check "node A returns (its kubelet registers it again)" wait_for 120 node_ready
+check "and its new node plugin pod publishes node A's capacity again" \
+  wait_for 120 eval '[ -n "$(capacity_owners "$NODE")" ]'
 old_pv_gone() { ! "$KUBECTL" get pv "$old_pv" >/dev/null 2>&1; }
 check "the lost node's old volume is deleted once it is back" wait_for 180 old_pv_gone
 old_pv_gone || "$KUBECTL" get pv "$old_pv" -o jsonpath='{.metadata.finalizers} {.status.phase}{"\n"}' | sed 's/^/     /'
