@@ -45,10 +45,20 @@ e2e_tools() {
   echo "tools ready in $((SECONDS - build_start)) s"
 }
 
+# Newest first, each waited for: a client before the API server, the API server before its
+# etcd (stopped together, it hung in its shutdown for minutes, its in-flight requests waiting
+# on the gone etcd). Whatever is left 30 s after the first signal gets SIGKILL.
 e2e_stop_all() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  local i killer
+  [ ${#PIDS[@]} -gt 0 ] || return 0
+  (sleep 30; kill -KILL "${PIDS[@]}") >/dev/null 2>&1 &
+  killer=$!
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill "${PIDS[i]}" 2>/dev/null || true
+    wait "${PIDS[i]}" 2>/dev/null || true
+  done
+  kill "$killer" 2>/dev/null || true
+  wait "$killer" 2>/dev/null || true
 }
 
 # controller_workdir NAME: WORK, a temporary directory that goes on exit with the control
