@@ -1045,22 +1045,8 @@ check "and its device plugin's $R_GDS: 110 shares, none allocatable" wait_for 60
 # of the cufile.json it was given. (The fixture's nvidia-fs node is a plain file, which the
 # device plugin does not hand out.)
 r_pod() {
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  nodeSelector: {kubernetes.io/hostname: $NODE}
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: $APP_IMAGE
-    imagePullPolicy: Never
-    command: [sh, -c, 'grep -o "\"allow_compat_mode\": *[a-z]*" "\$CUFILE_ENV_PATH_JSON"; sleep 3600']
-    resources: {limits: {$R_GDS: 1}}
-YAML
+  app_pod "$1" "$NODE" 'grep -o "\"allow_compat_mode\": *[a-z]*" "$CUFILE_ENV_PATH_JSON"; sleep 3600' \
+    "resources: {limits: {$R_GDS: 1}}"
 }
 r_unschedulable() { events_of "$1" | grep -q "FailedScheduling.*Insufficient $R_GDS"; }
 r_pod r-before

@@ -170,29 +170,36 @@ start_provisioner() {
   PIDS+=($!)
 }
 
-# claim_pod NAME CLAIM SCRIPT [NODE]: a run-once busybox pod with CLAIM at /data, on NODE
-# when given (else where the scheduler puts it). It runs as an unprivileged user and writes
-# through fsGroup, which the kubelet applies because the CSIDriver says fsGroupPolicy: File
-# (a fresh ext4 root is root-owned, mode 755).
-claim_pod() {
+# app_pod NAME NODE SCRIPT [CONTAINER [SPEC]]: a run-once busybox pod running SCRIPT on NODE
+# (where the scheduler puts it when empty), in namespace POD_NS (default), with the one-line
+# YAML fields CONTAINER added to its container (volumeMounts, volumeDevices, resources) and
+# SPEC to its spec (volumes, securityContext), `;` between two fields.
+app_pod() {
   "$KUBECTL" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
-metadata: {name: $1, namespace: default}
+metadata: {name: $1, namespace: ${POD_NS:-default}}
 spec:
-  ${4:+nodeSelector: {kubernetes.io/hostname: $4\}}
+  ${2:+nodeSelector: {kubernetes.io/hostname: $2\}}
   restartPolicy: Never
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}
+  $(printf '%s' "${5:-}" | sed 's/; */\n  /g')
   containers:
   - name: app
     image: $APP_IMAGE
     imagePullPolicy: Never
     command: [sh, -c, '$3']
-    volumeMounts: [{name: data, mountPath: /data}]
-  volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]
+    $(printf '%s' "${4:-}" | sed 's/; */\n    /g')
 YAML
+}
+
+# claim_pod NAME CLAIM SCRIPT [NODE]: an app_pod with CLAIM at /data. It runs as an
+# unprivileged user and writes through fsGroup, which the kubelet applies because the
+# CSIDriver says fsGroupPolicy: File (a fresh ext4 root is root-owned, mode 755).
+claim_pod() {
+  app_pod "$1" "${4:-}" "$3" "volumeMounts: [{name: data, mountPath: /data}]" \
+    "securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}; volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]"
 }
 pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
 # events_of NAME [NAMESPACE]: the reasons and messages of the events of object NAME.

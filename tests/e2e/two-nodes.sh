@@ -129,25 +129,11 @@ spec:
   storageClassName: nvme-gds
   resources: {requests: {storage: 32Mi}}
 YAML
-# raw_pod NAME NODE SCRIPT: a pod on NODE with the claim as /dev/xvda.
+# raw_pod NAME NODE SCRIPT: a pod on NODE with the claim as /dev/xvda (as root: the device
+# node is root's).
 raw_pod() {
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  nodeSelector: {kubernetes.io/hostname: $2}
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: $APP_IMAGE
-    imagePullPolicy: Never
-    command: [sh, -c, '$3']
-    volumeDevices: [{name: data, devicePath: /dev/xvda}]
-  volumes: [{name: data, persistentVolumeClaim: {claimName: raw}}]
-YAML
+  app_pod "$1" "$2" "$3" "volumeDevices: [{name: data, devicePath: /dev/xvda}]" \
+    "volumes: [{name: data, persistentVolumeClaim: {claimName: raw}}]"
 }
 raw_pod raw-user "$NODE" 'dd if=/dev/urandom of=/dev/xvda bs=1M count=1 conv=fsync 2>/dev/null &&
   dd if=/dev/xvda bs=1M count=1 2>/dev/null | sha256sum | cut -d" " -f1 && sleep 3600'
@@ -204,24 +190,7 @@ check "nvidia_fs unloaded on node A: none of node A's $R_GDS shares is allocatab
   wait_for 60 eval '[ "$(resource_count "$NODE" "$R_GDS" allocatable)" = 0 ]'
 check "node B's still are (its checks are its own)" gds_ready "$NODE_B"
 # gds_pod NAME [NODE]: a pod asking for one share of $R_GDS, on NODE if given.
-gds_pod() {
-  "$KUBECTL" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  ${2:+nodeSelector: {kubernetes.io/hostname: $2\}}
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: $APP_IMAGE
-    imagePullPolicy: Never
-    command: [sleep, "3600"]
-    resources: {limits: {$R_GDS: 1}}
-YAML
-}
+gds_pod() { app_pod "$1" "${2:-}" 'sleep 3600' "resources: {limits: {$R_GDS: 1}}"; }
 gds_pod gds-any
 check "a pod asking for $R_GDS runs on node B, the GDS-ready one" \
   wait_for 90 eval '[ "$(pod_node gds-any)" = "$NODE_B" ] && pod_is gds-any Running'
