@@ -111,7 +111,8 @@ node_b_init() {
   local ready=$NODE_B_DIR/init-ready unshare_pid
   rm -f "$ready"
   "${NODE_B_ENTER[@]}" unshare --pid --fork bash -c \
-    'mount -t proc proc /proc && : >"$1" && while :; do sleep 3600 & wait $!; done' node-b-init "$ready" &
+    'mount -t proc proc /proc && : >"$1" && while :; do sleep 3600 & wait $!; done' node-b-init "$ready" \
+    2>>"$NODE_B_DIR/init.log" &
   unshare_pid=$!
   NODE_B_PIDS+=("$unshare_pid")
   wait_for 10 test -e "$ready" || return 1
