@@ -205,7 +205,7 @@ check "the kubelet's plugin watcher registered the driver (CSINode with topology
 # registration socket answers GetInfo).
 check "the registrar's /healthz answers 200 ($REGISTRAR_HEALTH)" \
   curl -fsS --max-time 10 -o /dev/null "http://$REGISTRAR_HEALTH/healthz"
-node_label() { "$KUBECTL" get node "$NODE" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$1}"; }
+node_label() { label_of "$NODE" "$DRIVER/$1"; }
 check "the kubelet labelled the node from NodeGetInfo ($DRIVER/node=$NODE)" [ "$(node_label node)" = "$NODE" ]
 # Not ready is no label at all: a "false" label could never become "true" (the kubelet
 # refuses to change a topology label's value).
@@ -689,10 +689,7 @@ kill "$OTHER_DRIVER_PID"
 GDS_RES=$DRIVER/gds
 COMPAT_RES=$DRIVER/gds-compat
 WL_NS=gds-workload
-node_count() { # RESOURCE capacity|allocatable
-  "$KUBECTL" get node "$NODE" -o json |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' "$1" "$2"
-}
+node_count() { resource_of "$NODE" "$@"; } # RESOURCE capacity|allocatable
 offered() { [ "$(node_count "$GDS_RES" "$1")" = "$2" ] && [ "$(node_count "$COMPAT_RES" "$1")" = "$2" ]; }
 compat_allocatable() { [ "$(node_count "$COMPAT_RES" allocatable)" = 110 ]; }
 check "the kubelet lists both resources, 110 shares each ($GDS_RES, $COMPAT_RES)" wait_for 60 offered capacity 110
@@ -1029,10 +1026,7 @@ wait_for_socket "$R_SOCKET"
   >"$WORK/readiness-registrar.log" 2>&1 &
 R_REGISTRAR_PID=$!
 PIDS+=("$R_REGISTRAR_PID")
-r_label() {
-  "$KUBECTL" get node "$NODE" -o json |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["labels"].get(sys.argv[1], ""))' "$WATCHED_DRIVER/gds-nvme"
-}
+r_label() { label_of "$NODE" "$WATCHED_DRIVER/gds-nvme"; }
 r_keys() { "$KUBECTL" get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name==\"$WATCHED_DRIVER\")].topologyKeys}"; }
 r_registered() { [[ "$(r_keys)" == *"$WATCHED_DRIVER/node"* ]]; }
 check "a second driver (fixture GDS host without nvidia_fs) registers with the kubelet" wait_for 60 r_registered

@@ -202,6 +202,17 @@ claim_pod() {
     "securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000}; volumes: [{name: data, persistentVolumeClaim: {claimName: $2}}]"
 }
 pod_phase() { "$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}'; }
+# label_of NODE KEY: the node's label KEY, empty when it has none.
+label_of() {
+  "$KUBECTL" get node "$1" -o json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["labels"].get(sys.argv[1], ""))' "$2"
+}
+# resource_of NODE RESOURCE [capacity|allocatable]: the node's count of an extended resource.
+resource_of() {
+  "$KUBECTL" get node "$1" -o json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' \
+      "$2" "${3:-capacity}"
+}
 # events_of NAME [NAMESPACE]: the reasons and messages of the events of object NAME.
 events_of() { "$KUBECTL" get events -n "${2:-default}" --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
 

@@ -55,20 +55,14 @@ check "one node plugin pod on each node ($(plugin_nodes))" [ "$(plugin_nodes)" =
 
 # --- each node its own driver, pool and labels ---------------------------------------------
 csinode_keys() { "$KUBECTL" get csinode "$1" -o jsonpath="{.spec.drivers[?(@.name==\"$DRIVER\")].topologyKeys}"; }
-node_label() { "$KUBECTL" get node "$1" -o jsonpath="{.metadata.labels.gds\.csi\.gds-csi\.io/$2}"; }
+node_label() { label_of "$1" "$DRIVER/$2"; }
 registered() { [[ "$(csinode_keys "$1")" == *"$DRIVER/node"* ]]; }
-# resource_count NODE RESOURCE [capacity|allocatable]: the node's count of an extended resource.
-resource_count() {
-  "$KUBECTL" get node "$1" -o json |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' \
-      "$2" "${3:-capacity}"
-}
 for n in "$NODE" "$NODE_B"; do
   check "$n: the kubelet registered the driver (CSINode with topology keys)" wait_for 90 registered "$n"
   check "$n: its topology label names itself ($DRIVER/node=$n)" [ "$(node_label "$n" node)" = "$n" ]
   check "$n: no GDS readiness label (its own checks: no nvidia_fs here)" [ -z "$(node_label "$n" gds-nvme)" ]
   check "$n: its own node plugin's device plugin offers both resources (110 shares each)" \
-    wait_for 60 eval '[ "$(resource_count "$n" "$DRIVER/gds")" = 110 ] && [ "$(resource_count "$n" "$DRIVER/gds-compat")" = 110 ]'
+    wait_for 60 eval '[ "$(resource_of "$n" "$DRIVER/gds")" = 110 ] && [ "$(resource_of "$n" "$DRIVER/gds-compat")" = 110 ]'
 done
 check "node A's CSIStorageCapacity is its own drive (the carving class, under 256 MiB)" \
   wait_for 90 eval '[ "$(capacity_of "$NODE" nvme-gds)" -gt 200 ] && [ "$(capacity_of "$NODE" nvme-gds)" -lt 256 ]'
@@ -177,9 +171,8 @@ fixture_driver() {
     >"$host/registrar.log" 2>&1 &
   PIDS+=("$!")
 }
-label_of() { "$KUBECTL" get node "$1" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["labels"].get(sys.argv[1], ""))' "$2"; }
 gds_ready() {
-  [ "$(label_of "$1" "$R_DRIVER/gds-nvme")" = true ] && [ "$(resource_count "$1" "$R_GDS" allocatable)" = 110 ]
+  [ "$(label_of "$1" "$R_DRIVER/gds-nvme")" = true ] && [ "$(resource_of "$1" "$R_GDS" allocatable)" = 110 ]
 }
 for n in "$NODE" "$NODE_B"; do
   fixture_driver "$n"
@@ -187,7 +180,7 @@ for n in "$NODE" "$NODE_B"; do
 done
 gds_fixture_nvidia_fs "$WORK/fixture-$NODE" unload
 check "nvidia_fs unloaded on node A: none of node A's $R_GDS shares is allocatable" \
-  wait_for 60 eval '[ "$(resource_count "$NODE" "$R_GDS" allocatable)" = 0 ]'
+  wait_for 60 eval '[ "$(resource_of "$NODE" "$R_GDS" allocatable)" = 0 ]'
 check "node B's still are (its checks are its own)" gds_ready "$NODE_B"
 # gds_pod NAME [NODE]: a pod asking for one share of $R_GDS, on NODE if given.
 gds_pod() { app_pod "$1" "${2:-}" 'sleep 3600' "resources: {limits: {$R_GDS: 1}}"; }
