@@ -150,6 +150,19 @@ fn dataset(root: &Path) {
     sparse.write_all_at(&bytes(10, 1 << 20), 32 << 20).unwrap();
     sparse.set_len((64 << 20) + 123).unwrap();
     drop(sparse);
+    // Zeros written out in files with holes (what a source that reports no holes, NFS
+    // v4.1, shows of every hole): copied as holes, in a file of several pieces and in one
+    // copied whole. Zeros in a file without holes stay written.
+    for (name, size, data_at) in [
+        ("zeros-sparse", 12 << 20, 9 << 20),
+        ("zeros-sparse-small", 3 << 20, (2 << 20) + 8192),
+    ] {
+        let f = fs::File::create(root.join(name)).unwrap();
+        f.write_all_at(&vec![0; 2 << 20], 0).unwrap();
+        f.write_all_at(&bytes(11, 5000), data_at).unwrap();
+        f.set_len(size).unwrap();
+    }
+    fs::write(root.join("zeros-dense"), vec![0; 2 << 20]).unwrap();
     symlink("/etc/passwd", root.join("outside")).unwrap();
     symlink("/etc", root.join("outside-dir")).unwrap();
     symlink("../d0/e0/f1", root.join("d1/rel")).unwrap();
@@ -288,6 +301,7 @@ fn request(src: &Path, dst: &Path, chunk: u64, streams: usize) -> CopyRequest {
         live: false,
         target_reused: false,
         base: None,
+        extents: None,
     }
 }
 
@@ -362,6 +376,26 @@ fn a_tree_is_copied_with_every_attribute_link_and_hole() {
         blocks <= (2 << 20) + (64 << 10),
         "sparse copy allocates {blocks} bytes"
     );
+    for (name, most) in [
+        ("zeros-sparse", 64 << 10),
+        ("zeros-sparse-small", 64 << 10),
+        ("zeros-dense", u64::MAX),
+    ] {
+        let (src_blocks, dst_blocks) = (
+            fs::metadata(src.mnt.join(name)).unwrap().blocks() * 512,
+            fs::metadata(dst.mnt.join(name)).unwrap().blocks() * 512,
+        );
+        match most {
+            u64::MAX => assert!(
+                dst_blocks >= 2 << 20,
+                "{name}: {dst_blocks} bytes allocated"
+            ),
+            _ => assert!(
+                dst_blocks <= most && src_blocks > 2 << 20,
+                "{name}: the copy allocates {dst_blocks} bytes, the source {src_blocks}"
+            ),
+        }
+    }
     // The root's own owner and mode.
     assert_eq!(after[Path::new("")].0.mode, before[Path::new("")].0.mode);
     // Extended attributes: users', the ACL and the capability kept; trusted.* not.
@@ -410,6 +444,7 @@ fn copy_child_process() {
             live: false,
             target_reused: false,
             base: None,
+            extents: None,
             ..req
         },
         &progress,
@@ -591,6 +626,7 @@ fn throughput_against_cp_a() {
                     live: false,
                     target_reused: false,
                     base: None,
+                    extents: None,
                     ..request(
                         &src.mnt,
                         &dst.mnt,

@@ -142,6 +142,22 @@ async fn a_snapshot_leaves_its_node_and_restores_on_another_byte_for_byte() {
         .map(|b| format!("{b:02x}"))
         .collect();
     assert_eq!(weights["sha256"], want.as_str());
+    // A file with holes records where its data is (what a restore reads of it); a dense
+    // file records nothing.
+    let entry = |path: &str| {
+        m["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == path)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        entry("ckpt/sparse")["data"],
+        serde_json::json!([[8 << 20, 9 << 20]])
+    );
+    assert!(weights.get("data").is_none(), "{weights}");
     // Idempotent: the same name and source answer the same snapshot.
     let again = take(&mut ca, snapshot_req("snap-1", &source, store.path())).await;
     assert_eq!(again.snapshot_id, snap.snapshot_id);
@@ -328,6 +344,11 @@ async fn a_mounted_volume_under_a_writer_is_frozen_only_for_the_last_pass() {
     let m = manifest(store.path(), "busy-1");
     let frozen = m["freeze_seconds"].as_f64().unwrap();
     assert!(frozen < 5.0, "frozen {frozen} s");
+    // A volume in use may have changed since its copy: no data extents are recorded.
+    assert!(
+        !m.to_string().contains("\"data\""),
+        "extents recorded of a live source"
+    );
     // Thawed: the writer goes on past what the snapshot holds.
     w.wait_past(at_snapshot + 50, "more files: left frozen?")
         .await;

@@ -255,7 +255,8 @@ impl Job {
                 let copied = blocking(move || {
                     let root = open_dir(&shown)?;
                     let entries = j.copy_files(root.as_fd(), &shown, false)?;
-                    j.manifest(Content::Files, Some(fs), &entries, None)
+                    // Mounted read-only by this job: still what was copied.
+                    j.manifest(Some(fs), &entries, Some(root.as_fd()), None)
                 })
                 .await;
                 let down = private::unmount_retrying(job.host.as_ref(), &at.without_final()).await;
@@ -278,7 +279,7 @@ impl Job {
                             path: shown.display().to_string(),
                         })?;
                     let entries = j.copy_files(dir.as_fd(), &shown, false)?;
-                    j.manifest(Content::Files, None, &entries, None)
+                    j.manifest(None, &entries, None, None)
                 })
                 .await?
             }
@@ -309,6 +310,7 @@ impl Job {
             live,
             target_reused: true,
             base: self.base.clone(),
+            extents: None,
         };
         copy_tree_at(src, dst.as_fd(), &req, &self.progress)
     }
@@ -337,7 +339,7 @@ impl Job {
             changed = changes.copied, removed = changes.removed, changed_bytes = changes.bytes,
             "snapshot of a mounted volume: froze it for the last pass");
         crate::metrics::snapshot::frozen(seconds);
-        self.manifest(Content::Files, Some(fs), &entries, Some(seconds))
+        self.manifest(Some(fs), &entries, None, Some(seconds))
     }
 
     /// The filesystem at `at` frozen while what changed since `before` is copied, thawed
@@ -433,14 +435,16 @@ impl Job {
         Ok(m)
     }
 
+    /// The manifest of a snapshot of files. `source`: the source's root when nothing can
+    /// have changed it since the copy (it gives the data extents of files with holes).
     fn manifest(
         &self,
-        content: Content,
         fs: Option<FsType>,
         entries: &[Entry],
+        source: Option<std::os::fd::BorrowedFd<'_>>,
         freeze_seconds: Option<f64>,
     ) -> Result<Manifest> {
-        let mut m = manifest_of(&self.rec, &self.node_id, content);
+        let mut m = manifest_of(&self.rec, &self.node_id, Content::Files);
         m.fs_type = fs.map(|f| f.as_str().to_owned());
         m.freeze_seconds = freeze_seconds;
         let streams = crate::volume::copy::Streams {
@@ -448,7 +452,7 @@ impl Job {
             progress: Some(&self.progress),
         };
         let how = (self.rec.checksums, self.base.as_deref());
-        m.list(entries, &self.store.tree, how, streams)?;
+        m.list(entries, &self.store.tree, how, source, streams)?;
         Ok(m)
     }
 

@@ -264,6 +264,7 @@ fn copy(
         live: false,
         target_reused: true,
         base: None,
+        extents: None,
     };
     let progress = Progress::new(p.record.clone(), p.label.clone());
     let done = AtomicBool::new(false);

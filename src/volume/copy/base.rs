@@ -318,6 +318,7 @@ mod tests {
             live: false,
             target_reused: true,
             base,
+            extents: None,
         };
         let progress = Progress::new(records.join("p.json"), "t".into());
         copy_tree_at(open(src).as_fd(), open(dst).as_fd(), &req, &progress).unwrap()
@@ -500,6 +501,7 @@ mod tests {
             live: false,
             target_reused: false,
             base: None,
+            extents: None,
         };
         let progress = Progress::new(d[3].path().join("q.json"), "t".into());
         copy_tree_at(open(src).as_fd(), open(second).as_fd(), &req, &progress).unwrap();

@@ -3,8 +3,11 @@
 //! reads and writes (buffered where a filesystem refuses `O_DIRECT` with EINVAL). Only
 //! the data regions are copied (`SEEK_DATA`/`SEEK_HOLE`): holes stay holes, since the
 //! target file was made at its full size by `ftruncate` and never written there, or cut
-//! to it. A file of one piece is made, copied and finished by one stream
-//! (`copy_whole_file`).
+//! to it. A source that cannot report its holes (NFS before v4.2 has no SEEK, so every
+//! byte is "data") still keeps them: in a file whose allocated blocks are fewer than its
+//! size, blocks that read as zeros are not written (`Sparse`), and where the source's
+//! data regions are known (`Extents`, a snapshot's manifest) only those are read. A file
+//! of one piece is made, copied and finished by one stream (`copy_whole_file`).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -77,6 +80,11 @@ pub fn whole_files(units: &[Unit]) -> std::collections::HashSet<usize> {
     units.iter().filter(|u| u.whole).map(|u| u.entry).collect()
 }
 
+/// Where each file with holes holds data, `[start, end)` ascending and apart, with the
+/// file's size then, as a snapshot recorded them: a store that cannot tell its holes (NFS
+/// before v4.2) would otherwise be read whole, zeros and all.
+pub type Extents = std::collections::HashMap<std::path::PathBuf, (u64, Vec<(u64, u64)>)>;
+
 pub struct Roots<'a> {
     pub src: BorrowedFd<'a>,
     pub dst: BorrowedFd<'a>,
@@ -86,6 +94,8 @@ pub struct Roots<'a> {
     pub live: bool,
     /// The source's filesystem has extended attributes (`meta::has_xattrs`).
     pub xattrs: bool,
+    /// The source's data regions where known (`CopyRequest::extents`).
+    pub extents: Option<&'a Extents>,
 }
 
 impl<'a> Roots<'a> {
@@ -96,8 +106,32 @@ impl<'a> Roots<'a> {
             shown,
             live,
             xattrs: super::meta::has_xattrs(src),
+            extents: None,
         }
     }
+
+    /// The next data region of `entry`'s source file `fd` in `[from, end)`: from its
+    /// recorded extents where there are some for a file of its size, else as the
+    /// source's filesystem says.
+    fn next_data(
+        &self,
+        entry: &Entry,
+        fd: BorrowedFd<'_>,
+        (from, end): (u64, u64),
+    ) -> nix::Result<Option<(u64, u64)>> {
+        match self.extents.and_then(|x| x.get(&entry.rel)) {
+            Some((size, known)) if *size == entry.size() => Ok(next_known(known, from, end)),
+            _ => next_data(fd, from, end),
+        }
+    }
+}
+
+/// The first of `known` extents reaching past `from`, cut to `[from, end)` and aligned out
+/// to `ALIGN` as [`next_data`] answers.
+fn next_known(known: &[(u64, u64)], from: u64, end: u64) -> Option<(u64, u64)> {
+    let &(start, stop) = known.iter().find(|&&(_, stop)| stop > from)?;
+    let data = (start / ALIGN as u64 * ALIGN as u64).max(from);
+    (data < end).then_some((data, stop.min(end)))
 }
 
 /// Copies `units[start..]` but those in `done` (finished by an earlier run) on `streams`
@@ -295,8 +329,8 @@ fn copy_whole_as(
     }
     let size = entry.size();
     let (mut at, mut end) = (0, 0);
-    while let Some((data, hole)) = next_data(src.as_fd(), at, size)? {
-        end = copy_range(&src, &dst, data, hole, buf, progress)?;
+    while let Some((data, hole)) = roots.next_data(entry, src.as_fd(), (at, size))? {
+        end = copy_range(&src, &dst, (data, hole), Sparse::of(entry), buf, progress)?;
         at = hole;
         if at >= size {
             break;
@@ -323,10 +357,10 @@ fn copy_unit_as(
     let end = unit.offset + unit.len;
     let mut at = unit.offset;
     while at < end {
-        let Some((data, hole)) = next_data(src.as_fd(), at, end)? else {
+        let Some((data, hole)) = roots.next_data(entry, src.as_fd(), (at, end))? else {
             break;
         };
-        copy_range(&src, &dst, data, hole, buf, progress)?;
+        copy_range(&src, &dst, (data, hole), Sparse::of(entry), buf, progress)?;
         at = hole;
     }
     if end == entry.size() {
@@ -353,13 +387,34 @@ fn next_data(fd: BorrowedFd<'_>, from: u64, end: u64) -> nix::Result<Option<(u64
     Ok(Some((data, hole.min(end))))
 }
 
-/// Copies `[from, to)`; returns the end of what was written (past `to` where the tail
-/// was padded to whole blocks).
+/// Whether the blocks of a source file that read as zeros are left as holes in its copy:
+/// only where the file has holes by its own account (fewer blocks allocated than its size
+/// needs), as `cp --sparse=auto` decides; a dense file of zeros stays allocated (a file
+/// someone preallocated keeps its blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sparse {
+    Holes,
+    Dense,
+}
+
+impl Sparse {
+    fn of(entry: &Entry) -> Sparse {
+        let allocated = (entry.st.st_blocks.max(0) as u64).saturating_mul(512);
+        match allocated < entry.size() {
+            true => Sparse::Holes,
+            false => Sparse::Dense,
+        }
+    }
+}
+
+/// Copies `[from, to)`, leaving zero blocks unwritten where `sparse`; returns the end of
+/// what was written (past `to` where the tail was padded to whole blocks; `from` where
+/// nothing was).
 fn copy_range(
     src: &File,
     dst: &File,
-    from: u64,
-    to: u64,
+    (from, to): (u64, u64),
+    sparse: Sparse,
     buf: &mut AlignedBuf,
     progress: &Progress,
 ) -> nix::Result<u64> {
@@ -375,11 +430,43 @@ fn copy_range(
             return Err(Errno::ENODATA);
         }
         let n = n.min(want);
-        end = at + write_tail(dst, b, n, at)? as u64;
+        let written = match sparse {
+            Sparse::Dense => Some(write_tail(dst, b, n, at)?),
+            Sparse::Holes => write_nonzero(dst, b, n, at)?,
+        };
+        if let Some(w) = written {
+            end = at + w as u64;
+        }
         progress.moved(n as u64);
         at += n as u64;
     }
     Ok(end)
+}
+
+/// Writes the runs of `b[..n]` (read at `at`, a block boundary) that are not whole zero
+/// blocks; returns the end of the last run written relative to `at`, None when every
+/// block was zeros.
+fn write_nonzero(dst: &File, b: &mut [u8], n: usize, at: u64) -> nix::Result<Option<usize>> {
+    let blocks = n.div_ceil(ALIGN);
+    let zero = |i: usize, b: &[u8]| {
+        b[i * ALIGN..((i + 1) * ALIGN).min(n)]
+            .iter()
+            .all(|&x| x == 0)
+    };
+    let (mut i, mut last) = (0, None);
+    while i < blocks {
+        if zero(i, b) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < blocks && !zero(i, b) {
+            i += 1;
+        }
+        let (s, e) = (start * ALIGN, (i * ALIGN).min(n));
+        last = Some(s + write_tail(dst, &mut b[s..], e - s, at + s as u64)?);
+    }
+    Ok(last)
 }
 
 /// Writes `b[..n]` at `at`: as it is (NFS takes any length, O_DIRECT or not, and a file
@@ -433,6 +520,27 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn known_extents_give_the_data_regions_within_a_range() {
+        let known = [(0, 5000), (3 * MIB, 3 * MIB + 10), (8 * MIB, 9 * MIB)];
+        assert_eq!(next_known(&known, 0, 4 * MIB), Some((0, 5000)));
+        // Past the first: the next one, its start aligned down but never before `from`.
+        assert_eq!(
+            next_known(&known, 8192, 4 * MIB),
+            Some((3 * MIB, 3 * MIB + 10))
+        );
+        assert_eq!(next_known(&known, 4096, 4 * MIB), Some((4096, 5000)));
+        // A range that ends before the next extent, or after the last: nothing.
+        assert_eq!(next_known(&known, 4 * MIB, 8 * MIB), None);
+        assert_eq!(next_known(&known, 9 * MIB, 12 * MIB), None);
+        // Cut at the range's end.
+        assert_eq!(
+            next_known(&known, 8 * MIB, 8 * MIB + 4096),
+            Some((8 * MIB, 8 * MIB + 4096))
+        );
+        assert_eq!(next_known(&[], 0, MIB), None);
+    }
 
     #[test]
     fn pieces_keep_every_stream_busy_within_one_buffer_and_the_limit() {

@@ -242,6 +242,7 @@ mod tests {
             live: true,
             target_reused: true,
             base: None,
+            extents: None,
         };
         let progress = Progress::new(records.join("p.json"), "t".into());
         copy_tree_at(open(src).as_fd(), open(dst).as_fd(), &req, &progress).unwrap()
@@ -330,6 +331,7 @@ mod tests {
             live: false,
             target_reused: reused,
             base: None,
+            extents: None,
         };
         let progress = Progress::new(p.path().join("p.json"), "t".into());
         copy_tree_at(
@@ -375,6 +377,7 @@ mod tests {
             live: false,
             target_reused: false,
             base: None,
+            extents: None,
         };
         // A first run's record: the structure made, unit 2 (file c) done, unit 0 not.
         let path = p.path().join("p.json");

@@ -68,6 +68,9 @@ pub struct CopyRequest {
     /// An earlier copy of the same source on the target's filesystem: files unchanged
     /// since it are linked from it, not copied (`base`).
     pub base: Option<Arc<base::Base>>,
+    /// The source's data regions of its files with holes, as a snapshot recorded them:
+    /// only those are read (`data::Extents`).
+    pub extents: Option<Arc<data::Extents>>,
 }
 
 impl CopyRequest {
@@ -254,7 +257,10 @@ fn copy_data(
     saved: &Saved,
     progress: &Progress,
 ) -> Result<()> {
-    let roots = data::Roots::new(src, dst, &req.source, req.live);
+    let roots = data::Roots {
+        extents: req.extents.as_deref(),
+        ..data::Roots::new(src, dst, &req.source, req.live)
+    };
     data::copy_units(
         &roots,
         &plan.copied,
@@ -466,6 +472,47 @@ mod tests {
         };
         streams.each(&items, |_| Ok(())).unwrap();
         assert_eq!(p.stalled_secs(), 0, "each entry finished is an answer");
+    }
+
+    #[test]
+    fn recorded_extents_decide_what_is_read_of_a_file_of_the_recorded_size() {
+        let (src, dst, records) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let bytes: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8 + 1).collect();
+        std::fs::write(src.path().join("recorded"), &bytes).unwrap();
+        std::fs::write(src.path().join("resized"), &bytes).unwrap();
+        let known = vec![(0, 4096), (2 << 20, (2 << 20) + 100)];
+        let extents: data::Extents = [
+            ("recorded".into(), (3 << 20, known.clone())),
+            // Recorded for another size: the file is no longer what was recorded.
+            ("resized".into(), (1 << 20, known.clone())),
+        ]
+        .into_iter()
+        .collect();
+        let req = CopyRequest {
+            source: src.path().to_owned(),
+            target: dst.path().to_owned(),
+            label: "snap".into(),
+            streams: 2,
+            chunk: 1 << 20,
+            verify: Verify::Sizes,
+            live: false,
+            target_reused: false,
+            base: None,
+            extents: Some(Arc::new(extents)),
+        };
+        let progress = Progress::new(records.path().join("p.json"), "snap".into());
+        copy_tree(&req, &progress).unwrap();
+        let copy = std::fs::read(dst.path().join("recorded")).unwrap();
+        assert_eq!(copy.len(), bytes.len());
+        for (at, (a, b)) in copy.iter().zip(&bytes).enumerate() {
+            let read = known.iter().any(|&(s, e)| (s..e).contains(&(at as u64)));
+            assert_eq!(*a, if read { *b } else { 0 }, "byte {at}");
+        }
+        assert_eq!(std::fs::read(dst.path().join("resized")).unwrap(), bytes);
     }
 
     #[tokio::test]

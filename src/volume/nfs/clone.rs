@@ -248,6 +248,7 @@ fn copy_request(req: &CreateVolume<'_>, id: &NfsVolumeId, label: String) -> Copy
         live: false,
         target_reused: false,
         base: None,
+        extents: None,
     }
 }
 

@@ -2,7 +2,7 @@
 //! snapshot's directory (a temporary name, synced, renamed, the directory synced), so a
 //! snapshot is ready exactly when its manifest exists and a half-written one never is.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::OnceLock;
 
 use nix::fcntl::AtFlags;
@@ -40,7 +40,15 @@ pub struct ManifestEntry {
     /// from a later one given the same number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_handle: Option<String>,
+    /// A file with holes: where it holds data, `[start, end)`, as its source said when
+    /// nothing could change it (an unmounted volume). A restore reads only these, since a
+    /// store that cannot tell its holes (NFS before v4.2) reads them as zeros.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Vec<[u64; 2]>>,
 }
+
+/// The most data extents a manifest records for one file; a file with more is read whole.
+pub const MAX_EXTENTS: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -79,11 +87,14 @@ impl Manifest {
     /// carried over from `base` for a file linked from it (the same inode, so the same
     /// bytes; linked only when the delta rules found it unchanged). The copies are looked
     /// at on `streams`: on an NFS store each stat is a round trip.
+    /// `source`: the source's root when nothing can have changed it since the copy: its
+    /// files with holes get their data extents.
     pub fn list(
         &mut self,
         entries: &[Entry],
         tree: &super::SnapshotDir,
         (checksums, base): (bool, Option<&Base>),
+        source: Option<BorrowedFd<'_>>,
         streams: crate::volume::copy::Streams<'_>,
     ) -> Result<()> {
         let root = tree.dup()?;
@@ -93,7 +104,11 @@ impl Manifest {
             .collect();
         let stored: Vec<OnceLock<Stored>> = entries.iter().map(|_| OnceLock::new()).collect();
         streams.each(&files, |&(i, e)| {
-            let copy = Stored::of(root.as_fd(), shown, e, checksums, base)?;
+            let mut copy = Stored::of(root.as_fd(), shown, e, checksums, base)?;
+            if let Some(src) = source.filter(|_| has_holes(e)) {
+                copy.data = data_extents(src, e)
+                    .map_err(|x| Error::io("seek", shown.join(&e.rel), x.into()))?;
+            }
             let _ = stored[i].set(copy);
             Ok(())
         })?;
@@ -110,6 +125,7 @@ impl Manifest {
                 source: None,
                 stored_ino: None,
                 stored_handle: None,
+                data: None,
             };
             if let Some(copy) = copy.into_inner() {
                 if counted.insert((e.st.st_dev, e.st.st_ino)) {
@@ -121,6 +137,7 @@ impl Manifest {
                 }
                 (entry.sha256, entry.source) = (copy.sha256, Some(SourceStat::of(&e.st)));
                 (entry.stored_ino, entry.stored_handle) = (Some(copy.ino), copy.handle);
+                entry.data = copy.data;
             }
             self.entries.push(entry);
         }
@@ -142,6 +159,26 @@ impl Manifest {
                     sha256: e.sha256.clone(),
                 };
                 Some((std::path::PathBuf::from(&e.path), file))
+            })
+            .collect()
+    }
+
+    /// The data extents its files with holes recorded, for a restore to read only those
+    /// (`copy::data::Extents`). The manifest is read from the store, where anyone with
+    /// write access may have changed it: a file's extents count only when they lie within
+    /// its recorded size, ascending and apart, and when the walk of the store finds the
+    /// file at that size (`Extents` keys the paths; the copy checks the size).
+    pub fn extents(&self) -> crate::volume::copy::data::Extents {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == "file")
+            .filter_map(|e| {
+                let data = e.data.as_ref()?;
+                let ordered = data.len() <= MAX_EXTENTS
+                    && data.iter().all(|&[a, b]| a < b && b <= e.size)
+                    && data.windows(2).all(|w| w[0][1] <= w[1][0]);
+                let known = data.iter().map(|&[a, b]| (a, b)).collect();
+                ordered.then(|| (std::path::PathBuf::from(&e.path), (e.size, known)))
             })
             .collect()
     }
@@ -181,6 +218,40 @@ struct Stored {
     sha256: Option<String>,
     /// Linked from the base (its inode and handle are the base's copy's).
     from_base: bool,
+    /// Its source's data extents (`ManifestEntry::data`).
+    data: Option<Vec<[u64; 2]>>,
+}
+
+/// Fewer blocks allocated than the size needs.
+fn has_holes(e: &Entry) -> bool {
+    (e.st.st_blocks.max(0) as u64).saturating_mul(512) < e.size()
+}
+
+/// The data extents of `e`'s source below `src` (`SEEK_DATA`/`SEEK_HOLE`); None past
+/// `MAX_EXTENTS`.
+fn data_extents(src: BorrowedFd<'_>, e: &Entry) -> nix::Result<Option<Vec<[u64; 2]>>> {
+    use nix::unistd::{lseek, Whence};
+    let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_NOFOLLOW;
+    let fd =
+        crate::volume::copy::walk::open_beneath(src, &e.rel, flags, nix::sys::stat::Mode::empty())?;
+    let (size, mut at, mut out) = (e.size(), 0u64, Vec::new());
+    while at < size {
+        let data = match lseek(&fd, at as i64, Whence::SeekData) {
+            Ok(d) => d as u64,
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(x) => return Err(x),
+        };
+        if data >= size {
+            break;
+        }
+        let hole = (lseek(&fd, data as i64, Whence::SeekHole)? as u64).min(size);
+        if out.len() == MAX_EXTENTS {
+            return Ok(None);
+        }
+        out.push([data, hole]);
+        at = hole;
+    }
+    Ok(Some(out))
 }
 
 impl Stored {
@@ -213,6 +284,7 @@ impl Stored {
             handle,
             sha256,
             from_base: from_base.is_some(),
+            data: None,
         })
     }
 }
@@ -223,5 +295,60 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::File => "file",
         Kind::Symlink => "symlink",
         Kind::Special => "special",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, size: u64, data: Option<Vec<[u64; 2]>>) -> ManifestEntry {
+        ManifestEntry {
+            path: path.into(),
+            kind: "file".into(),
+            size,
+            sha256: None,
+            source: None,
+            stored_ino: None,
+            stored_handle: None,
+            data,
+        }
+    }
+
+    #[test]
+    fn only_extents_within_the_size_ascending_and_apart_are_taken() {
+        let mut m: Manifest = serde_json::from_str(
+            r#"{"format":1,"snapshot_id":"snap:dir:~var~lib~snaps:snap-1","name":"s","source_volume_id":"v",
+                "source_node":"n","created_secs":0,"created_nanos":0,"content":"files",
+                "size_bytes":0,"data_bytes":0}"#,
+        )
+        .unwrap();
+        let many: Vec<[u64; 2]> = (0..=MAX_EXTENTS as u64)
+            .map(|i| [2 * i, 2 * i + 1])
+            .collect();
+        m.entries = vec![
+            file("good", 100, Some(vec![[0, 10], [10, 20], [50, 100]])),
+            file("dense", 100, None),
+            file("past-the-end", 100, Some(vec![[0, 10], [90, 101]])),
+            file("overlapping", 100, Some(vec![[0, 10], [5, 20]])),
+            file("descending", 100, Some(vec![[50, 60], [0, 10]])),
+            file("empty-extent", 100, Some(vec![[10, 10]])),
+            file("too-many", 1 << 20, Some(many)),
+            ManifestEntry {
+                kind: "dir".into(),
+                ..file("a-dir", 0, Some(vec![[0, 1]]))
+            },
+        ];
+        let x = m.extents();
+        assert_eq!(x.len(), 1, "{:?}", x.keys());
+        assert_eq!(
+            x[std::path::Path::new("good")],
+            (100, vec![(0, 10), (10, 20), (50, 100)])
+        );
+        // Written and read back: a manifest without extents reads as none.
+        let text = serde_json::to_string(&m).unwrap();
+        let back: Manifest = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.entries, m.entries);
+        assert!(!text.contains(r#""data":null"#));
     }
 }

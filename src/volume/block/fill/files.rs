@@ -33,6 +33,11 @@ pub(super) async fn fill(
         let (files, manifest) = from.files(src_at.path())?;
         host.mount(&dst_dev, &dst_at, dst_fs, &[]).await?;
         (req.source, req.target) = (files, dst_at.path().to_owned());
+        // A snapshot's files with holes are read only where they hold data.
+        req.extents = manifest
+            .as_ref()
+            .map(|m| Arc::new(m.extents()))
+            .filter(|x| !x.is_empty());
         let p = Arc::clone(&progress);
         let copied = on_blocking_pool(move || {
             copy_tree(&req, &p)?;

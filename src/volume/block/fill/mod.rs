@@ -166,6 +166,7 @@ fn copy_request(source: &Source, rec: &crate::pool::VolumeRecord) -> CopyRequest
         live: false,
         target_reused: false,
         base: None,
+        extents: None,
     }
 }
 

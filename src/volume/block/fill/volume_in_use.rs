@@ -197,6 +197,7 @@ impl LiveThenFrozen {
             live: true,
             target_reused: true,
             base: None,
+            extents: None,
             ..self.req.clone()
         };
         let before = copy_tree_at(src.as_fd(), dst.as_fd(), &live_req, &self.progress)?;
