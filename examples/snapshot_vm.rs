@@ -509,9 +509,13 @@ async fn restore(rig: &mut Rig) -> Result<String> {
     )?;
     let r = rig.restore("restore-a", &t.snap.snapshot_id, 0).await?;
     drop_caches()?;
+    let (read0, _) = nfsd_io()?;
     let t0 = Instant::now();
     let calls = rig.stage_until_done(&r, Duration::from_secs(300)).await?;
     let secs = t0.elapsed().as_secs_f64();
+    // What the server read for it: the files' data once, not the sparse file's holes
+    // (read only where its manifest says it holds data).
+    let served = nfsd_io()?.0 - read0;
     vm_common::publish(&mut rig.c, &r).await?;
     let n = compare_trees(&rig.data, &r.target, &[])?;
     // The store (NFS v4.1: no SEEK) reads its holes as zeros; the restore keeps them holes.
@@ -521,14 +525,22 @@ async fn restore(rig: &mut Rig) -> Result<String> {
         sparse <= 64 << 10,
         format!("the restored 16 MiB sparse file allocates {sparse} bytes (its source 4 KiB)"),
     )?;
+    ensure(
+        served < rig.data_bytes + (4 << 20),
+        format!(
+            "the server read {served} bytes for a restore of {} data bytes ({} with the holes)",
+            rig.data_bytes, rig.read_bytes
+        ),
+    )?;
     Ok(format!(
         "snapshot of {:.1} MiB in {:.1} s ({} calls, size_bytes {}); store tree {stored} entries equal, manifest present; \
          restored in {secs:.1} s ({calls} NodeStage call(s)), {n} entries equal (SHA-256, mode, owner, size, mtime), \
-         the sparse file {sparse} bytes allocated",
+         the sparse file {sparse} bytes allocated; the server read {:.1} MiB",
         rig.data_bytes as f64 / MIB as f64,
         t.secs,
         t.calls,
-        t.snap.size_bytes
+        t.snap.size_bytes,
+        served as f64 / MIB as f64
     ))
 }
 
