@@ -399,8 +399,7 @@ enum Sparse {
 
 impl Sparse {
     fn of(entry: &Entry) -> Sparse {
-        let allocated = (entry.st.st_blocks.max(0) as u64).saturating_mul(512);
-        match allocated < entry.size() {
+        match entry.has_holes() {
             true => Sparse::Holes,
             false => Sparse::Dense,
         }

@@ -38,6 +38,17 @@ impl Entry {
     pub fn size(&self) -> u64 {
         self.st.st_size.max(0) as u64
     }
+
+    /// Bytes its filesystem allocated to it.
+    pub fn allocated(&self) -> u64 {
+        (self.st.st_blocks.max(0) as u64).saturating_mul(512)
+    }
+
+    /// Fewer bytes allocated than its size: a file with holes (or one its filesystem
+    /// compresses), as `cp --sparse=auto` tells them.
+    pub fn has_holes(&self) -> bool {
+        self.allocated() < self.size()
+    }
 }
 
 pub fn kind_of(st: &FileStat) -> Kind {

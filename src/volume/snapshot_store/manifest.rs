@@ -105,7 +105,7 @@ impl Manifest {
         let stored: Vec<OnceLock<Stored>> = entries.iter().map(|_| OnceLock::new()).collect();
         streams.each(&files, |&(i, e)| {
             let mut copy = Stored::of(root.as_fd(), shown, e, checksums, base)?;
-            if let Some(src) = source.filter(|_| has_holes(e)) {
+            if let Some(src) = source.filter(|_| e.has_holes()) {
                 copy.data = data_extents(src, e)
                     .map_err(|x| Error::io("seek", shown.join(&e.rel), x.into()))?;
             }
@@ -129,10 +129,9 @@ impl Manifest {
             };
             if let Some(copy) = copy.into_inner() {
                 if counted.insert((e.st.st_dev, e.st.st_ino)) {
-                    let allocated = (e.st.st_blocks.max(0) as u64).saturating_mul(512);
-                    self.data_bytes += e.size().min(allocated);
+                    self.data_bytes += e.size().min(e.allocated());
                     if !copy.from_base {
-                        *self.written_bytes.get_or_insert(0) += e.size().min(allocated);
+                        *self.written_bytes.get_or_insert(0) += e.size().min(e.allocated());
                     }
                 }
                 (entry.sha256, entry.source) = (copy.sha256, Some(SourceStat::of(&e.st)));
@@ -220,11 +219,6 @@ struct Stored {
     from_base: bool,
     /// Its source's data extents (`ManifestEntry::data`).
     data: Option<Vec<[u64; 2]>>,
-}
-
-/// Fewer blocks allocated than the size needs.
-fn has_holes(e: &Entry) -> bool {
-    (e.st.st_blocks.max(0) as u64).saturating_mul(512) < e.size()
 }
 
 /// The data extents of `e`'s source below `src` (`SEEK_DATA`/`SEEK_HOLE`); None past
