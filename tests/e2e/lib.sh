@@ -213,6 +213,14 @@ resource_of() {
     python3 -c 'import json, sys; print(json.load(sys.stdin)["status"][sys.argv[2]].get(sys.argv[1], "0"))' \
       "$2" "${3:-capacity}"
 }
+# in_batches SIZE FROM TO COMMAND...: COMMAND A B for each [A, B) of at most SIZE in [FROM, TO)
+# (the scale benchmarks create their objects so, one apply a batch).
+in_batches() {
+  local size=$1 from=$2 to=$3 at; shift 3
+  for ((at = from; at < to; at += size)); do
+    "$@" "$at" $((at + size < to ? at + size : to))
+  done
+}
 # events_of NAME [NAMESPACE]: the reasons and messages of the events of object NAME.
 events_of() { "$KUBECTL" get events -n "${2:-default}" --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'; }
 

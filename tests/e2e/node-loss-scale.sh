@@ -68,9 +68,7 @@ rows=()
 IFS=, read -r -a counts <<<"$COUNTS"
 for count in "${counts[@]}"; do
   t=$SECONDS
-  for ((from = made; from < count; from += 500)); do
-    objects "$from" $((from + 500 < count ? from + 500 : count))
-  done
+  in_batches 500 "$made" "$count" objects
   made=$count
   echo "$count nodes and their PVs created in $((SECONDS - t)) s" >&2
   : >"$WORK/controller.log"

@@ -90,9 +90,7 @@ rows=()
 IFS=, read -r -a counts <<<"$COUNTS"
 for count in "${counts[@]}"; do
   t=$SECONDS
-  for ((from = made; from < count; from += 200)); do
-    objects "$from" $((from + 200 < count ? from + 200 : count))
-  done
+  in_batches 200 "$made" "$count" objects
   made=$count
   echo "$count nodes, $((count * CLAIMS)) claims and PVs, $((count * PODS)) pods created in $((SECONDS - t)) s" >&2
   quiet=$(at_rest)
