@@ -373,7 +373,11 @@ fn copy_unit_as(
 
 /// The next data region in `[from, end)`, aligned out to `ALIGN` (never before `from`,
 /// which is aligned); None when only a hole is left.
-fn next_data(fd: BorrowedFd<'_>, from: u64, end: u64) -> nix::Result<Option<(u64, u64)>> {
+pub(crate) fn next_data(
+    fd: BorrowedFd<'_>,
+    from: u64,
+    end: u64,
+) -> nix::Result<Option<(u64, u64)>> {
     let data = match lseek(fd, from as i64, Whence::SeekData) {
         Ok(d) => d as u64,
         Err(Errno::ENXIO) => return Ok(None),

@@ -221,24 +221,14 @@ struct Stored {
     data: Option<Vec<[u64; 2]>>,
 }
 
-/// The data extents of `e`'s source below `src` (`SEEK_DATA`/`SEEK_HOLE`); None past
-/// `MAX_EXTENTS`.
+/// The data extents of `e`'s source below `src` (as the copy found them,
+/// `copy::data::next_data`); None past `MAX_EXTENTS`.
 fn data_extents(src: BorrowedFd<'_>, e: &Entry) -> nix::Result<Option<Vec<[u64; 2]>>> {
-    use nix::unistd::{lseek, Whence};
     let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_NOFOLLOW;
     let fd =
         crate::volume::copy::walk::open_beneath(src, &e.rel, flags, nix::sys::stat::Mode::empty())?;
     let (size, mut at, mut out) = (e.size(), 0u64, Vec::new());
-    while at < size {
-        let data = match lseek(&fd, at as i64, Whence::SeekData) {
-            Ok(d) => d as u64,
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(x) => return Err(x),
-        };
-        if data >= size {
-            break;
-        }
-        let hole = (lseek(&fd, data as i64, Whence::SeekHole)? as u64).min(size);
+    while let Some((data, hole)) = crate::volume::copy::data::next_data(fd.as_fd(), at, size)? {
         if out.len() == MAX_EXTENTS {
             return Ok(None);
         }
