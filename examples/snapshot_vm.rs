@@ -294,22 +294,15 @@ pub fn fill_progress(work: &Path, v: &Vol) -> Option<(u64, u64)> {
     Some((p["copied_bytes"].as_u64()?, p["total_bytes"].as_u64()?))
 }
 
-/// Waits until a restore's fill has copied `share` of its bytes (not finished).
-async fn wait_filled(work: &Path, v: &Vol, share: f64) -> Result<(u64, u64)> {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(120) {
-        if let Some((c, t)) = fill_progress(work, v) {
-            ensure(
-                c < t || t == 0,
-                "the restore finished before it could be interrupted",
-            )?;
-            if t > 0 && c as f64 >= share * t as f64 {
-                return Ok((c, t));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err("the restore copied nothing in 120 s".into())
+/// Waits until the NFS server has read `share` of the restore's data bytes since `from`
+/// (its reads, not the fill's progress: the streams read ahead of a throttled target's
+/// writes); then the fill's progress, which must not be done.
+async fn wait_restore_reading(rig: &Rig, v: &Vol, from: u64, share: f64) -> Result<(u64, u64)> {
+    let want = from + (share * rig.data_bytes as f64) as u64;
+    wait_for("the restore's reads", want, || Ok(nfsd_io()?.0)).await?;
+    let (c, t) = fill_progress(&rig.work, v).ok_or("no fill progress recorded")?;
+    ensure(c < t, "the restore finished before it could be interrupted")?;
+    Ok((c, t))
 }
 
 /// (read, written) bytes of the NFS server for its clients (`io` of /proc/net/rpc/nfsd).
@@ -703,7 +696,7 @@ async fn restore_kill(rig: &mut Rig) -> Result<String> {
     let (read0, _) = nfsd_io()?;
     let (mut c, r2) = (rig.c.clone(), r.clone());
     let first = tokio::spawn(async move { vm_common::stage(&mut c, &r2).await });
-    let (copied, filled) = wait_filled(&rig.work, &r, 0.3).await?;
+    let (copied, filled) = wait_restore_reading(rig, &r, read0, 0.3).await?;
     rig.helper("kill-driver")?;
     let _ = first.await;
     let (read_k, _) = nfsd_io()?;
@@ -727,7 +720,7 @@ async fn restore_kill(rig: &mut Rig) -> Result<String> {
     vm_common::unstage(&mut rig.c, &r).await?;
     Ok(format!(
         "killed with {:.1} of {:.1} MiB copied ({:.1} MiB read from the store); resumed in {calls} NodeStage call(s); \
-         after the kill the store served {after:.2} x a full read of the snapshot ({:.1} MiB: files' sizes, holes travel as zeros over v4.1), \
+         after the kill the store served {after:.2} x a full read of the snapshot ({:.1} MiB: every file's size, holes read as zeros over v4.1), \
          in all {all:.2} x (nfsd io, server side); {n} entries equal",
         copied as f64 / MIB as f64,
         filled as f64 / MIB as f64,
