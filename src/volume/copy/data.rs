@@ -5,7 +5,7 @@
 //! target file was made at its full size by `ftruncate` and never written there, or cut
 //! to it. A source that cannot report its holes (NFS before v4.2 has no SEEK, so every
 //! byte is "data") still keeps them: in a file whose allocated blocks are fewer than its
-//! size, blocks that read as zeros are not written (`Sparse`), and where the source's
+//! size, blocks that read as zeros are not written (`copy_range`), and where the source's
 //! data regions are known (`Extents`, a snapshot's manifest) only those are read. A file
 //! of one piece is made, copied and finished by one stream (`copy_whole_file`).
 
@@ -330,7 +330,7 @@ fn copy_whole_as(
     let size = entry.size();
     let (mut at, mut end) = (0, 0);
     while let Some((data, hole)) = roots.next_data(entry, src.as_fd(), (at, size))? {
-        end = copy_range(&src, &dst, (data, hole), Sparse::of(entry), buf, progress)?;
+        end = copy_range(&src, &dst, (data, hole), entry.has_holes(), buf, progress)?;
         at = hole;
         if at >= size {
             break;
@@ -360,7 +360,7 @@ fn copy_unit_as(
         let Some((data, hole)) = roots.next_data(entry, src.as_fd(), (at, end))? else {
             break;
         };
-        copy_range(&src, &dst, (data, hole), Sparse::of(entry), buf, progress)?;
+        copy_range(&src, &dst, (data, hole), entry.has_holes(), buf, progress)?;
         at = hole;
     }
     if end == entry.size() {
@@ -391,33 +391,16 @@ pub(crate) fn next_data(
     Ok(Some((data, hole.min(end))))
 }
 
-/// Whether the blocks of a source file that read as zeros are left as holes in its copy:
-/// only where the file has holes by its own account (fewer blocks allocated than its size
-/// needs), as `cp --sparse=auto` decides; a dense file of zeros stays allocated (a file
-/// someone preallocated keeps its blocks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sparse {
-    Holes,
-    Dense,
-}
-
-impl Sparse {
-    fn of(entry: &Entry) -> Sparse {
-        match entry.has_holes() {
-            true => Sparse::Holes,
-            false => Sparse::Dense,
-        }
-    }
-}
-
-/// Copies `[from, to)`, leaving zero blocks unwritten where `sparse`; returns the end of
-/// what was written (past `to` where the tail was padded to whole blocks; `from` where
-/// nothing was).
+/// Copies `[from, to)`; returns the end of what was written (past `to` where the tail was
+/// padded to whole blocks; `from` where nothing was). `holes`: the source file has holes by
+/// its own account (`Entry::has_holes`, as `cp --sparse=auto` decides), so blocks that read
+/// as zeros are left unwritten; a dense file of zeros stays allocated (a file someone
+/// preallocated keeps its blocks).
 fn copy_range(
     src: &File,
     dst: &File,
     (from, to): (u64, u64),
-    sparse: Sparse,
+    holes: bool,
     buf: &mut AlignedBuf,
     progress: &Progress,
 ) -> nix::Result<u64> {
@@ -433,9 +416,9 @@ fn copy_range(
             return Err(Errno::ENODATA);
         }
         let n = n.min(want);
-        let written = match sparse {
-            Sparse::Dense => Some(write_tail(dst, b, n, at)?),
-            Sparse::Holes => write_nonzero(dst, b, n, at)?,
+        let written = match holes {
+            false => Some(write_tail(dst, b, n, at)?),
+            true => write_nonzero(dst, b, n, at)?,
         };
         if let Some(w) = written {
             end = at + w as u64;
